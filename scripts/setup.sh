@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs everything zygote needs to build and test on Debian 12.
+# Idempotent: each step checks before it installs, so reruns take seconds.
+set -euo pipefail
+
+APT_PACKAGES=(
+  build-essential pkg-config bc flex bison libelf-dev libssl-dev cpio xz-utils
+  qemu-system-x86 linux-source-6.1 busybox-static debootstrap musl-tools
+  e2fsprogs xfsprogs btrfs-progs util-linux iproute2 python3-venv
+)
+RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
+RUST_COMPONENTS=(rustfmt clippy)
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages present"
+fi
+
+if ! command -v rustup >/dev/null 2>&1; then
+  echo "rustup not found: install Rust with rustup first" >&2
+  exit 1
+fi
+installed_targets=$(rustup target list --installed)
+for target in "${RUST_TARGETS[@]}"; do
+  if ! grep -qx "$target" <<<"$installed_targets"; then
+    log "adding Rust target $target"
+    rustup target add "$target"
+  fi
+done
+installed_components=$(rustup component list --installed)
+for comp in "${RUST_COMPONENTS[@]}"; do
+  if ! grep -q "^$comp" <<<"$installed_components"; then
+    log "adding Rust component $comp"
+    rustup component add "$comp"
+  fi
+done
+log "done"
