@@ -1,0 +1,1 @@
+//! zygote VMM (being written)
