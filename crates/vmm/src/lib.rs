@@ -1,1 +1,5 @@
-//! zygote VMM (being written)
+//! zygote's VMM: a KVM virtual machine with guest RAM in private anonymous memory, the
+//! x86_64 Linux boot path, vCPU threads that can be paused and resumed, and the devices a
+//! microVM needs. One process runs one VM.
+pub mod arch;
+pub mod memory;

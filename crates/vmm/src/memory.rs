@@ -1,0 +1,265 @@
+//! Guest RAM: private anonymous memory, 2 MiB aligned and `MADV_HUGEPAGE`.
+//!
+//! Private anonymous memory is what makes branching cheap: `fork(2)` gives the child a
+//! copy-on-write view, and with transparent huge pages the kernel copies about one PMD
+//! per 2 MiB instead of one PTE per 4 KiB.
+use std::io;
+use std::sync::Arc;
+
+use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+
+use crate::arch::layout::{MIB, MMIO_GAP_END, MMIO_GAP_START};
+
+/// The smallest VM we build: room for boot structures and a kernel loaded at 16 MiB.
+pub const MIN_MEM_MIB: u64 = 32;
+const HUGE_PAGE: usize = 2 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("memory size {0} MiB is below the minimum of {MIN_MEM_MIB} MiB")]
+    TooSmall(u64),
+    #[error("memory size {requested} MiB exceeds host memory ({host} MiB total)")]
+    BeyondHost { requested: u64, host: u64 },
+    #[error("mmap of {size} bytes of guest memory failed: {source}")]
+    Mmap { size: usize, source: io::Error },
+    #[error("building the guest memory map failed: {0}")]
+    Layout(String),
+}
+
+/// A guest-physical RAM range and where it lives in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RamRange {
+    pub guest_addr: u64,
+    pub size: u64,
+    /// Host virtual address. Identical in a forked child, which is what lets it rebuild a
+    /// KVM VM over the inherited mapping.
+    pub host_addr: u64,
+}
+
+/// Split `mem_bytes` of RAM around the 32-bit MMIO hole.
+pub fn ram_ranges(mem_bytes: u64) -> Vec<(u64, u64)> {
+    if mem_bytes <= MMIO_GAP_START {
+        vec![(0, mem_bytes)]
+    } else {
+        vec![
+            (0, MMIO_GAP_START),
+            (MMIO_GAP_END, mem_bytes - MMIO_GAP_START),
+        ]
+    }
+}
+
+/// Owns the host mapping that backs guest RAM; unmapped on drop.
+pub struct GuestRam {
+    base: *mut u8,
+    mapped_len: usize,
+    ranges: Vec<RamRange>,
+    memory: GuestMemoryMmap,
+}
+
+// SAFETY: the mapping is plain memory shared with vCPU threads through KVM; every access
+// from Rust goes through vm-memory's volatile accessors.
+unsafe impl Send for GuestRam {}
+// SAFETY: see above.
+unsafe impl Sync for GuestRam {}
+
+impl GuestRam {
+    /// Map `mem_mib` MiB of guest RAM. `host_total_mib` guards against requests the host
+    /// cannot possibly back (we map with MAP_NORESERVE, so the kernel would not stop us).
+    pub fn new(mem_mib: u64, host_total_mib: u64) -> Result<Arc<Self>, MemoryError> {
+        if mem_mib < MIN_MEM_MIB {
+            return Err(MemoryError::TooSmall(mem_mib));
+        }
+        if mem_mib > host_total_mib {
+            return Err(MemoryError::BeyondHost {
+                requested: mem_mib,
+                host: host_total_mib,
+            });
+        }
+        let mem_bytes = mem_mib * MIB;
+        let size = mem_bytes as usize;
+        // Over-allocate by one huge page so the guest base can be 2 MiB aligned: THP only
+        // backs ranges whose host and guest addresses agree modulo 2 MiB.
+        let reserve = size + HUGE_PAGE;
+        // SAFETY: anonymous private mapping with no fixed address; checked below.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                reserve,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return Err(MemoryError::Mmap {
+                size: reserve,
+                source: io::Error::last_os_error(),
+            });
+        }
+        let raw = raw as *mut u8;
+        let misalign = (raw as usize) % HUGE_PAGE;
+        let lead = if misalign == 0 {
+            0
+        } else {
+            HUGE_PAGE - misalign
+        };
+        // SAFETY: trimming the unaligned head and the unused tail of our own mapping.
+        unsafe {
+            if lead > 0 {
+                libc::munmap(raw as *mut libc::c_void, lead);
+            }
+            let tail = reserve - lead - size;
+            if tail > 0 {
+                libc::munmap(raw.add(lead + size) as *mut libc::c_void, tail);
+            }
+        }
+        // SAFETY: `lead` is within the reservation.
+        let base = unsafe { raw.add(lead) };
+        // Advice failures only cost performance (e.g. THP disabled); don't fail the VM.
+        // SAFETY: advising our own mapping.
+        if unsafe { libc::madvise(base as *mut libc::c_void, size, libc::MADV_HUGEPAGE) } != 0 {
+            tracing::warn!(
+                "madvise(MADV_HUGEPAGE) failed: {}",
+                io::Error::last_os_error()
+            );
+        }
+        Self::from_raw(base, size, mem_bytes)
+    }
+
+    fn from_raw(
+        base: *mut u8,
+        mapped_len: usize,
+        mem_bytes: u64,
+    ) -> Result<Arc<Self>, MemoryError> {
+        let mut ranges = Vec::new();
+        let mut regions = Vec::new();
+        let mut offset = 0usize;
+        for (guest_addr, len) in ram_ranges(mem_bytes) {
+            // SAFETY: [base+offset, +len) lies inside our mapping, which outlives `memory`
+            // because both are owned by this struct and the mapping is unmapped in Drop.
+            let host = unsafe { base.add(offset) };
+            let region = unsafe {
+                MmapRegion::build_raw(
+                    host,
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                )
+            }
+            .map_err(|e| MemoryError::Layout(e.to_string()))?;
+            let region = GuestRegionMmap::new(region, GuestAddress(guest_addr))
+                .ok_or_else(|| MemoryError::Layout("guest region overflows".into()))?;
+            regions.push(region);
+            ranges.push(RamRange {
+                guest_addr,
+                size: len,
+                host_addr: host as u64,
+            });
+            offset += len as usize;
+        }
+        let memory = GuestMemoryMmap::from_regions(regions)
+            .map_err(|e| MemoryError::Layout(e.to_string()))?;
+        Ok(Arc::new(Self {
+            base,
+            mapped_len,
+            ranges,
+            memory,
+        }))
+    }
+
+    /// vm-memory view used by loaders and devices.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.memory
+    }
+
+    /// RAM ranges in guest-physical order.
+    pub fn ranges(&self) -> &[RamRange] {
+        &self.ranges
+    }
+
+    /// Total RAM in bytes.
+    pub fn size(&self) -> u64 {
+        self.ranges.iter().map(|r| r.size).sum()
+    }
+
+    /// Highest guest-physical address of RAM plus one.
+    pub fn end_addr(&self) -> u64 {
+        self.ranges
+            .last()
+            .map(|r| r.guest_addr + r.size)
+            .unwrap_or(0)
+    }
+
+    /// Host view of all RAM as one slice-able region (for host-side population and
+    /// snapshot writes).
+    pub fn host_base(&self) -> *mut u8 {
+        self.base
+    }
+}
+
+impl Drop for GuestRam {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly the range we mapped; `memory` only holds non-owning
+        // views of it and is dropped with us.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.mapped_len) };
+    }
+}
+
+/// Total host memory in MiB, from /proc/meminfo.
+pub fn host_total_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| kb / 1024)
+        .unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestMemoryBackend};
+
+    #[test]
+    fn ranges_split_around_the_hole() {
+        assert_eq!(ram_ranges(256 * MIB), vec![(0, 256 * MIB)]);
+        assert_eq!(ram_ranges(MMIO_GAP_START), vec![(0, MMIO_GAP_START)]);
+        assert_eq!(
+            ram_ranges(4096 * MIB),
+            vec![(0, MMIO_GAP_START), (MMIO_GAP_END, 1024 * MIB)]
+        );
+    }
+
+    #[test]
+    fn rejects_bad_sizes() {
+        assert!(matches!(
+            GuestRam::new(0, 1024),
+            Err(MemoryError::TooSmall(0))
+        ));
+        assert!(matches!(
+            GuestRam::new(4096, 1024),
+            Err(MemoryError::BeyondHost { .. })
+        ));
+    }
+
+    #[test]
+    fn mapping_is_aligned_and_usable_above_4g() {
+        let ram = GuestRam::new(4096, u64::MAX).unwrap();
+        assert_eq!(ram.host_base() as usize % HUGE_PAGE, 0);
+        assert_eq!(ram.size(), 4096 * MIB);
+        assert_eq!(ram.end_addr(), MMIO_GAP_END + 1024 * MIB);
+        let high = GuestAddress(MMIO_GAP_END + 12345);
+        ram.memory().write_obj(0xdead_beef_u32, high).unwrap();
+        assert_eq!(ram.memory().read_obj::<u32>(high).unwrap(), 0xdead_beef);
+        assert!(ram
+            .memory()
+            .read_obj::<u32>(GuestAddress(MMIO_GAP_START))
+            .is_err());
+        assert_eq!(ram.memory().num_regions(), 2);
+    }
+}
