@@ -1,0 +1,110 @@
+//! A running exec as seen by the client.
+
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use super::{unexpected, AgentClient, ClientError};
+use crate::{ExecResult, KillRequest, Request, Response, Stream};
+
+/// Slack on top of an exec's own timeout before the client stops waiting for
+/// the agent's exit event (the agent enforces the timeout; this only guards
+/// against an agent that died).
+const EXIT_GRACE: Duration = Duration::from_secs(30);
+
+/// An exec started with [`AgentClient::spawn_exec`]. Dropping it before the
+/// exit event sends SIGKILL to the exec's process group, so abandoned
+/// programs do not linger in the guest.
+pub struct ExecHandle {
+    client: AgentClient,
+    id: u64,
+    pid: u32,
+    rx: Receiver<Response>,
+    deadline: Option<Instant>,
+    finished: bool,
+}
+
+/// Collected result of [`AgentClient::exec_output`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub result: ExecResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl ExecHandle {
+    pub(super) fn new(
+        client: AgentClient,
+        id: u64,
+        pid: u32,
+        rx: Receiver<Response>,
+        exec_timeout: Option<Duration>,
+    ) -> Self {
+        ExecHandle {
+            client,
+            id,
+            pid,
+            rx,
+            deadline: exec_timeout.map(|t| Instant::now() + t + EXIT_GRACE),
+            finished: false,
+        }
+    }
+
+    /// The request id: what [`AgentClient::kill`] takes.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The program's pid in the guest (also its process group id).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Send `signal` to the exec's process group.
+    pub fn kill(&self, signal: i32) -> Result<(), ClientError> {
+        self.client.kill(self.id, signal)
+    }
+
+    /// Deliver output chunks to `on_output` as they arrive; return how the
+    /// program ended.
+    pub fn wait(
+        mut self,
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, ClientError> {
+        loop {
+            let timeout = self
+                .deadline
+                .map(|d| d.saturating_duration_since(Instant::now()));
+            let event = self.client.recv(self.id, &self.rx, timeout, "exec exit");
+            match event {
+                Ok(Response::Output { stream, data }) => on_output(stream, &data),
+                Ok(Response::Exit(result)) => {
+                    self.finished = true;
+                    return Ok(result);
+                }
+                Ok(other) => return Err(unexpected("exec", &other)),
+                Err(e) => {
+                    // An agent error ends the request on the agent side too.
+                    self.finished = matches!(e, ClientError::Agent(_) | ClientError::Closed(_));
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ExecHandle {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.client.forget(self.id);
+        // Fire and forget: don't block a drop on the agent's answer.
+        let kill = Request::Kill(KillRequest {
+            exec_id: self.id,
+            signal: libc::SIGKILL,
+        });
+        if let Ok((kill_id, _rx)) = self.client.send(kill) {
+            self.client.forget(kill_id);
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! Blocking client for the agent protocol (std only; async callers wrap it in
+//! their runtime's blocking pool).
+//!
+//! One connection carries any number of concurrent requests. A reader thread
+//! owns the receiving half of the stream and routes each response frame by id
+//! to the caller waiting for it; callers share the sending half behind a mutex.
+//! [`AgentClient`] is cheap to clone (all clones share the connection) and is
+//! `Send + Sync`, so two threads can run execs over it at the same time.
+
+mod exec;
+mod transport;
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+pub use exec::{ExecHandle, ExecOutput};
+pub use transport::ReadWrite;
+
+use crate::frame::{self, FrameError, MAX_FRAME_LEN};
+use crate::{
+    DirEntry, ErrorBody, ErrorCode, ExecRequest, ExecResult, FileChunk, HealthInfo, KillRequest,
+    Metadata, PathRequest, ReadFileRequest, ReidentifyReport, ReidentifyRequest, RemoveRequest,
+    RenameRequest, Request, RequestFrame, Response, ResponseFrame, StatRequest, Stream,
+    WriteFileRequest, MAX_DATA_CHUNK,
+};
+
+/// Default limit on how long a non-exec request waits for its response.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Everything that can go wrong talking to the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {target}: {source}")]
+    Connect { target: String, source: io::Error },
+    #[error("vsock handshake failed: {0}")]
+    Handshake(String),
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+    #[error("connection closed: {0}")]
+    Closed(String),
+    #[error("no response to {what} within {after:?}")]
+    Timeout { what: &'static str, after: Duration },
+    #[error("agent error {0}")]
+    Agent(ErrorBody),
+    #[error("protocol violation: {0}")]
+    Protocol(String),
+    #[error("request of {len} bytes exceeds the {max}-byte frame limit")]
+    RequestTooLarge { len: usize, max: usize },
+    #[error("cannot encode request: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl ClientError {
+    /// The agent's error code, when the agent answered with an error.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Agent(body) => Some(body.code),
+            _ => None,
+        }
+    }
+}
+
+/// Routing table shared with the reader thread.
+#[derive(Default)]
+struct Routes {
+    waiting: HashMap<u64, Sender<Response>>,
+    /// Set once the connection is dead; why.
+    closed: Option<String>,
+}
+
+struct Shared {
+    routes: Mutex<Routes>,
+}
+
+impl Shared {
+    fn routes(&self) -> MutexGuard<'_, Routes> {
+        // A panic while holding this lock cannot leave the map inconsistent
+        // (every critical section is a single insert/remove), so poisoning is ignored.
+        self.routes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn close(&self, why: String) {
+        let mut routes = self.routes();
+        if routes.closed.is_none() {
+            routes.closed = Some(why);
+        }
+        // Dropping the senders wakes every waiter with a disconnect.
+        routes.waiting.clear();
+    }
+}
+
+struct Conn {
+    writer: Mutex<Box<dyn Write + Send>>,
+    /// Handle used to shut the stream down when the last client clone drops,
+    /// which also ends the reader thread.
+    closer: Mutex<Option<Box<dyn ReadWrite>>>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let closer = self.closer.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = closer {
+            let _ = c.shutdown_rw();
+        }
+    }
+}
+
+/// A connection to one agent. See the module docs.
+#[derive(Clone)]
+pub struct AgentClient {
+    conn: Arc<Conn>,
+    request_timeout: Option<Duration>,
+}
+
+impl AgentClient {
+    /// Connect over TCP (e.g. QEMU user networking's `hostfwd`).
+    pub fn connect_tcp(addr: &str, timeout: Duration) -> Result<Self, ClientError> {
+        Self::from_stream(Box::new(transport::tcp(addr, timeout)?))
+    }
+
+    /// Connect to an agent listening on a Unix socket.
+    pub fn connect_unix(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        Self::from_stream(Box::new(transport::unix(path.as_ref())?))
+    }
+
+    /// Connect through a hybrid-vsock Unix socket: `CONNECT <port>\n`, expect
+    /// `OK <n>\n`, then speak the protocol. The handshake reply must arrive
+    /// within 10 seconds.
+    pub fn connect_vsock_uds(path: impl AsRef<Path>, port: u32) -> Result<Self, ClientError> {
+        let stream = transport::vsock_uds(path.as_ref(), port, Duration::from_secs(10))?;
+        Self::from_stream(Box::new(stream))
+    }
+
+    /// Run the protocol over an already-connected stream.
+    pub fn from_stream(stream: Box<dyn ReadWrite>) -> Result<Self, ClientError> {
+        let reader = stream.try_clone_rw()?;
+        let closer = stream.try_clone_rw()?;
+        // Double boxing turns `Box<dyn ReadWrite>` into the narrower trait objects.
+        Ok(Self::start(
+            Box::new(reader),
+            Box::new(stream),
+            Some(closer),
+        ))
+    }
+
+    /// Run the protocol over separate read and write halves (pipes, a child's
+    /// stdio, …). The reader thread ends when `reader` reaches EOF.
+    pub fn from_split(reader: Box<dyn Read + Send>, writer: Box<dyn Write + Send>) -> Self {
+        Self::start(reader, writer, None)
+    }
+
+    fn start(
+        reader: Box<dyn Read + Send>,
+        writer: Box<dyn Write + Send>,
+        closer: Option<Box<dyn ReadWrite>>,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            routes: Mutex::new(Routes::default()),
+        });
+        let reader_shared = shared.clone();
+        let spawned = thread::Builder::new()
+            .name("zygote-client-reader".into())
+            .spawn(move || read_loop(reader, &reader_shared));
+        if let Err(e) = spawned {
+            shared.close(format!("cannot start reader thread: {e}"));
+        }
+        AgentClient {
+            conn: Arc::new(Conn {
+                writer: Mutex::new(writer),
+                closer: Mutex::new(closer),
+                shared,
+                next_id: AtomicU64::new(1),
+            }),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+        }
+    }
+
+    /// This handle with a different limit for non-exec requests (`None`: wait forever).
+    pub fn with_request_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Whether the connection is still usable.
+    pub fn is_closed(&self) -> bool {
+        self.conn.shared.routes().closed.is_some()
+    }
+
+    /// Send `request` and return its id and the channel its responses arrive on.
+    fn send(&self, request: Request) -> Result<(u64, Receiver<Response>), ClientError> {
+        let id = self.conn.next_id.fetch_add(1, Ordering::Relaxed);
+        let payload = serde_json::to_vec(&RequestFrame { id, request })?;
+        if payload.len() > MAX_FRAME_LEN {
+            return Err(ClientError::RequestTooLarge {
+                len: payload.len(),
+                max: MAX_FRAME_LEN,
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut routes = self.conn.shared.routes();
+            if let Some(why) = &routes.closed {
+                return Err(ClientError::Closed(why.clone()));
+            }
+            routes.waiting.insert(id, tx);
+        }
+        let written = {
+            let mut w = self.conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+            frame::write_frame(&mut *w, &payload)
+        };
+        if let Err(e) = written {
+            self.forget(id);
+            return Err(ClientError::Io(e));
+        }
+        Ok((id, rx))
+    }
+
+    /// Stop routing responses for `id` (the caller gave up on it).
+    fn forget(&self, id: u64) {
+        self.conn.shared.routes().waiting.remove(&id);
+    }
+
+    fn closed_error(&self) -> ClientError {
+        let why = self.conn.shared.routes().closed.clone();
+        ClientError::Closed(why.unwrap_or_else(|| "reader stopped".into()))
+    }
+
+    /// Wait for the next response on `rx`, up to `timeout`.
+    fn recv(
+        &self,
+        id: u64,
+        rx: &Receiver<Response>,
+        timeout: Option<Duration>,
+        what: &'static str,
+    ) -> Result<Response, ClientError> {
+        let got = match timeout {
+            Some(t) => rx.recv_timeout(t),
+            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match got {
+            Ok(Response::Error(body)) => Err(ClientError::Agent(body)),
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout) => {
+                self.forget(id);
+                Err(ClientError::Timeout {
+                    what,
+                    after: timeout.unwrap_or_default(),
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.closed_error()),
+        }
+    }
+
+    /// One request, one response.
+    fn call(&self, request: Request, what: &'static str) -> Result<Response, ClientError> {
+        let (id, rx) = self.send(request)?;
+        self.recv(id, &rx, self.request_timeout, what)
+    }
+
+    pub fn health(&self) -> Result<HealthInfo, ClientError> {
+        match self.call(Request::Health, "health")? {
+            Response::Health(h) => Ok(h),
+            other => Err(unexpected("health", &other)),
+        }
+    }
+
+    /// Start a program; returns once the agent reports it running (or why it
+    /// could not start). Drive it with [`ExecHandle::wait`].
+    pub fn spawn_exec(&self, req: ExecRequest) -> Result<ExecHandle, ClientError> {
+        let exec_timeout = req.timeout_ms.map(Duration::from_millis);
+        let (id, rx) = self.send(Request::Exec(req))?;
+        match self.recv(id, &rx, self.request_timeout, "exec") {
+            Ok(Response::ExecStarted { pid }) => {
+                Ok(ExecHandle::new(self.clone(), id, pid, rx, exec_timeout))
+            }
+            Ok(other) => {
+                self.forget(id);
+                Err(unexpected("exec", &other))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Run a program to completion, handing each output chunk to `on_output`
+    /// as it arrives.
+    pub fn exec(
+        &self,
+        req: ExecRequest,
+        on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecResult, ClientError> {
+        self.spawn_exec(req)?.wait(on_output)
+    }
+
+    /// Run a program to completion and collect its output.
+    pub fn exec_output(&self, req: ExecRequest) -> Result<ExecOutput, ClientError> {
+        let mut out = ExecOutput::default();
+        out.result = self.exec(req, |stream, data| match stream {
+            Stream::Stdout => out.stdout.extend_from_slice(data),
+            Stream::Stderr => out.stderr.extend_from_slice(data),
+        })?;
+        Ok(out)
+    }
+
+    /// Signal the process group of exec `exec_id` (an id from [`ExecHandle::id`]).
+    pub fn kill(&self, exec_id: u64, signal: i32) -> Result<(), ClientError> {
+        expect_ok(
+            "kill",
+            self.call(Request::Kill(KillRequest { exec_id, signal }), "kill")?,
+        )
+    }
+
+    /// One chunk of a file (at most [`MAX_DATA_CHUNK`] bytes).
+    pub fn read_file_range(
+        &self,
+        path: &str,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<FileChunk, ClientError> {
+        let req = Request::ReadFile(ReadFileRequest {
+            path: path.into(),
+            offset,
+            len,
+        });
+        match self.call(req, "read_file")? {
+            Response::FileData(chunk) => Ok(chunk),
+            other => Err(unexpected("read_file", &other)),
+        }
+    }
+
+    /// A whole file, fetched chunk by chunk. A file that changes meanwhile
+    /// may be read inconsistently.
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        let mut data = Vec::new();
+        loop {
+            let chunk = self.read_file_range(path, data.len() as u64, None)?;
+            if chunk.offset != data.len() as u64 {
+                return Err(ClientError::Protocol(format!(
+                    "asked for offset {}, got {}",
+                    data.len(),
+                    chunk.offset
+                )));
+            }
+            if chunk.data.is_empty() && !chunk.eof {
+                return Err(ClientError::Protocol(
+                    "empty chunk before end of file".into(),
+                ));
+            }
+            data.extend_from_slice(&chunk.data);
+            if chunk.eof {
+                return Ok(data);
+            }
+        }
+    }
+
+    /// Atomically replace `path` with `data` (see [`Self::write_file_with`]).
+    pub fn write_file(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+    ) -> Result<(), ClientError> {
+        self.write_file_with(WriteFileRequest {
+            path: path.into(),
+            data: data.to_vec(),
+            mode,
+            append: false,
+            create_parents: false,
+        })
+    }
+
+    /// Write a file with every option. Data larger than one frame can carry
+    /// is sent in chunks; for a non-append write the chunks are appended to a
+    /// hidden temp file next to `path`, which is then renamed over it, so the
+    /// replacement stays atomic.
+    pub fn write_file_with(&self, req: WriteFileRequest) -> Result<(), ClientError> {
+        if req.data.len() <= MAX_DATA_CHUNK {
+            return self.write_one(req);
+        }
+        let target = req.path.clone();
+        let staging = if req.append {
+            target.clone()
+        } else {
+            staging_path(&target, self.conn.next_id.load(Ordering::Relaxed))
+        };
+        let upload = || -> Result<(), ClientError> {
+            for (i, piece) in req.data.chunks(MAX_DATA_CHUNK).enumerate() {
+                self.write_one(WriteFileRequest {
+                    path: staging.clone(),
+                    data: piece.to_vec(),
+                    mode: req.mode,
+                    append: true,
+                    create_parents: req.create_parents && i == 0,
+                })?;
+            }
+            Ok(())
+        };
+        if req.append {
+            return upload();
+        }
+        // A leftover from an interrupted upload with the same name must not be appended to.
+        let _ = self.remove(&staging, false);
+        let result = upload().and_then(|()| self.rename(&staging, &target));
+        if result.is_err() {
+            let _ = self.remove(&staging, false);
+        }
+        result
+    }
+
+    fn write_one(&self, req: WriteFileRequest) -> Result<(), ClientError> {
+        match self.call(Request::WriteFile(req), "write_file")? {
+            Response::Written { .. } => Ok(()),
+            other => Err(unexpected("write_file", &other)),
+        }
+    }
+
+    pub fn list_dir(&self, path: &str) -> Result<Vec<DirEntry>, ClientError> {
+        let req = Request::ListDir(PathRequest { path: path.into() });
+        match self.call(req, "list_dir")? {
+            Response::DirListing { entries } => Ok(entries),
+            other => Err(unexpected("list_dir", &other)),
+        }
+    }
+
+    /// Metadata of `path`, following symlinks.
+    pub fn stat(&self, path: &str) -> Result<Metadata, ClientError> {
+        self.stat_with(path, true)
+    }
+
+    pub fn stat_with(&self, path: &str, follow_symlinks: bool) -> Result<Metadata, ClientError> {
+        let req = Request::Stat(StatRequest {
+            path: path.into(),
+            follow_symlinks,
+        });
+        match self.call(req, "stat")? {
+            Response::Stat(m) => Ok(m),
+            other => Err(unexpected("stat", &other)),
+        }
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), ClientError> {
+        let req = Request::Rename(RenameRequest {
+            from: from.into(),
+            to: to.into(),
+        });
+        expect_ok("rename", self.call(req, "rename")?)
+    }
+
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), ClientError> {
+        let req = Request::Remove(RemoveRequest {
+            path: path.into(),
+            recursive,
+        });
+        expect_ok("remove", self.call(req, "remove")?)
+    }
+
+    /// New entropy, hostname and clock after a branch/restore.
+    pub fn reidentify(&self, req: ReidentifyRequest) -> Result<ReidentifyReport, ClientError> {
+        match self.call(Request::Reidentify(req), "reidentify")? {
+            Response::Reidentified(r) => Ok(r),
+            other => Err(unexpected("reidentify", &other)),
+        }
+    }
+
+    /// Ask a PID-1 agent to sync and reboot (QEMU with `-no-reboot` exits).
+    /// The agent answers before acting, so `Ok` means "accepted".
+    pub fn shutdown(&self) -> Result<(), ClientError> {
+        expect_ok("shutdown", self.call(Request::Shutdown, "shutdown")?)
+    }
+}
+
+/// Retry connecting to `addr` over TCP and asking for `health` until it
+/// answers or `deadline` passes (used while a VM boots: with QEMU's user
+/// networking the forwarded port accepts connections before the guest
+/// listens, so a connect alone proves nothing).
+pub fn wait_healthy(addr: &str, deadline: Instant) -> Result<AgentClient, ClientError> {
+    wait_healthy_with(deadline, |timeout| AgentClient::connect_tcp(addr, timeout))
+}
+
+/// [`wait_healthy`] over any transport: `connect` is called with the time
+/// left (capped at 5 s) for each attempt.
+pub fn wait_healthy_with(
+    deadline: Instant,
+    mut connect: impl FnMut(Duration) -> Result<AgentClient, ClientError>,
+) -> Result<AgentClient, ClientError> {
+    const ATTEMPT: Duration = Duration::from_secs(5);
+    const PAUSE: Duration = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = left.min(ATTEMPT).max(Duration::from_millis(50));
+        let err = match connect(attempt) {
+            Ok(client) => {
+                let probe = client.clone().with_request_timeout(Some(attempt));
+                match probe.health() {
+                    Ok(_) => return Ok(client),
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        if Instant::now() + PAUSE >= deadline {
+            return Err(err);
+        }
+        thread::sleep(PAUSE);
+    }
+}
+
+fn staging_path(target: &str, nonce: u64) -> String {
+    let (dir, name) = match target.rfind('/') {
+        Some(i) => (&target[..=i], &target[i + 1..]),
+        None => ("", target),
+    };
+    format!("{dir}.{name}.zygote-upload-{}-{nonce}", std::process::id())
+}
+
+fn unexpected(what: &str, got: &Response) -> ClientError {
+    ClientError::Protocol(format!("unexpected response to {what}: {got:?}"))
+}
+
+fn expect_ok(what: &str, got: Response) -> Result<(), ClientError> {
+    match got {
+        Response::Ok => Ok(()),
+        other => Err(unexpected(what, &other)),
+    }
+}
+
+/// The reader thread: route frames until the stream ends.
+fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
+    let why = loop {
+        let bytes = match frame::read_frame(&mut reader, MAX_FRAME_LEN) {
+            Ok(Some(b)) => b,
+            Ok(None) => break "agent closed the connection".to_string(),
+            Err(FrameError::Io(e)) => break format!("read failed: {e}"),
+            Err(e) => break format!("bad frame from agent: {e}"),
+        };
+        let frame: ResponseFrame = match serde_json::from_slice(&bytes) {
+            Ok(f) => f,
+            Err(e) => break format!("undecodable response from agent: {e}"),
+        };
+        let mut routes = shared.routes();
+        if frame.id == 0 {
+            // A connection-level complaint about something we sent; keep it as
+            // the reason in case the agent now hangs up.
+            if let Response::Error(body) = frame.response {
+                routes
+                    .closed
+                    .get_or_insert(format!("agent reported {body}"));
+                routes.waiting.clear();
+                break format!("agent reported {body}");
+            }
+            continue;
+        }
+        let terminal = frame.response.is_terminal();
+        let delivered = match routes.waiting.get(&frame.id) {
+            Some(tx) => tx.send(frame.response).is_ok(),
+            None => true, // nobody waits (timed out / dropped): discard
+        };
+        if terminal || !delivered {
+            routes.waiting.remove(&frame.id);
+        }
+    };
+    shared.close(why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_is_shareable_across_threads() {
+        fn check<T: Send + Sync + Clone>() {}
+        check::<AgentClient>();
+    }
+
+    #[test]
+    fn staging_path_is_a_hidden_sibling() {
+        let p = staging_path("/a/b/file.bin", 7);
+        assert!(p.starts_with("/a/b/.file.bin.zygote-upload-"), "{p}");
+        assert!(p.ends_with("-7"));
+    }
+}

@@ -1,0 +1,373 @@
+//! Request and response bodies. Every type here is plain serde data so the
+//! daemon and SDKs can reuse them; the JSON shapes are specified in
+//! `PROTOCOL.md` and in the crate docs.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::b64;
+use crate::error::ErrorBody;
+
+/// A request together with the connection-unique id its responses carry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    pub id: u64,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+/// Everything the host can ask of the agent, tagged by `"type"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Request {
+    Health,
+    Exec(ExecRequest),
+    Kill(KillRequest),
+    ReadFile(ReadFileRequest),
+    WriteFile(WriteFileRequest),
+    ListDir(PathRequest),
+    Stat(StatRequest),
+    Rename(RenameRequest),
+    Remove(RemoveRequest),
+    Reidentify(ReidentifyRequest),
+    Shutdown,
+}
+
+impl Request {
+    /// Every `"type"` value the agent understands, so it can tell an unknown
+    /// request (`unknown_request`) from a known one with bad fields (`bad_request`).
+    pub const TYPES: &'static [&'static str] = &[
+        "health",
+        "exec",
+        "kill",
+        "read_file",
+        "write_file",
+        "list_dir",
+        "stat",
+        "rename",
+        "remove",
+        "reidentify",
+        "shutdown",
+    ];
+}
+
+/// Run a program. The agent answers with `exec_started`, then any number of
+/// `output` events as the program writes, then exactly one `exit` (or a single
+/// `error` if the program could not be started).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Program and arguments; `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Variables set on top of the agent's environment (or of an empty one
+    /// when `clear_env`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub clear_env: bool,
+    /// Working directory; the agent's own (`/` in a guest) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Bytes written to the program's stdin, which is then closed. Absent:
+    /// stdin is `/dev/null`.
+    #[serde(
+        default,
+        with = "b64::opt_bytes",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub stdin: Option<Vec<u8>>,
+    /// Wall-clock limit; on expiry the whole process group gets SIGKILL and
+    /// the exit event has `timed_out: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Run as this user / group id (the agent must be root to change them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+}
+
+impl ExecRequest {
+    /// A request running `argv` with every other field defaulted.
+    pub fn new<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// `sh -c SCRIPT`.
+    pub fn shell(script: impl Into<String>) -> Self {
+        Self::new(["sh".to_string(), "-c".to_string(), script.into()])
+    }
+}
+
+/// Send a signal to a running exec's process group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillRequest {
+    /// The request id of the `exec` on the same connection.
+    pub exec_id: u64,
+    /// Signal number (1..=64); SIGKILL (9) when absent.
+    #[serde(default = "default_signal")]
+    pub signal: i32,
+}
+
+fn default_signal() -> i32 {
+    9
+}
+
+/// Read (part of) a file. The agent returns at most [`crate::MAX_DATA_CHUNK`]
+/// bytes per request; [`crate::client::AgentClient::read_file`] loops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFileRequest {
+    pub path: String,
+    #[serde(default)]
+    pub offset: u64,
+    /// Maximum bytes to return; the chunk limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub len: Option<u64>,
+}
+
+/// Write a file. Without `append` the write is atomic: data goes to a temp
+/// file in the same directory, is fsynced, renamed over `path`, and the
+/// directory is fsynced. With `append` the data is appended (creating the file)
+/// and fsynced; that is how large uploads are staged before a `rename`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteFileRequest {
+    pub path: String,
+    #[serde(with = "b64::bytes")]
+    pub data: Vec<u8>,
+    /// Permission bits (e.g. `0o644`); 0o644 for new files when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub append: bool,
+    /// Create missing parent directories (mode 0o755).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub create_parents: bool,
+}
+
+/// A request naming one absolute path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathRequest {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatRequest {
+    pub path: String,
+    /// Describe a symlink's target instead of the link (default true).
+    #[serde(default = "default_true")]
+    pub follow_symlinks: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameRequest {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    pub path: String,
+    /// Remove a directory and everything below it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recursive: bool,
+}
+
+/// Give a freshly branched/restored VM its own identity: fresh entropy, a
+/// hostname and the current time (a restored guest wakes with the clock and
+/// RNG state of the snapshot).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReidentifyRequest {
+    /// Written to `/dev/urandom`, and credited with RNDADDENTROPY when root.
+    #[serde(default, with = "b64::bytes", skip_serializing_if = "Vec::is_empty")]
+    pub entropy: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Wall-clock time to set (CLOCK_REALTIME).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<UnixTime>,
+}
+
+/// Seconds and nanoseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnixTime {
+    pub secs: i64,
+    #[serde(default)]
+    pub nanos: u32,
+}
+
+impl UnixTime {
+    /// The host's current time.
+    pub fn now() -> Self {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        UnixTime {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        }
+    }
+}
+
+/// A response or event, tagged by `"type"`, with the id of the request it
+/// belongs to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResponseFrame {
+    /// Request id; 0 for connection-level errors that cannot be attributed to
+    /// a request (e.g. an unparsable or oversize frame).
+    pub id: u64,
+    #[serde(flatten)]
+    pub response: Response,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Response {
+    Health(HealthInfo),
+    /// The exec's program is running with this pid (also its process group id).
+    ExecStarted {
+        pid: u32,
+    },
+    /// A chunk of the exec's output, sent as soon as it is read.
+    Output {
+        stream: Stream,
+        #[serde(with = "b64::bytes")]
+        data: Vec<u8>,
+    },
+    /// Final event of an exec.
+    Exit(ExecResult),
+    FileData(FileChunk),
+    Written {
+        /// Size of the file after the write.
+        size: u64,
+    },
+    DirListing {
+        entries: Vec<DirEntry>,
+    },
+    Stat(Metadata),
+    Reidentified(ReidentifyReport),
+    /// Success without a payload (kill, rename, remove, shutdown).
+    Ok,
+    Error(ErrorBody),
+    /// A response type this version does not know (a newer agent).
+    #[serde(other)]
+    Unknown,
+}
+
+impl Response {
+    /// Whether this ends its request: everything except exec progress events.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Response::ExecStarted { .. } | Response::Output { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthInfo {
+    pub agent_version: String,
+    pub protocol_version: u32,
+    /// Running as the guest's init.
+    pub pid1: bool,
+    pub hostname: String,
+    /// Milliseconds since the agent started.
+    pub uptime_ms: u64,
+    /// `--no-system-changes`: reidentify/shutdown only validate and report.
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// How an exec ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Exit status when the program exited normally.
+    pub exit_code: Option<i32>,
+    /// Terminating signal when it was killed by one.
+    pub signal: Option<i32>,
+    /// The agent killed it because `timeout_ms` expired.
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+impl ExecResult {
+    /// Exited with status 0 (and was not killed).
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChunk {
+    #[serde(with = "b64::bytes")]
+    pub data: Vec<u8>,
+    /// Offset of `data` in the file.
+    pub offset: u64,
+    /// File size when it was read.
+    pub size: u64,
+    /// `offset + data.len()` reached the end of the file.
+    pub eof: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// File name (not UTF-8 names are converted lossily).
+    pub name: String,
+    /// Metadata of the entry itself (symlinks are not followed).
+    #[serde(flatten)]
+    pub meta: Metadata,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Metadata {
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits incl. setuid/setgid/sticky (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    pub mtime_nanos: u32,
+    /// Link target, for symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+/// What `reidentify` did (or, in dry-run mode, would have done).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReidentifyReport {
+    pub entropy_bytes: usize,
+    /// The entropy was credited to the kernel pool (RNDADDENTROPY, root only).
+    pub entropy_credited: bool,
+    pub hostname_set: bool,
+    pub clock_set: bool,
+    /// Nothing was changed: the agent runs with `--no-system-changes`.
+    pub dry_run: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn default_true() -> bool {
+    true
+}
