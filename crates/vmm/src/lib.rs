@@ -2,4 +2,11 @@
 //! x86_64 Linux boot path, vCPU threads that can be paused and resumed, and the devices a
 //! microVM needs. One process runs one VM.
 pub mod arch;
+pub mod devices;
 pub mod memory;
+pub mod probe;
+pub mod vmm;
+pub mod vstate;
+
+pub use vmm::{VmConfig, Vmm, VmmError};
+pub use vstate::vcpu::ExitReason;

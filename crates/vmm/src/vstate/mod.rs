@@ -1,0 +1,4 @@
+//! KVM state: the VM (memory slots, irqchip, PIT) and its vCPUs.
+pub mod vcpu;
+pub mod vcpu_loop;
+pub mod vm;

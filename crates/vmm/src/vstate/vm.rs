@@ -1,0 +1,143 @@
+//! The KVM VM object: open /dev/kvm with clear errors, register guest RAM, create the
+//! in-kernel interrupt controllers and PIT.
+use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES, KVM_PIT_SPEAKER_DUMMY};
+use kvm_ioctls::{Cap, Kvm, VmFd};
+
+use crate::arch::layout::{KVM_IDENTITY_MAP_ADDR, KVM_TSS_ADDR};
+use crate::memory::GuestRam;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("/dev/kvm does not exist: this host has no KVM (load kvm_intel/kvm_amd, or use the qemu runtime)")]
+    NoKvm,
+    #[error("permission denied opening /dev/kvm: run as root or add your user to the 'kvm' group")]
+    KvmPermission,
+    #[error("opening /dev/kvm failed: {0}")]
+    OpenKvm(kvm_ioctls::Error),
+    #[error("KVM API version {0} is not the stable version 12")]
+    ApiVersion(i32),
+    #[error("KVM lacks a capability zygote needs: {0}")]
+    MissingCap(&'static str),
+    #[error("KVM ioctl {op} failed: {source}")]
+    Ioctl {
+        op: &'static str,
+        source: kvm_ioctls::Error,
+    },
+}
+
+fn ioctl(op: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Ioctl { op, source }
+}
+
+/// Open /dev/kvm, mapping the common failures to actionable errors.
+pub fn open_kvm() -> Result<Kvm, VmError> {
+    match Kvm::new() {
+        Ok(kvm) => {
+            let v = kvm.get_api_version();
+            if v != 12 {
+                return Err(VmError::ApiVersion(v));
+            }
+            Ok(kvm)
+        }
+        Err(e) if e.errno() == libc::ENOENT => Err(VmError::NoKvm),
+        Err(e) if e.errno() == libc::EACCES || e.errno() == libc::EPERM => {
+            Err(VmError::KvmPermission)
+        }
+        Err(e) => Err(VmError::OpenKvm(e)),
+    }
+}
+
+/// What the host KVM offers, read once per VM.
+pub struct HostKvm {
+    pub kvm: Kvm,
+    pub supported_cpuid: CpuId,
+    pub msr_index_list: Vec<u32>,
+    pub max_vcpus: usize,
+    pub tsc_deadline: bool,
+}
+
+impl HostKvm {
+    pub fn open() -> Result<Self, VmError> {
+        let kvm = open_kvm()?;
+        for (cap, name) in [
+            (Cap::Irqchip, "KVM_CAP_IRQCHIP"),
+            (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+            (Cap::SetTssAddr, "KVM_CAP_SET_TSS_ADDR"),
+            (Cap::Pit2, "KVM_CAP_PIT2"),
+            (Cap::Ioeventfd, "KVM_CAP_IOEVENTFD"),
+            (Cap::Irqfd, "KVM_CAP_IRQFD"),
+            (Cap::ImmediateExit, "KVM_CAP_IMMEDIATE_EXIT"),
+        ] {
+            if !kvm.check_extension(cap) {
+                return Err(VmError::MissingCap(name));
+            }
+        }
+        let supported_cpuid = kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .map_err(ioctl("KVM_GET_SUPPORTED_CPUID"))?;
+        let msr_index_list = kvm
+            .get_msr_index_list()
+            .map_err(ioctl("KVM_GET_MSR_INDEX_LIST"))?
+            .as_slice()
+            .to_vec();
+        let max_vcpus = kvm.get_max_vcpus();
+        let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+        Ok(Self {
+            kvm,
+            supported_cpuid,
+            msr_index_list,
+            max_vcpus,
+            tsc_deadline,
+        })
+    }
+}
+
+/// A KVM VM with guest RAM registered and interrupt controllers created.
+pub struct Vm {
+    pub fd: VmFd,
+}
+
+impl Vm {
+    pub fn new(host: &HostKvm) -> Result<Self, VmError> {
+        let fd = host.kvm.create_vm().map_err(ioctl("KVM_CREATE_VM"))?;
+        Ok(Self { fd })
+    }
+
+    /// One memory slot per RAM range, at the mapping's (inherited-on-fork) host address.
+    pub fn register_memory(&self, ram: &GuestRam) -> Result<(), VmError> {
+        for (slot, r) in ram.ranges().iter().enumerate() {
+            let region = kvm_userspace_memory_region {
+                slot: slot as u32,
+                guest_phys_addr: r.guest_addr,
+                memory_size: r.size,
+                userspace_addr: r.host_addr,
+                flags: 0,
+            };
+            // SAFETY: the region lies in `ram`'s mapping, which outlives the VM (both are
+            // owned by the Vmm and the VM fd is closed first).
+            unsafe { self.fd.set_user_memory_region(region) }
+                .map_err(ioctl("KVM_SET_USER_MEMORY_REGION"))?;
+        }
+        Ok(())
+    }
+
+    /// TSS and identity-map pages (needed by Intel VMX), in-kernel PIC/IOAPIC/LAPIC, PIT.
+    pub fn create_platform(&self) -> Result<(), VmError> {
+        self.fd
+            .set_identity_map_address(KVM_IDENTITY_MAP_ADDR)
+            .map_err(ioctl("KVM_SET_IDENTITY_MAP_ADDR"))?;
+        self.fd
+            .set_tss_address(KVM_TSS_ADDR as usize)
+            .map_err(ioctl("KVM_SET_TSS_ADDR"))?;
+        self.fd
+            .create_irq_chip()
+            .map_err(ioctl("KVM_CREATE_IRQCHIP"))?;
+        // The dummy speaker port keeps guests that beep from exiting to us.
+        let pit = kvm_pit_config {
+            flags: KVM_PIT_SPEAKER_DUMMY,
+            ..Default::default()
+        };
+        self.fd.create_pit2(pit).map_err(ioctl("KVM_CREATE_PIT2"))?;
+        Ok(())
+    }
+}
