@@ -42,7 +42,10 @@ pub fn locate_probe(build_if_missing: bool) -> Result<PathBuf, ProbeError> {
     if let Some(p) = std::env::var_os("ZYGOTE_PROBE") {
         return Ok(PathBuf::from(p));
     }
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         let candidate = dir.join("zygote-probe");
         if candidate.is_file() {
             return Ok(candidate);
@@ -58,7 +61,9 @@ pub fn locate_probe(build_if_missing: bool) -> Result<PathBuf, ProbeError> {
             .output()
             .map_err(|e| ProbeError::Build(e.to_string()))?;
         if !out.status.success() {
-            return Err(ProbeError::Build(String::from_utf8_lossy(&out.stderr).into_owned()));
+            return Err(ProbeError::Build(
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ));
         }
     }
     if in_tree.is_file() {
@@ -113,7 +118,9 @@ pub fn boot_probe(elf: &Path, opts: &ProbeOptions) -> Result<ProbeVm, ProbeError
     let writer = CallbackWriter(move |bytes: &[u8]| {
         for &b in bytes {
             if b == b'\n' {
-                let line = String::from_utf8_lossy(&partial).trim_end_matches('\r').to_string();
+                let line = String::from_utf8_lossy(&partial)
+                    .trim_end_matches('\r')
+                    .to_string();
                 let _ = tx.send(line);
                 partial.clear();
             } else {
@@ -180,7 +187,9 @@ impl ProbeVm {
                         return Ok(line);
                     }
                 }
-                return Err(ProbeError::Failed(format!("VM ended before the expected report: {exit}")));
+                return Err(ProbeError::Failed(format!(
+                    "VM ended before the expected report: {exit}"
+                )));
             }
         }
     }

@@ -89,7 +89,11 @@ impl Vmm {
         vm.create_platform()?;
 
         let (kernel, setup_header) = boot::load_kernel(ram.memory(), &cfg.kernel)?;
-        let ranges: Vec<(u64, u64)> = ram.ranges().iter().map(|r| (r.guest_addr, r.size)).collect();
+        let ranges: Vec<(u64, u64)> = ram
+            .ranges()
+            .iter()
+            .map(|r| (r.guest_addr, r.size))
+            .collect();
         let initrd = match &cfg.initrd {
             Some(path) => Some(boot::load_initrd(
                 ram.memory(),
@@ -120,11 +124,18 @@ impl Vmm {
         let serial = Arc::new(Mutex::new(SerialDevice::new(serial_irq, cfg.serial_out)));
         let reset_tx = Mutex::new(tx.clone());
         let i8042 = I8042::new(Box::new(move || {
-            let _ = reset_tx.lock().unwrap().send(VmEvent::Exit(ExitReason::Reset));
+            let _ = reset_tx
+                .lock()
+                .unwrap()
+                .send(VmEvent::Exit(ExitReason::Reset));
         }));
         let mut pio = Bus::new();
         pio.insert(COM1_BASE, COM_PORT_LEN, serial.clone())?;
-        pio.insert(I8042_DATA_PORT, I8042_PORT_RANGE, Arc::new(Mutex::new(i8042)))?;
+        pio.insert(
+            I8042_DATA_PORT,
+            I8042_PORT_RANGE,
+            Arc::new(Mutex::new(i8042)),
+        )?;
         let buses = IoBuses {
             pio: Arc::new(pio),
             mmio: Arc::new(Bus::new()),

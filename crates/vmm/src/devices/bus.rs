@@ -65,7 +65,9 @@ impl Bus {
     pub fn write(&self, addr: u64, data: &[u8]) -> bool {
         match self.find(addr) {
             Some((offset, dev)) => {
-                dev.lock().expect("device lock poisoned").write(offset, data);
+                dev.lock()
+                    .expect("device lock poisoned")
+                    .write(offset, data);
                 true
             }
             None => false,
@@ -112,7 +114,13 @@ mod tests {
         assert!(bus.insert(0x108, 0x10, dev.clone()).is_err());
         assert!(bus.insert(0xf8, 0x10, dev.clone()).is_err());
         assert!(bus.insert(0x110, 0x10, dev.clone()).is_ok());
-        assert_eq!(bus.insert(0x200, 0, dev.clone()), Err(BusError::BadRange(0x200)));
-        assert_eq!(bus.insert(u64::MAX, 2, dev), Err(BusError::BadRange(u64::MAX)));
+        assert_eq!(
+            bus.insert(0x200, 0, dev.clone()),
+            Err(BusError::BadRange(0x200))
+        );
+        assert_eq!(
+            bus.insert(u64::MAX, 2, dev),
+            Err(BusError::BadRange(u64::MAX))
+        );
     }
 }

@@ -217,11 +217,18 @@ impl Vcpu {
                 tsc_deadline: host.tsc_deadline,
             },
         );
-        self.fd.set_cpuid2(&cpuid).map_err(self.op("KVM_SET_CPUID2"))?;
+        self.fd
+            .set_cpuid2(&cpuid)
+            .map_err(self.op("KVM_SET_CPUID2"))?;
 
-        let (entries, skipped) = msr::filter_supported(&msr::boot_msr_values(), &host.msr_index_list);
+        let (entries, skipped) =
+            msr::filter_supported(&msr::boot_msr_values(), &host.msr_index_list);
         if !skipped.is_empty() {
-            tracing::debug!(vcpu = self.index, ?skipped, "host KVM lacks these boot MSRs");
+            tracing::debug!(
+                vcpu = self.index,
+                ?skipped,
+                "host KVM lacks these boot MSRs"
+            );
         }
         let msrs = Msrs::from_entries(&entries).expect("boot MSR list is small");
         let set = self.fd.set_msrs(&msrs).map_err(self.op("KVM_SET_MSRS"))?;
@@ -236,7 +243,9 @@ impl Vcpu {
 
         let mut lapic = self.fd.get_lapic().map_err(self.op("KVM_GET_LAPIC"))?;
         regs::wire_lapic_lints(&mut lapic);
-        self.fd.set_lapic(&lapic).map_err(self.op("KVM_SET_LAPIC"))?;
+        self.fd
+            .set_lapic(&lapic)
+            .map_err(self.op("KVM_SET_LAPIC"))?;
 
         if self.index == 0 {
             self.fd

@@ -1,0 +1,45 @@
+//! Facts about the host that decide what can run here.
+use std::path::Path;
+
+/// True when the CPU exposes hardware virtualization (VMX/SVM) to this kernel: then a
+/// Linux guest boots under KVM. Shadow-paging hypervisors (e.g. PVM) can run probe guests
+/// but not Linux.
+pub fn hardware_virtualization() -> bool {
+    if Path::new("/sys/module/kvm_intel").exists() || Path::new("/sys/module/kvm_amd").exists() {
+        return true;
+    }
+    std::fs::read_to_string("/proc/cpuinfo")
+        .map(|s| cpuinfo_has_virt_flag(&s))
+        .unwrap_or(false)
+}
+
+/// Whether any `flags` line of /proc/cpuinfo lists vmx or svm.
+pub fn cpuinfo_has_virt_flag(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+}
+
+/// Whether /dev/kvm exists and opens.
+pub fn kvm_usable() -> Result<(), String> {
+    crate::vstate::vm::open_kvm()
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_virt_flags() {
+        assert!(cpuinfo_has_virt_flag(
+            "processor: 0\nflags\t\t: fpu vme vmx sse\n"
+        ));
+        assert!(cpuinfo_has_virt_flag("flags : fpu svm\n"));
+        assert!(!cpuinfo_has_virt_flag(
+            "flags : fpu vmxnet sse\nvmx: fake\n"
+        ));
+    }
+}
