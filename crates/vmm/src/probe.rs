@@ -136,6 +136,7 @@ pub fn boot_probe(elf: &Path, opts: &ProbeOptions) -> Result<ProbeVm, ProbeError
         vcpus: opts.vcpus,
         serial_out: Box::new(writer),
         start_paused: false,
+        virtio_devices: Vec::new(),
     })?;
     Ok(ProbeVm {
         vmm,

@@ -8,10 +8,14 @@ use std::time::Duration;
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::arch::boot::{self, BootError, BootSetup, LoadedKernel};
-use crate::arch::layout::SERIAL_IRQ;
+use crate::arch::layout::{
+    IOAPIC_PINS, SERIAL_IRQ, VIRTIO_FIRST_IRQ, VIRTIO_MMIO_BASE, VIRTIO_MMIO_WINDOW,
+};
 use crate::arch::mptable;
 use crate::devices::i8042::{I8042, I8042_DATA_PORT, I8042_PORT_RANGE};
 use crate::devices::serial::{SerialDevice, SerialOut, COM1_BASE, COM_PORT_LEN};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::VirtioDevice;
 use crate::devices::{Bus, BusError};
 use crate::memory::{self, GuestRam, MemoryError};
 use crate::vstate::vcpu::{ExitReason, IoBuses, Vcpu, VcpuError, VcpuHandle, VmEvent};
@@ -28,6 +32,9 @@ pub struct VmConfig {
     pub serial_out: SerialOut,
     /// Create vCPU threads parked (resume with [`Vmm::resume`]).
     pub start_paused: bool,
+    /// virtio devices, each behind its own virtio-mmio window and IRQ; their
+    /// `virtio_mmio.device=` entries are appended to the command line.
+    pub virtio_devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +82,13 @@ impl Vmm {
         if cfg.vcpus == 0 {
             return Err(VmmError::NoVcpus);
         }
+        let max_devices = (IOAPIC_PINS - VIRTIO_FIRST_IRQ) as usize;
+        if cfg.virtio_devices.len() > max_devices {
+            return Err(VmmError::Device(format!(
+                "{} virtio devices requested; at most {max_devices} fit the IOAPIC",
+                cfg.virtio_devices.len()
+            )));
+        }
         boot::check_cmdline(&cfg.cmdline)?;
         let host = HostKvm::open()?;
         if cfg.vcpus > mptable::MAX_VCPUS || usize::from(cfg.vcpus) > host.max_vcpus {
@@ -103,10 +117,24 @@ impl Vmm {
             )?),
             None => None,
         };
+        let mut mmio = Bus::new();
+        let mut cmdline = cfg.cmdline.clone();
+        for (i, device) in cfg.virtio_devices.iter().enumerate() {
+            let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_WINDOW;
+            let gsi = VIRTIO_FIRST_IRQ + i as u32;
+            let transport = MmioTransport::new(device.clone(), ram.memory().clone())
+                .map_err(|e| VmmError::Device(e.to_string()))?;
+            transport
+                .register(&vm.fd, base, gsi)
+                .map_err(|e| VmmError::Device(e.to_string()))?;
+            mmio.insert(base, VIRTIO_MMIO_WINDOW, Arc::new(Mutex::new(transport)))?;
+            cmdline.push(' ');
+            cmdline.push_str(&MmioTransport::cmdline_entry(base, gsi));
+        }
         boot::write_boot_structures(
             ram.memory(),
             &BootSetup {
-                cmdline: &cfg.cmdline,
+                cmdline: &cmdline,
                 num_cpus: cfg.vcpus,
                 ram_ranges: &ranges,
                 kernel,
@@ -138,7 +166,7 @@ impl Vmm {
         )?;
         let buses = IoBuses {
             pio: Arc::new(pio),
-            mmio: Arc::new(Bus::new()),
+            mmio: Arc::new(mmio),
         };
 
         let mut configured = Vec::new();

@@ -54,6 +54,7 @@ fn linux_boots_to_a_clean_reboot() {
             sink.lock().unwrap().extend_from_slice(b)
         })),
         start_paused: false,
+        virtio_devices: Vec::new(),
     })
     .expect("VM builds");
     let exit = vmm.wait(Some(Duration::from_secs(60))).cloned();

@@ -48,6 +48,7 @@ fn vm_run(args: VmRunArgs) -> anyhow::Result<i32> {
         vcpus: args.vcpus,
         serial_out: Box::new(std::io::stdout()),
         start_paused: false,
+        virtio_devices: Vec::new(),
     })?;
     let serial = vmm.serial();
     // Console input: a detached thread; it dies with the process.
