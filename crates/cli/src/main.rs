@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 mod commands;
 
 #[derive(Parser)]
-#[command(name = "zygote", version, about = "Copy-on-write microVM sandboxes for AI agents")]
+#[command(
+    name = "zygote",
+    version,
+    about = "Copy-on-write microVM sandboxes for AI agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
