@@ -3,6 +3,7 @@
 //! microVM needs. One process runs one VM.
 pub mod arch;
 pub mod devices;
+pub mod event_loop;
 pub mod host;
 pub mod memory;
 pub mod probe;

@@ -17,6 +17,7 @@ use crate::devices::serial::{SerialDevice, SerialOut, COM1_BASE, COM_PORT_LEN};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::{Bus, BusError};
+use crate::event_loop::{EventLoop, EventRegistrar};
 use crate::memory::{self, GuestRam, MemoryError};
 use crate::vstate::vcpu::{ExitReason, IoBuses, Vcpu, VcpuError, VcpuHandle, VmEvent};
 use crate::vstate::vm::{HostKvm, Vm, VmError};
@@ -68,6 +69,7 @@ pub struct Vmm {
     // Field order is drop order: vCPU threads stop before the VM fd closes, and the VM
     // fd closes before guest RAM is unmapped.
     vcpus: Vec<VcpuHandle>,
+    event_loop: EventLoop,
     vm: Vm,
     ram: Arc<GuestRam>,
     events: Receiver<VmEvent>,
@@ -117,13 +119,19 @@ impl Vmm {
             )?),
             None => None,
         };
+        let event_loop =
+            EventLoop::start().map_err(|e| VmmError::Device(format!("event loop: {e}")))?;
         let mut mmio = Bus::new();
         let mut cmdline = cfg.cmdline.clone();
         for (i, device) in cfg.virtio_devices.iter().enumerate() {
             let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_WINDOW;
             let gsi = VIRTIO_FIRST_IRQ + i as u32;
-            let transport = MmioTransport::new(device.clone(), ram.memory().clone())
-                .map_err(|e| VmmError::Device(e.to_string()))?;
+            let transport = MmioTransport::new(
+                device.clone(),
+                ram.memory().clone(),
+                event_loop.registrar().clone(),
+            )
+            .map_err(|e| VmmError::Device(e.to_string()))?;
             transport
                 .register(&vm.fd, base, gsi)
                 .map_err(|e| VmmError::Device(e.to_string()))?;
@@ -181,6 +189,7 @@ impl Vmm {
         }
         Ok(Self {
             vcpus,
+            event_loop,
             vm,
             ram,
             events,
@@ -201,6 +210,8 @@ impl Vmm {
         for v in &self.vcpus {
             v.wait_parked();
         }
+        // Devices stop after the vCPUs so no request is left half-seen.
+        self.event_loop.park();
         Ok(())
     }
 
@@ -209,6 +220,7 @@ impl Vmm {
         if self.exit.is_some() {
             return Err(VmmError::Stopped);
         }
+        self.event_loop.unpark();
         for v in &self.vcpus {
             v.resume();
         }
@@ -238,6 +250,12 @@ impl Vmm {
         for v in &mut self.vcpus {
             v.stop();
         }
+        self.event_loop.stop();
+    }
+
+    /// Where devices and backends register fds with the VM's event thread.
+    pub fn event_registrar(&self) -> &EventRegistrar {
+        self.event_loop.registrar()
     }
 
     /// Stop the VM now (if still running) and release everything.

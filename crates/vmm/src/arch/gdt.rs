@@ -31,7 +31,7 @@ pub fn boot_gdt() -> [u64; 4] {
 
 /// Decode a descriptor into the form KVM_SET_SREGS takes.
 pub fn segment_from_descriptor(entry: u64, table_index: u16) -> kvm_segment {
-    let base = (((entry >> 16) & 0x00ff_ffff) | ((entry >> 32) & 0xff00_0000)) as u64;
+    let base = ((entry >> 16) & 0x00ff_ffff) | ((entry >> 32) & 0xff00_0000);
     let mut limit = ((entry & 0xffff) | ((entry >> 32) & 0x000f_0000)) as u32;
     let granularity = ((entry >> 55) & 1) as u8;
     if granularity == 1 {

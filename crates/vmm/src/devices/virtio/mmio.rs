@@ -8,6 +8,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use super::{status, ActivateContext, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
+use crate::event_loop::EventRegistrar;
 
 const MAGIC: u32 = 0x7472_6976; // "virt"
 const VERSION: u32 = 2;
@@ -56,6 +57,7 @@ pub enum TransportError {
 pub struct MmioTransport {
     device: Arc<Mutex<dyn VirtioDevice>>,
     mem: GuestMemoryMmap,
+    registrar: EventRegistrar,
     queues: Vec<Queue>,
     queue_evts: Vec<EventFd>,
     interrupt: Arc<VirtioInterrupt>,
@@ -72,6 +74,7 @@ impl MmioTransport {
     pub fn new(
         device: Arc<Mutex<dyn VirtioDevice>>,
         mem: GuestMemoryMmap,
+        registrar: EventRegistrar,
     ) -> Result<Self, TransportError> {
         let sizes = device.lock().unwrap().queue_max_sizes();
         let queues = sizes
@@ -86,6 +89,7 @@ impl MmioTransport {
         Ok(Self {
             device,
             mem,
+            registrar,
             queues,
             queue_evts,
             interrupt: Arc::new(VirtioInterrupt::new(irqfd)),
@@ -240,6 +244,7 @@ impl MmioTransport {
             queue_evts: evts,
             interrupt: self.interrupt.clone(),
             acked_features: self.acked_features,
+            registrar: self.registrar.clone(),
         };
         match self.device.lock().unwrap().activate(ctx) {
             Ok(()) => self.activated = true,
@@ -326,7 +331,7 @@ impl BusDevice for MmioTransport {
                 .lock()
                 .unwrap()
                 .read_config(offset - CONFIG_SPACE_OFFSET, data);
-        } else if data.len() == 4 && offset % 4 == 0 {
+        } else if data.len() == 4 && offset.is_multiple_of(4) {
             data.copy_from_slice(&self.read_reg(offset).to_le_bytes());
         } else {
             // Registers are 32-bit only (§4.2.2.2); other widths read as zero.
@@ -341,7 +346,7 @@ impl BusDevice for MmioTransport {
                 .unwrap()
                 .write_config(offset - CONFIG_SPACE_OFFSET, data);
             self.config_generation = self.config_generation.wrapping_add(1);
-        } else if data.len() == 4 && offset % 4 == 0 {
+        } else if data.len() == 4 && offset.is_multiple_of(4) {
             let value = u32::from_le_bytes(data.try_into().expect("4 bytes"));
             self.write_reg(offset, value);
         }

@@ -2,9 +2,12 @@ use super::*;
 use crate::devices::virtio::{ActivateError, INT_CONFIG_CHANGE, INT_USED_RING};
 use vm_memory::GuestAddress;
 
+/// (size, descriptor table, avail ring, used ring) of one queue at activation.
+type QueueSeen = (u16, u64, u64, u64);
+
 #[derive(Default)]
 struct MockState {
-    activated: Option<(u64, Vec<(u16, u64, u64, u64)>)>,
+    activated: Option<(u64, Vec<QueueSeen>)>,
     resets: usize,
     config: [u8; 8],
 }
@@ -52,7 +55,13 @@ impl VirtioDevice for MockDevice {
 fn transport() -> (MmioTransport, Arc<Mutex<MockState>>) {
     let state = Arc::new(Mutex::new(MockState::default()));
     let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
-    let t = MmioTransport::new(Arc::new(Mutex::new(MockDevice(state.clone()))), mem).unwrap();
+    // The loop is dropped (and its thread stopped) right away; the registrar stays usable.
+    let registrar = crate::event_loop::EventLoop::start()
+        .unwrap()
+        .registrar()
+        .clone();
+    let device = Arc::new(Mutex::new(MockDevice(state.clone())));
+    let t = MmioTransport::new(device, mem, registrar).unwrap();
     (t, state)
 }
 

@@ -74,6 +74,8 @@ pub struct ActivateContext {
     pub queue_evts: Vec<EventFd>,
     pub interrupt: std::sync::Arc<VirtioInterrupt>,
     pub acked_features: u64,
+    /// Where the device registers its queue eventfds and backend fds.
+    pub registrar: crate::event_loop::EventRegistrar,
 }
 
 #[derive(Debug, thiserror::Error)]
