@@ -58,6 +58,52 @@ pub const CMDLINE_TOKEN: &str = "probe.token=zygote-cmdline-0123456789abcdef";
 pub const REPORT_OK: &str = "PROBE OK";
 pub const REPORT_FAIL_PREFIX: &str = "PROBE FAIL ";
 
+/// Printed by scenarios that keep running instead of resetting (`spin`), once the
+/// boot checks have passed and the scenario's steady state has begun.
+pub const REPORT_READY: &str = "PROBE READY";
+
+/// Index into [`Mailbox::scratch`] of a bitmask (by APIC id) of vCPUs that entered
+/// the probe's 64-bit entry point after the first one did. Only the BSP may be
+/// started at the entry; APs must wait for INIT-SIPI. Those extra vCPUs park
+/// themselves, set their bit here, and the boot checks fail. Not cleared by the
+/// probe (fresh guest RAM is zero), all scenarios.
+pub const SCRATCH_EXTRA_ENTRY: usize = 0;
+
+/// Index into [`Mailbox::scratch`] where `spin` writes [`SPIN_MARKER`] once its
+/// boot checks have passed (just before printing [`REPORT_READY`]).
+pub const SCRATCH_SPIN_MARKER: usize = 1;
+/// "SPIN" in ASCII: the value of `scratch[SCRATCH_SPIN_MARKER]` in the `spin` scenario.
+pub const SPIN_MARKER: u64 = 0x5350_494e;
+
+// ---------------------------------------------------------------------------
+// Boot-path conventions the probe relies on. The VMM owns these addresses; they
+// are listed here so host tests and the VMM can assert they agree with the probe.
+// ---------------------------------------------------------------------------
+
+/// Guest-physical (= virtual, identity-mapped) address the probe ELF is linked and
+/// loaded at (p_paddr of its single PT_LOAD segment, also e_entry).
+pub const PROBE_LOAD_GPA: u64 = 0x100_0000;
+/// Where the VMM puts `struct boot_params` (the zero page); passed in `rsi`.
+pub const ZERO_PAGE_GPA: u64 = 0x7000;
+/// Where the VMM puts the kernel command line (`hdr.cmd_line_ptr`).
+pub const CMDLINE_GPA: u64 = 0x2_0000;
+/// Start of the 32-bit MMIO hole: no RAM in e820 from here ...
+pub const MMIO_HOLE_START: u64 = 0xc000_0000;
+/// ... up to here; RAM beyond `MMIO_HOLE_START` continues at this address.
+pub const MMIO_HOLE_END: u64 = 0x1_0000_0000;
+/// The VMM identity-maps max(4 GiB, top of RAM) with 2 MiB pages, but never more
+/// than this; the probe only touches RAM below the mapped limit.
+pub const IDENTITY_MAP_MAX: u64 = 16 << 30;
+/// Local APIC MMIO base (xAPIC mode) the `smp` scenario programs.
+pub const LAPIC_GPA: u64 = 0xfee0_0000;
+
+/// COM1 data port: the probe's text report.
+pub const COM1_PORT: u16 = 0x3f8;
+/// i8042 command port; writing [`RESET_VALUE`] asks for a CPU reset, which the VMM
+/// treats as the probe's clean exit.
+pub const RESET_PORT: u16 = 0x64;
+pub const RESET_VALUE: u8 = 0xfe;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +115,20 @@ mod tests {
         assert_eq!(core::mem::offset_of!(Mailbox, cpus_alive) as u64, MAILBOX_OFF_CPUS_ALIVE);
         assert_eq!(core::mem::offset_of!(Mailbox, scratch) as u64, MAILBOX_OFF_SCRATCH);
         assert_eq!(core::mem::offset_of!(Mailbox, status) as u64, MAILBOX_OFF_STATUS);
+    }
+
+    #[test]
+    fn boot_structures_do_not_overlap() {
+        // Zero page, trampoline page and mailbox page are distinct 4 KiB pages
+        // below 640 KiB; the command line sits between them and the mailbox.
+        for a in [ZERO_PAGE_GPA, AP_TRAMPOLINE_GPA, CMDLINE_GPA, MAILBOX_GPA] {
+            assert_eq!(a % 0x1000, 0);
+            assert!(a < 0xa_0000);
+        }
+        assert!(ZERO_PAGE_GPA < AP_TRAMPOLINE_GPA);
+        assert!(AP_TRAMPOLINE_GPA < CMDLINE_GPA && CMDLINE_GPA < MAILBOX_GPA);
+        // The SIPI vector is 8 bits of page number.
+        assert!(AP_TRAMPOLINE_GPA >> 12 < 0x100);
+        assert!(PROBE_LOAD_GPA >= 1 << 20);
     }
 }

@@ -1,0 +1,34 @@
+//! Scenarios run after the boot checks, chosen by `probe.scenario=`.
+//! To add one: write a module with `pub fn run(&BootInfo) -> Result<(), Fail>`
+//! and add a row to `SCENARIOS`. Returning Ok prints PROBE OK and resets the VM;
+//! a scenario that must keep running (like `spin`) simply never returns.
+
+use crate::checks::{BootInfo, Fail};
+
+mod boot;
+mod smp;
+mod spin;
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub run: fn(&BootInfo) -> Result<(), Fail>,
+}
+
+pub static SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "boot",
+        run: boot::run,
+    },
+    Scenario {
+        name: "smp",
+        run: smp::run,
+    },
+    Scenario {
+        name: "spin",
+        run: spin::run,
+    },
+];
+
+pub fn find(name: &[u8]) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name.as_bytes() == name)
+}
