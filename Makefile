@@ -1,0 +1,46 @@
+# zygote: copy-on-write microVM sandboxes for AI agents.
+#   make demo   install what is missing, build everything (incl. guest kernel/rootfs), run the demo
+#   make test   install, build, lint and run every test suite
+SHELL := /bin/bash
+CARGO ?= cargo
+ZYGOTE := target/release/zygote
+PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
+
+.PHONY: all setup build probe agent guest lint test test-rust demo clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+probe:
+	@bash guest/probe/build.sh >/dev/null
+
+agent:
+	$(CARGO) build --release -p zygote-agent --target x86_64-unknown-linux-musl
+
+build: setup probe agent
+	$(CARGO) build --release --workspace
+	@install -m 0755 $(PROBE_ELF) target/release/zygote-probe
+
+# Guest kernel and the minimal rootfs, cached under ~/.cache/zygote keyed by their inputs.
+guest: build
+	$(ZYGOTE) image build minimal
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+test-rust: build guest
+	$(CARGO) test --release --workspace
+
+test: lint test-rust
+
+demo: build guest
+	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
+	@echo "== probe guest on zygote's KVM VMM (2 vCPUs)"; $(ZYGOTE) probe --vcpus 2 --scenario smp
+	@echo "== a real Linux sandbox"; $(ZYGOTE) run --image minimal -- sh -c 'uname -a; echo hello from $$(hostname)'
+
+clean:
+	$(CARGO) clean
+	rm -rf guest/probe/target
