@@ -189,6 +189,17 @@ impl AgentClient {
         self
     }
 
+    /// Close the connection for every clone of this client: pending and
+    /// future requests fail with [`ClientError::Closed`]; the agent kills
+    /// the connection's running execs.
+    pub fn close(&self) {
+        let closer = self.conn.closer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = closer.as_ref() {
+            let _ = c.shutdown_rw();
+        }
+        self.conn.shared.close("closed by the client".into());
+    }
+
     /// Whether the connection is still usable.
     pub fn is_closed(&self) -> bool {
         self.conn.shared.routes().closed.is_some()
@@ -533,6 +544,9 @@ fn expect_ok(what: &str, got: Response) -> Result<(), ClientError> {
 
 /// The reader thread: route frames until the stream ends.
 fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
+    // Connection-level complaints (id 0) about something we sent; the latest
+    // becomes the close reason if the agent then hangs up.
+    let mut complaint: Option<String> = None;
     let why = loop {
         let bytes = match frame::read_frame(&mut reader, MAX_FRAME_LEN) {
             Ok(Some(b)) => b,
@@ -544,19 +558,13 @@ fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
             Ok(f) => f,
             Err(e) => break format!("undecodable response from agent: {e}"),
         };
-        let mut routes = shared.routes();
         if frame.id == 0 {
-            // A connection-level complaint about something we sent; keep it as
-            // the reason in case the agent now hangs up.
             if let Response::Error(body) = frame.response {
-                routes
-                    .closed
-                    .get_or_insert(format!("agent reported {body}"));
-                routes.waiting.clear();
-                break format!("agent reported {body}");
+                complaint = Some(format!("agent reported {body}"));
             }
             continue;
         }
+        let mut routes = shared.routes();
         let terminal = frame.response.is_terminal();
         let delivered = match routes.waiting.get(&frame.id) {
             Some(tx) => tx.send(frame.response).is_ok(),
@@ -566,7 +574,10 @@ fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
             routes.waiting.remove(&frame.id);
         }
     };
-    shared.close(why);
+    shared.close(match complaint {
+        Some(c) => format!("{why} ({c})"),
+        None => why,
+    });
 }
 
 #[cfg(test)]

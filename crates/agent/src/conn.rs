@@ -1,0 +1,301 @@
+//! One client connection: read frames, validate them, run each request on
+//! its own thread, and serialise responses onto the shared socket.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::Duration;
+
+use serde_json::Value;
+use zygote_proto::frame::{self, FrameError};
+use zygote_proto::{ErrorBody, ErrorCode, Request, Response, ResponseFrame, MAX_FRAME_LEN};
+
+use crate::{dispatch, log, AgentState};
+
+/// Unfinished requests allowed per connection before `busy`.
+pub const MAX_INFLIGHT: usize = 256;
+
+/// A peer that accepts no data for this long is treated as gone, so one
+/// stuck client cannot pin exec threads forever.
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Default)]
+struct State {
+    inflight: HashSet<u64>,
+    /// Running execs of this connection: request id → process group id.
+    execs: HashMap<u64, libc::pid_t>,
+    closed: bool,
+}
+
+pub(crate) struct Conn {
+    agent: Arc<AgentState>,
+    name: String,
+    writer: Mutex<File>,
+    /// Kept to shut the socket down from any thread.
+    sock: OwnedFd,
+    broken: AtomicBool,
+    state: Mutex<State>,
+}
+
+impl Conn {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send one frame. False when the peer is gone (and then the connection
+    /// is shut down, which also ends its reader loop).
+    fn write(&self, id: u64, response: Response) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut bytes = serde_json::to_vec(&ResponseFrame { id, response }).unwrap_or_else(|e| {
+            let body = ErrorBody::new(ErrorCode::Internal, format!("cannot encode response: {e}"));
+            error_bytes(id, body)
+        });
+        if bytes.len() > MAX_FRAME_LEN {
+            let body = ErrorBody::new(
+                ErrorCode::ResponseTooLarge,
+                format!("response of {} bytes exceeds the frame limit", bytes.len()),
+            );
+            bytes = error_bytes(id, body);
+        }
+        let result = {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            frame::write_frame(&mut *w, &bytes)
+        };
+        if result.is_err() {
+            self.broken.store(true, Ordering::Relaxed);
+            unsafe { libc::shutdown(self.sock.as_raw_fd(), libc::SHUT_RDWR) };
+            return false;
+        }
+        true
+    }
+
+    fn error(&self, id: u64, code: ErrorCode, message: impl Into<String>) {
+        self.write(id, Response::Error(ErrorBody::new(code, message)));
+    }
+
+    /// The reader is done: kill this connection's running execs (their output
+    /// has nowhere to go) and refuse new ones.
+    fn hang_up(&self) {
+        let mut st = self.state();
+        st.closed = true;
+        for &pgid in st.execs.values() {
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    }
+}
+
+fn error_bytes(id: u64, body: ErrorBody) -> Vec<u8> {
+    serde_json::to_vec(&ResponseFrame {
+        id,
+        response: Response::Error(body),
+    })
+    .expect("error frames always encode")
+}
+
+/// Where a request handler sends its events and its single terminal response.
+/// Dropping a `Reply` without finishing it (a handler bug or panic) answers
+/// with an `internal` error, so the client is never left waiting.
+pub(crate) struct Reply {
+    conn: Arc<Conn>,
+    id: u64,
+    done: bool,
+}
+
+impl Reply {
+    pub(crate) fn agent(&self) -> &AgentState {
+        &self.conn.agent
+    }
+
+    /// A non-terminal event; false if the client is gone.
+    pub(crate) fn event(&self, r: Response) -> bool {
+        self.conn.write(self.id, r)
+    }
+
+    /// The terminal response.
+    pub(crate) fn finish(mut self, r: Response) {
+        self.done = true;
+        // Free the id first: once the client sees this frame it may reuse it.
+        self.conn.state().inflight.remove(&self.id);
+        self.conn.write(self.id, r);
+    }
+
+    pub(crate) fn register_exec(&self, pgid: libc::pid_t) {
+        let mut st = self.conn.state();
+        st.execs.insert(self.id, pgid);
+        if st.closed {
+            // The client left while we were spawning.
+            unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        }
+    }
+
+    pub(crate) fn unregister_exec(&self) {
+        self.conn.state().execs.remove(&self.id);
+    }
+
+    /// Signal another exec of the same connection.
+    pub(crate) fn signal_exec(&self, exec_id: u64, sig: i32) -> Result<(), ErrorBody> {
+        let st = self.conn.state();
+        let Some(&pgid) = st.execs.get(&exec_id) else {
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no running exec with id {exec_id} on this connection"),
+            ));
+        };
+        if unsafe { libc::kill(-pgid, sig) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(ErrorBody::from_io(&format!("kill exec {exec_id}"), &e));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.state().inflight.remove(&self.id);
+            self.conn.error(
+                self.id,
+                ErrorCode::Internal,
+                "request handler ended without answering",
+            );
+        }
+    }
+}
+
+fn set_send_timeout(fd: &OwnedFd, t: Duration) {
+    let tv = libc::timeval {
+        tv_sec: t.as_secs() as _,
+        tv_usec: 0,
+    };
+    // Fails harmlessly on non-sockets (e.g. pipes in tests).
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+}
+
+/// Serve one connection until the peer closes it. Runs on the caller's thread.
+pub(crate) fn serve(agent: Arc<AgentState>, stream: OwnedFd, name: String) -> io::Result<()> {
+    set_send_timeout(&stream, SEND_TIMEOUT);
+    let mut reader = File::from(stream.try_clone()?);
+    let writer = File::from(stream.try_clone()?);
+    let conn = Arc::new(Conn {
+        agent,
+        name,
+        writer: Mutex::new(writer),
+        sock: stream,
+        broken: AtomicBool::new(false),
+        state: Mutex::new(State::default()),
+    });
+    let why = loop {
+        match frame::read_frame(&mut reader, MAX_FRAME_LEN) {
+            Ok(Some(bytes)) => handle_frame(&conn, &bytes),
+            Ok(None) => break "closed by peer".to_string(),
+            Err(e @ FrameError::TooLarge { .. }) => {
+                conn.error(0, ErrorCode::FrameTooLarge, e.to_string());
+                break e.to_string();
+            }
+            Err(e @ FrameError::Truncated { .. }) => {
+                conn.error(0, ErrorCode::TruncatedFrame, e.to_string());
+                break e.to_string();
+            }
+            Err(FrameError::Io(e)) => break format!("read error: {e}"),
+        }
+    };
+    conn.hang_up();
+    if why != "closed by peer" {
+        log!("connection {}: {why}", conn.name);
+        // Stop reading and writing: the stream is out of sync.
+        unsafe { libc::shutdown(conn.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    }
+    Ok(())
+}
+
+/// Validate one frame and start its request. Every problem is answered with
+/// an error frame; none ends the connection (framing is still intact).
+fn handle_frame(conn: &Arc<Conn>, bytes: &[u8]) {
+    let value: Value = match serde_json::from_slice(bytes) {
+        Ok(v) => v,
+        Err(e) => return conn.error(0, ErrorCode::MalformedFrame, format!("invalid JSON: {e}")),
+    };
+    let Some(obj) = value.as_object() else {
+        return conn.error(0, ErrorCode::MalformedFrame, "frame is not a JSON object");
+    };
+    let Some(id) = obj.get("id").and_then(Value::as_u64) else {
+        return conn.error(
+            0,
+            ErrorCode::MalformedFrame,
+            "frame has no unsigned integer \"id\"",
+        );
+    };
+    let Some(kind) = obj.get("type").and_then(Value::as_str) else {
+        return conn.error(
+            id,
+            ErrorCode::MalformedFrame,
+            "frame has no string \"type\"",
+        );
+    };
+    if !Request::TYPES.contains(&kind) {
+        return conn.error(
+            id,
+            ErrorCode::UnknownRequest,
+            format!("unknown request type {kind:?}"),
+        );
+    }
+    let kind = kind.to_string();
+    let request: Request = match serde_json::from_value(value) {
+        Ok(r) => r,
+        Err(e) => return conn.error(id, ErrorCode::BadRequest, format!("{kind}: {e}")),
+    };
+    if id == 0 {
+        return conn.error(0, ErrorCode::BadRequest, "id 0 is reserved");
+    }
+    {
+        let mut st = conn.state();
+        if st.inflight.contains(&id) {
+            drop(st);
+            return conn.error(
+                id,
+                ErrorCode::DuplicateId,
+                format!("id {id} is already in use"),
+            );
+        }
+        if st.inflight.len() >= MAX_INFLIGHT {
+            drop(st);
+            return conn.error(
+                id,
+                ErrorCode::Busy,
+                format!("more than {MAX_INFLIGHT} unfinished requests"),
+            );
+        }
+        st.inflight.insert(id);
+    }
+    let reply = Reply {
+        conn: conn.clone(),
+        id,
+        done: false,
+    };
+    if dispatch::is_quick(&request) {
+        dispatch::handle(reply, request);
+        return;
+    }
+    // If the thread cannot be created the closure (and the Reply in it) is
+    // dropped, which answers with an `internal` error.
+    let spawned = thread::Builder::new()
+        .name(format!("req-{kind}"))
+        .spawn(move || dispatch::handle(reply, request));
+    if let Err(e) = spawned {
+        log!("connection {}: cannot start a thread: {e}", conn.name);
+    }
+}

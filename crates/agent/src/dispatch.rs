@@ -1,0 +1,72 @@
+//! Route a validated request to its handler.
+
+use zygote_proto::{ErrorBody, ErrorCode, HealthInfo, Request, Response, PROTOCOL_VERSION};
+
+use crate::conn::Reply;
+use crate::{exec, files, log, system, ShutdownAction};
+
+/// Requests cheap enough to answer on the connection's reader thread.
+pub(crate) fn is_quick(r: &Request) -> bool {
+    matches!(r, Request::Health | Request::Kill(_) | Request::Shutdown)
+}
+
+pub(crate) fn handle(reply: Reply, request: Request) {
+    let response = match request {
+        Request::Exec(req) => return exec::run(reply, req),
+        Request::Health => Ok(health(&reply)),
+        Request::Kill(k) => {
+            if !(1..=64).contains(&k.signal) {
+                Err(ErrorBody::new(
+                    ErrorCode::BadRequest,
+                    format!("signal {} out of range 1..=64", k.signal),
+                ))
+            } else {
+                reply
+                    .signal_exec(k.exec_id, k.signal)
+                    .map(|()| Response::Ok)
+            }
+        }
+        Request::ReadFile(r) => files::read_file(&r),
+        Request::WriteFile(r) => files::write_file(&r),
+        Request::ListDir(r) => files::list_dir(&r.path),
+        Request::Stat(r) => files::stat(&r),
+        Request::Rename(r) => files::rename(&r),
+        Request::Remove(r) => files::remove(&r),
+        Request::Reidentify(r) => {
+            system::reidentify(&r, reply.agent().options.dry_run).map(Response::Reidentified)
+        }
+        Request::Shutdown => return shutdown(reply),
+    };
+    reply.finish(response.unwrap_or_else(Response::Error));
+}
+
+fn health(reply: &Reply) -> Response {
+    let agent = reply.agent();
+    Response::Health(HealthInfo {
+        agent_version: env!("CARGO_PKG_VERSION").to_string(),
+        protocol_version: PROTOCOL_VERSION,
+        pid1: agent.options.pid1,
+        hostname: system::hostname(),
+        uptime_ms: agent.started.elapsed().as_millis() as u64,
+        dry_run: agent.options.dry_run,
+    })
+}
+
+fn shutdown(reply: Reply) {
+    let action = reply.agent().options.shutdown;
+    if action == ShutdownAction::Refuse {
+        return reply.finish(Response::Error(ErrorBody::new(
+            ErrorCode::Unsupported,
+            "this agent does not shut down on request (--no-system-changes or embedded)",
+        )));
+    }
+    reply.finish(Response::Ok);
+    // The `ok` frame has been handed to the kernel; give it a moment to leave
+    // the guest (through QEMU's slirp, say) before the VM disappears.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    log!("shutdown requested");
+    match action {
+        ShutdownAction::Reboot => system::reboot(libc::RB_AUTOBOOT),
+        _ => std::process::exit(0),
+    }
+}

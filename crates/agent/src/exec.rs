@@ -1,0 +1,304 @@
+//! `exec`: run a program, stream its output as it is produced, report how it
+//! ended.
+//!
+//! One thread per exec multiplexes, with `poll(2)`, the program's stdout and
+//! stderr pipes, the stdin pipe (written non-blocking so a program that never
+//! reads stdin cannot wedge us) and the reaper's wake-up pipe. No thread ever
+//! blocks on a pipe that a background grandchild might hold open forever.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zygote_proto::{ErrorBody, ErrorCode, ExecRequest, ExecResult, Response, Stream};
+
+use crate::conn::Reply;
+use crate::reaper::ExitWatch;
+
+/// Largest output chunk sent in one event.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// After the program exits, how long output from processes that inherited
+/// its pipes is still forwarded before the exit event is sent.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(250);
+
+fn bad(message: impl Into<String>) -> ErrorBody {
+    ErrorBody::new(ErrorCode::BadRequest, message)
+}
+
+fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
+    let Some(program) = req.argv.first() else {
+        return Err(bad("argv must not be empty"));
+    };
+    let strings = req
+        .argv
+        .iter()
+        .chain(req.env.keys())
+        .chain(req.env.values())
+        .chain(req.cwd.iter());
+    for s in strings {
+        if s.contains('\0') {
+            return Err(bad("argv, env and cwd must not contain NUL bytes"));
+        }
+    }
+    if let Some(key) = req.env.keys().find(|k| k.is_empty() || k.contains('=')) {
+        return Err(bad(format!("invalid environment variable name {key:?}")));
+    }
+    let mut cmd = Command::new(program);
+    cmd.args(&req.argv[1..]);
+    if req.clear_env {
+        cmd.env_clear();
+    }
+    cmd.envs(&req.env);
+    if let Some(cwd) = &req.cwd {
+        cmd.current_dir(cwd);
+    }
+    if let Some(uid) = req.uid {
+        cmd.uid(uid);
+    }
+    if let Some(gid) = req.gid {
+        cmd.gid(gid);
+    }
+    // Own process group, so timeouts, kills and disconnects reach everything
+    // the program starts, not only the program itself.
+    cmd.process_group(0);
+    cmd.stdin(if req.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    Ok(cmd)
+}
+
+/// Run `req` to completion, sending every event through `reply`.
+pub(crate) fn run(reply: Reply, req: ExecRequest) {
+    let mut cmd = match build_command(&req) {
+        Ok(c) => c,
+        Err(e) => return reply.finish(Response::Error(e)),
+    };
+    let start = Instant::now();
+    let (mut child, watch) = match reply.agent().reaper.spawn(&mut cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            let mut body = ErrorBody::from_io(&format!("cannot start {:?}", req.argv[0]), &e);
+            body.code = ErrorCode::SpawnFailed;
+            return reply.finish(Response::Error(body));
+        }
+    };
+    let pid = child.id() as libc::pid_t;
+    let stdin = child.stdin.take().map(OwnedFd::from);
+    let outputs = [
+        child
+            .stdout
+            .take()
+            .map(|o| (Stream::Stdout, OwnedFd::from(o))),
+        child
+            .stderr
+            .take()
+            .map(|e| (Stream::Stderr, OwnedFd::from(e))),
+    ];
+    // `Child` neither kills nor waits on drop; the reaper owns the wait.
+    drop(child);
+
+    reply.register_exec(pid);
+    let mut run = Running {
+        reply: &reply,
+        pid,
+        client_gone: false,
+    };
+    if !run.send(Response::ExecStarted { pid: pid as u32 }) {
+        run.client_gone();
+    }
+    let stdin = stdin.map(|fd| (fd, req.stdin.unwrap_or_default(), 0usize));
+    let deadline = req
+        .timeout_ms
+        .and_then(|ms| start.checked_add(Duration::from_millis(ms)));
+    let (status, timed_out) = run.pump(outputs, stdin, watch, deadline);
+    reply.unregister_exec();
+
+    let mut result = ExecResult {
+        exit_code: None,
+        signal: None,
+        timed_out,
+        duration_ms: start.elapsed().as_millis() as u64,
+    };
+    if libc::WIFEXITED(status) {
+        result.exit_code = Some(libc::WEXITSTATUS(status));
+    } else if libc::WIFSIGNALED(status) {
+        result.signal = Some(libc::WTERMSIG(status));
+    }
+    reply.finish(Response::Exit(result));
+}
+
+struct Running<'a> {
+    reply: &'a Reply,
+    pid: libc::pid_t,
+    client_gone: bool,
+}
+
+type StdinState = (OwnedFd, Vec<u8>, usize);
+
+impl Running<'_> {
+    fn send(&mut self, r: Response) -> bool {
+        !self.client_gone && self.reply.event(r)
+    }
+
+    /// Nobody will read the output any more: stop the program rather than let
+    /// it run unobserved (documented protocol behaviour).
+    fn client_gone(&mut self) {
+        if !self.client_gone {
+            self.client_gone = true;
+            self.signal_group(libc::SIGKILL);
+        }
+    }
+
+    fn signal_group(&self, sig: libc::c_int) {
+        unsafe { libc::kill(-self.pid, sig) };
+    }
+
+    /// The poll loop. Returns the raw wait status and whether the timeout fired.
+    fn pump(
+        &mut self,
+        mut outputs: [Option<(Stream, OwnedFd)>; 2],
+        mut stdin: Option<StdinState>,
+        watch: ExitWatch,
+        deadline: Option<Instant>,
+    ) -> (libc::c_int, bool) {
+        if let Some((fd, _, _)) = &stdin {
+            set_nonblocking(fd);
+        }
+        let mut wake = Some(watch.wake);
+        let mut status = None;
+        let mut drain_until = None;
+        let mut timed_out = false;
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            let now = Instant::now();
+            if let Some(st) = status {
+                if outputs.iter().all(Option::is_none) || drain_until.is_some_and(|d| now >= d) {
+                    return (st, timed_out);
+                }
+            } else if !timed_out && deadline.is_some_and(|d| now >= d) {
+                self.signal_group(libc::SIGKILL);
+                timed_out = true;
+            }
+            let wait_until = if status.is_some() {
+                drain_until
+            } else if timed_out {
+                None
+            } else {
+                deadline
+            };
+            let timeout_ms = match wait_until {
+                Some(t) => t.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
+                None => -1,
+            };
+
+            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
+            for (_, fd) in outputs.iter().flatten() {
+                pfds.push(pollfd(fd, libc::POLLIN));
+            }
+            if let Some((fd, _, _)) = &stdin {
+                pfds.push(pollfd(fd, libc::POLLOUT));
+            }
+            if let Some(fd) = &wake {
+                pfds.push(pollfd(fd, libc::POLLIN));
+            }
+            let n =
+                unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+            if n <= 0 {
+                continue; // timeout or EINTR: deadlines are re-checked above
+            }
+            let mut ready = pfds.iter().map(|p| p.revents != 0);
+
+            for slot in outputs.iter_mut() {
+                let Some((stream, fd)) = slot else { continue };
+                if !ready.next().unwrap_or(false) {
+                    continue;
+                }
+                match read_some(fd, &mut buf) {
+                    Ok(0) => *slot = None,
+                    Ok(len) => {
+                        let event = Response::Output {
+                            stream: *stream,
+                            data: buf[..len].to_vec(),
+                        };
+                        if !self.send(event) {
+                            self.client_gone();
+                        }
+                    }
+                    Err(e) if retryable(&e) => {}
+                    Err(_) => *slot = None,
+                }
+            }
+            if let Some((fd, data, written)) = &mut stdin {
+                if ready.next().unwrap_or(false) {
+                    match write_some(fd, &data[*written..]) {
+                        Ok(len) => *written += len,
+                        Err(e) if retryable(&e) => {}
+                        Err(_) => *written = data.len(), // EPIPE: the program closed stdin
+                    }
+                    if *written >= data.len() {
+                        stdin = None; // closing the pipe delivers EOF
+                    }
+                }
+            }
+            if wake.is_some() && ready.next().unwrap_or(false) {
+                // The reaper puts the status in the channel before it closes
+                // the wake pipe, so it is there now.
+                // A closed pipe without a status (a reaper bug) is reported
+                // as SIGKILL instead of spinning on POLLHUP forever.
+                status = Some(watch.status.try_recv().unwrap_or(libc::SIGKILL));
+                wake = None;
+                stdin = None;
+                drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
+            }
+        }
+    }
+}
+
+fn pollfd(fd: &OwnedFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    }
+}
+
+fn retryable(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn write_some(fd: &OwnedFd, data: &[u8]) -> io::Result<usize> {
+    if data.is_empty() {
+        return Ok(0);
+    }
+    let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    unsafe {
+        let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if flags >= 0 {
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
+}
