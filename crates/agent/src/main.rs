@@ -42,9 +42,10 @@ fn main() {
 fn fatal(pid1: bool, why: &str) -> ! {
     log!("fatal: {why}");
     if pid1 {
-        // Powering off makes QEMU exit, which the host notices at once; a
-        // hung init would only show up as a boot timeout.
-        system::reboot(libc::RB_POWER_OFF);
+        // Rebooting makes QEMU (run with -no-reboot) exit, which the host
+        // notices at once; a hung init would only show up as a boot timeout.
+        // RB_AUTOBOOT rather than RB_POWER_OFF: microvm has no ACPI power-off.
+        system::reboot(libc::RB_AUTOBOOT);
     }
     process::exit(1);
 }

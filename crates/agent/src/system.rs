@@ -171,22 +171,36 @@ fn mount(source: &str, target: &str, fstype: &str, flags: libc::c_ulong, data: &
     }
 }
 
-/// Point stdin at /dev/null and stdout/stderr at the console. The kernel may
-/// start init with no descriptors at all, and then the first sockets would
-/// land on fds 0-2 and be inherited by every exec.
+/// Give init a stdin (/dev/null) and stdout/stderr (the console) if the
+/// kernel started it without them (it does when the root filesystem has no
+/// /dev/console). Otherwise the first sockets would land on fds 0-2. Fds that
+/// are already open are left alone.
 fn setup_stdio() {
-    let null = OpenOptions::new().read(true).write(true).open("/dev/null");
-    let console = OpenOptions::new().write(true).open("/dev/console");
-    unsafe {
-        if let Ok(n) = &null {
-            libc::dup2(n.as_raw_fd(), 0);
+    let missing: Vec<libc::c_int> = (0..3)
+        .filter(|&fd| unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0)
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    // Raw fds on purpose: with 0-2 closed, open() itself returns one of
+    // them, and a File would close it again on drop.
+    let open = |path: &std::ffi::CStr, flags| unsafe { libc::open(path.as_ptr(), flags) };
+    let null = open(c"/dev/null", libc::O_RDWR);
+    let console = open(c"/dev/console", libc::O_WRONLY | libc::O_NOCTTY);
+    for fd in missing {
+        let source = if fd > 0 && console >= 0 {
+            console
+        } else {
+            null
+        };
+        if source >= 0 && source != fd {
+            unsafe { libc::dup2(source, fd) };
         }
-        match (&console, &null) {
-            (Ok(c), _) | (Err(_), Ok(c)) => {
-                libc::dup2(c.as_raw_fd(), 1);
-                libc::dup2(c.as_raw_fd(), 2);
-            }
-            _ => {}
+    }
+    // Anything that landed on 0-2 is now one of the standard fds.
+    for fd in [null, console] {
+        if fd > 2 {
+            unsafe { libc::close(fd) };
         }
     }
 }
