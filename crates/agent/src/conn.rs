@@ -198,23 +198,24 @@ pub(crate) fn serve(agent: Arc<AgentState>, stream: OwnedFd, name: String) -> io
         broken: AtomicBool::new(false),
         state: Mutex::new(State::default()),
     });
-    let why = loop {
+    // None: the peer closed cleanly at a frame boundary.
+    let failure = loop {
         match frame::read_frame(&mut reader, MAX_FRAME_LEN) {
             Ok(Some(bytes)) => handle_frame(&conn, &bytes),
-            Ok(None) => break "closed by peer".to_string(),
+            Ok(None) => break None,
             Err(e @ FrameError::TooLarge { .. }) => {
                 conn.error(0, ErrorCode::FrameTooLarge, e.to_string());
-                break e.to_string();
+                break Some(e.to_string());
             }
             Err(e @ FrameError::Truncated { .. }) => {
                 conn.error(0, ErrorCode::TruncatedFrame, e.to_string());
-                break e.to_string();
+                break Some(e.to_string());
             }
-            Err(FrameError::Io(e)) => break format!("read error: {e}"),
+            Err(FrameError::Io(e)) => break Some(format!("read error: {e}")),
         }
     };
     conn.hang_up();
-    if why != "closed by peer" {
+    if let Some(why) = failure {
         log!("connection {}: {why}", conn.name);
         // Stop reading and writing: the stream is out of sync.
         unsafe { libc::shutdown(conn.sock.as_raw_fd(), libc::SHUT_RDWR) };

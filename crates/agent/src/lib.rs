@@ -134,10 +134,15 @@ impl Listener {
                 Ok((s.into(), format!("tcp:{peer}")))
             }
             Listener::Unix(l) => Ok((l.accept()?.0.into(), "unix".into())),
-            Listener::Vsock(l) => {
+            Listener::Vsock(l) => loop {
                 let (fd, cid, port) = l.accept()?;
-                Ok((fd, format!("vsock:{cid}:{port}")))
-            }
+                // Only the host may drive the agent over vsock; programs in
+                // the guest (CID 1 loopback or the guest's own CID) are refused.
+                if cid == libc::VMADDR_CID_HOST {
+                    return Ok((fd, format!("vsock:{cid}:{port}")));
+                }
+                log!("refused vsock connection from cid {cid} port {port}");
+            },
         }
     }
 }
