@@ -6,6 +6,7 @@ pub mod devices;
 pub mod event_loop;
 pub mod host;
 pub mod memory;
+pub mod persist;
 pub mod probe;
 pub mod vmm;
 pub mod vstate;

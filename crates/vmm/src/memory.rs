@@ -178,6 +178,14 @@ impl GuestRam {
         &self.ranges
     }
 
+    /// The layout recorded in a `VmState`.
+    pub fn layout(&self) -> crate::persist::MemoryLayout {
+        crate::persist::MemoryLayout {
+            mem_mib: self.size() / MIB,
+            ranges: self.ranges.iter().map(|r| (r.guest_addr, r.size)).collect(),
+        }
+    }
+
     /// Total RAM in bytes.
     pub fn size(&self) -> u64 {
         self.ranges.iter().map(|r| r.size).sum()

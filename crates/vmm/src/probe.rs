@@ -55,15 +55,24 @@ pub fn locate_probe(build_if_missing: bool) -> Result<PathBuf, ProbeError> {
     let script = repo_root().join("guest/probe/build.sh");
     if build_if_missing && script.is_file() {
         // Always run the build: cargo makes it a no-op when the probe is up to date, and a
-        // stale probe would test old code.
+        // stale probe would test old code. The probe has its own target directory, so an
+        // inherited CARGO_TARGET_DIR must not redirect it.
         let out = std::process::Command::new("bash")
             .arg(&script)
+            .env_remove("CARGO_TARGET_DIR")
             .output()
             .map_err(|e| ProbeError::Build(e.to_string()))?;
         if !out.status.success() {
             return Err(ProbeError::Build(
                 String::from_utf8_lossy(&out.stderr).into_owned(),
             ));
+        }
+        // build.sh prints the ELF's path as its last line.
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if let Some(built) = stdout.lines().last().map(PathBuf::from) {
+            if built.is_file() {
+                return Ok(built);
+            }
         }
     }
     if in_tree.is_file() {

@@ -15,6 +15,8 @@ use kvm_ioctls::{VcpuExit, VcpuFd};
 
 use crate::arch::{cpuid, msr, regs};
 use crate::devices::Bus;
+use crate::persist::VcpuState;
+use crate::vstate::capture::XsaveFormat;
 use crate::vstate::vm::{HostKvm, Vm};
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +121,9 @@ struct ControlState {
     want: Want,
     parked: bool,
     exited: bool,
+    /// Set by the controller with a pause: capture state while parking.
+    capture_requested: bool,
+    captured: Option<Result<VcpuState, String>>,
 }
 
 /// Shared between a vCPU thread and the controller.
@@ -134,6 +139,8 @@ impl VcpuControl {
                 want: if start_paused { Want::Pause } else { Want::Run },
                 parked: false,
                 exited: false,
+                capture_requested: false,
+                captured: None,
             }),
             cv: Condvar::new(),
         }
@@ -264,18 +271,25 @@ impl Vcpu {
 
     /// Start the vCPU thread.
     pub fn spawn(
-        self,
+        mut self,
+        run_size: usize,
         buses: IoBuses,
         events: Sender<VmEvent>,
         start_paused: bool,
+        capture: Arc<CaptureParams>,
     ) -> Result<VcpuHandle, VcpuError> {
         install_kick_handler();
         let control = Arc::new(VcpuControl::new(start_paused));
         let ctl = control.clone();
         let index = self.index;
+        let kvm_run = KvmRunMapping {
+            addr: self.fd.get_kvm_run() as *mut kvm_run as usize,
+            size: run_size,
+            fd: std::os::fd::AsRawFd::as_raw_fd(&self.fd),
+        };
         let thread = std::thread::Builder::new()
             .name(format!("vcpu{index}"))
-            .spawn(move || super::vcpu_loop::run(self, buses, events, ctl))
+            .spawn(move || super::vcpu_loop::run(self, buses, events, ctl, capture))
             .map_err(|e| VcpuError::Spawn(index, e))?;
         let pthread = {
             use std::os::unix::thread::JoinHandleExt;
@@ -286,8 +300,26 @@ impl Vcpu {
             thread: Some(thread),
             pthread,
             control,
+            kvm_run,
         })
     }
+}
+
+/// What a vCPU thread needs to capture its own state when asked.
+pub struct CaptureParams {
+    /// MSRs this host lets us read back, in restore order.
+    pub msr_indices: Vec<u32>,
+    pub xsave: XsaveFormat,
+    pub has_xcrs: bool,
+}
+
+/// Where a vCPU's kvm_run page is mapped. A forked child has no vCPU threads, so it
+/// unmaps these itself: the mapping would otherwise keep the parent's VM alive.
+#[derive(Debug, Clone, Copy)]
+pub struct KvmRunMapping {
+    pub addr: usize,
+    pub size: usize,
+    pub fd: std::os::fd::RawFd,
 }
 
 /// The controller's side of a running vCPU thread.
@@ -296,22 +328,40 @@ pub struct VcpuHandle {
     thread: Option<JoinHandle<()>>,
     pthread: libc::pthread_t,
     control: Arc<VcpuControl>,
+    kvm_run: KvmRunMapping,
 }
 
 impl VcpuHandle {
+    pub fn kvm_run_mapping(&self) -> KvmRunMapping {
+        self.kvm_run
+    }
+
     fn kick(&self) {
         // SAFETY: the thread is joined only in `stop`, after which we never kick it.
         unsafe { libc::pthread_kill(self.pthread, kick_signal()) };
     }
 
-    /// Ask the vCPU to leave KVM_RUN and park. Does not wait.
-    pub fn request_pause(&self) {
+    /// Ask the vCPU to leave KVM_RUN and park; with `capture`, it also records its state
+    /// (in parallel with the other vCPUs) before reporting parked. Does not wait.
+    pub fn request_pause(&self, capture: bool) {
         let mut st = self.control.state.lock().unwrap();
         if st.want == Want::Run {
             st.want = Want::Pause;
         }
+        if capture {
+            st.capture_requested = true;
+            st.captured = None;
+            // An already-parked vCPU must wake to capture.
+            st.parked = false;
+            self.control.cv.notify_all();
+        }
         drop(st);
         self.kick();
+    }
+
+    /// After `request_pause(true)` and `wait_parked`: the captured state.
+    pub fn take_captured(&self) -> Option<Result<VcpuState, String>> {
+        self.control.state.lock().unwrap().captured.take()
     }
 
     /// Wait until the vCPU is parked (or has exited).
@@ -362,8 +412,12 @@ pub(crate) mod thread_side {
         KVM_RUN_PTR.with(|p| p.set(ptr));
     }
 
-    /// Block while paused; returns false when the thread should exit.
-    pub fn wait_until_runnable(ctl: &VcpuControl) -> bool {
+    /// Block while paused (capturing state when asked); returns false when the thread
+    /// should exit.
+    pub fn wait_until_runnable(
+        ctl: &VcpuControl,
+        mut capture: impl FnMut() -> Result<VcpuState, String>,
+    ) -> bool {
         let mut st = ctl.state.lock().unwrap();
         loop {
             match st.want {
@@ -373,6 +427,13 @@ pub(crate) mod thread_side {
                 }
                 Want::Stop => return false,
                 Want::Pause => {
+                    if st.capture_requested {
+                        st.capture_requested = false;
+                        // Capturing only issues ioctls on our own vCPU fd; holding the
+                        // control lock meanwhile keeps the controller waiting, which it
+                        // does anyway.
+                        st.captured = Some(capture());
+                    }
                     if !st.parked {
                         st.parked = true;
                         ctl.cv.notify_all();

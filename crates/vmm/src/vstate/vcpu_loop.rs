@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use kvm_ioctls::VcpuExit;
 
+use super::capture;
 use super::vcpu::thread_side::*;
-use super::vcpu::{ExitReason, IoBuses, Vcpu, VcpuControl, VmEvent};
+use super::vcpu::{CaptureParams, ExitReason, IoBuses, Vcpu, VcpuControl, VmEvent};
 
 const KVM_SYSTEM_EVENT_SHUTDOWN: u32 = 1;
 const KVM_SYSTEM_EVENT_RESET: u32 = 2;
@@ -125,7 +126,13 @@ fn run_once(vcpu: &mut Vcpu, buses: &IoBuses) -> Step {
     }
 }
 
-pub fn run(mut vcpu: Vcpu, buses: IoBuses, events: Sender<VmEvent>, ctl: Arc<VcpuControl>) {
+pub fn run(
+    mut vcpu: Vcpu,
+    buses: IoBuses,
+    events: Sender<VmEvent>,
+    ctl: Arc<VcpuControl>,
+    capture: Arc<CaptureParams>,
+) {
     set_kvm_run(vcpu.fd.get_kvm_run() as *mut _);
     // The kick signal must reach this thread even if the spawner had it blocked.
     // SAFETY: plain signal-mask manipulation on the current thread.
@@ -135,7 +142,17 @@ pub fn run(mut vcpu: Vcpu, buses: IoBuses, events: Sender<VmEvent>, ctl: Arc<Vcp
         libc::sigaddset(&mut set, super::vcpu::kick_signal());
         libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
     }
-    while wait_until_runnable(&ctl) {
+    let index = vcpu.index;
+    while wait_until_runnable(&ctl, || {
+        capture::capture_vcpu(
+            &vcpu.fd,
+            index,
+            &capture.msr_indices,
+            capture.xsave,
+            capture.has_xcrs,
+        )
+        .map_err(|e| e.to_string())
+    }) {
         match run_once(&mut vcpu, &buses) {
             Step::Continue => {}
             Step::Interrupted => vcpu.fd.set_kvm_immediate_exit(0),

@@ -57,6 +57,12 @@ pub struct HostKvm {
     pub msr_index_list: Vec<u32>,
     pub max_vcpus: usize,
     pub tsc_deadline: bool,
+    /// KVM_CAP_XSAVE2 size in bytes (0 when absent).
+    pub xsave2_size: usize,
+    pub has_xcrs: bool,
+    pub cpu: crate::persist::CpuIdentity,
+    /// Size of each vCPU's kvm_run mapping.
+    pub vcpu_mmap_size: usize,
 }
 
 impl HostKvm {
@@ -85,12 +91,21 @@ impl HostKvm {
             .to_vec();
         let max_vcpus = kvm.get_max_vcpus();
         let tsc_deadline = kvm.check_extension(Cap::TscDeadlineTimer);
+        let xsave2_size = kvm.check_extension_int(Cap::Xsave2).max(0) as usize;
+        let has_xcrs = kvm.check_extension(Cap::Xcrs);
+        let vcpu_mmap_size = kvm
+            .get_vcpu_mmap_size()
+            .map_err(ioctl("KVM_GET_VCPU_MMAP_SIZE"))?;
         Ok(Self {
             kvm,
             supported_cpuid,
             msr_index_list,
             max_vcpus,
             tsc_deadline,
+            xsave2_size,
+            has_xcrs,
+            cpu: crate::persist::CpuIdentity::host(),
+            vcpu_mmap_size,
         })
     }
 }

@@ -1,0 +1,478 @@
+//! Building and driving one VM: memory, KVM objects, boot structures or restored state,
+//! devices, vCPU threads. The caller owns the event loop (`wait`) and the controls
+//! (pause/resume, capture, branch, snapshot).
+use std::path::PathBuf;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::arch::boot::{self, BootError, BootSetup};
+use crate::arch::layout::{
+    IOAPIC_PINS, SERIAL_IRQ, VIRTIO_FIRST_IRQ, VIRTIO_MMIO_BASE, VIRTIO_MMIO_WINDOW,
+};
+use crate::arch::mptable;
+use crate::devices::i8042::{I8042, I8042_DATA_PORT, I8042_PORT_RANGE};
+use crate::devices::serial::{SerialDevice, SerialOut, COM1_BASE, COM_PORT_LEN};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::VirtioDevice;
+use crate::devices::{Bus, BusError};
+use crate::event_loop::{EventLoop, EventRegistrar};
+use crate::memory::{self, GuestRam, MemoryError};
+use crate::persist::{CpuIdentity, DevicesState, MemoryLayout, VmState};
+use crate::vstate::capture::{self, StateError, XsaveFormat};
+use crate::vstate::vcpu::{
+    CaptureParams, ExitReason, IoBuses, Vcpu, VcpuError, VcpuHandle, VmEvent,
+};
+use crate::vstate::vm::{HostKvm, Vm, VmError};
+
+pub mod branch;
+
+/// What to boot.
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    pub initrd: Option<PathBuf>,
+    pub cmdline: String,
+    pub mem_mib: u64,
+    pub vcpus: u8,
+    /// Where the guest's COM1 output goes.
+    pub serial_out: SerialOut,
+    /// Create vCPU threads parked (resume with [`Vmm::resume`]).
+    pub start_paused: bool,
+    /// virtio devices, each behind its own virtio-mmio window and IRQ; their
+    /// `virtio_mmio.device=` entries are appended to the command line.
+    pub virtio_devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
+}
+
+/// Host-side resources for a VM rebuilt from a [`VmState`] (restore, branch child).
+pub struct RestoreConfig {
+    pub serial_out: SerialOut,
+    pub start_paused: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    #[error("at least one vCPU is required")]
+    NoVcpus,
+    #[error("{requested} vCPUs requested; this host's KVM allows {kvm_max} and zygote's MP table at most {}", mptable::MAX_VCPUS)]
+    TooManyVcpus { requested: u8, kvm_max: usize },
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Kvm(#[from] VmError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    Vcpu(#[from] VcpuError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("device set-up failed: {0}")]
+    Device(String),
+    #[error("the VM has stopped ({0})")]
+    Stopped(String),
+    #[error("capturing vCPU {index} failed: {detail}")]
+    Capture { index: u8, detail: String },
+    #[error("restoring virtio device state is not supported yet ({0} devices in the saved state)")]
+    DeviceRestoreUnsupported(usize),
+    #[error("saved memory layout ({saved:?}) does not match the guest RAM ({ram:?})")]
+    LayoutMismatch {
+        saved: Vec<(u64, u64)>,
+        ram: Vec<(u64, u64)>,
+    },
+}
+
+impl From<BusError> for VmmError {
+    fn from(e: BusError) -> Self {
+        VmmError::Device(e.to_string())
+    }
+}
+
+/// KVM VM plus devices, before vCPUs exist.
+struct Platform {
+    vm: Vm,
+    event_loop: EventLoop,
+    buses: IoBuses,
+    serial: Arc<Mutex<SerialDevice>>,
+    events_tx: Sender<VmEvent>,
+    events_rx: Receiver<VmEvent>,
+    /// Command line with the virtio-mmio entries appended.
+    cmdline: String,
+}
+
+fn build_platform(
+    host: &HostKvm,
+    ram: &GuestRam,
+    serial_out: SerialOut,
+    virtio_devices: &[Arc<Mutex<dyn VirtioDevice>>],
+    cmdline: &str,
+) -> Result<Platform, VmmError> {
+    let vm = Vm::new(host)?;
+    vm.register_memory(ram)?;
+    vm.create_platform()?;
+
+    let (events_tx, events_rx) = channel();
+    let serial_irq =
+        EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
+    vm.fd
+        .register_irqfd(&serial_irq, SERIAL_IRQ)
+        .map_err(|e| VmmError::Device(format!("serial irqfd: {e}")))?;
+    let serial = Arc::new(Mutex::new(SerialDevice::new(serial_irq, serial_out)));
+    let reset_tx = Mutex::new(events_tx.clone());
+    let i8042 = I8042::new(Box::new(move || {
+        let _ = reset_tx
+            .lock()
+            .unwrap()
+            .send(VmEvent::Exit(ExitReason::Reset));
+    }));
+    let mut pio = Bus::new();
+    pio.insert(COM1_BASE, COM_PORT_LEN, serial.clone())?;
+    pio.insert(
+        I8042_DATA_PORT,
+        I8042_PORT_RANGE,
+        Arc::new(Mutex::new(i8042)),
+    )?;
+
+    let event_loop =
+        EventLoop::start().map_err(|e| VmmError::Device(format!("event loop: {e}")))?;
+    let mut mmio = Bus::new();
+    let mut full_cmdline = cmdline.to_string();
+    for (i, device) in virtio_devices.iter().enumerate() {
+        let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_WINDOW;
+        let gsi = VIRTIO_FIRST_IRQ + i as u32;
+        let transport = MmioTransport::new(
+            device.clone(),
+            ram.memory().clone(),
+            event_loop.registrar().clone(),
+        )
+        .map_err(|e| VmmError::Device(e.to_string()))?;
+        transport
+            .register(&vm.fd, base, gsi)
+            .map_err(|e| VmmError::Device(e.to_string()))?;
+        mmio.insert(base, VIRTIO_MMIO_WINDOW, Arc::new(Mutex::new(transport)))?;
+        full_cmdline.push(' ');
+        full_cmdline.push_str(&MmioTransport::cmdline_entry(base, gsi));
+    }
+    Ok(Platform {
+        vm,
+        event_loop,
+        buses: IoBuses {
+            pio: Arc::new(pio),
+            mmio: Arc::new(mmio),
+        },
+        serial,
+        events_tx,
+        events_rx,
+        cmdline: full_cmdline,
+    })
+}
+
+/// A running (or paused) VM.
+pub struct Vmm {
+    // Field order is drop order: vCPU threads stop before the VM fd closes, and the VM
+    // fd closes before guest RAM is unmapped.
+    vcpus: Vec<VcpuHandle>,
+    event_loop: EventLoop,
+    vm: Vm,
+    ram: Arc<GuestRam>,
+    events: Receiver<VmEvent>,
+    serial: Arc<Mutex<SerialDevice>>,
+    exit: Option<ExitReason>,
+    cmdline: String,
+    cpu: CpuIdentity,
+    paused: bool,
+    /// Branch children not yet reaped.
+    children: Vec<libc::pid_t>,
+}
+
+impl Vmm {
+    /// Validate the config, build the VM and start its vCPUs.
+    pub fn boot(cfg: VmConfig) -> Result<Self, VmmError> {
+        if cfg.vcpus == 0 {
+            return Err(VmmError::NoVcpus);
+        }
+        let max_devices = (IOAPIC_PINS - VIRTIO_FIRST_IRQ) as usize;
+        if cfg.virtio_devices.len() > max_devices {
+            return Err(VmmError::Device(format!(
+                "{} virtio devices requested; at most {max_devices} fit the IOAPIC",
+                cfg.virtio_devices.len()
+            )));
+        }
+        boot::check_cmdline(&cfg.cmdline)?;
+        let host = HostKvm::open()?;
+        if cfg.vcpus > mptable::MAX_VCPUS || usize::from(cfg.vcpus) > host.max_vcpus {
+            return Err(VmmError::TooManyVcpus {
+                requested: cfg.vcpus,
+                kvm_max: host.max_vcpus,
+            });
+        }
+        let ram = GuestRam::new(cfg.mem_mib, memory::host_total_mib())?;
+        let platform = build_platform(
+            &host,
+            &ram,
+            cfg.serial_out,
+            &cfg.virtio_devices,
+            &cfg.cmdline,
+        )?;
+
+        let (kernel, setup_header) = boot::load_kernel(ram.memory(), &cfg.kernel)?;
+        let ranges = ram.layout().ranges;
+        let initrd = match &cfg.initrd {
+            Some(path) => Some(boot::load_initrd(
+                ram.memory(),
+                path,
+                ranges[0].1,
+                kernel.end,
+            )?),
+            None => None,
+        };
+        boot::write_boot_structures(
+            ram.memory(),
+            &BootSetup {
+                cmdline: &platform.cmdline,
+                num_cpus: cfg.vcpus,
+                ram_ranges: &ranges,
+                kernel,
+                setup_header,
+                initrd,
+            },
+        )?;
+        tracing::debug!(entry = kernel.entry, format = ?kernel.format, pvh = ?kernel.pvh_entry, "kernel loaded");
+
+        let mut vcpus = Vec::new();
+        for index in 0..cfg.vcpus {
+            let vcpu = Vcpu::new(&platform.vm, index)?;
+            vcpu.configure_boot(&host, cfg.vcpus, kernel.entry)?;
+            vcpus.push(vcpu);
+        }
+        let capture = Arc::new(CaptureParams {
+            msr_indices: capture::saveable_msrs(&vcpus[0].fd, &host.msr_index_list),
+            xsave: XsaveFormat {
+                xsave2_size: host.xsave2_size,
+            },
+            has_xcrs: host.has_xcrs,
+        });
+        Self::start(platform, ram, vcpus, capture, &host, cfg.start_paused)
+    }
+
+    /// Rebuild a VM from `state` over `ram` (restored from a snapshot, or inherited by a
+    /// forked child) and start it.
+    pub fn restore(
+        ram: Arc<GuestRam>,
+        state: &VmState,
+        cfg: RestoreConfig,
+    ) -> Result<Self, VmmError> {
+        if !state.devices.virtio.is_empty() {
+            return Err(VmmError::DeviceRestoreUnsupported(
+                state.devices.virtio.len(),
+            ));
+        }
+        let layout = ram.layout();
+        if layout.ranges != state.memory.ranges {
+            return Err(VmmError::LayoutMismatch {
+                saved: state.memory.ranges.clone(),
+                ram: layout.ranges,
+            });
+        }
+        let host = HostKvm::open()?;
+        if state.vcpus.is_empty() || state.vcpus.len() > host.max_vcpus {
+            return Err(VmmError::TooManyVcpus {
+                requested: state.vcpus.len() as u8,
+                kvm_max: host.max_vcpus,
+            });
+        }
+        let mut platform = build_platform(&host, &ram, cfg.serial_out, &[], "")?;
+        platform.cmdline = state.cmdline.clone();
+        capture::restore_platform(&platform.vm.fd, &state.platform)?;
+        let xsave = XsaveFormat {
+            xsave2_size: host.xsave2_size,
+        };
+        let mut vcpus = Vec::new();
+        for st in &state.vcpus {
+            let vcpu = Vcpu::new(&platform.vm, st.index)?;
+            capture::restore_vcpu(&vcpu.fd, st, xsave)?;
+            vcpus.push(vcpu);
+        }
+        let capture = Arc::new(CaptureParams {
+            msr_indices: state.vcpus[0].msrs.iter().map(|m| m.index).collect(),
+            xsave,
+            has_xcrs: host.has_xcrs,
+        });
+        Self::start(platform, ram, vcpus, capture, &host, cfg.start_paused)
+    }
+
+    fn start(
+        platform: Platform,
+        ram: Arc<GuestRam>,
+        vcpus: Vec<Vcpu>,
+        capture: Arc<CaptureParams>,
+        host: &HostKvm,
+        start_paused: bool,
+    ) -> Result<Self, VmmError> {
+        let mut handles = Vec::new();
+        for vcpu in vcpus {
+            handles.push(vcpu.spawn(
+                host.vcpu_mmap_size,
+                platform.buses.clone(),
+                platform.events_tx.clone(),
+                start_paused,
+                capture.clone(),
+            )?);
+        }
+        if start_paused {
+            platform.event_loop.park();
+        }
+        Ok(Self {
+            vcpus: handles,
+            event_loop: platform.event_loop,
+            vm: platform.vm,
+            ram,
+            events: platform.events_rx,
+            serial: platform.serial,
+            exit: None,
+            cmdline: platform.cmdline,
+            cpu: host.cpu.clone(),
+            paused: start_paused,
+            children: Vec::new(),
+        })
+    }
+
+    fn ensure_running(&self) -> Result<(), VmmError> {
+        match &self.exit {
+            Some(e) => Err(VmmError::Stopped(e.to_string())),
+            None => Ok(()),
+        }
+    }
+
+    fn pause_inner(&mut self, capture: bool) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        for v in &self.vcpus {
+            v.request_pause(capture);
+        }
+        for v in &self.vcpus {
+            v.wait_parked();
+        }
+        // Devices stop after the vCPUs so no request is left half-seen.
+        self.event_loop.park();
+        self.paused = true;
+        Ok(())
+    }
+
+    /// Stop every vCPU outside KVM_RUN and park the device thread.
+    pub fn pause(&mut self) -> Result<(), VmmError> {
+        self.pause_inner(false)
+    }
+
+    /// Pause (if running) and capture the complete VM state.
+    pub fn pause_and_capture(&mut self) -> Result<VmState, VmmError> {
+        self.pause_inner(true)?;
+        let mut vcpus = Vec::with_capacity(self.vcpus.len());
+        for v in &self.vcpus {
+            match v.take_captured() {
+                Some(Ok(st)) => vcpus.push(st),
+                Some(Err(detail)) => {
+                    return Err(VmmError::Capture {
+                        index: v.index,
+                        detail,
+                    })
+                }
+                None => {
+                    return Err(VmmError::Capture {
+                        index: v.index,
+                        detail: "vCPU exited before capturing".into(),
+                    })
+                }
+            }
+        }
+        Ok(VmState {
+            memory: self.ram.layout(),
+            platform: capture::capture_platform(&self.vm.fd)?,
+            vcpus,
+            devices: DevicesState::default(),
+            cmdline: self.cmdline.clone(),
+        })
+    }
+
+    /// Let paused vCPUs run again.
+    pub fn resume(&mut self) -> Result<(), VmmError> {
+        self.ensure_running()?;
+        self.event_loop.unpark();
+        for v in &self.vcpus {
+            v.resume();
+        }
+        self.paused = false;
+        Ok(())
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Wait for the VM to end (or `timeout`); returns the exit reason once known.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Option<&ExitReason> {
+        if self.exit.is_none() {
+            let ev = match timeout {
+                Some(t) => match self.events.recv_timeout(t) {
+                    Ok(ev) => Some(ev),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => None,
+                },
+                None => self.events.recv().ok(),
+            };
+            if let Some(VmEvent::Exit(reason)) = ev {
+                self.stop_threads();
+                self.exit = Some(reason);
+            }
+        }
+        self.exit.as_ref()
+    }
+
+    fn stop_threads(&mut self) {
+        for v in &mut self.vcpus {
+            v.stop();
+        }
+        self.event_loop.stop();
+    }
+
+    /// Stop the VM now (if still running) and release everything.
+    pub fn shutdown(mut self) -> Option<ExitReason> {
+        self.stop_threads();
+        self.exit.take()
+    }
+
+    pub fn guest_ram(&self) -> &Arc<GuestRam> {
+        &self.ram
+    }
+
+    pub fn vm_fd(&self) -> &kvm_ioctls::VmFd {
+        &self.vm.fd
+    }
+
+    pub fn cmdline(&self) -> &str {
+        &self.cmdline
+    }
+
+    pub fn cpu_identity(&self) -> &CpuIdentity {
+        &self.cpu
+    }
+
+    pub fn vcpu_count(&self) -> usize {
+        self.vcpus.len()
+    }
+
+    /// Where devices and backends register fds with the VM's event thread.
+    pub fn event_registrar(&self) -> &EventRegistrar {
+        self.event_loop.registrar()
+    }
+
+    /// The guest's COM1, e.g. for a thread forwarding console input.
+    pub fn serial(&self) -> Arc<Mutex<SerialDevice>> {
+        self.serial.clone()
+    }
+}
+
+impl MemoryLayout {
+    pub fn total_bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+}

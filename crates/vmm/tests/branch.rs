@@ -1,0 +1,262 @@
+//! Fork-based branching of a live probe VM: children continue the guest independently
+//! (memory isolation both ways), killing a child never disturbs the parent or siblings,
+//! and a stopped VM refuses to branch. Skips with a reason when KVM is unavailable.
+use std::io::Write;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use vm_memory::{Bytes, GuestAddress};
+use zygote_probe_abi as abi;
+use zygote_vmm::devices::serial::CallbackWriter;
+use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
+use zygote_vmm::vmm::branch::{BranchError, BranchRequest, ChildContext};
+use zygote_vmm::VmmError;
+
+const CHILD_MARK: u64 = 0xc41d_c41d;
+const PARENT_MARK: u64 = 0xba7e_ba7e;
+const SCRATCH_CHILD: u64 = abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * 5;
+const SCRATCH_PARENT: u64 = abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * 6;
+
+fn boot_spin() -> Option<ProbeVm> {
+    if let Err(why) = zygote_vmm::host::kvm_usable() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping: KVM unavailable on this host: {why}"
+        );
+        return None;
+    }
+    let elf = probe::locate_probe(true).expect("probe guest builds");
+    let mut vm = probe::boot_probe(
+        &elf,
+        &ProbeOptions {
+            scenario: "spin".into(),
+            vcpus: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    vm.wait_for_line(Duration::from_secs(60), |_| {}, |l| l == "PROBE READY")
+        .unwrap();
+    Some(vm)
+}
+
+fn heartbeat(vm: &ProbeVm) -> u64 {
+    vm.mailbox().unwrap().heartbeat
+}
+
+/// A pipe children report on: records of (child index, heartbeat, parent mark seen).
+struct Reports {
+    r: RawFd,
+    w: RawFd,
+}
+
+impl Reports {
+    fn new() -> Self {
+        let mut fds = [0; 2];
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        Self {
+            r: fds[0],
+            w: fds[1],
+        }
+    }
+
+    fn send(fd: RawFd, rec: [u64; 3]) {
+        let bytes: Vec<u8> = rec.iter().flat_map(|v| v.to_le_bytes()).collect();
+        unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+    }
+
+    fn recv(&self, timeout: Duration) -> Option<[u64; 3]> {
+        let mut pfd = libc::pollfd {
+            fd: self.r,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        if unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) } <= 0 {
+            return None;
+        }
+        let mut b = [0u8; 24];
+        let n = unsafe { libc::read(self.r, b.as_mut_ptr().cast(), 24) };
+        if n != 24 {
+            return None;
+        }
+        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        Some([w(0), w(1), w(2)])
+    }
+}
+
+/// Child main: mark its own memory, then report heartbeat and whether it sees the
+/// parent's post-fork mark, `rounds` times (forever when 0).
+fn reporting_child(w: RawFd, rounds: usize) -> impl Fn(ChildContext) -> i32 {
+    move |ctx: ChildContext| {
+        let mem = ctx.vmm.guest_ram().memory();
+        mem.write_obj(CHILD_MARK, GuestAddress(SCRATCH_CHILD))
+            .unwrap();
+        let mut round = 0;
+        loop {
+            std::thread::sleep(Duration::from_millis(150));
+            let mb = probe::read_mailbox(ctx.vmm.guest_ram()).unwrap();
+            let parent_mark: u64 = mem.read_obj(GuestAddress(SCRATCH_PARENT)).unwrap();
+            Reports::send(w, [ctx.index as u64, mb.heartbeat, parent_mark]);
+            round += 1;
+            if rounds != 0 && round >= rounds {
+                return 0;
+            }
+        }
+    }
+}
+
+fn sink(_: usize) -> zygote_vmm::devices::serial::SerialOut {
+    Box::new(CallbackWriter(|_: &[u8]| {}))
+}
+
+#[test]
+fn children_continue_independently_with_isolated_memory() {
+    let Some(mut vm) = boot_spin() else { return };
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 3);
+    let before = heartbeat(&vm);
+    let report = vm
+        .vmm
+        .branch(&BranchRequest {
+            count: 2,
+            child_serial: &sink,
+            child_main: &child_main,
+            keep_fds: vec![reports.w],
+            ready_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+    eprintln!(
+        "branch: pause {:?} (capture {:?}, fork {:?}), ready {:?}",
+        report.pause,
+        report.capture,
+        report.fork,
+        report
+            .children
+            .iter()
+            .map(|c| c.ready_after)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(report.children.len(), 2);
+    assert!(!vm.vmm.is_paused(), "parent resumes right after fork");
+
+    // The parent writes after the fork; children must not see it.
+    let mem = vm.vmm.guest_ram().memory();
+    mem.write_obj(PARENT_MARK, GuestAddress(SCRATCH_PARENT))
+        .unwrap();
+
+    let mut seen: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    for _ in 0..6 {
+        let [index, beat, parent_mark] = reports
+            .recv(Duration::from_secs(20))
+            .expect("child reports");
+        assert_ne!(
+            parent_mark, PARENT_MARK,
+            "child {index} saw the parent's post-fork write"
+        );
+        assert!(
+            beat >= before,
+            "child {index} continues from the fork point"
+        );
+        seen.entry(index).or_default().push(beat);
+    }
+    for (index, beats) in &seen {
+        assert_eq!(beats.len(), 3);
+        assert!(
+            beats.windows(2).all(|w| w[1] > w[0]),
+            "child {index}'s guest keeps running: {beats:?}"
+        );
+    }
+    // And the parent never sees the children's writes, while its guest keeps running.
+    let child_mark: u64 = mem.read_obj(GuestAddress(SCRATCH_CHILD)).unwrap();
+    assert_ne!(child_mark, CHILD_MARK);
+    let a = heartbeat(&vm);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(heartbeat(&vm) > a);
+
+    let reaped = vm.vmm.reap_children(true);
+    assert_eq!(reaped.len(), 2);
+    for (pid, status) in reaped {
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child {pid}: {status:#x}"
+        );
+    }
+    vm.vmm.shutdown();
+}
+
+#[test]
+fn killing_a_child_disturbs_neither_parent_nor_sibling() {
+    let Some(mut vm) = boot_spin() else { return };
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 0);
+    let report = vm
+        .vmm
+        .branch(&BranchRequest {
+            count: 2,
+            child_serial: &sink,
+            child_main: &child_main,
+            keep_fds: vec![reports.w],
+            ready_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+    let victim = report.children[0].pid;
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    let mut status = 0;
+    assert_eq!(unsafe { libc::waitpid(victim, &mut status, 0) }, victim);
+    assert!(libc::WIFSIGNALED(status));
+
+    // Drain what was in flight, then require fresh reports from the sibling only.
+    std::thread::sleep(Duration::from_millis(200));
+    while reports.recv(Duration::from_millis(10)).is_some() {}
+    let mut sibling_beats = Vec::new();
+    while sibling_beats.len() < 3 {
+        let [index, beat, _] = reports
+            .recv(Duration::from_secs(20))
+            .expect("sibling alive");
+        assert_eq!(index, 1, "only the sibling reports now");
+        sibling_beats.push(beat);
+    }
+    assert!(sibling_beats.windows(2).all(|w| w[1] > w[0]));
+    let a = heartbeat(&vm);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(heartbeat(&vm) > a, "parent keeps running");
+
+    unsafe { libc::kill(report.children[1].pid, libc::SIGKILL) };
+    vm.vmm.reap_children(true);
+    assert!(vm.vmm.children().is_empty());
+    vm.vmm.shutdown();
+}
+
+#[test]
+fn a_stopped_vm_refuses_to_branch() {
+    let Some(elf) = (match zygote_vmm::host::kvm_usable() {
+        Ok(()) => Some(probe::locate_probe(true).unwrap()),
+        Err(why) => {
+            let _ = writeln!(std::io::stderr(), "skipping: KVM unavailable: {why}");
+            None
+        }
+    }) else {
+        return;
+    };
+    // The boot scenario resets the VM when done.
+    let mut vm = probe::boot_probe(&elf, &ProbeOptions::default()).unwrap();
+    vm.wait_for_line(Duration::from_secs(60), |_| {}, |l| l == abi::REPORT_OK)
+        .unwrap();
+    assert!(vm.vmm.wait(Some(Duration::from_secs(30))).is_some());
+    let never = |_: ChildContext| -> i32 { unreachable!("no child may start") };
+    let err = vm
+        .vmm
+        .branch(&BranchRequest {
+            count: 1,
+            child_serial: &sink,
+            child_main: &never,
+            keep_fds: vec![],
+            ready_timeout: Duration::from_secs(5),
+        })
+        .unwrap_err();
+    assert!(
+        matches!(err, BranchError::Vmm(VmmError::Stopped(_))),
+        "{err}"
+    );
+    assert!(err.to_string().contains("stopped"), "{err}");
+}
