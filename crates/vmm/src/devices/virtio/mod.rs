@@ -9,7 +9,16 @@ use virtio_queue::Queue;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+pub mod block;
+pub mod common;
+pub mod fuzzing;
 pub mod mmio;
+pub mod net;
+pub mod rng;
+pub mod state;
+#[cfg(test)]
+pub mod testutil;
+pub mod vsock;
 
 /// VIRTIO_F_VERSION_1: required of every device on the version-2 MMIO transport.
 pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
@@ -100,4 +109,8 @@ pub trait VirtioDevice: Send {
     fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError>;
     /// The driver wrote 0 to status: stop processing and forget negotiated state.
     fn reset(&mut self);
+    /// Serializable device state for snapshots and branches (None: not supported).
+    fn save(&self) -> Option<state::DeviceState> {
+        None
+    }
 }

@@ -1,0 +1,350 @@
+//! virtio-blk (virtio 1.x §5.2): one request queue over a [`disk::Disk`].
+//!
+//! The root disk is a [`disk::CowImage`]: a content-addressed base image mapped
+//! `MAP_PRIVATE`, so guest writes stay in this VM's memory and a fork(2) shares them
+//! copy-on-write. A data disk is a plain file ([`disk::FileDisk`]). Either may be
+//! exposed read-only (VIRTIO_BLK_F_RO; writes fail with IOERR).
+pub mod disk;
+pub mod request;
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use vmm_sys_util::epoll::EventSet;
+
+use self::disk::{CowImage, Disk, DiskError, FileDisk, PAGE};
+use self::request::{Exec, Outcome, ID_BYTES};
+use super::common::{DeviceQueues, Registration};
+use super::state::{DeviceState, VirtioState};
+use super::{ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
+use crate::event_loop::{EventHandler, EventRegistrar};
+
+pub const DEVICE_TYPE_BLOCK: u32 = 2;
+pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
+pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+const QUEUE_SIZE: u16 = 256;
+
+/// How the disk file is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DiskMode {
+    /// Read-only base image, private copy-on-write overlay in memory.
+    CopyOnWrite,
+    /// Writes go to the file.
+    Persistent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockConfig {
+    pub path: PathBuf,
+    pub mode: DiskMode,
+    /// Expose VIRTIO_BLK_F_RO and fail writes.
+    pub read_only: bool,
+    /// GET_ID answer (at most 20 bytes are used); defaults to the file name.
+    pub id: Option<String>,
+}
+
+impl BlockConfig {
+    pub fn cow(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            mode: DiskMode::CopyOnWrite,
+            read_only: false,
+            id: None,
+        }
+    }
+
+    pub fn persistent(path: impl Into<PathBuf>) -> Self {
+        Self {
+            mode: DiskMode::Persistent,
+            ..Self::cow(path)
+        }
+    }
+
+    fn id_bytes(&self) -> [u8; ID_BYTES] {
+        let name = self.id.clone().unwrap_or_else(|| {
+            self.path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+        let mut id = [0u8; ID_BYTES];
+        let n = name.len().min(ID_BYTES);
+        id[..n].copy_from_slice(&name.as_bytes()[..n]);
+        id
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockState {
+    pub virtio: VirtioState,
+    pub config: BlockConfig,
+    /// Disk size in bytes when saved (the file must still have it).
+    pub size: u64,
+    /// CopyOnWrite: the 4 KiB pages that differ from the base, ascending. Their
+    /// contents travel separately ([`Block::write_overlay`]), in this order.
+    pub overlay_pages: Vec<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockError {
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    #[error("state is not a block device's (device type {0})")]
+    WrongDevice(u32),
+    #[error("overlay I/O: {0}")]
+    Overlay(std::io::Error),
+    #[error("overlay page {0} is outside the disk")]
+    OverlayPage(u64),
+}
+
+/// One virtio-blk device.
+pub struct Block {
+    config: BlockConfig,
+    disk: Arc<Mutex<Disk>>,
+    id: [u8; ID_BYTES],
+    active: Option<(Arc<Mutex<BlockWorker>>, Registration)>,
+    acked_features: u64,
+}
+
+impl Block {
+    pub fn open(config: BlockConfig) -> Result<Self, BlockError> {
+        let disk = match config.mode {
+            DiskMode::CopyOnWrite => Disk::Cow(CowImage::open(&config.path)?),
+            DiskMode::Persistent => Disk::File(FileDisk::open(&config.path, config.read_only)?),
+        };
+        Ok(Self::with_disk(config, disk))
+    }
+
+    /// A device over an arbitrary backend (tests, fuzzing).
+    pub fn with_disk(config: BlockConfig, disk: Disk) -> Self {
+        Self {
+            id: config.id_bytes(),
+            config,
+            disk: Arc::new(Mutex::new(disk)),
+            active: None,
+            acked_features: 0,
+        }
+    }
+
+    pub fn config(&self) -> &BlockConfig {
+        &self.config
+    }
+
+    pub fn capacity_sectors(&self) -> u64 {
+        self.disk.lock().unwrap().size() / request::SECTOR
+    }
+
+    /// Bytes of disk this VM holds privately (CoW pages written); 0 for file disks.
+    pub fn private_bytes(&self) -> u64 {
+        self.disk.lock().unwrap().private_bytes()
+    }
+
+    /// Host address of a CoW mapping, for measuring it in /proc/self/smaps.
+    pub fn cow_host_addr(&self) -> Option<u64> {
+        match &*self.disk.lock().unwrap() {
+            Disk::Cow(c) => Some(c.host_addr()),
+            _ => None,
+        }
+    }
+
+    pub fn save_state(&self) -> BlockState {
+        let queues = self
+            .active
+            .as_ref()
+            .map(|(w, _)| w.lock().unwrap().q.snapshot())
+            .unwrap_or_default();
+        let disk = self.disk.lock().unwrap();
+        BlockState {
+            virtio: VirtioState {
+                device_type: DEVICE_TYPE_BLOCK,
+                acked_features: self.acked_features,
+                activated: self.active.is_some(),
+                queues,
+            },
+            config: self.config.clone(),
+            size: disk.size(),
+            overlay_pages: match &*disk {
+                Disk::Cow(c) => c.dirty_pages(),
+                _ => Vec::new(),
+            },
+        }
+    }
+
+    /// Stream the CoW overlay: the pages listed in `state.overlay_pages`, 4 KiB each.
+    pub fn write_overlay(&self, state: &BlockState, out: &mut dyn Write) -> Result<(), BlockError> {
+        let disk = self.disk.lock().unwrap();
+        let Disk::Cow(c) = &*disk else {
+            return Ok(());
+        };
+        for &p in &state.overlay_pages {
+            let page = c.page(p).ok_or(BlockError::OverlayPage(p))?;
+            out.write_all(page).map_err(BlockError::Overlay)?;
+        }
+        Ok(())
+    }
+
+    /// Re-open the disk named in `state` and re-apply its overlay (read from `overlay`
+    /// in `write_overlay`'s format). The restoring transport then activates the device
+    /// with queues rebuilt from `state.virtio.queues`.
+    pub fn restore(state: &BlockState, overlay: Option<&mut dyn Read>) -> Result<Self, BlockError> {
+        if state.virtio.device_type != DEVICE_TYPE_BLOCK {
+            return Err(BlockError::WrongDevice(state.virtio.device_type));
+        }
+        let mut dev = Self::open(state.config.clone())?;
+        {
+            let mut disk = dev.disk.lock().unwrap();
+            disk::check_size(&state.config.path, state.size, disk.size())?;
+            if let (Disk::Cow(c), Some(r)) = (&mut *disk, overlay) {
+                let mut page = vec![0u8; PAGE as usize];
+                for &p in &state.overlay_pages {
+                    r.read_exact(&mut page).map_err(BlockError::Overlay)?;
+                    if !c.set_page(p, &page) {
+                        return Err(BlockError::OverlayPage(p));
+                    }
+                }
+            }
+        }
+        dev.acked_features = state.virtio.acked_features;
+        Ok(dev)
+    }
+}
+
+pub(crate) struct BlockWorker {
+    pub(crate) q: DeviceQueues,
+    disk: Arc<Mutex<Disk>>,
+    read_only: bool,
+    id: [u8; ID_BYTES],
+    bounce: Vec<u8>,
+}
+
+impl BlockWorker {
+    pub(crate) fn new(
+        q: DeviceQueues,
+        disk: Arc<Mutex<Disk>>,
+        read_only: bool,
+        id: [u8; ID_BYTES],
+    ) -> Self {
+        Self {
+            q,
+            disk,
+            read_only,
+            id,
+            bounce: Vec::new(),
+        }
+    }
+
+    /// Serve every available request; returns how many chains were completed.
+    pub(crate) fn process(&mut self) -> usize {
+        let write_through = self.q.acked_features & VIRTIO_BLK_F_FLUSH == 0;
+        let mut n = 0;
+        while let Some((head, raw)) = self.q.pop(0) {
+            let outcome = {
+                let mut disk = self.disk.lock().unwrap();
+                request::execute(
+                    &self.q.mem,
+                    &raw,
+                    &mut Exec {
+                        disk: &mut disk,
+                        read_only: self.read_only,
+                        write_through,
+                        id: &self.id,
+                        bounce: &mut self.bounce,
+                    },
+                )
+            };
+            let used_len = match outcome {
+                Outcome::Done { used_len, .. } => used_len,
+                Outcome::Dropped => {
+                    tracing::debug!("virtio-blk: chain {head} has no status byte; dropped");
+                    0
+                }
+            };
+            self.q.add_used(0, head, used_len);
+            n += 1;
+        }
+        if n > 0 {
+            self.q.signal_used();
+        }
+        n
+    }
+}
+
+impl EventHandler for BlockWorker {
+    fn handle_event(&mut self, fd: RawFd, _events: EventSet, _r: &EventRegistrar) {
+        if self.q.queue_for_fd(fd).is_some() {
+            self.process();
+        }
+    }
+}
+
+impl VirtioDevice for Block {
+    fn device_type(&self) -> u32 {
+        DEVICE_TYPE_BLOCK
+    }
+
+    fn features(&self) -> u64 {
+        let ro = if self.config.read_only {
+            VIRTIO_BLK_F_RO
+        } else {
+            0
+        };
+        VIRTIO_F_VERSION_1 | VIRTIO_BLK_F_FLUSH | ro
+    }
+
+    fn queue_max_sizes(&self) -> Vec<u16> {
+        vec![QUEUE_SIZE]
+    }
+
+    fn read_config(&self, offset: u64, data: &mut [u8]) {
+        // struct virtio_blk_config: only `capacity` (le64, in sectors) is meaningful
+        // without the optional geometry/topology features.
+        let mut cfg = [0u8; 8];
+        cfg.copy_from_slice(&self.capacity_sectors().to_le_bytes());
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = offset
+                .checked_add(i as u64)
+                .and_then(|o| cfg.get(o as usize))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {
+        // Nothing in the block config is driver-writable without VIRTIO_BLK_F_CONFIG_WCE.
+    }
+
+    fn activate(&mut self, ctx: ActivateContext) -> Result<(), ActivateError> {
+        let (q, registrar) = DeviceQueues::from_ctx(ctx, 1)?;
+        self.acked_features = q.acked_features;
+        let fd = q.evts[0].as_raw_fd();
+        let worker = Arc::new(Mutex::new(BlockWorker::new(
+            q,
+            self.disk.clone(),
+            self.config.read_only,
+            self.id,
+        )));
+        let mut reg = Registration::new(registrar);
+        reg.add(fd, EventSet::IN, worker.clone())?;
+        worker.lock().unwrap().process();
+        self.active = Some((worker, reg));
+        Ok(())
+    }
+
+    fn reset(&mut self) {
+        if let Some((worker, reg)) = self.active.take() {
+            drop(reg);
+            drop(worker);
+        }
+        self.acked_features = 0;
+    }
+
+    fn save(&self) -> Option<DeviceState> {
+        Some(DeviceState::Block(self.save_state()))
+    }
+}
+
+#[cfg(test)]
+mod tests;
