@@ -13,6 +13,7 @@ mod cmdline;
 mod mailbox;
 mod scenarios;
 mod serial;
+mod virtio;
 
 use checks::Fail;
 use serial::Hex;

@@ -5,9 +5,12 @@
 
 use crate::checks::{BootInfo, Fail};
 
+mod blk;
 mod boot;
+mod rng;
 mod smp;
 mod spin;
+mod vsock;
 
 pub struct Scenario {
     pub name: &'static str,
@@ -26,6 +29,18 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "spin",
         run: spin::run,
+    },
+    Scenario {
+        name: "blk",
+        run: blk::run,
+    },
+    Scenario {
+        name: "rng",
+        run: rng::run,
+    },
+    Scenario {
+        name: "vsock",
+        run: vsock::run,
     },
 ];
 

@@ -2,22 +2,45 @@
 //! so the host can pause, resume, snapshot or branch the VM and watch the
 //! counter move (or not) in guest memory.
 //! Mailbox: scratch[SCRATCH_SPIN_MARKER] = SPIN_MARKER once the checks passed.
+//! It also obeys the dirty-page command (see `SCRATCH_DIRTY_CMD` in probe-abi): the
+//! guest itself rewrites a small area so that KVM's dirty log records it.
 
 use crate::checks::{BootInfo, Fail};
 use crate::{mailbox, say};
-use zygote_probe_abi::{REPORT_READY, SCRATCH_SPIN_MARKER, SPIN_MARKER};
+use zygote_probe_abi::{
+    dirty_word, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WORD_OFFSETS, REPORT_READY,
+    SCRATCH_DIRTY_ACK, SCRATCH_DIRTY_CMD, SCRATCH_SPIN_MARKER, SPIN_MARKER,
+};
+
+fn fill_dirty_area(cmd: u64) {
+    for page in 0..DIRTY_AREA_PAGES {
+        for (k, off) in DIRTY_WORD_OFFSETS.iter().enumerate() {
+            let addr = (DIRTY_AREA_GPA + page * 4096 + off) as *mut u64;
+            // SAFETY: the area is identity-mapped RAM (64 MiB; the host asks for more) that
+            // nothing else in the probe uses.
+            unsafe { core::ptr::write_volatile(addr, dirty_word(cmd, page, k as u64)) };
+        }
+    }
+    mailbox::set_scratch(SCRATCH_DIRTY_ACK, cmd);
+}
 
 pub fn run(_info: &BootInfo) -> Result<(), Fail> {
     mailbox::set_scratch(SCRATCH_SPIN_MARKER, SPIN_MARKER);
     say!(REPORT_READY);
     let heartbeat = mailbox::heartbeat_ptr();
-    // The count lives in a register and is stored each turn (inc, mov, jmp):
-    // three emulated instructions per beat. Snapshots capture the register too,
-    // so a restored or branched VM continues from where its memory says.
+    // The count lives in a register and is stored each turn: a handful of emulated
+    // instructions per beat. Snapshots capture the register too, so a restored or
+    // branched VM continues from where its memory says.
     let mut n: u64 = 0;
+    let mut done: u64 = 0;
     loop {
         n = n.wrapping_add(1);
         // SAFETY: the heartbeat word is in the mailbox page (checked RAM).
         unsafe { core::ptr::write_volatile(heartbeat, n) };
+        let cmd = mailbox::scratch(SCRATCH_DIRTY_CMD);
+        if cmd != done {
+            fill_dirty_area(cmd);
+            done = cmd;
+        }
     }
 }

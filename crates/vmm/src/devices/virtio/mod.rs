@@ -15,6 +15,7 @@ pub mod fuzzing;
 pub mod mmio;
 pub mod net;
 pub mod rng;
+pub mod setup;
 pub mod state;
 #[cfg(test)]
 pub mod testutil;

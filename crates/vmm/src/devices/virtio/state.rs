@@ -5,7 +5,7 @@
 //! (files, sockets, taps, event registrations) are not state: `restore` re-opens them
 //! from the configuration, and a forked child re-registers them with its new VM.
 use serde::{Deserialize, Serialize};
-use virtio_queue::{Queue, QueueState, QueueT};
+use virtio_queue::{Queue, QueueState};
 
 /// One split virtqueue as the driver configured it plus the device's ring positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,6 +93,7 @@ impl DeviceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use virtio_queue::QueueT;
 
     #[test]
     fn queue_snapshot_round_trips_and_rejects_garbage() {
