@@ -127,6 +127,68 @@ impl GuestRam {
         Self::from_raw(base, size, mem_bytes)
     }
 
+    /// Map a snapshot memory file privately: pages load lazily from the page cache (shared
+    /// by every VM restored from the same file) and guest writes stay private to this VM.
+    pub fn from_file(
+        path: &std::path::Path,
+        layout: &crate::persist::MemoryLayout,
+    ) -> Result<Arc<Self>, MemoryError> {
+        use std::os::fd::AsRawFd;
+        let total = layout.total_bytes();
+        let file = std::fs::File::open(path).map_err(|source| MemoryError::Mmap {
+            size: total as usize,
+            source,
+        })?;
+        let len = file
+            .metadata()
+            .map_err(|source| MemoryError::Mmap {
+                size: total as usize,
+                source,
+            })?
+            .len();
+        if len != total {
+            return Err(MemoryError::Layout(format!(
+                "memory file {} has {len} bytes, the saved layout needs {total}",
+                path.display()
+            )));
+        }
+        if ram_ranges(total) != layout.ranges {
+            return Err(MemoryError::Layout(format!(
+                "saved layout {:?} is not zygote's layout for {} MiB",
+                layout.ranges, layout.mem_mib
+            )));
+        }
+        // SAFETY: a private file mapping with no fixed address; checked below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(MemoryError::Mmap {
+                size: total as usize,
+                source: io::Error::last_os_error(),
+            });
+        }
+        // The mapping keeps its own reference to the file; `file` may close now.
+        Self::from_raw(base as *mut u8, total as usize, total)
+    }
+
+    /// All RAM as one host slice (ranges are contiguous in the host mapping).
+    ///
+    /// # Safety
+    /// The guest (and devices) may write concurrently unless the VM is paused or this is a
+    /// frozen forked copy; callers must ensure that for a consistent view.
+    pub unsafe fn host_slice(&self) -> &[u8] {
+        // SAFETY: the mapping is at least `size()` bytes long and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.base, self.size() as usize) }
+    }
+
     fn from_raw(
         base: *mut u8,
         mapped_len: usize,

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 pub mod cpu_identity;
+pub mod snapshot_files;
 pub use cpu_identity::CpuIdentity;
 
 /// Bumped whenever the encoding of [`VmState`] changes incompatibly.

@@ -28,6 +28,7 @@ use crate::vstate::vcpu::{
 use crate::vstate::vm::{HostKvm, Vm, VmError};
 
 pub mod branch;
+pub mod snapshot;
 
 /// What to boot.
 pub struct VmConfig {
@@ -183,6 +184,10 @@ pub struct Vmm {
     paused: bool,
     /// Branch children not yet reaped.
     children: Vec<libc::pid_t>,
+    /// KVM dirty logging is on (since the last full/live snapshot or restore).
+    dirty_logging: bool,
+    /// The snapshot a `diff` layers on.
+    last_snapshot: Option<PathBuf>,
 }
 
 impl Vmm {
@@ -334,6 +339,8 @@ impl Vmm {
             cpu: host.cpu.clone(),
             paused: start_paused,
             children: Vec::new(),
+            dirty_logging: false,
+            last_snapshot: None,
         })
     }
 

@@ -2,7 +2,7 @@
 //! in-kernel interrupt controllers and PIT.
 use kvm_bindings::{
     kvm_pit_config, kvm_userspace_memory_region, CpuId, KVM_MAX_CPUID_ENTRIES,
-    KVM_PIT_SPEAKER_DUMMY,
+    KVM_MEM_LOG_DIRTY_PAGES, KVM_PIT_SPEAKER_DUMMY,
 };
 use kvm_ioctls::{Cap, Kvm, VmFd};
 
@@ -123,13 +123,45 @@ impl Vm {
 
     /// One memory slot per RAM range, at the mapping's (inherited-on-fork) host address.
     pub fn register_memory(&self, ram: &GuestRam) -> Result<(), VmError> {
+        self.set_memory_slots(ram, 0)
+    }
+
+    /// Turn KVM dirty-page logging on or off for all RAM. Turning it on starts a fresh log.
+    pub fn set_dirty_logging(&self, ram: &GuestRam, on: bool) -> Result<(), VmError> {
+        self.set_memory_slots(ram, if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 })
+    }
+
+    /// Pages written by the guest since logging started or since the last call (which
+    /// clears the log), as one bitmap over all RAM in `ram.ranges()` order, 4 KiB pages.
+    pub fn take_dirty_log(&self, ram: &GuestRam) -> Result<Vec<u64>, VmError> {
+        let mut bitmap = Vec::new();
+        let mut bit = 0usize;
+        for (slot, r) in ram.ranges().iter().enumerate() {
+            let log = self
+                .fd
+                .get_dirty_log(slot as u32, r.size as usize)
+                .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
+            let pages = (r.size / 4096) as usize;
+            bitmap.resize((bit + pages).div_ceil(64), 0);
+            for page in 0..pages {
+                if log[page / 64] & (1 << (page % 64)) != 0 {
+                    let b = bit + page;
+                    bitmap[b / 64] |= 1 << (b % 64);
+                }
+            }
+            bit += pages;
+        }
+        Ok(bitmap)
+    }
+
+    fn set_memory_slots(&self, ram: &GuestRam, flags: u32) -> Result<(), VmError> {
         for (slot, r) in ram.ranges().iter().enumerate() {
             let region = kvm_userspace_memory_region {
                 slot: slot as u32,
                 guest_phys_addr: r.guest_addr,
                 memory_size: r.size,
                 userspace_addr: r.host_addr,
-                flags: 0,
+                flags,
             };
             // SAFETY: the region lies in `ram`'s mapping, which outlives the VM (both are
             // owned by the Vmm and the VM fd is closed first).
