@@ -118,6 +118,42 @@ pub const COM1_PORT: u16 = 0x3f8;
 pub const RESET_PORT: u16 = 0x64;
 pub const RESET_VALUE: u8 = 0xfe;
 
+// ---------------------------------------------------------------------------
+// virtio scenarios (`blk`, `rng`, `vsock`): polling drivers over virtio-mmio.
+// The probe finds each device from the `virtio_mmio.device=4K@<base>:<irq>` entries
+// the VMM appends to the command line and checks its device ID.
+// ---------------------------------------------------------------------------
+
+/// Guest-physical scratch area for virtqueues and buffers (above the probe image at
+/// 16 MiB; the boot memory check only touches the ends of 2 MiB pages before the
+/// scenario starts). Needs `probe.mem_mib` >= 64.
+pub const VIRTIO_AREA_GPA: u64 = 0x300_0000;
+pub const VIRTIO_AREA_SIZE: u64 = 1 << 20;
+
+/// `blk`: sector 0 of the root image holds 64 words `blk_base_word(0..64)`
+/// (little-endian), which the host test writes and the probe compares.
+pub const fn blk_base_word(i: u64) -> u64 {
+    (i + 1).wrapping_mul(0x0123_4567_89ab_cdef) ^ 0x5a59_474f_424c_4b30 // "ZYGOBLK0"
+}
+/// `blk` writes sectors `BLK_WRITE_FIRST..BLK_WRITE_FIRST + BLK_WRITE_SECTORS`, word
+/// `w` of sector `s` being `blk_write_word(s, w)`, then reads them back.
+pub const BLK_WRITE_FIRST: u64 = 1;
+pub const BLK_WRITE_SECTORS: u64 = 8;
+pub const fn blk_write_word(sector: u64, word: u64) -> u64 {
+    (sector << 32 | word).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5752_4954_4542_4c4b
+}
+
+/// `rng`: bytes requested per read (two reads, which must differ).
+pub const RNG_READ_BYTES: u32 = 64;
+
+/// `vsock`: the probe connects from `VSOCK_GUEST_PORT` to host port `VSOCK_HOST_PORT`
+/// (the host test listens on `<uds_path>_<VSOCK_HOST_PORT>`), sends `VSOCK_PING`,
+/// expects exactly `VSOCK_PONG` back, then shuts the connection down.
+pub const VSOCK_HOST_PORT: u32 = 5000;
+pub const VSOCK_GUEST_PORT: u32 = 40000;
+pub const VSOCK_PING: &[u8] = b"ping from the probe";
+pub const VSOCK_PONG: &[u8] = b"pong from the host";
+
 #[cfg(test)]
 mod tests {
     use super::*;
