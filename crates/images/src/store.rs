@@ -1,0 +1,291 @@
+//! The image store: `<cache>/images/`.
+//!
+//! ```text
+//! <name>-<sha256>.ext4     the image; sha256 = sha256 of the file's bytes
+//! <name>-<sha256>.json     ImageInfo
+//! index/<name>-<recipe key>  one line: the sha256 built from that recipe key
+//! ```
+//!
+//! Images are named by their content so that a VM overlay or snapshot that
+//! refers to a base image by hash can never silently get different bytes; the
+//! recipe key (a hash of everything that goes into a build) is only an index
+//! that turns "build minimal" into "already have it" without rebuilding.
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ImageError, IoContext, Result};
+use crate::exec::{run_quiet, Progress};
+use crate::paths::images_dir;
+
+/// A built root filesystem image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub name: String,
+    /// sha256 of the image file's bytes (also in its file name).
+    pub sha256: String,
+    /// Absolute path; recomputed from the store location on load, so a moved
+    /// cache directory still works.
+    #[serde(skip_deserializing)]
+    pub path: PathBuf,
+    /// Apparent size of the (sparse) ext4 file.
+    pub size_bytes: u64,
+    /// Bytes actually allocated on the host.
+    pub disk_bytes: u64,
+    /// Hash of the build inputs (recipe text, extra files, agent, base).
+    pub recipe_key: String,
+    pub recipe_path: PathBuf,
+    pub description: String,
+    /// What the tree was made from, e.g. `busybox 1:1.35.0-4` or `debootstrap bookworm/minbase`.
+    pub base: String,
+    pub agent_sha256: String,
+    /// Unix time of the build.
+    pub built_at: u64,
+    pub build_secs: f64,
+}
+
+impl ImageInfo {
+    pub fn file_stem(&self) -> String {
+        format!("{}-{}", self.name, self.sha256)
+    }
+}
+
+pub(crate) fn image_path(dir: &Path, name: &str, sha256: &str) -> PathBuf {
+    dir.join(format!("{name}-{sha256}.ext4"))
+}
+
+fn metadata_path(dir: &Path, name: &str, sha256: &str) -> PathBuf {
+    dir.join(format!("{name}-{sha256}.json"))
+}
+
+fn index_path(dir: &Path, name: &str, recipe_key: &str) -> PathBuf {
+    dir.join("index").join(format!("{name}-{recipe_key}"))
+}
+
+fn load_info(dir: &Path, json_path: &Path) -> Result<ImageInfo> {
+    let text =
+        std::fs::read_to_string(json_path).ctx(|| format!("reading {}", json_path.display()))?;
+    let mut info: ImageInfo =
+        serde_json::from_str(&text).map_err(|source| ImageError::Metadata {
+            path: json_path.to_path_buf(),
+            source,
+        })?;
+    info.path = image_path(dir, &info.name, &info.sha256);
+    Ok(info)
+}
+
+/// Records a freshly built image (metadata + index entry).
+pub(crate) fn save_info(dir: &Path, info: &ImageInfo) -> Result<()> {
+    let json = serde_json::to_string_pretty(info).expect("ImageInfo serializes");
+    let path = metadata_path(dir, &info.name, &info.sha256);
+    write_atomic(&path, json.as_bytes())?;
+    let index = index_path(dir, &info.name, &info.recipe_key);
+    std::fs::create_dir_all(index.parent().expect("index has a parent"))
+        .ctx(|| "creating the image index".into())?;
+    write_atomic(&index, format!("{}\n", info.sha256).as_bytes())
+}
+
+/// The image previously built from exactly these inputs, if it is still there.
+pub(crate) fn lookup_by_recipe_key(dir: &Path, name: &str, recipe_key: &str) -> Option<ImageInfo> {
+    let sha = std::fs::read_to_string(index_path(dir, name, recipe_key)).ok()?;
+    let info = load_info(dir, &metadata_path(dir, name, sha.trim())).ok()?;
+    info.path.is_file().then_some(info)
+}
+
+fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, data).ctx(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).ctx(|| format!("renaming to {}", path.display()))
+}
+
+/// Every image in the store whose file still exists, sorted by name and then
+/// newest first.
+pub fn list_images() -> Result<Vec<ImageInfo>> {
+    list_images_in(&images_dir())
+}
+
+pub(crate) fn list_images_in(dir: &Path) -> Result<Vec<ImageInfo>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).ctx(|| format!("listing {}", dir.display())),
+    };
+    let mut images = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let info = load_info(dir, &path)?;
+            if info.path.is_file() {
+                images.push(info);
+            }
+        }
+    }
+    images.sort_by(|a, b| a.name.cmp(&b.name).then(b.built_at.cmp(&a.built_at)));
+    Ok(images)
+}
+
+/// Finds a built image without building: by name (the newest build of that
+/// name), by sha256 or a unique prefix of at least 8 hex digits, or by `name-sha256`.
+pub fn locate_image(query: &str) -> Result<ImageInfo> {
+    locate_image_in(&images_dir(), query)
+}
+
+pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
+    let images = list_images_in(dir)?;
+    if let Some(found) = images
+        .iter()
+        .find(|i| i.name == query || i.file_stem() == query)
+    {
+        return Ok(found.clone());
+    }
+    let is_hex = query.len() >= 8 && query.chars().all(|c| c.is_ascii_hexdigit());
+    if is_hex {
+        let matches: Vec<_> = images
+            .iter()
+            .filter(|i| i.sha256.starts_with(&query.to_ascii_lowercase()))
+            .collect();
+        if matches.len() == 1 {
+            return Ok(matches[0].clone());
+        }
+    }
+    Err(ImageError::ImageNotFound(query.to_string()))
+}
+
+/// sha256 of a file's bytes, hex (what `sha256sum FILE` prints).
+///
+/// Delegates to coreutils' `sha256sum`: images are GiB-sized sparse files, and
+/// an unoptimized (debug/test) build of a Rust hasher would take minutes.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let out = run_quiet(
+        Command::new("sha256sum")
+            .arg("--binary")
+            .arg("--")
+            .arg(path),
+        "sha256sum",
+    )?;
+    // A leading backslash marks an escaped file name, not part of the hash.
+    match out
+        .split_whitespace()
+        .next()
+        .map(|h| h.trim_start_matches('\\'))
+    {
+        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(hex.to_ascii_lowercase())
+        }
+        _ => Err(ImageError::BadOutput {
+            what: format!("sha256sum {}", path.display()),
+            detail: out,
+        }),
+    }
+}
+
+/// An exclusive `flock` on a file, released on drop: serializes builds of the
+/// same thing across threads and processes (tests run in parallel, and a user
+/// may run `zygote image build` twice).
+pub(crate) struct FileLock {
+    _file: File,
+}
+
+impl FileLock {
+    pub fn acquire(path: &Path, progress: Progress) -> Result<FileLock> {
+        use std::os::fd::AsRawFd;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .ctx(|| format!("opening lock {}", path.display()))?;
+        let fd = file.as_raw_fd();
+        // SAFETY: fd is a valid open descriptor owned by `file`.
+        if unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            progress(&format!("waiting for another build ({})", path.display()));
+            // SAFETY: as above.
+            if unsafe { libc::flock(fd, libc::LOCK_EX) } != 0 {
+                return Err(std::io::Error::last_os_error())
+                    .ctx(|| format!("locking {}", path.display()));
+            }
+        }
+        Ok(FileLock { _file: file })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sha256_of_file_matches_known_vector() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"abc").unwrap();
+        assert_eq!(
+            sha256_file(&path).unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    fn info(name: &str, sha: &str, key: &str, built_at: u64) -> ImageInfo {
+        ImageInfo {
+            name: name.into(),
+            sha256: sha.into(),
+            path: PathBuf::new(),
+            size_bytes: 1,
+            disk_bytes: 1,
+            recipe_key: key.into(),
+            recipe_path: "/r".into(),
+            description: String::new(),
+            base: "busybox".into(),
+            agent_sha256: "0".into(),
+            built_at,
+            build_secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn save_lookup_list_locate() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let old = info("mini", &"a".repeat(64), "k1", 10);
+        let new = info("mini", &format!("ab{}", "0".repeat(62)), "k2", 20);
+        let other = info("py", &"c".repeat(64), "k3", 5);
+        for i in [&old, &new, &other] {
+            save_info(d, i).unwrap();
+        }
+        // Metadata without its image file does not count as built.
+        assert!(list_images_in(d).unwrap().is_empty());
+        assert!(lookup_by_recipe_key(d, "mini", "k1").is_none());
+        for i in [&old, &new, &other] {
+            std::fs::write(image_path(d, &i.name, &i.sha256), b"x").unwrap();
+        }
+        let listed: Vec<_> = list_images_in(d)
+            .unwrap()
+            .into_iter()
+            .map(|i| i.built_at)
+            .collect();
+        assert_eq!(listed, vec![20, 10, 5], "by name, newest first");
+        let hit = lookup_by_recipe_key(d, "mini", "k1").unwrap();
+        assert_eq!(hit.sha256, old.sha256);
+        assert_eq!(hit.path, d.join(format!("mini-{}.ext4", old.sha256)));
+        assert!(lookup_by_recipe_key(d, "mini", "k9").is_none());
+        assert_eq!(locate_image_in(d, "mini").unwrap().built_at, 20);
+        assert_eq!(locate_image_in(d, "cccccccc").unwrap().name, "py");
+        assert_eq!(
+            locate_image_in(d, &format!("mini-{}", old.sha256))
+                .unwrap()
+                .built_at,
+            10
+        );
+        // "a" prefixes: aaaa... and ab00...: ambiguous below 2 digits, too short anyway.
+        assert!(matches!(locate_image_in(d, "aaaaaaaa"), Ok(i) if i.built_at == 10));
+        assert!(matches!(
+            locate_image_in(d, "nope"),
+            Err(ImageError::ImageNotFound(_))
+        ));
+        assert!(matches!(
+            locate_image_in(d, "ccc"),
+            Err(ImageError::ImageNotFound(_))
+        ));
+    }
+}

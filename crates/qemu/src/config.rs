@@ -1,0 +1,312 @@
+//! What to boot and how: accelerator choice, kernel command line, QEMU argv.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use zygote_images::{Progress, AGENT_GUEST_PATH};
+use zygote_proto::DEFAULT_TCP_PORT;
+
+use crate::error::QemuError;
+
+/// How QEMU executes guest code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
+    Kvm,
+    /// QEMU's software emulation (slow, but works everywhere).
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// Picks KVM only when the CPU advertises VMX/SVM and /dev/kvm is usable.
+///
+/// An open /dev/kvm alone is not enough: some hosts expose a KVM that cannot
+/// run a Linux guest (e.g. a shadow-paging PVM hypervisor inside a cloud VM,
+/// with no `vmx`/`svm` flag), where `-accel kvm` dies in early boot instead of
+/// failing cleanly, so we never "try kvm and see". `ZYGOTE_QEMU_ACCEL=kvm|tcg`
+/// overrides the probe.
+pub fn detect_accel() -> Accel {
+    match std::env::var("ZYGOTE_QEMU_ACCEL").as_deref() {
+        Ok("kvm") => return Accel::Kvm,
+        Ok("tcg") => return Accel::Tcg,
+        _ => {}
+    }
+    if kvm_unavailable_reason().is_none() {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    }
+}
+
+/// Why `-accel kvm` would not work here, or None if it should.
+pub fn kvm_unavailable_reason() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    if !cpu_has_hw_virt(&cpuinfo) {
+        return Some("the CPU has no vmx/svm flag (no hardware virtualization)".into());
+    }
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/kvm: {e}")),
+    }
+}
+
+pub(crate) fn cpu_has_hw_virt(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .flat_map(|l| l.split_whitespace())
+        .any(|f| f == "vmx" || f == "svm")
+}
+
+/// The QEMU machine. Deliberate choices:
+/// - `acpi=off`: the guest kernel has no ACPI (tinyconfig); with ACPI off
+///   QEMU lists the virtio-mmio devices on the kernel command line instead
+///   (`virtio_mmio.device=...`), which the kernel understands.
+/// - `rtc=on`: without a CMOS clock the kernel spends ~1.6 s (under TCG)
+///   failing to read the wall-clock time, then starts at 1970. With it, boot
+///   is faster and the guest clock is right before any `reidentify`.
+pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=off";
+
+/// Everything needed to boot one VM.
+#[derive(Debug, Clone)]
+pub struct QemuConfig {
+    /// Uncompressed `vmlinux` (PVH entry), as built by zygote-images.
+    pub kernel: PathBuf,
+    /// Base ext4 image; never written (the VM writes to a qcow2 overlay).
+    pub image: PathBuf,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    /// None: [`detect_accel`].
+    pub accel: Option<Accel>,
+    /// How long to wait for the agent to answer after QEMU starts.
+    pub boot_timeout: Duration,
+    /// Appended to the kernel command line.
+    pub extra_cmdline: Vec<String>,
+    /// `qemu-system-x86_64` unless overridden.
+    pub qemu_binary: PathBuf,
+}
+
+impl QemuConfig {
+    pub fn new(kernel: impl Into<PathBuf>, image: impl Into<PathBuf>) -> Self {
+        QemuConfig {
+            kernel: kernel.into(),
+            image: image.into(),
+            mem_mib: 512,
+            vcpus: 1,
+            accel: None,
+            boot_timeout: Duration::from_secs(60),
+            extra_cmdline: Vec::new(),
+            qemu_binary: PathBuf::from("qemu-system-x86_64"),
+        }
+    }
+
+    /// A config for a named image, building the kernel and the image first if
+    /// they are not cached yet (progress lines go to `progress`).
+    pub fn for_image(image: &str, progress: Progress) -> Result<Self, QemuError> {
+        let kernel = zygote_images::build_kernel(progress)?;
+        let image = zygote_images::build_image(image, progress)?;
+        Ok(QemuConfig::new(kernel.vmlinux, image.path))
+    }
+
+    pub fn kernel_cmdline(&self, accel: Accel) -> String {
+        let mut words: Vec<String> = [
+            "console=ttyS0",
+            "root=/dev/vda",
+            "rootfstype=ext4",
+            "rw",
+            // The agent is PID 1: no init system to wait for.
+            &format!("init={AGENT_GUEST_PATH}"),
+            // Static address on QEMU's user network (gateway 10.0.2.2); the
+            // kernel configures eth0 before init runs, so no DHCP client.
+            "ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off",
+            // A panic (e.g. the agent dying as PID 1) reboots at once, and
+            // -no-reboot turns that into QEMU exiting: fail fast, not by timeout.
+            "panic=-1",
+            // Seed the RNG from RDRAND instead of waiting for jitter entropy.
+            "random.trust_cpu=on",
+            // No vsock device under QEMU here: only the TCP listener.
+            &format!("zygote.agent.tcp={DEFAULT_TCP_PORT}"),
+            "zygote.agent.vsock=off",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if accel == Accel::Tcg {
+            words.extend(Self::tcg_cmdline());
+        }
+        words.extend(self.extra_cmdline.iter().cloned());
+        words.join(" ")
+    }
+
+    /// Words the command line needs only under TCG.
+    pub(crate) fn tcg_cmdline() -> Vec<String> {
+        // TCG's TSC is the host's, but the guest cannot calibrate it (no
+        // HPET/PM timer, PIT calibration fails under emulation) and falls back
+        // to the jiffies clocksource: 10 ms resolution and a clock that lags
+        // whenever the host is busy. Measuring the frequency here fixes both.
+        match host_tsc_khz() {
+            Some(khz) => vec![format!("tsc_early_khz={khz}"), "tsc=reliable".into()],
+            None => Vec::new(),
+        }
+    }
+
+    /// The full QEMU argv (without the binary).
+    pub(crate) fn qemu_args(
+        &self,
+        accel: Accel,
+        overlay: &Path,
+        serial_log: &Path,
+        host_port: u16,
+    ) -> Vec<String> {
+        let mut args: Vec<String> = Vec::new();
+        let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
+        push(&["-M", MACHINE]);
+        match accel {
+            Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+            Accel::Tcg => push(&["-accel", "tcg", "-cpu", "max"]),
+        }
+        push(&[
+            "-m",
+            &self.mem_mib.to_string(),
+            "-smp",
+            &self.vcpus.to_string(),
+        ]);
+        push(&["-nodefaults", "-no-user-config", "-no-reboot", "-nographic"]);
+        push(&["-serial", &format!("file:{}", serial_log.display())]);
+        push(&["-kernel", &self.kernel.display().to_string()]);
+        push(&["-append", &self.kernel_cmdline(accel)]);
+        // cache=unsafe: the overlay is thrown away with the VM, so guest
+        // fsyncs need not reach the host disk.
+        push(&[
+            "-drive",
+            &format!(
+                "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap",
+                overlay.display()
+            ),
+            "-device",
+            "virtio-blk-device,drive=root",
+        ]);
+        push(&[
+            "-netdev",
+            &format!("user,id=net0,hostfwd=tcp:127.0.0.1:{host_port}-:{DEFAULT_TCP_PORT}"),
+            "-device",
+            "virtio-net-device,netdev=net0",
+        ]);
+        push(&["-device", "virtio-rng-device"]);
+        args
+    }
+}
+
+/// The host TSC frequency in kHz, if the TSC is usable as a clock (constant
+/// and non-stop); measured once against CLOCK_MONOTONIC.
+pub fn host_tsc_khz() -> Option<u64> {
+    static KHZ: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *KHZ.get_or_init(|| {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        let flags = cpuinfo.lines().find(|l| l.starts_with("flags"))?;
+        let has = |f: &str| flags.split_whitespace().any(|x| x == f);
+        if !(has("constant_tsc") && has("nonstop_tsc")) {
+            return None;
+        }
+        measure_tsc_khz()
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn measure_tsc_khz() -> Option<u64> {
+    use std::time::Instant;
+    // SAFETY: RDTSC has no preconditions on x86_64.
+    let rdtsc = || unsafe { core::arch::x86_64::_rdtsc() };
+    let (t0, c0) = (Instant::now(), rdtsc());
+    std::thread::sleep(Duration::from_millis(50));
+    let (c1, t1) = (rdtsc(), Instant::now());
+    let nanos = t1.duration_since(t0).as_nanos() as u64;
+    let khz = c1.checked_sub(c0)?.checked_mul(1_000_000)? / nanos.max(1);
+    // Anything outside 100 MHz..10 GHz is a broken measurement.
+    (100_000..10_000_000).contains(&khz).then_some(khz)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn measure_tsc_khz() -> Option<u64> {
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hardware_virt_flags() {
+        let with_vmx = "processor\t: 0\nflags\t\t: fpu vme vmx sse\n";
+        let with_svm = "flags\t\t: fpu svm\n";
+        let without = "flags\t\t: fpu vme sse hypervisor\nvmx flags\t: none\n";
+        assert!(cpu_has_hw_virt(with_vmx));
+        assert!(cpu_has_hw_virt(with_svm));
+        assert!(!cpu_has_hw_virt(without));
+    }
+
+    #[test]
+    fn qemu_argv_has_the_essentials() {
+        let mut cfg = QemuConfig::new("/k/vmlinux", "/i/base.ext4");
+        cfg.mem_mib = 256;
+        cfg.vcpus = 2;
+        cfg.extra_cmdline.push("quiet".into());
+        let args = cfg.qemu_args(
+            Accel::Tcg,
+            Path::new("/w/overlay.qcow2"),
+            Path::new("/w/serial.log"),
+            4242,
+        );
+        let joined = args.join(" ");
+        for needle in [
+            "-M microvm,x-option-roms=off,isa-serial=on,rtc=on,acpi=off",
+            "-accel tcg -cpu max",
+            "-m 256 -smp 2",
+            "-nodefaults",
+            "-no-reboot",
+            "-serial file:/w/serial.log",
+            "-kernel /k/vmlinux",
+            "file=/w/overlay.qcow2,format=qcow2",
+            "hostfwd=tcp:127.0.0.1:4242-:10240",
+            "virtio-net-device",
+        ] {
+            assert!(joined.contains(needle), "missing {needle:?} in {joined}");
+        }
+        // The base image is only ever a backing file, never a drive.
+        assert!(!joined.contains("/i/base.ext4"));
+        let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
+        assert!(append.contains("init=/sbin/zygote-agent"));
+        assert!(append.contains("ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off"));
+        assert!(append.ends_with(" quiet"), "user words come last: {append}");
+        if host_tsc_khz().is_some() {
+            assert!(append.contains("tsc_early_khz="), "{append}");
+        }
+        let kvm = cfg
+            .qemu_args(Accel::Kvm, Path::new("/o"), Path::new("/s"), 1)
+            .join(" ");
+        assert!(kvm.contains("-accel kvm -cpu host"));
+        assert!(!kvm.contains("tsc_early_khz"), "kvmclock needs no help");
+    }
+
+    #[test]
+    fn tsc_measurement_is_plausible() {
+        if let Some(khz) = host_tsc_khz() {
+            // Two measurements agree within 1% (the value is cached, so
+            // measure again directly).
+            let again = measure_tsc_khz().unwrap();
+            let diff = khz.abs_diff(again) as f64 / khz as f64;
+            assert!(diff < 0.01, "{khz} vs {again}");
+        }
+    }
+}
