@@ -49,3 +49,12 @@ for comp in "${RUST_COMPONENTS[@]}"; do
   fi
 done
 log "done"
+
+# Fuzzing the virtio devices (scripts/fuzz.sh) needs cargo-fuzz. Opt-in because it
+# compiles for minutes: ZYGOTE_SETUP_FUZZ=1 scripts/setup.sh. scripts/fuzz.sh uses a
+# nightly toolchain when one is installed, else stable with RUSTC_BOOTSTRAP=1, and
+# without cargo-fuzz falls back to the seeded randomized test.
+if [ "${ZYGOTE_SETUP_FUZZ:-0}" = 1 ] && ! cargo fuzz --help >/dev/null 2>&1; then
+  log "installing cargo-fuzz"
+  cargo install --locked cargo-fuzz
+fi

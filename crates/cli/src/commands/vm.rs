@@ -3,6 +3,8 @@
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
+use zygote_vmm::devices::virtio::setup::{GuestDeviceConfig, GuestDevices};
+use zygote_vmm::devices::virtio::vsock::VsockConfig;
 use zygote_vmm::{VmConfig, Vmm};
 
 const DEFAULT_CMDLINE: &str =
@@ -31,6 +33,31 @@ pub struct VmRunArgs {
     /// Number of vCPUs.
     #[arg(long, default_value_t = 1)]
     vcpus: u8,
+    /// Root disk: a base image mapped copy-on-write (the file is never written; guest
+    /// writes stay private to this VM). Becomes /dev/vda; `root=/dev/vda` is added to
+    /// the command line unless it names a root already.
+    #[arg(long, value_name = "IMAGE")]
+    disk: Option<PathBuf>,
+    /// Expose the root disk read-only.
+    #[arg(long, requires = "disk")]
+    disk_ro: bool,
+    /// Persistent data disk (writes go to the file); repeatable: /dev/vdb, /dev/vdc, ...
+    #[arg(long, value_name = "FILE")]
+    data_disk: Vec<PathBuf>,
+    /// virtio-vsock with its host side on this Unix socket: connect and send
+    /// `CONNECT <port>\n` to reach a guest port; guest connections to port P go to
+    /// `<SOCK>_<P>`.
+    #[arg(long, value_name = "SOCK")]
+    vsock: Option<PathBuf>,
+    /// Guest CID for vsock.
+    #[arg(long, requires = "vsock", default_value_t = zygote_vmm::devices::virtio::vsock::DEFAULT_GUEST_CID)]
+    cid: u64,
+    /// virtio-net on this tap interface (created if missing; needs CAP_NET_ADMIN).
+    #[arg(long, value_name = "TAP")]
+    net: Option<String>,
+    /// Leave out the virtio-rng entropy device.
+    #[arg(long)]
+    no_rng: bool,
 }
 
 pub fn run(cmd: VmCommand) -> anyhow::Result<i32> {
@@ -40,15 +67,34 @@ pub fn run(cmd: VmCommand) -> anyhow::Result<i32> {
 }
 
 fn vm_run(args: VmRunArgs) -> anyhow::Result<i32> {
+    let devices = GuestDevices::build(&GuestDeviceConfig {
+        root_image: args.disk.clone(),
+        root_read_only: args.disk_ro,
+        data_disks: args.data_disk.clone(),
+        vsock: args.vsock.clone().map(|uds_path| VsockConfig {
+            guest_cid: args.cid,
+            uds_path,
+        }),
+        net_tap: args.net.clone(),
+        rng: !args.no_rng,
+    })?;
+    let mut cmdline = args.cmdline;
+    let root = devices.root_cmdline();
+    if !root.is_empty() && !cmdline.split_whitespace().any(|w| w.starts_with("root=")) {
+        cmdline = format!("{cmdline} {root}");
+    }
+    if let Some(net) = &devices.net {
+        eprintln!("zygote: virtio-net on tap {}", net.lock().unwrap().ifname());
+    }
     let mut vmm = Vmm::boot(VmConfig {
         kernel: args.kernel,
         initrd: args.initrd,
-        cmdline: args.cmdline,
+        cmdline,
         mem_mib: args.mem_mib,
         vcpus: args.vcpus,
         serial_out: Box::new(std::io::stdout()),
         start_paused: false,
-        virtio_devices: Vec::new(),
+        virtio_devices: devices.virtio_devices(),
     })?;
     let serial = vmm.serial();
     // Console input: a detached thread; it dies with the process.
@@ -64,6 +110,12 @@ fn vm_run(args: VmRunArgs) -> anyhow::Result<i32> {
     });
     let exit = vmm.wait(None).cloned();
     let _ = std::io::stdout().flush();
+    if devices.root.is_some() {
+        eprintln!(
+            "zygote: root disk private bytes: {}",
+            devices.root_private_bytes()
+        );
+    }
     match exit {
         Some(e) if e.is_clean() => {
             eprintln!("zygote: VM exited: {e}");

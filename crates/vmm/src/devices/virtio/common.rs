@@ -109,11 +109,8 @@ impl<'a> Cursor<'a> {
                 continue;
             }
             let n = u64::from(left).min(max) as u32;
-            // Guest addresses may wrap; checked_add turns that into a memory error.
-            let addr = seg
-                .addr
-                .checked_add(u64::from(self.off))
-                .unwrap_or(u64::MAX);
+            // A wrapping guest address saturates to one no memory region contains.
+            let addr = seg.addr.saturating_add(u64::from(self.off));
             self.off += n;
             return Some((addr, n as usize));
         }

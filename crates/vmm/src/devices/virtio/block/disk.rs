@@ -143,7 +143,7 @@ impl CowImage {
 
     fn page_range(&self, page: u64) -> Option<(usize, usize)> {
         let start = page.checked_mul(PAGE)?;
-        (start < self.map_len as u64).then(|| (start as usize, PAGE as usize))
+        (start < self.map_len as u64).then_some((start as usize, PAGE as usize))
     }
 
     /// Contents of a page (as the guest sees it).

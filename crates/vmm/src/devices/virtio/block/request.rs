@@ -130,7 +130,7 @@ fn run(mem: &GuestMemoryMmap, body: &[Segment], ex: &mut Exec) -> Result<(u8, u3
 
 /// Byte offset of `sector` if `len` bytes from there are whole sectors inside the disk.
 fn check_range(sector: u64, len: u64, disk_size: u64) -> Result<u64, u8> {
-    if len % SECTOR != 0 {
+    if !len.is_multiple_of(SECTOR) {
         return Err(S_IOERR);
     }
     let off = sector.checked_mul(SECTOR).ok_or(S_IOERR)?;

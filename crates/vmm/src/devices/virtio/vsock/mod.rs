@@ -72,6 +72,9 @@ pub struct Vsock {
     acked_features: u64,
     /// Send a transport reset as soon as the guest's queues are live (after restore).
     reset_on_activate: bool,
+    /// The process that bound `uds_path`: a fork(2)ed child inherits this value and
+    /// must not unlink its parent's socket when it drops it.
+    bound_by: u32,
 }
 
 impl Vsock {
@@ -87,6 +90,7 @@ impl Vsock {
             active: None,
             acked_features: 0,
             reset_on_activate: false,
+            bound_by: std::process::id(),
         })
     }
 
@@ -144,7 +148,9 @@ impl Vsock {
 
 impl Drop for Vsock {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.config.uds_path);
+        if self.bound_by == std::process::id() {
+            let _ = std::fs::remove_file(&self.config.uds_path);
+        }
     }
 }
 
