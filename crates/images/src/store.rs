@@ -153,6 +153,61 @@ pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
     Err(ImageError::ImageNotFound(query.to_string()))
 }
 
+/// Deletes one image (as found by [`locate_image`]) with its metadata and
+/// the index entries pointing at it. Running VMs keep working: their overlay
+/// holds the base open.
+pub fn remove_image(query: &str) -> Result<ImageInfo> {
+    let dir = images_dir();
+    let info = locate_image_in(&dir, query)?;
+    remove_in(&dir, &info)?;
+    Ok(info)
+}
+
+/// Deletes every image but the newest of each name; returns what was removed.
+pub fn prune_images() -> Result<Vec<ImageInfo>> {
+    prune_in(&images_dir())
+}
+
+pub(crate) fn prune_in(dir: &Path) -> Result<Vec<ImageInfo>> {
+    let mut removed = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    // Sorted by name, newest first: the first of each name is kept.
+    for info in list_images_in(dir)? {
+        if !seen.insert(info.name.clone()) {
+            remove_in(dir, &info)?;
+            removed.push(info);
+        }
+    }
+    Ok(removed)
+}
+
+fn remove_in(dir: &Path, info: &ImageInfo) -> Result<()> {
+    let index_dir = dir.join("index");
+    if let Ok(entries) = std::fs::read_dir(&index_dir) {
+        let prefix = format!("{}-", info.name);
+        for entry in entries.flatten() {
+            let named = entry.file_name().to_string_lossy().starts_with(&prefix);
+            let points_here =
+                std::fs::read_to_string(entry.path()).is_ok_and(|sha| sha.trim() == info.sha256);
+            if named && points_here {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    for path in [
+        metadata_path(dir, &info.name, &info.sha256),
+        image_path(dir, &info.name, &info.sha256),
+    ] {
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).ctx(|| format!("removing {}", path.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// sha256 of a file's bytes, hex (what `sha256sum FILE` prints).
 ///
 /// Delegates to coreutils' `sha256sum`: images are GiB-sized sparse files, and
@@ -287,5 +342,20 @@ mod tests {
             locate_image_in(d, "ccc"),
             Err(ImageError::ImageNotFound(_))
         ));
+
+        // Pruning keeps the newest of each name and drops the old one's files
+        // and index entry.
+        let removed = prune_in(d).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].sha256, old.sha256);
+        assert!(!image_path(d, "mini", &old.sha256).exists());
+        assert!(lookup_by_recipe_key(d, "mini", "k1").is_none());
+        assert!(lookup_by_recipe_key(d, "mini", "k2").is_some());
+        let names: Vec<_> = list_images_in(d)
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        assert_eq!(names, vec!["mini", "py"]);
     }
 }

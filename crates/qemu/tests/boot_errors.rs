@@ -35,7 +35,7 @@ fn boot_failures_are_reported_with_the_serial_log() {
         }
         other => panic!("expected Exited, got {other}"),
     }
-    assert!(took < Duration::from_secs(60), "noticed after {took:?}");
+    assert!(took < Duration::from_secs(30), "noticed after {took:?}");
     eprintln!("missing init reported in {took:?}");
 
     // An agent that listens elsewhere: the timeout error shows the console.
@@ -45,7 +45,8 @@ fn boot_failures_are_reported_with_the_serial_log() {
     let err = QemuVm::boot(&cfg).err().expect("boot must time out");
     match &err {
         QemuError::BootTimeout { serial_tail, .. } => {
-            assert!(serial_tail.contains("Linux version"), "{err}");
+            // The agent did start, and said where it listens.
+            assert!(serial_tail.contains("10999"), "{err}");
         }
         other => panic!("expected BootTimeout, got {other}"),
     }

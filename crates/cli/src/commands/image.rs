@@ -15,6 +15,10 @@ pub enum ImageCommand {
     Ls(LsArgs),
     /// Build the guest kernel (cached) and print the path of its vmlinux.
     Kernel,
+    /// Delete a built image: NAME (its newest build), NAME-SHA256 or a sha256 prefix.
+    Rm { image: String },
+    /// Delete every image except the newest build of each name.
+    Prune,
 }
 
 #[derive(clap::Args)]
@@ -44,6 +48,24 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<i32> {
         ImageCommand::Build(args) => build(args),
         ImageCommand::Ls(args) => ls(args),
         ImageCommand::Kernel => kernel(),
+        ImageCommand::Rm { image } => {
+            let info = zygote_images::remove_image(&image)?;
+            eprintln!("removed {}", info.path.display());
+            Ok(0)
+        }
+        ImageCommand::Prune => {
+            let removed = zygote_images::prune_images()?;
+            let freed: u64 = removed.iter().map(|i| i.disk_bytes).sum();
+            for info in &removed {
+                eprintln!("removed {}", info.path.display());
+            }
+            eprintln!(
+                "{} image(s) removed, {} freed",
+                removed.len(),
+                human_bytes(freed)
+            );
+            Ok(0)
+        }
     }
 }
 

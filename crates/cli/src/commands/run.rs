@@ -165,8 +165,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 /// Kernel + image, building them if needed. An image already built is used as
 /// is (like `docker run` with a local image); `zygote image build` refreshes it.
 fn prepare(args: &RunArgs) -> anyhow::Result<QemuConfig> {
-    let kernel = with_progress("preparing the guest kernel", zygote_images::build_kernel)
-        .context("building the guest kernel")?;
+    let verbose = args.verbose;
+    let kernel = with_progress("preparing the guest kernel", |p| {
+        // A cache hit is the normal case: say nothing unless asked.
+        zygote_images::build_kernel(&mut |line| {
+            if verbose || !line.contains("cached: ") {
+                p(line)
+            }
+        })
+    })
+    .context("building the guest kernel")?;
     let image = match zygote_images::locate_image(&args.image) {
         Ok(info) => info,
         Err(zygote_images::ImageError::ImageNotFound(_)) => {
