@@ -106,12 +106,20 @@ fn minimal_guest() {
         assert!(missing.is_err(), "{missing:?}");
     });
 
-    checks.run("signals: self-inflicted and sent by the host", || {
+    checks.run("signals: a program killing itself", || {
+        let out = client
+            .exec_output(ExecRequest::shell("kill -9 $$"))
+            .unwrap();
+        assert_eq!(out.result.signal, Some(9), "{:?}", out.result);
+        assert_eq!(out.result.exit_code, None);
+        // Programs must start with default signal handling: SIGTERM kills.
         let out = client
             .exec_output(ExecRequest::shell("kill -TERM $$; sleep 5"))
             .unwrap();
         assert_eq!(out.result.signal, Some(15), "{:?}", out.result);
-        assert_eq!(out.result.exit_code, None);
+    });
+
+    checks.run("signals: sent by the host", || {
         let handle = client
             .spawn_exec(ExecRequest::new(["sleep", "30"]))
             .unwrap();

@@ -110,6 +110,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     if let Some(pid) = vm.pid() {
         QEMU_PID.store(pid as i32, Ordering::SeqCst);
     }
+    // Ctrl-C while booting (before the handler knew QEMU's pid): stop here.
+    // Checked after publishing the pid, so a later signal kills QEMU itself.
+    if let Some(code) = interrupted() {
+        return Ok(code);
+    }
     if args.verbose {
         eprintln!(
             "zygote: booted in {:.2}s ({}, {} MiB, {} vCPU)",
