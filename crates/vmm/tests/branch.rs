@@ -138,6 +138,12 @@ fn children_continue_independently_with_isolated_memory() {
     );
     assert_eq!(report.children.len(), 2);
     assert!(!vm.vmm.is_paused(), "parent resumes right after fork");
+    for c in &report.children {
+        assert!(
+            c.ready_after >= c.restore,
+            "ready time includes the child's rebuild"
+        );
+    }
 
     // The parent writes after the fork; children must not see it.
     let mem = vm.vmm.guest_ram().memory();
@@ -173,14 +179,16 @@ fn children_continue_independently_with_isolated_memory() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(heartbeat(&vm) > a);
 
+    // Two children come from one spawner, which exits cleanly once both have.
+    let spawner = report.spawner.expect("count > 1 uses a spawner");
+    assert_eq!(vm.vmm.children(), &[spawner]);
     let reaped = vm.vmm.reap_children(true);
-    assert_eq!(reaped.len(), 2);
-    for (pid, status) in reaped {
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "child {pid}: {status:#x}"
-        );
-    }
+    assert_eq!(reaped.len(), 1);
+    let (pid, status) = reaped[0];
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "spawner {pid}: {status:#x}"
+    );
     vm.vmm.shutdown();
 }
 
@@ -200,10 +208,17 @@ fn killing_a_child_disturbs_neither_parent_nor_sibling() {
         })
         .unwrap();
     let victim = report.children[0].pid;
+    assert_ne!(victim, report.children[1].pid);
     unsafe { libc::kill(victim, libc::SIGKILL) };
-    let mut status = 0;
-    assert_eq!(unsafe { libc::waitpid(victim, &mut status, 0) }, victim);
-    assert!(libc::WIFSIGNALED(status));
+    // The spawner reaps it; wait until the pid is gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while unsafe { libc::kill(victim, 0) } == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "victim {victim} never went away"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
 
     // Drain what was in flight, then require fresh reports from the sibling only.
     std::thread::sleep(Duration::from_millis(200));
@@ -222,6 +237,7 @@ fn killing_a_child_disturbs_neither_parent_nor_sibling() {
     assert!(heartbeat(&vm) > a, "parent keeps running");
 
     unsafe { libc::kill(report.children[1].pid, libc::SIGKILL) };
+    // With both children gone the spawner exits and is reaped.
     vm.vmm.reap_children(true);
     assert!(vm.vmm.children().is_empty());
     vm.vmm.shutdown();
@@ -259,4 +275,31 @@ fn a_stopped_vm_refuses_to_branch() {
         "{err}"
     );
     assert!(err.to_string().contains("stopped"), "{err}");
+}
+
+#[test]
+fn a_single_child_is_a_direct_child() {
+    let Some(mut vm) = boot_spin() else { return };
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 1);
+    let report = vm
+        .vmm
+        .branch(&BranchRequest {
+            count: 1,
+            child_serial: &sink,
+            child_main: &child_main,
+            keep_fds: vec![reports.w],
+            ready_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+    assert!(report.spawner.is_none());
+    assert_eq!(vm.vmm.children(), &[report.children[0].pid]);
+    let [index, _, _] = reports
+        .recv(Duration::from_secs(20))
+        .expect("child reports");
+    assert_eq!(index, 0);
+    let reaped = vm.vmm.reap_children(true);
+    assert_eq!(reaped.len(), 1);
+    assert!(libc::WIFEXITED(reaped[0].1) && libc::WEXITSTATUS(reaped[0].1) == 0);
+    vm.vmm.shutdown();
 }

@@ -1,6 +1,9 @@
 //! One module per CLI verb. Each exposes a clap `Args`/`Subcommand` type and a
 //! `run(...) -> anyhow::Result<i32>` returning the process exit code.
 pub mod bench;
+pub mod bench_branch;
+pub mod bench_fanout;
+pub mod bench_stats;
 pub mod bench_treeclone;
 pub mod doctor;
 pub mod image;

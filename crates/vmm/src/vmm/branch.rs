@@ -2,14 +2,20 @@
 //!
 //! Guest RAM is private anonymous memory, so fork(2) gives every child a copy-on-write
 //! view of it at the same host address. The parent quiesces all its threads (vCPUs out
-//! of KVM_RUN and parked, event thread parked: no locks held), captures `VmState`,
-//! forks, and resumes at once. Each child is single-threaded after fork: it unmaps the
-//! parent's kvm_run pages and closes every inherited fd (KVM objects, eventfds, sockets,
-//! listeners), builds a new KVM VM over the inherited memory, restores the state, starts
-//! new threads, reports readiness over a pipe, then runs the caller's child main.
+//! of KVM_RUN and parked, event thread parked: no locks held), captures `VmState`, forks
+//! once, and resumes at once. For one child that fork *is* the child. For N children it
+//! is a frozen "spawner" copy that forks the N children itself while the parent already
+//! runs again, so the parent's pause does not grow with N; the spawner then drops its
+//! guest memory and only reaps.
+//!
+//! Each child is single-threaded after fork: it unmaps the parent's kvm_run pages and
+//! closes every inherited fd (KVM objects, eventfds, sockets, listeners), builds a new
+//! KVM VM over the inherited memory, restores the state, starts new threads, reports
+//! readiness over a pipe, then runs the caller's child main.
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
+use super::ready::{self, ReadyRecord, WaitError};
 use super::{RestoreConfig, Vmm, VmmError};
 use crate::devices::serial::SerialOut;
 use crate::persist::VmState;
@@ -42,17 +48,23 @@ pub struct BranchedChild {
     pub pid: libc::pid_t,
     /// From the request to this child's VM running.
     pub ready_after: Duration,
+    /// Part of that the child spent rebuilding its VM (new KVM VM, state, threads).
+    pub restore: Duration,
 }
 
 #[derive(Debug, Clone)]
 pub struct BranchReport {
     pub children: Vec<BranchedChild>,
+    /// The frozen copy that forked the children (count > 1); it reaps them.
+    pub spawner: Option<libc::pid_t>,
     /// How long the parent's vCPUs were stopped.
     pub pause: Duration,
-    /// Part of the pause spent capturing state (vCPUs + platform).
+    /// Part of the pause spent stopping vCPUs and capturing state.
     pub capture: Duration,
-    /// Part of the pause spent in fork(2), summed over children.
+    /// Part of the pause spent in the parent's fork(2).
     pub fork: Duration,
+    /// Part of the pause spent resuming the parent.
+    pub resume: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,8 +75,8 @@ pub enum BranchError {
     ZeroCount,
     #[error("creating the readiness pipe failed: {0}")]
     Pipe(std::io::Error),
-    #[error("fork failed after {made} children: {source}")]
-    Fork { made: usize, source: std::io::Error },
+    #[error("fork failed: {0}")]
+    Fork(std::io::Error),
     #[error("child {index} (pid {pid}) failed to start its VM (status {status}); see its stderr")]
     ChildFailed {
         index: usize,
@@ -79,20 +91,8 @@ pub enum BranchError {
     },
 }
 
-/// Readiness record a child writes: index and status (0 = VM running). 8 bytes is below
-/// PIPE_BUF, so records from concurrent children never interleave.
-fn encode_ready(index: usize, status: i32) -> [u8; 8] {
-    let mut b = [0u8; 8];
-    b[..4].copy_from_slice(&(index as u32).to_le_bytes());
-    b[4..].copy_from_slice(&status.to_le_bytes());
-    b
-}
-
-fn decode_ready(b: &[u8; 8]) -> (usize, i32) {
-    let index = u32::from_le_bytes(b[..4].try_into().unwrap()) as usize;
-    let status = i32::from_le_bytes(b[4..].try_into().unwrap());
-    (index, status)
-}
+/// Status a spawner reports for a child it could not fork.
+const STATUS_FORK_FAILED: i32 = 2;
 
 /// Close every fd ≥ 3 except `keep`, with close_range(2) over the gaps.
 fn close_fds_except(keep: &mut [RawFd]) {
@@ -111,10 +111,10 @@ fn close_fds_except(keep: &mut [RawFd]) {
     unsafe { libc::syscall(libc::SYS_close_range, start, u32::MAX, 0) };
 }
 
-fn write_ready(fd: RawFd, index: usize, status: i32) {
-    let rec = encode_ready(index, status);
-    // SAFETY: writing a small buffer to a pipe we own.
-    unsafe { libc::write(fd, rec.as_ptr().cast(), rec.len()) };
+/// Leave a forked process without running the parent's destructors or atexit handlers.
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit is always safe to call.
+    unsafe { libc::_exit(code) }
 }
 
 impl Vmm {
@@ -124,6 +124,7 @@ impl Vmm {
             return Err(BranchError::ZeroCount);
         }
         let started = Instant::now();
+        let start_ns = ready::mono_ns();
         let was_paused = self.paused;
         let state = self.pause_and_capture()?;
         let captured = started.elapsed();
@@ -139,61 +140,104 @@ impl Vmm {
         }
         let (ready_r, ready_w) = (fds[0], fds[1]);
 
-        let mut pids = Vec::with_capacity(req.count);
-        let mut fork_time = Duration::ZERO;
-        let mut fork_err = None;
-        for index in 0..req.count {
-            let t = Instant::now();
-            // SAFETY: every other thread of this VMM is parked holding no locks; the child
-            // only runs `child_after_fork`, which never returns into the caller's frames.
-            let pid = unsafe { libc::fork() };
-            if pid == 0 {
-                self.child_after_fork(&state, index, ready_w, req);
+        let fork_started = Instant::now();
+        // SAFETY: every other thread of this VMM is parked holding no locks; the child
+        // never returns into the caller's frames.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: the child has no use for the read end.
+            unsafe { libc::close(ready_r) };
+            if req.count == 1 {
+                self.become_child(&state, 0, ready_w, req);
             }
-            fork_time += t.elapsed();
-            if pid < 0 {
-                fork_err = Some(std::io::Error::last_os_error());
-                break;
-            }
-            pids.push(pid);
+            self.become_spawner(&state, ready_w, req);
         }
-        // SAFETY: the parent no longer writes readiness records.
-        unsafe { libc::close(ready_w) };
+        let fork_time = fork_started.elapsed();
+        let fork_err = (pid < 0).then(std::io::Error::last_os_error);
+        // Resume first: everything else can happen while the guest runs.
+        let resume_started = Instant::now();
         let resumed = if was_paused { Ok(()) } else { self.resume() };
         let pause = started.elapsed();
-        self.children.extend_from_slice(&pids);
-
-        let result = (|| {
-            if let Some(source) = fork_err {
-                return Err(BranchError::Fork {
-                    made: pids.len(),
-                    source,
-                });
-            }
+        let resume_time = resume_started.elapsed();
+        // SAFETY: only children write readiness records.
+        unsafe { libc::close(ready_w) };
+        if let Some(err) = fork_err {
+            // SAFETY: closing our read end.
+            unsafe { libc::close(ready_r) };
             resumed?;
-            let children = wait_ready(ready_r, &pids, started, req.ready_timeout)?;
-            Ok(BranchReport {
-                children,
-                pause,
-                capture: captured,
-                fork: fork_time,
-            })
-        })();
+            return Err(BranchError::Fork(err));
+        }
+        self.children.push(pid);
+
+        let waited = ready::wait_for(ready_r, req.count, started + req.ready_timeout);
         // SAFETY: done with the read end.
         unsafe { libc::close(ready_r) };
-        if result.is_err() {
-            // Don't leave half-started children behind.
-            for &pid in &pids {
-                // SAFETY: signalling our own children.
+        resumed?;
+        let records = match waited {
+            Ok(r) => r,
+            Err(e) => {
+                // Don't leave half-started children behind: the spawner's children die
+                // with it (PR_SET_PDEATHSIG), a direct child is the pid itself.
+                let received = match &e {
+                    WaitError::Timeout { received } | WaitError::Failed { received, .. } => {
+                        received
+                    }
+                };
+                for r in received {
+                    // SAFETY: signalling children we created.
+                    unsafe { libc::kill(r.pid, libc::SIGKILL) };
+                }
+                // SAFETY: as above.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
+                self.reap_children(true);
+                return Err(match e {
+                    WaitError::Failed { record, .. } => BranchError::ChildFailed {
+                        index: record.index as usize,
+                        pid: record.pid,
+                        status: record.status,
+                    },
+                    WaitError::Timeout { received } => BranchError::ChildTimeout {
+                        missing: req.count - received.len(),
+                        count: req.count,
+                        timeout: req.ready_timeout,
+                    },
+                });
             }
-            self.reap_children(true);
-        }
-        result
+        };
+        Ok(BranchReport {
+            children: records
+                .iter()
+                .map(|r| BranchedChild {
+                    index: r.index as usize,
+                    pid: r.pid,
+                    ready_after: ready::since(start_ns, r.ready_mono_ns),
+                    restore: Duration::from_nanos(r.restore_ns),
+                })
+                .collect(),
+            spawner: (req.count > 1).then_some(pid),
+            pause,
+            capture: captured,
+            fork: fork_time,
+            resume: resume_time,
+        })
     }
 
-    /// Runs in the child: never returns.
-    fn child_after_fork(
+    /// Drop what belongs to the parent VMM: its kvm_run mappings and every fd.
+    fn release_parent_objects(&mut self, ready_w: RawFd, keep_fds: &[RawFd]) {
+        for v in &self.vcpus {
+            let m = v.kvm_run_mapping();
+            // SAFETY: the parent's kvm_run pages; no thread in this process uses them.
+            unsafe { libc::munmap(m.addr as *mut libc::c_void, m.size) };
+        }
+        let mut keep = keep_fds.to_vec();
+        keep.push(ready_w);
+        close_fds_except(&mut keep);
+        // This process's own children list starts empty.
+        self.children.clear();
+    }
+
+    /// Runs in a forked child of the parent (count == 1): never returns.
+    fn become_child(
         &mut self,
         state: &VmState,
         index: usize,
@@ -201,40 +245,101 @@ impl Vmm {
         req: &BranchRequest,
     ) -> ! {
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            for v in &self.vcpus {
-                let m = v.kvm_run_mapping();
-                // SAFETY: the parent's kvm_run pages; no thread in this process uses them.
-                unsafe { libc::munmap(m.addr as *mut libc::c_void, m.size) };
-            }
-            let mut keep = req.keep_fds.clone();
-            keep.push(ready_w);
-            close_fds_except(&mut keep);
-            // This child's own children list starts empty.
-            self.children.clear();
-            let cfg = RestoreConfig {
-                serial_out: (req.child_serial)(index),
-                start_paused: false,
-            };
-            match Vmm::restore(self.ram.clone(), state, cfg) {
-                Ok(vmm) => {
-                    write_ready(ready_w, index, 0);
-                    // SAFETY: readiness is reported; the child main doesn't need the pipe.
-                    unsafe { libc::close(ready_w) };
-                    (req.child_main)(ChildContext { index, vmm })
-                }
-                Err(e) => {
-                    eprintln!("zygote: branch child {index}: {e}");
-                    write_ready(ready_w, index, 1);
-                    1
-                }
-            }
-        }))
-        .unwrap_or(101);
-        // SAFETY: leave without running the parent's destructors or atexit handlers.
-        unsafe { libc::_exit(code) }
+            let t = Instant::now();
+            self.release_parent_objects(ready_w, &req.keep_fds);
+            self.rebuild_and_run(state, index, ready_w, req, t)
+        }));
+        exit_now(code.unwrap_or(101))
     }
 
-    /// Reap exited branch children; with `block`, wait for all of them.
+    /// Build this child's own VM over the inherited memory, report, run the child main.
+    fn rebuild_and_run(
+        &mut self,
+        state: &VmState,
+        index: usize,
+        ready_w: RawFd,
+        req: &BranchRequest,
+        t: Instant,
+    ) -> i32 {
+        let cfg = RestoreConfig {
+            serial_out: (req.child_serial)(index),
+            start_paused: false,
+        };
+        let result = Vmm::restore(self.ram.clone(), state, cfg);
+        let record = ReadyRecord {
+            index: index as u32,
+            status: if result.is_ok() { 0 } else { 1 },
+            // SAFETY: getpid cannot fail.
+            pid: unsafe { libc::getpid() },
+            restore_ns: t.elapsed().as_nanos() as u64,
+            ready_mono_ns: ready::mono_ns(),
+        };
+        record.send(ready_w);
+        // SAFETY: readiness is reported; the child main doesn't need the pipe.
+        unsafe { libc::close(ready_w) };
+        match result {
+            Ok(vmm) => (req.child_main)(ChildContext { index, vmm }),
+            Err(e) => {
+                eprintln!("zygote: branch child {index}: {e}");
+                1
+            }
+        }
+    }
+
+    /// Runs in the frozen spawner (count > 1): forks every child, then only reaps.
+    fn become_spawner(&mut self, state: &VmState, ready_w: RawFd, req: &BranchRequest) -> ! {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.release_parent_objects(ready_w, &req.keep_fds);
+            // SAFETY: getpid cannot fail.
+            let spawner = unsafe { libc::getpid() };
+            for index in 0..req.count {
+                let t = Instant::now();
+                // SAFETY: the spawner is single-threaded.
+                let pid = unsafe { libc::fork() };
+                if pid == 0 {
+                    let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        // Siblings die with the spawner (which only dies when killed),
+                        // so cleaning up a failed branch is one kill.
+                        // SAFETY: plain prctl; then re-check the parent to close the race.
+                        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+                        if unsafe { libc::getppid() } != spawner {
+                            return 1;
+                        }
+                        self.rebuild_and_run(state, index, ready_w, req, t)
+                    }));
+                    exit_now(code.unwrap_or(101));
+                }
+                if pid < 0 {
+                    ReadyRecord {
+                        index: index as u32,
+                        status: STATUS_FORK_FAILED,
+                        pid: -1,
+                        restore_ns: 0,
+                        ready_mono_ns: ready::mono_ns(),
+                    }
+                    .send(ready_w);
+                    break;
+                }
+            }
+            // SAFETY: the spawner reports nothing itself.
+            unsafe { libc::close(ready_w) };
+            // The children hold their own copy-on-write references; the spawner needs no
+            // guest memory while it waits.
+            self.ram.unmap_for_spawner();
+            loop {
+                let mut status = 0;
+                // SAFETY: reaping our own children.
+                if unsafe { libc::waitpid(-1, &mut status, 0) } < 0
+                    && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
+                {
+                    return 0;
+                }
+            }
+        }));
+        exit_now(code.unwrap_or(101))
+    }
+
+    /// Reap exited branch children (and spawners); with `block`, wait for all of them.
     pub fn reap_children(&mut self, block: bool) -> Vec<(libc::pid_t, i32)> {
         let mut reaped = Vec::new();
         self.children.retain(|&pid| {
@@ -252,72 +357,8 @@ impl Vmm {
         reaped
     }
 
-    /// Branch children started by this VMM and not yet reaped.
+    /// Direct children of this VMM (single branch children and spawners) not yet reaped.
     pub fn children(&self) -> &[libc::pid_t] {
         &self.children
-    }
-}
-
-fn wait_ready(
-    fd: RawFd,
-    pids: &[libc::pid_t],
-    started: Instant,
-    timeout: Duration,
-) -> Result<Vec<BranchedChild>, BranchError> {
-    let mut out: Vec<BranchedChild> = Vec::with_capacity(pids.len());
-    let deadline = started + timeout;
-    let mut buf = [0u8; 8];
-    while out.len() < pids.len() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: polling one fd we own.
-        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
-        if n <= 0 {
-            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(BranchError::ChildTimeout {
-                missing: pids.len() - out.len(),
-                count: pids.len(),
-                timeout,
-            });
-        }
-        // SAFETY: reading into a stack buffer.
-        let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if r != buf.len() as isize {
-            // EOF: every child closed its end without reporting (crashed).
-            return Err(BranchError::ChildTimeout {
-                missing: pids.len() - out.len(),
-                count: pids.len(),
-                timeout,
-            });
-        }
-        let (index, status) = decode_ready(&buf);
-        let pid = pids.get(index).copied().unwrap_or(-1);
-        if status != 0 {
-            return Err(BranchError::ChildFailed { index, pid, status });
-        }
-        out.push(BranchedChild {
-            index,
-            pid,
-            ready_after: started.elapsed(),
-        });
-    }
-    out.sort_by_key(|c| c.index);
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ready_records_round_trip() {
-        assert_eq!(decode_ready(&encode_ready(7, 0)), (7, 0));
-        assert_eq!(decode_ready(&encode_ready(1023, -5)), (1023, -5));
     }
 }

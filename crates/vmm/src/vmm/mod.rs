@@ -28,6 +28,7 @@ use crate::vstate::vcpu::{
 use crate::vstate::vm::{HostKvm, Vm, VmError};
 
 pub mod branch;
+mod ready;
 pub mod snapshot;
 
 /// What to boot.

@@ -1,0 +1,185 @@
+//! `zygote bench branch`: pause time and time-to-running of fork-based branching against
+//! live, diff and full snapshots of the same live VM, interleaved in one run.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use zygote_vmm::devices::serial::{CallbackWriter, SerialOut};
+use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
+use zygote_vmm::vmm::branch::{BranchRequest, ChildContext};
+use zygote_vmm::vmm::snapshot::SnapshotMode;
+
+use super::bench_stats::{ms, Summary};
+
+/// Guest RAM below this stays as the probe left it (its image, stack and mailbox).
+pub const POPULATE_FLOOR: u64 = 32 << 20;
+
+#[derive(clap::Args)]
+pub struct BranchBenchArgs {
+    /// Guest memory in MiB; all of it above 32 MiB is touched from the host first.
+    #[arg(long, default_value_t = 1024)]
+    mem_mib: u64,
+    /// Measurements per mode.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Where snapshots are written (deleted after each measurement).
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct ModeResult {
+    mode: &'static str,
+    pause_ms: Summary,
+    /// fork only: from the request until the child's VM runs.
+    ready_ms: Option<Summary>,
+    /// From the request until the operation completed (snapshot on disk / child running).
+    total_ms: Summary,
+}
+
+#[derive(Serialize)]
+struct BranchBench {
+    mem_mib: u64,
+    iterations: usize,
+    populated_pages: u64,
+    modes: Vec<ModeResult>,
+    /// fork only: parts of the pause, and the child's own rebuild time.
+    fork_capture_ms: Summary,
+    fork_syscall_ms: Summary,
+    fork_resume_ms: Summary,
+    child_restore_ms: Summary,
+    /// full pause p50 / fork pause p50.
+    full_over_fork: f64,
+}
+
+pub fn sink(_: usize) -> SerialOut {
+    Box::new(CallbackWriter(|_: &[u8]| {}))
+}
+
+/// Boot the spin probe with `mem_mib` and populate its RAM from the host.
+pub fn boot_populated(mem_mib: u64) -> anyhow::Result<(ProbeVm, u64)> {
+    let elf = probe::locate_probe(true)?;
+    let mut vm = probe::boot_probe(
+        &elf,
+        &ProbeOptions {
+            mem_mib,
+            scenario: "spin".into(),
+            ..Default::default()
+        },
+    )?;
+    vm.wait_for_line(Duration::from_secs(120), |_| {}, |l| l == "PROBE READY")?;
+    let pages = vm.vmm.guest_ram().populate(POPULATE_FLOOR);
+    Ok((vm, pages))
+}
+
+pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(args.iterations > 0, "--iterations must be at least 1");
+    let work = tempfile::Builder::new()
+        .prefix("zygote-bench-branch-")
+        .tempdir_in(args.work_dir.clone().unwrap_or_else(std::env::temp_dir))?;
+    eprintln!(
+        "booting a {} MiB probe VM and populating its memory...",
+        args.mem_mib
+    );
+    let (mut vm, populated_pages) = boot_populated(args.mem_mib)?;
+    // Diffs need a base snapshot of this VM.
+    vm.vmm
+        .snapshot(SnapshotMode::Full, &work.path().join("base"))?;
+
+    let mut pause: [Vec<Duration>; 4] = Default::default();
+    let mut total: [Vec<Duration>; 4] = Default::default();
+    let (mut ready, mut capture, mut fork) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut resume, mut restore) = (Vec::new(), Vec::new());
+    let exit_at_once = |_: ChildContext| -> i32 { 0 };
+    for i in 0..args.iterations {
+        eprint!("\riteration {}/{}", i + 1, args.iterations);
+        let started = Instant::now();
+        let r = vm.vmm.branch(&BranchRequest {
+            count: 1,
+            child_serial: &sink,
+            child_main: &exit_at_once,
+            keep_fds: vec![],
+            ready_timeout: Duration::from_secs(30),
+        })?;
+        total[0].push(started.elapsed());
+        pause[0].push(r.pause);
+        ready.push(r.children[0].ready_after);
+        capture.push(r.capture);
+        fork.push(r.fork);
+        resume.push(r.resume);
+        restore.push(r.children[0].restore);
+        vm.vmm.reap_children(true);
+
+        for (slot, mode) in [
+            (1, SnapshotMode::Live),
+            (2, SnapshotMode::Diff),
+            (3, SnapshotMode::Full),
+        ] {
+            // Let the guest run (and dirty its heartbeat page) between measurements.
+            std::thread::sleep(Duration::from_millis(20));
+            let dir = work.path().join(format!("{mode:?}-{i}"));
+            let r = vm.vmm.snapshot(mode, &dir)?;
+            pause[slot].push(r.pause);
+            total[slot].push(r.total);
+            std::fs::remove_dir_all(&dir)?;
+        }
+    }
+    eprintln!();
+    vm.vmm.shutdown();
+
+    let names = ["fork", "live", "diff", "full"];
+    let modes: Vec<ModeResult> = (0..4)
+        .map(|k| ModeResult {
+            mode: names[k],
+            pause_ms: Summary::of(&pause[k]),
+            ready_ms: (k == 0).then(|| Summary::of(&ready)),
+            total_ms: Summary::of(&total[k]),
+        })
+        .collect();
+    let result = BranchBench {
+        mem_mib: args.mem_mib,
+        iterations: args.iterations,
+        populated_pages,
+        full_over_fork: modes[3].pause_ms.p50 / modes[0].pause_ms.p50,
+        fork_capture_ms: Summary::of(&capture),
+        fork_syscall_ms: Summary::of(&fork),
+        fork_resume_ms: Summary::of(&resume),
+        child_restore_ms: Summary::of(&restore),
+        modes,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        println!(
+            "bench branch: {} MiB guest ({} pages populated), {} iterations, medians and p90 in ms",
+            result.mem_mib, result.populated_pages, result.iterations
+        );
+        println!(
+            "{:<6} {:>10} {:>10} {:>12} {:>12}",
+            "mode", "pause p50", "pause p90", "ready p50", "total p50"
+        );
+        for m in &result.modes {
+            let ready = m.ready_ms.as_ref().map_or("-".into(), |r| ms(r.p50));
+            println!(
+                "{:<6} {:>10} {:>10} {:>12} {:>12}",
+                m.mode,
+                ms(m.pause_ms.p50),
+                ms(m.pause_ms.p90),
+                ready,
+                ms(m.total_ms.p50)
+            );
+        }
+        println!(
+            "fork pause p50 parts: pause+capture {} + fork(2) {} + resume {}; child rebuild {}",
+            ms(result.fork_capture_ms.p50),
+            ms(result.fork_syscall_ms.p50),
+            ms(result.fork_resume_ms.p50),
+            ms(result.child_restore_ms.p50),
+        );
+        println!("full/fork pause ratio {:.0}x", result.full_over_fork);
+    }
+    Ok(0)
+}
