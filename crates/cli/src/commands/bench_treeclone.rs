@@ -1,7 +1,49 @@
-//! Placeholder while this command is being written (owned by one developer).
-#[derive(clap::Args)]
-pub struct TreecloneBenchArgs {}
+//! `zygote bench treeclone`: CoW tree materialization vs a naive per-file copy.
+use std::path::PathBuf;
 
-pub fn run(_args: TreecloneBenchArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+use zygote_treeclone::bench::{run_bench, BenchOptions, MIN_RUNS};
+
+#[derive(clap::Args)]
+pub struct TreecloneBenchArgs {
+    /// Print the report as JSON on stdout instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Timed runs per side (baseline and treatment, interleaved); at least 5.
+    #[arg(long, default_value_t = MIN_RUNS)]
+    runs: usize,
+    /// Directory for generated trees and the scratch XFS image
+    /// (default: the system temp dir). Its filesystem is the "default fs" part.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+    /// Only these shapes (repeatable): small_flat, deep_nested, medium_flat, large_flat.
+    #[arg(long = "shape")]
+    shapes: Vec<String>,
+    /// Skip the loop-mounted XFS part.
+    #[arg(long)]
+    no_xfs: bool,
+    /// End every timed run with syncfs (time to stable storage).
+    #[arg(long)]
+    durable: bool,
+    /// Treatment worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+pub fn run(args: TreecloneBenchArgs) -> anyhow::Result<i32> {
+    let opts = BenchOptions {
+        runs: args.runs,
+        work_dir: args.work_dir,
+        shapes: args.shapes,
+        xfs: !args.no_xfs,
+        default_fs: true,
+        durable: args.durable,
+        threads: args.threads,
+    };
+    let report = run_bench(&opts, &mut |line| eprintln!("[treeclone] {line}"))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(0)
 }
