@@ -45,20 +45,23 @@ pub fn detect_accel() -> Accel {
     }
 }
 
-/// Why `-accel kvm` would not work here, or None if it should.
+/// Why `-accel kvm` would not work here, or None if it should (probed once
+/// per process).
 pub fn kvm_unavailable_reason() -> Option<String> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    if !cpu_has_hw_virt(&cpuinfo) {
-        return Some("the CPU has no vmx/svm flag (no hardware virtualization)".into());
-    }
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => None,
-        Err(e) => Some(format!("/dev/kvm: {e}")),
-    }
+    static REASON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    REASON
+        .get_or_init(|| {
+            let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+            if !cpu_has_hw_virt(&cpuinfo) {
+                return Some("the CPU has no vmx/svm flag (no hardware virtualization)".into());
+            }
+            let kvm = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm");
+            kvm.err().map(|e| format!("/dev/kvm: {e}"))
+        })
+        .clone()
 }
 
 pub(crate) fn cpu_has_hw_virt(cpuinfo: &str) -> bool {
