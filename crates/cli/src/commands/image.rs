@@ -9,7 +9,8 @@ use zygote_images::{BuildOptions, ImageInfo};
 #[derive(clap::Subcommand)]
 pub enum ImageCommand {
     /// Build an image from its recipe (guest/rootfs/recipes/<NAME>.recipe, or a
-    /// path to a .recipe file). Cached: unchanged inputs return at once.
+    /// path to a .recipe file), and the guest kernel if needed. Cached:
+    /// unchanged inputs return at once.
     Build(BuildArgs),
     /// List built images (and recipes not built yet).
     Ls(LsArgs),
@@ -75,6 +76,11 @@ fn build(args: BuildArgs) -> anyhow::Result<i32> {
         refresh_base: args.refresh_base,
     };
     let started = Instant::now();
+    // An image is only bootable with the kernel: make `image build` enough to
+    // `zygote run` afterwards without another long wait.
+    let kernel = with_progress("building the guest kernel", zygote_images::build_kernel)
+        .context("building the guest kernel")?;
+    eprintln!("kernel {} ({})", kernel.release, kernel.vmlinux.display());
     let info = with_progress(&format!("building image {}", args.name), |progress| {
         zygote_images::build_image_with(&args.name, &opts, progress)
     })
