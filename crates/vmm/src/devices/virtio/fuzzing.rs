@@ -99,7 +99,7 @@ pub fn fuzz_blk(data: &[u8]) -> Option<FuzzReport> {
     let (mem, qs) = setup(data, 1)?;
     let valid = valid_heads(&mem, 0);
     let disk = Arc::new(Mutex::new(Disk::Memory(vec![0u8; 64 * 1024])));
-    let read_only = data.first().is_some_and(|b| b & 1 == 1);
+    let read_only = data.get(0x300).is_some_and(|b| b & 1 == 1);
     let mut w = BlockWorker::new(
         queues(mem.clone(), qs),
         disk,
@@ -130,6 +130,165 @@ pub fn fuzz_vsock(data: &[u8]) -> Option<FuzzReport> {
         returned: QUEUE_BASES.map(|b| used_idx(&mem, b)),
         valid_heads: valid,
     })
+}
+
+/// A blk guest-memory image from a seed: plausible and absurd descriptors, request
+/// headers of every type in the buffers they point at.
+pub fn blk_input(seed: u64) -> Vec<u8> {
+    let mut r = Rng(seed | 1);
+    let mut data = vec![0u8; MAX_INPUT];
+    fill_queue(&mut r, &mut data, 0, blk_header);
+    data[0x300] = r.below(2) as u8; // read-only or not (see fuzz_blk)
+    data
+}
+
+/// A vsock image from a seed: TX chains carrying packet headers, RX and event buffers.
+pub fn vsock_input(seed: u64) -> Vec<u8> {
+    let mut r = Rng(seed | 1);
+    let mut data = vec![0u8; MAX_INPUT];
+    fill_queue(&mut r, &mut data, 0x0, vsock_header);
+    fill_queue(&mut r, &mut data, 0x400, |_| Vec::new());
+    fill_queue(&mut r, &mut data, 0x800, |_| Vec::new());
+    data
+}
+
+/// Fuzzer bytes to an image: a leading 0xff means "use the rest raw"; otherwise the
+/// first 8 bytes seed the generator and the rest is XORed over its output, so
+/// libFuzzer mutates inside the structure instead of having to discover it.
+fn from_fuzz(data: &[u8], gen: fn(u64) -> Vec<u8>) -> Vec<u8> {
+    if data.first() == Some(&0xff) {
+        return data.to_vec();
+    }
+    let mut seed = [0u8; 8];
+    let n = data.len().min(8);
+    seed[..n].copy_from_slice(&data[..n]);
+    let mut image = gen(u64::from_le_bytes(seed));
+    for (d, s) in image.iter_mut().zip(data.iter().skip(8)) {
+        *d ^= s;
+    }
+    image
+}
+
+pub fn blk_from_fuzz(data: &[u8]) -> Vec<u8> {
+    from_fuzz(data, blk_input)
+}
+
+pub fn vsock_from_fuzz(data: &[u8]) -> Vec<u8> {
+    from_fuzz(data, vsock_input)
+}
+
+/// xorshift64*: tiny and deterministic, enough to spread generated inputs.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+const BUF_START: u64 = 0x1000;
+
+fn put(data: &mut [u8], at: u64, bytes: &[u8]) {
+    let at = at as usize;
+    if at + bytes.len() <= data.len() {
+        data[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+/// A descriptor table, avail ring and buffer contents at `base` with mostly-sane values.
+pub fn fill_queue(r: &mut Rng, data: &mut [u8], base: u64, header: impl Fn(&mut Rng) -> Vec<u8>) {
+    for i in 0..QUEUE_SIZE as u64 {
+        let addr = match r.below(8) {
+            0 => r.next_u64(),                  // anywhere, mostly unmapped
+            1 => MEM_SIZE as u64 - r.below(64), // straddling the end of RAM
+            _ => BUF_START + r.below(0xe000),   // buffer space
+        };
+        let len: u32 = match r.below(8) {
+            0 => r.next_u64() as u32,
+            1 => r.pick(&[0, 1, 15, 16, 17, 43, 44, 45, 511, 512, 513, u32::MAX]),
+            _ => r.below(2048) as u32,
+        };
+        let mut flags = r.pick(&[0u16, 1, 2, 3, 3, 1, 2]);
+        if r.below(32) == 0 {
+            flags |= 4; // indirect
+        }
+        let next = if r.below(8) == 0 {
+            r.next_u64() as u16
+        } else {
+            r.below(QUEUE_SIZE as u64) as u16
+        };
+        let d = base + 16 * i;
+        put(data, d, &addr.to_le_bytes());
+        put(data, d + 8, &len.to_le_bytes());
+        put(data, d + 12, &flags.to_le_bytes());
+        put(data, d + 14, &next.to_le_bytes());
+        if addr >= BUF_START && addr + 64 < data.len() as u64 {
+            let h = header(r);
+            put(data, addr, &h);
+        }
+    }
+    let avail_idx = if r.below(16) == 0 {
+        r.next_u64() as u16
+    } else {
+        r.below(QUEUE_SIZE as u64 + 1) as u16
+    };
+    put(data, base + 0x102, &avail_idx.to_le_bytes());
+    for i in 0..QUEUE_SIZE as u64 {
+        let head = if r.below(16) == 0 {
+            r.next_u64() as u16
+        } else {
+            r.below(QUEUE_SIZE as u64) as u16
+        };
+        put(data, base + 0x104 + 2 * i, &head.to_le_bytes());
+    }
+}
+
+pub fn blk_header(r: &mut Rng) -> Vec<u8> {
+    let kind: u32 = r.pick(&[0, 1, 4, 8, 0, 1, 99, u32::MAX]);
+    let sector: u64 = match r.below(4) {
+        0 => r.next_u64(),
+        1 => 128 - r.below(3),
+        _ => r.below(128),
+    };
+    let mut h = kind.to_le_bytes().to_vec();
+    h.extend_from_slice(&0u32.to_le_bytes());
+    h.extend_from_slice(&sector.to_le_bytes());
+    h
+}
+
+pub fn vsock_header(r: &mut Rng) -> Vec<u8> {
+    use super::vsock::packet::Header;
+    Header {
+        src_cid: if r.below(8) == 0 { r.next_u64() } else { 3 },
+        dst_cid: if r.below(8) == 0 { r.next_u64() } else { 2 },
+        src_port: r.below(4) as u32,
+        dst_port: r.below(4) as u32 + 1000,
+        len: if r.below(4) == 0 {
+            r.next_u64() as u32
+        } else {
+            r.below(256) as u32
+        },
+        kind: if r.below(8) == 0 {
+            r.next_u64() as u16
+        } else {
+            1
+        },
+        op: r.below(9) as u16,
+        flags: r.below(4) as u32,
+        buf_alloc: r.next_u64() as u32,
+        fwd_cnt: r.next_u64() as u32,
+    }
+    .to_bytes()
+    .to_vec()
 }
 
 #[cfg(test)]
