@@ -10,3 +10,4 @@ pub mod image;
 pub mod probe;
 pub mod run;
 pub mod vm;
+pub mod vm_serve;

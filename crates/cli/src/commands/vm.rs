@@ -14,6 +14,8 @@ const DEFAULT_CMDLINE: &str =
 pub enum VmCommand {
     /// Boot a kernel (ELF vmlinux or bzImage) with the serial console on stdio.
     Run(VmRunArgs),
+    /// Run one VM controlled over a Unix socket (the per-VM process a supervisor starts).
+    Serve(super::vm_serve::VmServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -63,6 +65,7 @@ pub struct VmRunArgs {
 pub fn run(cmd: VmCommand) -> anyhow::Result<i32> {
     match cmd {
         VmCommand::Run(args) => vm_run(args),
+        VmCommand::Serve(args) => super::vm_serve::run(args),
     }
 }
 

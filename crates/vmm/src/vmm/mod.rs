@@ -464,6 +464,11 @@ impl Vmm {
         &self.cpu
     }
 
+    /// The snapshot a `diff` would layer on.
+    pub fn last_snapshot(&self) -> Option<&std::path::Path> {
+        self.last_snapshot.as_deref()
+    }
+
     pub fn vcpu_count(&self) -> usize {
         self.vcpus.len()
     }

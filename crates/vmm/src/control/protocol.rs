@@ -1,0 +1,199 @@
+//! Wire types of the VMM control socket.
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::vmm::snapshot::SnapshotMode;
+
+/// Largest memory read/write through the socket (probe tests, diagnostics).
+pub const MAX_MEMORY_IO: u64 = 1 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    Status,
+    Pause,
+    Resume,
+    /// Fork `child_sockets.len()` children; child i serves `child_sockets[i]` and writes its
+    /// console to `child_consoles[i]` when given.
+    Branch {
+        child_sockets: Vec<PathBuf>,
+        #[serde(default)]
+        child_consoles: Vec<PathBuf>,
+        #[serde(default = "default_ready_timeout_ms")]
+        ready_timeout_ms: u64,
+    },
+    Snapshot {
+        mode: SnapshotMode,
+        path: PathBuf,
+    },
+    /// Read guest-physical memory (hex encoded in the reply).
+    ReadMemory {
+        gpa: u64,
+        len: u64,
+    },
+    /// Write guest-physical memory from the host side (not seen by KVM's dirty log).
+    WriteMemory {
+        gpa: u64,
+        hex: String,
+    },
+    /// Stop the VM and the VMM process.
+    Stop,
+}
+
+fn default_ready_timeout_ms() -> u64 {
+    30_000
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmRunState {
+    Running,
+    Paused,
+    Stopped,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusInfo {
+    pub pid: i32,
+    pub state: VmRunState,
+    pub vcpus: usize,
+    pub mem_mib: u64,
+    /// Set once the guest has ended (reset, power-off or an error).
+    pub exit: Option<String>,
+    /// Direct child processes (branch children or spawners) not yet reaped.
+    pub children: Vec<i32>,
+    /// The snapshot the next `diff` would layer on.
+    pub last_snapshot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChildInfo {
+    pub index: usize,
+    pub pid: i32,
+    pub socket: PathBuf,
+    pub ready_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BranchInfo {
+    pub children: Vec<ChildInfo>,
+    pub pause_ms: f64,
+    pub spawner: Option<i32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub path: PathBuf,
+    pub mode: SnapshotMode,
+    pub pause_ms: f64,
+    pub total_ms: f64,
+    pub pages_written: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// Stable machine-readable code: bad_request, stopped, branch_failed, snapshot_failed,
+    /// memory, internal.
+    pub code: String,
+    pub message: String,
+}
+
+/// One reply line: `{"ok":true,"data":...}` or `{"ok":false,"error":{...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+impl Reply {
+    pub fn ok(data: impl Serialize) -> Self {
+        Self {
+            ok: true,
+            data: Some(serde_json::to_value(data).unwrap_or(serde_json::Value::Null)),
+            error: None,
+        }
+    }
+
+    pub fn err(code: &str, message: impl std::fmt::Display) -> Self {
+        Self {
+            ok: false,
+            data: None,
+            error: Some(ErrorBody {
+                code: code.into(),
+                message: message.to_string(),
+            }),
+        }
+    }
+}
+
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn from_hex(s: &str) -> Result<Vec<u8>, String> {
+    if !s.len().is_multiple_of(2) {
+        return Err("hex string has odd length".into());
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).map_err(|e| format!("bad hex: {e}")))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_wire_format() {
+        let r: Request =
+            serde_json::from_str(r#"{"op":"snapshot","mode":"diff","path":"/x"}"#).unwrap();
+        assert!(matches!(
+            r,
+            Request::Snapshot {
+                mode: SnapshotMode::Diff,
+                ..
+            }
+        ));
+        let r: Request =
+            serde_json::from_str(r#"{"op":"branch","child_sockets":["/a","/b"]}"#).unwrap();
+        match r {
+            Request::Branch {
+                child_sockets,
+                ready_timeout_ms,
+                ..
+            } => {
+                assert_eq!(child_sockets.len(), 2);
+                assert_eq!(ready_timeout_ms, 30_000);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&Request::Status).unwrap(),
+            r#"{"op":"status"}"#
+        );
+    }
+
+    #[test]
+    fn hex_round_trip_and_errors() {
+        assert_eq!(
+            from_hex(&to_hex(&[0, 1, 0xab, 0xff])).unwrap(),
+            vec![0, 1, 0xab, 0xff]
+        );
+        assert!(from_hex("abc").is_err());
+        assert!(from_hex("zz").is_err());
+    }
+
+    #[test]
+    fn reply_shapes() {
+        let ok = serde_json::to_string(&Reply::ok(5)).unwrap();
+        assert_eq!(ok, r#"{"ok":true,"data":5}"#);
+        let err = serde_json::to_string(&Reply::err("stopped", "the VM has stopped")).unwrap();
+        assert!(err.contains(r#""code":"stopped""#));
+    }
+}
