@@ -129,3 +129,35 @@ fn pause_stops_the_guest_and_resume_continues_it() {
     );
     vm.vmm.shutdown();
 }
+
+#[test]
+fn a_faulting_guest_ends_with_an_error_and_register_dump() {
+    let Some(elf) = probe_elf() else { return };
+    let mut vm = probe::boot_probe(
+        &elf,
+        &ProbeOptions {
+            scenario: "fault".into(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let exit = vm
+        .vmm
+        .wait(Some(TIMEOUT))
+        .cloned()
+        .expect("the VM ends instead of hanging");
+    assert!(!exit.is_clean(), "{exit}");
+    let text = exit.to_string();
+    assert!(
+        matches!(
+            exit,
+            zygote_vmm::ExitReason::TripleFault { .. }
+                | zygote_vmm::ExitReason::InternalError { .. }
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("rip=") && text.contains("cr0="),
+        "register dump: {text}"
+    );
+}

@@ -141,3 +141,55 @@ fn missing_and_corrupt_kernels_are_clear_errors() {
     let err = load_kernel(ram.memory(), &truncated).unwrap_err();
     assert!(matches!(err, BootError::LoadKernel { .. }), "{err}");
 }
+
+/// A minimal image in the bzImage format: boot sector + setup sectors with a valid
+/// setup header, then the protected-mode payload.
+fn fake_bzimage(setup_sects: u8, payload: &[u8]) -> Vec<u8> {
+    let mut img = vec![0u8; (setup_sects as usize + 1) * 512];
+    img[0x1f1] = setup_sects;
+    img[0x1fe..0x200].copy_from_slice(&0xaa55u16.to_le_bytes());
+    img[0x202..0x206].copy_from_slice(b"HdrS");
+    img[0x206..0x208].copy_from_slice(&0x020fu16.to_le_bytes()); // protocol 2.15
+    img[0x211] = 1; // loadflags: LOADED_HIGH
+    img[0x214..0x218].copy_from_slice(&0x10_0000u32.to_le_bytes()); // code32_start
+    img.extend_from_slice(payload);
+    img
+}
+
+#[test]
+fn loads_a_bzimage_at_1_mib_with_its_setup_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bzImage");
+    let payload: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, fake_bzimage(4, &payload)).unwrap();
+    let ram = crate::memory::GuestRam::new(64, u64::MAX).unwrap();
+    let (k, hdr) = load_kernel(ram.memory(), &path).unwrap();
+    assert_eq!(k.format, KernelFormat::BzImage);
+    assert_eq!(k.entry, HIMEM_START + 0x200);
+    let mut loaded = vec![0u8; payload.len()];
+    ram.memory()
+        .read_slice(&mut loaded, GuestAddress(HIMEM_START))
+        .unwrap();
+    assert_eq!(loaded, payload, "protected-mode payload lands at 1 MiB");
+    // The zero page repeats the image's setup header under the loader's own fields.
+    let ranges = crate::memory::ram_ranges(64 * MIB);
+    let mut setup = test_setup(&ranges, "console=ttyS0");
+    setup.setup_header = hdr;
+    let zp = zero_page(&setup);
+    assert_eq!({ zp.hdr.version }, 0x020f);
+    assert_eq!({ zp.hdr.code32_start }, 0x10_0000);
+    assert_eq!({ zp.hdr.type_of_loader }, 0xff);
+    assert_eq!({ zp.hdr.cmd_line_ptr }, CMDLINE_START as u32);
+}
+
+#[test]
+fn rejects_an_old_protocol_bzimage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("zImage");
+    let mut img = fake_bzimage(4, &[0u8; 1024]);
+    img[0x211] = 0; // not loaded high: a zImage
+    std::fs::write(&path, img).unwrap();
+    let ram = crate::memory::GuestRam::new(64, u64::MAX).unwrap();
+    let err = load_kernel(ram.memory(), &path).unwrap_err();
+    assert!(matches!(err, BootError::LoadKernel { .. }), "{err}");
+}

@@ -7,6 +7,7 @@ use crate::checks::{BootInfo, Fail};
 
 mod blk;
 mod boot;
+mod fault;
 mod rng;
 mod smp;
 mod spin;
@@ -37,6 +38,10 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "rng",
         run: rng::run,
+    },
+    Scenario {
+        name: "fault",
+        run: fault::run,
     },
     Scenario {
         name: "vsock",
