@@ -121,6 +121,8 @@ fn serve_pause_branch_snapshot_restore_stop() {
         .request(&Request::Branch {
             child_sockets: sockets.clone(),
             child_consoles: vec![],
+            child_vsock: vec![],
+            child_taps: vec![],
             ready_timeout_ms: 30_000,
         })
         .unwrap();
@@ -161,6 +163,8 @@ fn serve_pause_branch_snapshot_restore_stop() {
         .request::<BranchInfo>(&Request::Branch {
             child_sockets: vec![sockets[1].clone()],
             child_consoles: vec![],
+            child_vsock: vec![],
+            child_taps: vec![],
             ready_timeout_ms: 1000,
         })
         .unwrap_err();

@@ -154,6 +154,21 @@ pub const VSOCK_GUEST_PORT: u32 = 40000;
 pub const VSOCK_PING: &[u8] = b"ping from the probe";
 pub const VSOCK_PONG: &[u8] = b"pong from the host";
 
+/// `blkspin`: the `blk` checks, then `spin` with the device still live. When the host
+/// sets scratch[SCRATCH_BLK_CMD] to a new non-zero `c`, the guest re-reads the sectors
+/// the checks wrote, then writes sector `BLK_SPIN_SECTOR` with `blk_spin_word(c, w)` and
+/// reads it back, all through the same queue; it then stores 1 (ok) or 2 (failed) in
+/// scratch[SCRATCH_BLK_RESULT] and `c` in scratch[SCRATCH_BLK_ACK]. Branch and restore
+/// tests use it to prove restored queues and disk contents carry on.
+pub const SCRATCH_BLK_CMD: usize = 8;
+pub const SCRATCH_BLK_ACK: usize = 9;
+pub const SCRATCH_BLK_RESULT: usize = 10;
+pub const BLK_SPIN_SECTOR: u64 = 100;
+pub const fn blk_spin_word(cmd: u64, word: u64) -> u64 {
+    (cmd << 20 | word).wrapping_mul(0xd6e8_feb8_6659_fd93) ^ 0x424c_4b53_5049_4e00
+    // "BLKSPIN"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,6 +122,16 @@ pub struct ProbeVm {
 
 /// Boot the probe ELF at `elf`.
 pub fn boot_probe(elf: &Path, opts: &ProbeOptions) -> Result<ProbeVm, ProbeError> {
+    boot_probe_with_devices(elf, opts, Vec::new())
+}
+
+/// Boot the probe with virtio devices attached (device scenarios find them on the
+/// command line).
+pub fn boot_probe_with_devices(
+    elf: &Path,
+    opts: &ProbeOptions,
+    virtio_devices: Vec<std::sync::Arc<std::sync::Mutex<dyn crate::devices::virtio::VirtioDevice>>>,
+) -> Result<ProbeVm, ProbeError> {
     let (tx, lines) = channel::<String>();
     let mut partial = Vec::new();
     let writer = CallbackWriter(move |bytes: &[u8]| {
@@ -145,7 +155,7 @@ pub fn boot_probe(elf: &Path, opts: &ProbeOptions) -> Result<ProbeVm, ProbeError
         vcpus: opts.vcpus,
         serial_out: Box::new(writer),
         start_paused: false,
-        virtio_devices: Vec::new(),
+        virtio_devices,
     })?;
     Ok(ProbeVm {
         vmm,

@@ -120,6 +120,7 @@ fn children_continue_independently_with_isolated_memory() {
         .branch(&BranchRequest {
             count: 2,
             child_serial: &sink,
+            child_devices: &|_| Default::default(),
             child_main: &child_main,
             keep_fds: vec![reports.w],
             ready_timeout: Duration::from_secs(30),
@@ -202,6 +203,7 @@ fn killing_a_child_disturbs_neither_parent_nor_sibling() {
         .branch(&BranchRequest {
             count: 2,
             child_serial: &sink,
+            child_devices: &|_| Default::default(),
             child_main: &child_main,
             keep_fds: vec![reports.w],
             ready_timeout: Duration::from_secs(30),
@@ -265,6 +267,7 @@ fn a_stopped_vm_refuses_to_branch() {
         .branch(&BranchRequest {
             count: 1,
             child_serial: &sink,
+            child_devices: &|_| Default::default(),
             child_main: &never,
             keep_fds: vec![],
             ready_timeout: Duration::from_secs(5),
@@ -287,6 +290,7 @@ fn a_single_child_is_a_direct_child() {
         .branch(&BranchRequest {
             count: 1,
             child_serial: &sink,
+            child_devices: &|_| Default::default(),
             child_main: &child_main,
             keep_fds: vec![reports.w],
             ready_timeout: Duration::from_secs(30),

@@ -80,10 +80,7 @@ fn assert_dirty_area(vmm: &Vmm, cmd: u64) {
 fn paused_restore(dir: &Path) -> Vmm {
     Vmm::restore_snapshot(
         dir,
-        RestoreConfig {
-            serial_out: Box::new(CallbackWriter(|_: &[u8]| {})),
-            start_paused: true,
-        },
+        RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), true),
         true,
     )
     .unwrap_or_else(|e| panic!("restore {}: {e}", dir.display()))
@@ -211,10 +208,7 @@ fn refuses_diff_without_base_corrupt_state_and_foreign_cpu() {
     let restore = |dir: &Path| {
         Vmm::restore_snapshot(
             dir,
-            RestoreConfig {
-                serial_out: Box::new(CallbackWriter(|_: &[u8]| {})),
-                start_paused: true,
-            },
+            RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), true),
             false,
         )
     };

@@ -100,6 +100,7 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
         let r = vm.vmm.branch(&BranchRequest {
             count: 1,
             child_serial: &sink,
+            child_devices: &|_| Default::default(),
             child_main: &exit_at_once,
             keep_fds: vec![],
             ready_timeout: Duration::from_secs(30),

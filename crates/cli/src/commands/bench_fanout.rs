@@ -91,6 +91,7 @@ pub fn run(args: FanoutBenchArgs) -> anyhow::Result<i32> {
     let report = vm.vmm.branch(&BranchRequest {
         count: args.children,
         child_serial: &sink,
+        child_devices: &|_| Default::default(),
         child_main: &idle,
         keep_fds: vec![],
         ready_timeout: Duration::from_secs(600),

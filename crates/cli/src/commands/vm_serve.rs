@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 
 use zygote_vmm::control::server::{console_sink, serve};
+use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
+use zygote_vmm::devices::virtio::setup::{GuestDeviceConfig, GuestDevices};
+use zygote_vmm::devices::virtio::vsock::{VsockConfig, DEFAULT_GUEST_CID};
 use zygote_vmm::probe::{self, ProbeOptions};
 use zygote_vmm::vmm::RestoreConfig;
 use zygote_vmm::{VmConfig, Vmm};
@@ -47,6 +50,21 @@ pub struct VmServeArgs {
     /// With --restore: recompute the snapshot's memory checksums first.
     #[arg(long, requires = "restore")]
     verify: bool,
+    /// Root disk: a base image mapped copy-on-write (becomes /dev/vda).
+    #[arg(long, value_name = "IMAGE", conflicts_with = "restore")]
+    disk: Option<PathBuf>,
+    /// Persistent data disk (repeatable).
+    #[arg(long, value_name = "FILE", conflicts_with = "restore")]
+    data_disk: Vec<PathBuf>,
+    /// virtio-vsock on this Unix socket (with --restore: the restored VM's own socket).
+    #[arg(long, value_name = "SOCK")]
+    vsock: Option<PathBuf>,
+    /// virtio-net on this tap (with --restore: the restored VM's own tap).
+    #[arg(long, value_name = "TAP")]
+    net: Option<String>,
+    /// Add a virtio-rng entropy device.
+    #[arg(long, conflicts_with = "restore")]
+    rng: bool,
 }
 
 pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
@@ -57,12 +75,35 @@ pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
             RestoreConfig {
                 serial_out: console,
                 start_paused: args.paused,
+                device_host: DeviceHostConfig {
+                    vsock_uds: args.vsock.clone(),
+                    net_tap: args.net.clone(),
+                },
+                device_data: Vec::new(),
             },
             args.verify,
         )?
     } else {
+        let devices = GuestDevices::build(&GuestDeviceConfig {
+            root_image: args.disk.clone(),
+            root_read_only: false,
+            data_disks: args.data_disk.clone(),
+            vsock: args.vsock.clone().map(|uds_path| VsockConfig {
+                guest_cid: DEFAULT_GUEST_CID,
+                uds_path,
+            }),
+            net_tap: args.net.clone(),
+            rng: args.rng,
+        })?;
         let (kernel, cmdline) = match (&args.kernel, &args.probe) {
-            (Some(k), None) => (k.clone(), args.cmdline.clone()),
+            (Some(k), None) => {
+                let mut cmdline = args.cmdline.clone();
+                if args.disk.is_some() && !cmdline.contains("root=") {
+                    cmdline.push(' ');
+                    cmdline.push_str(&devices.root_cmdline());
+                }
+                (k.clone(), cmdline)
+            }
             (None, Some(scenario)) => {
                 let opts = ProbeOptions {
                     mem_mib: args.mem_mib,
@@ -81,7 +122,7 @@ pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
             vcpus: args.vcpus,
             serial_out: console,
             start_paused: args.paused,
-            virtio_devices: Vec::new(),
+            virtio_devices: devices.virtio_devices(),
         })?
     };
     Ok(serve(vmm, &args.api_sock))

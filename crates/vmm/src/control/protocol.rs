@@ -20,6 +20,12 @@ pub enum Request {
         child_sockets: Vec<PathBuf>,
         #[serde(default)]
         child_consoles: Vec<PathBuf>,
+        /// Per child, its own vsock socket (required when the VM has a vsock device).
+        #[serde(default)]
+        child_vsock: Vec<PathBuf>,
+        /// Per child, its own tap (required when the VM has a network device).
+        #[serde(default)]
+        child_taps: Vec<String>,
         #[serde(default = "default_ready_timeout_ms")]
         ready_timeout_ms: u64,
     },

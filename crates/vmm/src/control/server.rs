@@ -12,6 +12,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use super::protocol::*;
 use crate::devices::serial::{CallbackWriter, SerialOut};
+use crate::devices::virtio::persist::DeviceHostConfig;
 use crate::vmm::branch::{BranchRequest, ChildContext};
 use crate::vmm::snapshot::SnapshotError;
 use crate::Vmm;
@@ -169,8 +170,19 @@ impl Server {
             Request::Branch {
                 child_sockets,
                 child_consoles,
+                child_vsock,
+                child_taps,
                 ready_timeout_ms,
-            } => branch(vmm, child_sockets, child_consoles, ready_timeout_ms),
+            } => branch(
+                vmm,
+                BranchPaths {
+                    sockets: child_sockets,
+                    consoles: child_consoles,
+                    vsock: child_vsock,
+                    taps: child_taps,
+                },
+                ready_timeout_ms,
+            ),
             Request::Snapshot { mode, path } => match vmm.snapshot(mode, &path) {
                 Ok(r) => Reply::ok(SnapshotInfo {
                     path: r.path,
@@ -243,14 +255,29 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
     }
 }
 
-fn validate_branch(sockets: &[PathBuf], consoles: &[PathBuf]) -> Result<(), String> {
+/// Per-child host paths of one branch request.
+struct BranchPaths {
+    sockets: Vec<PathBuf>,
+    consoles: Vec<PathBuf>,
+    vsock: Vec<PathBuf>,
+    taps: Vec<String>,
+}
+
+fn validate_branch(p: &BranchPaths) -> Result<(), String> {
+    let sockets = &p.sockets;
     if sockets.is_empty() || sockets.len() > MAX_BRANCH_COUNT {
         return Err(format!(
             "child_sockets must name 1..={MAX_BRANCH_COUNT} sockets"
         ));
     }
-    if !consoles.is_empty() && consoles.len() != sockets.len() {
-        return Err("child_consoles must be empty or match child_sockets".into());
+    for (name, len) in [
+        ("child_consoles", p.consoles.len()),
+        ("child_vsock", p.vsock.len()),
+        ("child_taps", p.taps.len()),
+    ] {
+        if len != 0 && len != sockets.len() {
+            return Err(format!("{name} must be empty or match child_sockets"));
+        }
     }
     let mut seen = HashSet::new();
     for s in sockets {
@@ -268,15 +295,21 @@ fn validate_branch(sockets: &[PathBuf], consoles: &[PathBuf]) -> Result<(), Stri
     Ok(())
 }
 
-fn branch(vmm: &mut Vmm, sockets: Vec<PathBuf>, consoles: Vec<PathBuf>, timeout_ms: u64) -> Reply {
-    if let Err(e) = validate_branch(&sockets, &consoles) {
+fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
+    if let Err(e) = validate_branch(&paths) {
         return Reply::err("bad_request", e);
     }
-    let serial = |i: usize| console_sink(consoles.get(i).map(PathBuf::as_path));
+    let sockets = &paths.sockets;
+    let serial = |i: usize| console_sink(paths.consoles.get(i).map(PathBuf::as_path));
+    let devices = |i: usize| DeviceHostConfig {
+        vsock_uds: paths.vsock.get(i).cloned(),
+        net_tap: paths.taps.get(i).cloned(),
+    };
     let child_main = |ctx: ChildContext| -> i32 { serve(ctx.vmm, &sockets[ctx.index]) };
     let req = BranchRequest {
         count: sockets.len(),
         child_serial: &serial,
+        child_devices: &devices,
         child_main: &child_main,
         keep_fds: vec![],
         ready_timeout: Duration::from_millis(timeout_ms),

@@ -57,11 +57,11 @@ pub struct MemoryLayout {
     pub ranges: Vec<(u64, u64)>,
 }
 
-/// Device state the VMM restores. Devices added later extend this.
+/// Device state the VMM restores.
 #[derive(Clone, Default, Serialize, Deserialize)]
 pub struct DevicesState {
-    /// Opaque per-device state blobs, in VmConfig.virtio_devices order.
-    pub virtio: Vec<Vec<u8>>,
+    /// virtio devices in window order (VmConfig.virtio_devices order at boot).
+    pub virtio: Vec<crate::devices::virtio::persist::VirtioDeviceState>,
 }
 
 /// Everything needed to rebuild a paused VM over its memory.

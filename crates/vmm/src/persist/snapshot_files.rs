@@ -6,6 +6,7 @@
 //! <snapshot>/memory.bin   guest RAM, ranges concatenated; sparse: all-zero pages (full)
 //!                         or clean pages (diff) are holes
 //! <snapshot>/dirty.bin    diff only: which 4 KiB pages memory.bin carries (u64 words)
+//! <snapshot>/device-N.data private data of virtio device N (a disk's CoW pages)
 //! ```
 //! A snapshot is written into `<snapshot>.tmp-<pid>`, every file fsynced, then renamed into
 //! place and the parent directory fsynced, so a crash leaves either nothing or a whole
@@ -24,6 +25,11 @@ pub const META_FILE: &str = "meta.json";
 pub const STATE_FILE: &str = "state.bin";
 pub const MEMORY_FILE: &str = "memory.bin";
 pub const DIRTY_FILE: &str = "dirty.bin";
+
+/// Private data of virtio device `i` (e.g. a disk's copy-on-write pages).
+pub fn device_data_file(i: usize) -> String {
+    format!("device-{i}.data")
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use super::ready::{self, ReadyRecord, WaitError};
 use super::{RestoreConfig, Vmm, VmmError};
 use crate::devices::serial::SerialOut;
+use crate::devices::virtio::persist::DeviceHostConfig;
 use crate::persist::VmState;
 
 /// What a branch child does once its VM runs. Its return value is the exit status.
@@ -28,6 +29,9 @@ pub struct BranchRequest<'a> {
     pub count: usize,
     /// Console sink for child `i`.
     pub child_serial: &'a dyn Fn(usize) -> SerialOut,
+    /// Host resources for child `i`'s devices (its own vsock socket, tap). Only needed
+    /// when the VM has such devices.
+    pub child_devices: &'a dyn Fn(usize) -> DeviceHostConfig,
     /// Runs in each child after its VM is running; never returns to the caller.
     pub child_main: ChildMain<'a>,
     /// File descriptors children keep open besides stdin/stdout/stderr.
@@ -261,11 +265,20 @@ impl Vmm {
         req: &BranchRequest,
         t: Instant,
     ) -> i32 {
-        let cfg = RestoreConfig {
-            serial_out: (req.child_serial)(index),
-            start_paused: false,
-        };
-        let result = Vmm::restore(self.ram.clone(), state, cfg);
+        // The parent's device objects are still in this process's memory: copy their
+        // private data (e.g. a disk's CoW pages) into the child's new devices.
+        let result = self
+            .device_private_data()
+            .map_err(|e| VmmError::Device(format!("reading device data: {e}")))
+            .and_then(|device_data| {
+                let cfg = RestoreConfig {
+                    serial_out: (req.child_serial)(index),
+                    start_paused: false,
+                    device_host: (req.child_devices)(index),
+                    device_data,
+                };
+                Vmm::restore(self.ram.clone(), state, cfg)
+            });
         let record = ReadyRecord {
             index: index as u32,
             status: if result.is_ok() { 0 } else { 1 },

@@ -16,6 +16,9 @@ use crate::arch::mptable;
 use crate::devices::i8042::{I8042, I8042_DATA_PORT, I8042_PORT_RANGE};
 use crate::devices::serial::{SerialDevice, SerialOut, COM1_BASE, COM_PORT_LEN};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::persist::{
+    restore_device, DeviceHostConfig, DeviceRestoreError, VirtioDeviceState,
+};
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::{Bus, BusError};
 use crate::event_loop::{EventLoop, EventRegistrar};
@@ -51,6 +54,22 @@ pub struct VmConfig {
 pub struct RestoreConfig {
     pub serial_out: SerialOut,
     pub start_paused: bool,
+    /// Host resources the restored devices need (their own vsock socket, tap).
+    pub device_host: DeviceHostConfig,
+    /// Per saved virtio device, the private data it wrote out (empty: none).
+    pub device_data: Vec<Vec<u8>>,
+}
+
+impl RestoreConfig {
+    /// A restore with no device resources: fine for VMs without vsock/net devices.
+    pub fn new(serial_out: SerialOut, start_paused: bool) -> Self {
+        Self {
+            serial_out,
+            start_paused,
+            device_host: DeviceHostConfig::default(),
+            device_data: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,8 +94,12 @@ pub enum VmmError {
     Stopped(String),
     #[error("capturing vCPU {index} failed: {detail}")]
     Capture { index: u8, detail: String },
-    #[error("restoring virtio device state is not supported yet ({0} devices in the saved state)")]
-    DeviceRestoreUnsupported(usize),
+    #[error(
+        "virtio device {index} cannot save its state, so this VM cannot be branched or snapshotted"
+    )]
+    DeviceNotSaveable { index: usize },
+    #[error(transparent)]
+    DeviceRestore(#[from] DeviceRestoreError),
     #[error("saved memory layout ({saved:?}) does not match the guest RAM ({ram:?})")]
     LayoutMismatch {
         saved: Vec<(u64, u64)>,
@@ -90,10 +113,15 @@ impl From<BusError> for VmmError {
     }
 }
 
+/// A virtio device plus, when rebuilding a saved VM, its saved state.
+type DeviceSlot<'a> = (Arc<Mutex<dyn VirtioDevice>>, Option<&'a VirtioDeviceState>);
+
 /// KVM VM plus devices, before vCPUs exist.
 struct Platform {
     vm: Vm,
     event_loop: EventLoop,
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
+    devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
     buses: IoBuses,
     serial: Arc<Mutex<SerialDevice>>,
     events_tx: Sender<VmEvent>,
@@ -106,7 +134,7 @@ fn build_platform(
     host: &HostKvm,
     ram: &GuestRam,
     serial_out: SerialOut,
-    virtio_devices: &[Arc<Mutex<dyn VirtioDevice>>],
+    virtio_devices: &[DeviceSlot],
     cmdline: &str,
 ) -> Result<Platform, VmmError> {
     let vm = Vm::new(host)?;
@@ -139,10 +167,11 @@ fn build_platform(
         EventLoop::start().map_err(|e| VmmError::Device(format!("event loop: {e}")))?;
     let mut mmio = Bus::new();
     let mut full_cmdline = cmdline.to_string();
-    for (i, device) in virtio_devices.iter().enumerate() {
+    let mut transports = Vec::new();
+    for (i, (device, saved)) in virtio_devices.iter().enumerate() {
         let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_WINDOW;
         let gsi = VIRTIO_FIRST_IRQ + i as u32;
-        let transport = MmioTransport::new(
+        let mut transport = MmioTransport::new(
             device.clone(),
             ram.memory().clone(),
             event_loop.registrar().clone(),
@@ -151,13 +180,22 @@ fn build_platform(
         transport
             .register(&vm.fd, base, gsi)
             .map_err(|e| VmmError::Device(e.to_string()))?;
-        mmio.insert(base, VIRTIO_MMIO_WINDOW, Arc::new(Mutex::new(transport)))?;
+        if let Some(st) = saved {
+            transport
+                .restore_state(&st.transport, &st.device.virtio().queues)
+                .map_err(|e| VmmError::Device(format!("virtio device {i}: {e}")))?;
+        }
+        let transport = Arc::new(Mutex::new(transport));
+        mmio.insert(base, VIRTIO_MMIO_WINDOW, transport.clone())?;
+        transports.push(transport);
         full_cmdline.push(' ');
         full_cmdline.push_str(&MmioTransport::cmdline_entry(base, gsi));
     }
     Ok(Platform {
         vm,
         event_loop,
+        transports,
+        devices: virtio_devices.iter().map(|(d, _)| d.clone()).collect(),
         buses: IoBuses {
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),
@@ -175,6 +213,8 @@ pub struct Vmm {
     // fd closes before guest RAM is unmapped.
     vcpus: Vec<VcpuHandle>,
     event_loop: EventLoop,
+    transports: Vec<Arc<Mutex<MmioTransport>>>,
+    devices: Vec<Arc<Mutex<dyn VirtioDevice>>>,
     vm: Vm,
     ram: Arc<GuestRam>,
     events: Receiver<VmEvent>,
@@ -213,13 +253,12 @@ impl Vmm {
             });
         }
         let ram = GuestRam::new(cfg.mem_mib, memory::host_total_mib())?;
-        let platform = build_platform(
-            &host,
-            &ram,
-            cfg.serial_out,
-            &cfg.virtio_devices,
-            &cfg.cmdline,
-        )?;
+        let slots: Vec<DeviceSlot> = cfg
+            .virtio_devices
+            .iter()
+            .map(|d| (d.clone(), None))
+            .collect();
+        let platform = build_platform(&host, &ram, cfg.serial_out, &slots, &cfg.cmdline)?;
 
         let (kernel, setup_header) = boot::load_kernel(ram.memory(), &cfg.kernel)?;
         let ranges = ram.layout().ranges;
@@ -268,11 +307,6 @@ impl Vmm {
         state: &VmState,
         cfg: RestoreConfig,
     ) -> Result<Self, VmmError> {
-        if !state.devices.virtio.is_empty() {
-            return Err(VmmError::DeviceRestoreUnsupported(
-                state.devices.virtio.len(),
-            ));
-        }
         let layout = ram.layout();
         if layout.ranges != state.memory.ranges {
             return Err(VmmError::LayoutMismatch {
@@ -287,7 +321,20 @@ impl Vmm {
                 kvm_max: host.max_vcpus,
             });
         }
-        let mut platform = build_platform(&host, &ram, cfg.serial_out, &[], "")?;
+        let mut slots: Vec<DeviceSlot> = Vec::new();
+        for (i, saved) in state.devices.virtio.iter().enumerate() {
+            let mut data = cfg
+                .device_data
+                .get(i)
+                .map(Vec::as_slice)
+                .filter(|d| !d.is_empty());
+            let reader = data.as_mut().map(|d| d as &mut dyn std::io::Read);
+            slots.push((
+                restore_device(&saved.device, &cfg.device_host, reader)?,
+                Some(saved),
+            ));
+        }
+        let mut platform = build_platform(&host, &ram, cfg.serial_out, &slots, "")?;
         platform.cmdline = state.cmdline.clone();
         capture::restore_platform(&platform.vm.fd, &state.platform)?;
         let xsave = XsaveFormat {
@@ -331,6 +378,8 @@ impl Vmm {
         Ok(Self {
             vcpus: handles,
             event_loop: platform.event_loop,
+            transports: platform.transports,
+            devices: platform.devices,
             vm: platform.vm,
             ram,
             events: platform.events_rx,
@@ -392,13 +441,38 @@ impl Vmm {
                 }
             }
         }
+        let mut virtio = Vec::with_capacity(self.transports.len());
+        for (index, (t, d)) in self.transports.iter().zip(&self.devices).enumerate() {
+            let device = d
+                .lock()
+                .unwrap()
+                .save()
+                .ok_or(VmmError::DeviceNotSaveable { index })?;
+            virtio.push(VirtioDeviceState {
+                transport: t.lock().unwrap().save_state(),
+                device,
+            });
+        }
         Ok(VmState {
             memory: self.ram.layout(),
             platform: capture::capture_platform(&self.vm.fd)?,
             vcpus,
-            devices: DevicesState::default(),
+            devices: DevicesState { virtio },
             cmdline: self.cmdline.clone(),
         })
+    }
+
+    /// Each virtio device's private data (see `VirtioDevice::write_private_data`), for
+    /// a branch child or a snapshot. Call while paused, right after capturing state.
+    pub fn device_private_data(&self) -> std::io::Result<Vec<Vec<u8>>> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let mut buf = Vec::new();
+                d.lock().unwrap().write_private_data(&mut buf)?;
+                Ok(buf)
+            })
+            .collect()
     }
 
     /// Let paused vCPUs run again.

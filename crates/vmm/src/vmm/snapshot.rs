@@ -61,8 +61,16 @@ fn write_snapshot(
     cpu: &CpuIdentity,
     mem: &MemoryView,
     diff: Option<(&Path, &[u64])>,
+    device_data: &[Vec<u8>],
 ) -> Result<u64, PersistError> {
     let pending = PendingSnapshot::create(dest)?;
+    for (i, data) in device_data
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !d.is_empty())
+    {
+        files::write_file_synced(&pending.file(&files::device_data_file(i)), data)?;
+    }
     let (pages, crc) = match diff {
         Some((_, bitmap)) => {
             files::write_file_synced(
@@ -156,6 +164,7 @@ impl Vmm {
                 let mem = MemoryView {
                     bytes: unsafe { self.ram.host_slice() },
                 };
+                let device_data = self.device_private_data().map_err(PersistError::from)?;
                 let pages = write_snapshot(
                     dest,
                     mode,
@@ -163,6 +172,7 @@ impl Vmm {
                     &self.cpu,
                     &mem,
                     parent.zip(bitmap.as_deref()),
+                    &device_data,
                 )?;
                 if mode == SnapshotMode::Full {
                     self.start_dirty_log()?;
@@ -205,7 +215,21 @@ impl Vmm {
             let mem = MemoryView {
                 bytes: unsafe { self.ram.host_slice() },
             };
-            match write_snapshot(dest, SnapshotMode::Live, state, &self.cpu, &mem, None) {
+            let written = self
+                .device_private_data()
+                .map_err(PersistError::from)
+                .and_then(|data| {
+                    write_snapshot(
+                        dest,
+                        SnapshotMode::Live,
+                        state,
+                        &self.cpu,
+                        &mem,
+                        None,
+                        &data,
+                    )
+                });
+            match written {
                 Ok(_) => 0,
                 Err(e) => {
                     eprintln!("zygote: live snapshot writer: {e}");
@@ -230,7 +254,7 @@ impl Vmm {
     /// With `verify`, every memory file's checksum is recomputed first (reads it all).
     pub fn restore_snapshot(
         dir: &Path,
-        cfg: RestoreConfig,
+        mut cfg: RestoreConfig,
         verify: bool,
     ) -> Result<Vmm, SnapshotError> {
         let dir = absolute(dir);
@@ -248,6 +272,16 @@ impl Vmm {
         let ram = GuestRam::from_file(&base_dir.join(files::MEMORY_FILE), &state.memory)?;
         for (d, _) in &chain[1..] {
             apply_diff_layer(&ram, d)?;
+        }
+        if cfg.device_data.is_empty() {
+            for i in 0..state.devices.virtio.len() {
+                let path = dir.join(files::device_data_file(i));
+                cfg.device_data.push(if path.exists() {
+                    std::fs::read(path).map_err(PersistError::from)?
+                } else {
+                    Vec::new()
+                });
+            }
         }
         let mut vmm = Vmm::restore(ram, &state, cfg)?;
         vmm.last_snapshot = Some(dir);

@@ -59,6 +59,48 @@ fn expect(status: u8, want: u8, what: &'static str) -> Result<(), Fail> {
 }
 
 pub fn run(info: &BootInfo) -> Result<(), Fail> {
+    checks(info).map(|_| ())
+}
+
+/// Read the `BLK_WRITE_SECTORS` sectors the checks wrote and compare them.
+pub fn verify_written(q: &mut Vq) -> Result<(), Fail> {
+    let bytes = (BLK_WRITE_SECTORS * 512) as u32;
+    for i in 0..BLK_WRITE_SECTORS * 64 {
+        put::<u64>(DATA + 8 * i, 0);
+    }
+    expect(
+        request(q, T_IN, BLK_WRITE_FIRST, bytes, true)?,
+        S_OK,
+        "read-back failed",
+    )?;
+    for i in 0..BLK_WRITE_SECTORS * 64 {
+        if get::<u64>(DATA + 8 * i) != blk_write_word(BLK_WRITE_FIRST + i / 64, i % 64) {
+            return Err(fail_with(C, "read-back differs at word", i));
+        }
+    }
+    Ok(())
+}
+
+/// Write one sector of `word(i)` at `sector`, read it back and compare.
+pub fn write_and_check(q: &mut Vq, sector: u64, word: impl Fn(u64) -> u64) -> Result<(), Fail> {
+    for i in 0..64 {
+        put::<u64>(DATA + 8 * i, word(i));
+    }
+    expect(request(q, T_OUT, sector, 512, false)?, S_OK, "write failed")?;
+    for i in 0..64 {
+        put::<u64>(DATA + 8 * i, 0);
+    }
+    expect(request(q, T_IN, sector, 512, true)?, S_OK, "read failed")?;
+    for i in 0..64 {
+        if get::<u64>(DATA + 8 * i) != word(i) {
+            return Err(fail_with(C, "sector differs at word", i));
+        }
+    }
+    Ok(())
+}
+
+/// All checks; returns the live queue so a scenario can keep using the device.
+pub fn checks(info: &BootInfo) -> Result<Vq, Fail> {
     let Some(base) = virtio::find(info.cmdline, 2) else {
         return Err(fail(C, "no virtio-blk device on the command line"));
     };
@@ -95,19 +137,7 @@ pub fn run(info: &BootInfo) -> Result<(), Fail> {
         expect(status, S_IOERR, "write to a read-only disk did not fail")?;
     } else {
         expect(status, S_OK, "write failed")?;
-        for i in 0..words {
-            put::<u64>(DATA + 8 * i, 0);
-        }
-        expect(
-            request(&mut q, T_IN, BLK_WRITE_FIRST, bytes, true)?,
-            S_OK,
-            "read-back failed",
-        )?;
-        for i in 0..words {
-            if get::<u64>(DATA + 8 * i) != blk_write_word(BLK_WRITE_FIRST + i / 64, i % 64) {
-                return Err(fail_with(C, "read-back differs at word", i));
-            }
-        }
+        verify_written(&mut q)?;
         expect(request(&mut q, T_FLUSH, 0, 0, false)?, S_OK, "flush failed")?;
     }
     expect(
@@ -131,5 +161,5 @@ pub fn run(info: &BootInfo) -> Result<(), Fail> {
         " wrote=",
         if ro { 0 } else { BLK_WRITE_SECTORS }
     );
-    Ok(())
+    Ok(q)
 }

@@ -6,6 +6,7 @@
 use crate::checks::{BootInfo, Fail};
 
 mod blk;
+mod blkspin;
 mod boot;
 mod fault;
 mod rng;
@@ -38,6 +39,10 @@ pub static SCENARIOS: &[Scenario] = &[
     Scenario {
         name: "rng",
         run: rng::run,
+    },
+    Scenario {
+        name: "blkspin",
+        run: blkspin::run,
     },
     Scenario {
         name: "fault",

@@ -6,6 +6,8 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
+use super::persist::TransportState;
+use super::state::QueueSnapshot;
 use super::{status, ActivateContext, VirtioDevice, VirtioInterrupt, VIRTIO_F_VERSION_1};
 use crate::devices::bus::BusDevice;
 use crate::event_loop::EventRegistrar;
@@ -204,6 +206,26 @@ impl MmioTransport {
     }
 
     fn activate(&mut self) {
+        // The device gets its own copies; the transport keeps the driver-visible config.
+        let queues = match self
+            .queues
+            .iter()
+            .map(|q| Queue::try_from(q.state()))
+            .collect()
+        {
+            Ok(q) => q,
+            Err(e) => {
+                tracing::warn!("virtio-mmio: copying queue state failed: {e}");
+                self.device_status |= status::DEVICE_NEEDS_RESET;
+                return;
+            }
+        };
+        self.activate_with(queues);
+    }
+
+    /// Activate the device with `queues` (the transport's config, or a restored device's
+    /// queues including their ring positions).
+    fn activate_with(&mut self, queues: Vec<Queue>) {
         for (i, q) in self.queues.iter().enumerate() {
             if q.ready() && !q.is_valid(&self.mem) {
                 tracing::warn!("virtio-mmio: queue {i} is not valid; device needs reset");
@@ -220,20 +242,6 @@ impl MmioTransport {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!("virtio-mmio: cloning queue eventfds failed: {e}");
-                self.device_status |= status::DEVICE_NEEDS_RESET;
-                return;
-            }
-        };
-        // The device gets its own copies; the transport keeps the driver-visible config.
-        let queues = match self
-            .queues
-            .iter()
-            .map(|q| Queue::try_from(q.state()))
-            .collect()
-        {
-            Ok(q) => q,
-            Err(e) => {
-                tracing::warn!("virtio-mmio: copying queue state failed: {e}");
                 self.device_status |= status::DEVICE_NEEDS_RESET;
                 return;
             }
@@ -321,6 +329,68 @@ impl MmioTransport {
             reg::STATUS => self.set_status(value),
             _ => tracing::debug!("virtio-mmio: ignored write of {value:#x} at {offset:#x}"),
         }
+    }
+}
+
+impl MmioTransport {
+    /// The driver-visible register state, for `VmState`.
+    pub fn save_state(&self) -> TransportState {
+        TransportState {
+            device_status: self.device_status,
+            acked_features: self.acked_features,
+            interrupt_status: self.interrupt.status(),
+            config_generation: self.config_generation,
+            queue_sel: self.queue_sel,
+            device_features_sel: self.device_features_sel,
+            driver_features_sel: self.driver_features_sel,
+            queues: self.queues.iter().map(QueueSnapshot::from_queue).collect(),
+        }
+    }
+
+    /// Put a freshly created transport (for a restored device) into the saved state. A
+    /// device the driver had activated is activated again with `device_queues`, the
+    /// device's own queues with their ring positions.
+    pub fn restore_state(
+        &mut self,
+        st: &TransportState,
+        device_queues: &[QueueSnapshot],
+    ) -> Result<(), String> {
+        if st.queues.len() != self.queues.len() {
+            return Err(format!(
+                "saved transport has {} queues, the device {}",
+                st.queues.len(),
+                self.queues.len()
+            ));
+        }
+        self.queues = st
+            .queues
+            .iter()
+            .map(QueueSnapshot::to_queue)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("saved queue: {e}"))?;
+        self.device_status = st.device_status;
+        self.acked_features = st.acked_features;
+        self.config_generation = st.config_generation;
+        self.queue_sel = st.queue_sel;
+        self.device_features_sel = st.device_features_sel;
+        self.driver_features_sel = st.driver_features_sel;
+        self.interrupt.restore(st.interrupt_status);
+        let live = status::FEATURES_OK | status::DRIVER_OK;
+        if st.device_status & live == live && st.device_status & status::DEVICE_NEEDS_RESET == 0 {
+            let queues = device_queues
+                .iter()
+                .map(QueueSnapshot::to_queue)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("saved device queue: {e}"))?;
+            if queues.len() != self.queues.len() {
+                return Err("saved device queues do not match the transport".into());
+            }
+            self.activate_with(queues);
+            if !self.activated {
+                return Err("the restored device failed to activate".into());
+            }
+        }
+        Ok(())
     }
 }
 

@@ -14,6 +14,7 @@ pub mod common;
 pub mod fuzzing;
 pub mod mmio;
 pub mod net;
+pub mod persist;
 pub mod rng;
 pub mod setup;
 pub mod state;
@@ -71,6 +72,15 @@ impl VirtioInterrupt {
         self.status.store(0, Ordering::SeqCst);
     }
 
+    /// Restore the status bits a saved VM had pending, and re-raise the line if any are
+    /// set (the guest had not acknowledged them yet).
+    fn restore(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+        if bits != 0 {
+            let _ = self.irqfd.write(1);
+        }
+    }
+
     pub fn irqfd(&self) -> &EventFd {
         &self.irqfd
     }
@@ -113,5 +123,10 @@ pub trait VirtioDevice: Send {
     /// Serializable device state for snapshots and branches (None: not supported).
     fn save(&self) -> Option<state::DeviceState> {
         None
+    }
+    /// Host data the saved state refers to but does not contain (a block device's
+    /// private copy-on-write pages), in the format its restore reads back.
+    fn write_private_data(&self, _out: &mut dyn std::io::Write) -> std::io::Result<()> {
+        Ok(())
     }
 }

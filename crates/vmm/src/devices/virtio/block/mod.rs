@@ -344,6 +344,11 @@ impl VirtioDevice for Block {
     fn save(&self) -> Option<DeviceState> {
         Some(DeviceState::Block(self.save_state()))
     }
+
+    fn write_private_data(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        self.write_overlay(&self.save_state(), out)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,94 @@
+//! Saving and re-creating virtio devices for branch children and snapshot restores.
+//!
+//! A saved device is its transport's registers plus the device's own state. Re-creating
+//! it needs host resources that must not be shared with the VM it came from: a vsock
+//! device gets a new Unix socket path, a network device a new tap. A block device's
+//! private copy-on-write pages travel as separate "private data" (streamed from the old
+//! device in a forked child, or stored beside a snapshot).
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::block::Block;
+use super::net::Net;
+use super::rng::Rng;
+use super::state::{DeviceState, QueueSnapshot};
+use super::vsock::Vsock;
+use super::VirtioDevice;
+
+/// The driver-visible registers of a virtio-mmio transport.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransportState {
+    pub device_status: u32,
+    pub acked_features: u64,
+    pub interrupt_status: u32,
+    pub config_generation: u32,
+    pub queue_sel: u32,
+    pub device_features_sel: u32,
+    pub driver_features_sel: u32,
+    /// Queue configuration as the driver programmed it.
+    pub queues: Vec<QueueSnapshot>,
+}
+
+/// One saved virtio device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VirtioDeviceState {
+    pub transport: TransportState,
+    pub device: DeviceState,
+}
+
+/// Host resources for the devices of a rebuilt VM.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceHostConfig {
+    /// Unix socket for a vsock device (required when the VM has one).
+    pub vsock_uds: Option<PathBuf>,
+    /// Tap interface for a network device (required when the VM has one).
+    pub net_tap: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceRestoreError {
+    #[error("the saved VM has a vsock device: give the restored VM its own vsock socket path")]
+    NeedVsockPath,
+    #[error("the saved VM has a network device: give the restored VM its own tap")]
+    NeedTap,
+    #[error("re-creating the {kind} device failed: {detail}")]
+    Device { kind: &'static str, detail: String },
+}
+
+fn failed(kind: &'static str) -> impl FnOnce(String) -> DeviceRestoreError {
+    move |detail| DeviceRestoreError::Device { kind, detail }
+}
+
+/// Re-create a device from its saved state (not yet activated: its transport does that).
+pub fn restore_device(
+    state: &DeviceState,
+    host: &DeviceHostConfig,
+    private_data: Option<&mut dyn Read>,
+) -> Result<Arc<Mutex<dyn VirtioDevice>>, DeviceRestoreError> {
+    Ok(match state {
+        DeviceState::Block(s) => Arc::new(Mutex::new(
+            Block::restore(s, private_data).map_err(|e| failed("block")(e.to_string()))?,
+        )),
+        DeviceState::Vsock(s) => {
+            let path = host
+                .vsock_uds
+                .clone()
+                .ok_or(DeviceRestoreError::NeedVsockPath)?;
+            Arc::new(Mutex::new(
+                Vsock::restore(s, path).map_err(|e| failed("vsock")(e.to_string()))?,
+            ))
+        }
+        DeviceState::Rng(s) => Arc::new(Mutex::new(
+            Rng::restore(s).map_err(|e| failed("rng")(e.to_string()))?,
+        )),
+        DeviceState::Net(s) => {
+            let tap = host.net_tap.as_deref().ok_or(DeviceRestoreError::NeedTap)?;
+            Arc::new(Mutex::new(
+                Net::restore(s, tap).map_err(|e| failed("net")(e.to_string()))?,
+            ))
+        }
+    })
+}

@@ -1,0 +1,151 @@
+//! A guest actively using virtio-blk is branched and snapshotted: the child and the
+//! restored VM keep driving the same queue from the saved ring positions and see the
+//! disk writes made before the fork/snapshot; the base image is never written.
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use vm_memory::{Bytes, GuestAddress};
+use zygote_probe_abi as abi;
+use zygote_vmm::devices::serial::CallbackWriter;
+use zygote_vmm::devices::virtio::block::{Block, BlockConfig};
+use zygote_vmm::memory::GuestRam;
+use zygote_vmm::probe::{self, ProbeOptions};
+use zygote_vmm::vmm::branch::{BranchRequest, ChildContext};
+use zygote_vmm::vmm::snapshot::SnapshotMode;
+use zygote_vmm::vmm::RestoreConfig;
+use zygote_vmm::Vmm;
+
+fn scratch(i: usize) -> GuestAddress {
+    GuestAddress(abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)
+}
+
+/// Ask the guest to re-verify its earlier writes and do a fresh write+read; true if ok.
+fn blk_command(ram: &GuestRam, cmd: u64) -> bool {
+    let mem = ram.memory();
+    mem.write_obj(cmd, scratch(abi::SCRATCH_BLK_CMD)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_ACK)).unwrap() != cmd {
+        assert!(
+            Instant::now() < deadline,
+            "guest never acknowledged block command {cmd}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_RESULT))
+        .unwrap()
+        == 1
+}
+
+fn make_image(path: &std::path::Path) -> Vec<u8> {
+    let mut data = vec![0x33u8; 1 << 20];
+    for w in 0..64u64 {
+        let at = 8 * w as usize;
+        data[at..at + 8].copy_from_slice(&abi::blk_base_word(w).to_le_bytes());
+    }
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+#[test]
+fn branch_and_restore_carry_a_live_block_device() {
+    if let Err(why) = zygote_vmm::host::kvm_usable() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping: KVM unavailable on this host: {why}"
+        );
+        return;
+    }
+    let elf = probe::locate_probe(true).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("root.img");
+    let base = make_image(&image);
+    let disk = Arc::new(Mutex::new(Block::open(BlockConfig::cow(&image)).unwrap()));
+    let mut vm = probe::boot_probe_with_devices(
+        &elf,
+        &ProbeOptions {
+            scenario: "blkspin".into(),
+            ..Default::default()
+        },
+        vec![disk],
+    )
+    .unwrap();
+    vm.wait_for_line(
+        Duration::from_secs(60),
+        |l| eprintln!("  | {l}"),
+        |l| l == abi::REPORT_READY,
+    )
+    .unwrap();
+    assert!(blk_command(vm.vmm.guest_ram(), 1), "parent drives its disk");
+
+    // Branch: the child gets its own block device over the parent's written pages.
+    let mut fds = [0; 2];
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (r, w) = (fds[0], fds[1]);
+    let child_main = move |ctx: ChildContext| -> i32 {
+        let ok = blk_command(ctx.vmm.guest_ram(), 2) && blk_command(ctx.vmm.guest_ram(), 3);
+        let byte = [ok as u8];
+        unsafe { libc::write(w, byte.as_ptr().cast(), 1) };
+        0
+    };
+    let sink = |_: usize| -> zygote_vmm::devices::serial::SerialOut {
+        Box::new(CallbackWriter(|_: &[u8]| {}))
+    };
+    vm.vmm
+        .branch(&BranchRequest {
+            count: 1,
+            child_serial: &sink,
+            child_devices: &|_| Default::default(),
+            child_main: &child_main,
+            keep_fds: vec![w],
+            ready_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let mut pfd = libc::pollfd {
+        fd: r,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    assert!(
+        unsafe { libc::poll(&mut pfd, 1, 60_000) } > 0,
+        "child reports"
+    );
+    assert_eq!(unsafe { libc::read(r, byte.as_mut_ptr().cast(), 1) }, 1);
+    assert_eq!(
+        byte[0], 1,
+        "the child's guest drove the restored device successfully"
+    );
+    assert!(
+        blk_command(vm.vmm.guest_ram(), 4),
+        "the parent's device is unaffected"
+    );
+    assert_eq!(vm.vmm.reap_children(true).len(), 1);
+
+    // Snapshot and restore: the device comes back with its queue and private pages.
+    let snap = dir.path().join("snap");
+    vm.vmm.snapshot(SnapshotMode::Full, &snap).unwrap();
+    vm.vmm.shutdown();
+    assert!(
+        snap.join("device-0.data").exists(),
+        "CoW disk pages stored with the snapshot"
+    );
+    let mut restored = Vmm::restore_snapshot(
+        &snap,
+        RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), false),
+        true,
+    )
+    .unwrap();
+    assert!(
+        blk_command(restored.guest_ram(), 5),
+        "restored guest drives its disk"
+    );
+    assert!(blk_command(restored.guest_ram(), 6));
+    restored.pause().unwrap();
+    restored.shutdown();
+    assert_eq!(
+        std::fs::read(&image).unwrap(),
+        base,
+        "base image never written"
+    );
+}
