@@ -194,6 +194,15 @@ mod tests {
         );
     }
 
+    // Ordering facts the layout relies on, checked at compile time.
+    const _: () = {
+        assert!(ZERO_PAGE_GPA < AP_TRAMPOLINE_GPA);
+        assert!(AP_TRAMPOLINE_GPA < CMDLINE_GPA && CMDLINE_GPA < MAILBOX_GPA);
+        // The SIPI vector is 8 bits of page number.
+        assert!(AP_TRAMPOLINE_GPA >> 12 < 0x100);
+        assert!(PROBE_LOAD_GPA >= 1 << 20);
+    };
+
     #[test]
     fn boot_structures_do_not_overlap() {
         // Zero page, trampoline page and mailbox page are distinct 4 KiB pages
@@ -202,10 +211,5 @@ mod tests {
             assert_eq!(a % 0x1000, 0);
             assert!(a < 0xa_0000);
         }
-        assert!(ZERO_PAGE_GPA < AP_TRAMPOLINE_GPA);
-        assert!(AP_TRAMPOLINE_GPA < CMDLINE_GPA && CMDLINE_GPA < MAILBOX_GPA);
-        // The SIPI vector is 8 bits of page number.
-        assert!(AP_TRAMPOLINE_GPA >> 12 < 0x100);
-        assert!(PROBE_LOAD_GPA >= 1 << 20);
     }
 }
