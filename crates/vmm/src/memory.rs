@@ -200,6 +200,23 @@ impl GuestRam {
         pages
     }
 
+    /// Let KSM merge identical guest pages with other VMs' (opt-in: merging costs
+    /// ksmd CPU time and makes later writes to merged pages copy-on-write faults).
+    pub fn enable_ksm(&self) -> io::Result<()> {
+        // SAFETY: advising our own mapping.
+        let r = unsafe {
+            libc::madvise(
+                self.base as *mut libc::c_void,
+                self.size() as usize,
+                libc::MADV_MERGEABLE,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Unmap guest RAM in a branch spawner, which outlives its use of the memory. The
     /// struct must never be used again (the spawner only reaps, then _exits).
     pub fn unmap_for_spawner(&self) {

@@ -9,6 +9,8 @@ pub enum BenchCommand {
     Branch(super::bench_branch::BranchBenchArgs),
     /// Branch N children from one live VM: wall time and unique memory per child.
     Fanout(super::bench_fanout::FanoutBenchArgs),
+    /// KSM density: memory saved across VMs with identical pages.
+    Ksm(super::bench_ksm::KsmBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -16,5 +18,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Treeclone(args) => super::bench_treeclone::run(args),
         BenchCommand::Branch(args) => super::bench_branch::run(args),
         BenchCommand::Fanout(args) => super::bench_fanout::run(args),
+        BenchCommand::Ksm(args) => super::bench_ksm::run(args),
     }
 }

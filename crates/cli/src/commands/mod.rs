@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_branch;
 pub mod bench_fanout;
+pub mod bench_ksm;
 pub mod bench_stats;
 pub mod bench_treeclone;
 pub mod doctor;

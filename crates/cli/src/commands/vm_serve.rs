@@ -65,6 +65,9 @@ pub struct VmServeArgs {
     /// Add a virtio-rng entropy device.
     #[arg(long, conflicts_with = "restore")]
     rng: bool,
+    /// Let KSM merge this VM's identical pages with other VMs' (needs KSM running).
+    #[arg(long)]
+    ksm: bool,
 }
 
 pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
@@ -125,5 +128,8 @@ pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
             virtio_devices: devices.virtio_devices(),
         })?
     };
+    if args.ksm {
+        vmm.guest_ram().enable_ksm()?;
+    }
     Ok(serve(vmm, &args.api_sock))
 }
