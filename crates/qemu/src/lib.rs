@@ -18,6 +18,7 @@
 //! ```
 mod config;
 mod error;
+pub mod migrate;
 mod process;
 
 use std::io::{Read, Seek, SeekFrom};

@@ -1,0 +1,89 @@
+//! Exec and file routes (work inside a sandbox through its agent).
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+use super::system::ndjson;
+use super::{ApiBytes, ApiJson, ApiQuery, AppState};
+use crate::error::{ErrorBody, Result};
+use crate::model::{DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, WriteResult};
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ExecRequest,
+    responses((status = 200, description = "The program ran to completion", body = ExecResponse),
+              (status = 400, description = "Invalid request", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody)))]
+pub async fn exec(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Json<ExecResponse>> {
+    Ok(Json(st.manager.exec(&id, req).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = ExecRequest,
+    responses((status = 200, description = "NDJSON: a started line, output lines as they happen (base64 data), then exit or error",
+               content_type = "application/x-ndjson", body = ExecEvent),
+              (status = 400, description = "Invalid request", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 422, description = "The program could not start", body = ErrorBody)))]
+pub async fn exec_stream(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Response> {
+    Ok(ndjson(st.manager.exec_stream(&id, req).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses((status = 200, description = "File contents", content_type = "application/octet-stream", body = Vec<u8>),
+              (status = 400, description = "Relative or bad path", body = ErrorBody),
+              (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
+              (status = 413, description = "File larger than 64 MiB", body = ErrorBody)))]
+pub async fn read_file(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> Result<Response> {
+    let data = st.manager.read_file(&id, q.path).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+                 description = "New contents (atomic replace; parent directories are created)"),
+    responses((status = 200, description = "Written", body = WriteResult),
+              (status = 400, description = "Relative path or bad mode", body = ErrorBody),
+              (status = 413, description = "Body larger than 64 MiB", body = ErrorBody)))]
+pub async fn write_file(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+    ApiBytes(body): ApiBytes,
+) -> Result<Json<WriteResult>> {
+    Ok(Json(
+        st.manager
+            .write_file(&id, q.path, q.mode, body.to_vec())
+            .await?,
+    ))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses((status = 200, description = "Directory entries", body = DirListing),
+              (status = 404, description = "No such sandbox or directory", body = ErrorBody)))]
+pub async fn list_dir(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> Result<Json<DirListing>> {
+    Ok(Json(st.manager.list_dir(&id, q.path).await?))
+}

@@ -1,0 +1,87 @@
+//! Sandbox lifecycle routes.
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+
+use super::{ApiJson, AppState};
+use crate::error::{ErrorBody, Result};
+use crate::model::{
+    BranchRequest, BranchResponse, CreateSandboxRequest, RestoreRequest, Sandbox, SandboxList,
+};
+
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    responses((status = 200, description = "All sandboxes", body = SandboxList)))]
+pub async fn list(State(st): State<AppState>) -> Result<Json<SandboxList>> {
+    Ok(Json(SandboxList {
+        sandboxes: st.manager.list()?,
+    }))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
+    responses((status = 201, description = "Created (n sandboxes, all running)", body = SandboxList),
+              (status = 400, description = "Invalid request", body = ErrorBody),
+              (status = 404, description = "No such image or snapshot", body = ErrorBody),
+              (status = 409, description = "Name taken", body = ErrorBody)))]
+pub async fn create(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<CreateSandboxRequest>,
+) -> Result<(StatusCode, Json<SandboxList>)> {
+    let sandboxes = st.manager.create(req).await?;
+    Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "The sandbox", body = Sandbox),
+              (status = 404, description = "No such sandbox", body = ErrorBody)))]
+pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<Sandbox>> {
+    Ok(Json(st.manager.get(&id)?))
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 204, description = "Killed and removed"),
+              (status = 404, description = "No such sandbox", body = ErrorBody)))]
+pub async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
+    st.manager.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes",
+    params(("id" = String, Path, description = "Parent sandbox id")),
+    request_body = BranchRequest,
+    responses((status = 201, description = "Children running", body = BranchResponse),
+              (status = 400, description = "Invalid count", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Sandbox not running", body = ErrorBody)))]
+pub async fn branch(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<BranchRequest>,
+) -> Result<(StatusCode, Json<BranchResponse>)> {
+    Ok((
+        StatusCode::CREATED,
+        Json(st.manager.branch(&id, req).await?),
+    ))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = RestoreRequest,
+    responses((status = 200, description = "The sandbox now runs from the snapshot", body = Sandbox),
+              (status = 404, description = "No such sandbox or snapshot", body = ErrorBody)))]
+pub async fn restore(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<RestoreRequest>,
+) -> Result<Json<Sandbox>> {
+    Ok(Json(st.manager.restore(&id, &req.snapshot).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses((status = 200, description = "Serial console output", content_type = "text/plain", body = String),
+              (status = 404, description = "No such sandbox", body = ErrorBody)))]
+pub async fn logs(State(st): State<AppState>, Path(id): Path<String>) -> Result<String> {
+    st.manager.logs(&id)
+}

@@ -1,0 +1,281 @@
+//! A small async HTTP client for zygoted's API over `http://`, `https://`
+//! (with a given CA certificate) or `unix://` URLs; used by the CLI and the
+//! tests. One connection per request keeps it simple and stateless.
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_rustls::rustls;
+
+use crate::error::ErrorBody;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("bad daemon URL {0:?} (want http://HOST:PORT, https://HOST:PORT or unix:///PATH)")]
+    Url(String),
+    #[error("cannot connect to zygoted at {url}: {source} (is it running? `zygote serve`)")]
+    Connect {
+        url: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("HTTP: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("{message} ({code}, HTTP {status})")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    #[error("unexpected answer from zygoted: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The API's error code, if the daemon answered with an error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    Tcp { host: String, port: u16, tls: bool },
+    Unix(PathBuf),
+}
+
+#[derive(Clone)]
+pub struct Client {
+    url: String,
+    target: Target,
+    token: Option<String>,
+    tls: Option<tokio_rustls::TlsConnector>,
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+impl Client {
+    pub fn new(url: &str, token: Option<String>) -> Result<Client, ClientError> {
+        let bad = || ClientError::Url(url.to_string());
+        let target = if let Some(path) = url.strip_prefix("unix://") {
+            Target::Unix(PathBuf::from(path))
+        } else {
+            let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
+                (true, r)
+            } else if let Some(r) = url.strip_prefix("http://") {
+                (false, r)
+            } else {
+                return Err(bad());
+            };
+            let hostport = rest.trim_end_matches('/');
+            let (host, port) = hostport.rsplit_once(':').ok_or_else(bad)?;
+            Target::Tcp {
+                host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
+                port: port.parse().map_err(|_| bad())?,
+                tls,
+            }
+        };
+        Ok(Client {
+            url: url.to_string(),
+            target,
+            token,
+            tls: None,
+        })
+    }
+
+    /// Trust this PEM CA certificate (e.g. the daemon's self-signed one) for https.
+    pub fn with_ca_file(mut self, pem: &Path) -> Result<Client, ClientError> {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::CertificateDer;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in
+            CertificateDer::pem_file_iter(pem).map_err(|e| ClientError::Tls(e.to_string()))?
+        {
+            let cert = cert.map_err(|e| ClientError::Tls(e.to_string()))?;
+            roots
+                .add(cert)
+                .map_err(|e| ClientError::Tls(e.to_string()))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientError::Tls(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        self.tls = Some(tokio_rustls::TlsConnector::from(Arc::new(config)));
+        Ok(self)
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    async fn connect(&self) -> Result<Box<dyn Io>, ClientError> {
+        let err = |source| ClientError::Connect {
+            url: self.url.clone(),
+            source,
+        };
+        match &self.target {
+            Target::Unix(path) => Ok(Box::new(
+                tokio::net::UnixStream::connect(path).await.map_err(err)?,
+            )),
+            Target::Tcp { host, port, tls } => {
+                let tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(err)?;
+                if !tls {
+                    return Ok(Box::new(tcp));
+                }
+                let connector = self.tls.clone().ok_or_else(|| {
+                    ClientError::Tls("https needs a CA certificate (ZYGOTE_CA_CERT)".into())
+                })?;
+                let name = rustls_pki_types::ServerName::try_from(host.clone())
+                    .map_err(|e| ClientError::Tls(e.to_string()))?;
+                let stream = connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| ClientError::Tls(e.to_string()))?;
+                Ok(Box::new(stream))
+            }
+        }
+    }
+
+    /// Sends one request; the response body is not read yet.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, &str)>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let io = self.connect().await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection: {e}");
+            }
+        });
+        let host = match &self.target {
+            Target::Tcp { host, port, .. } => format!("{host}:{port}"),
+            Target::Unix(_) => "localhost".into(),
+        };
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, host);
+        if let Some(t) = &self.token {
+            req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let (bytes, ctype) = body.unwrap_or((Bytes::new(), "application/json"));
+        let req = req
+            .header(hyper::header::CONTENT_TYPE, ctype)
+            .body(Full::new(bytes))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok(sender.send_request(req).await?)
+    }
+
+    /// Sends a request and reads the whole answer; error statuses become
+    /// [`ClientError::Api`].
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, &str)>,
+    ) -> Result<Bytes, ClientError> {
+        let resp = self.send(method, path, body).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        check(status, &bytes)?;
+        Ok(bytes)
+    }
+
+    /// A JSON request (body optional) with a JSON answer.
+    pub async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let body = body.map(|b| {
+            (
+                Bytes::from(serde_json::to_vec(b).expect("request bodies serialize")),
+                "application/json",
+            )
+        });
+        let bytes = self.raw(method, path, body).await?;
+        let bytes = if bytes.is_empty() {
+            Bytes::from_static(b"null")
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(format!("{e}")))
+    }
+
+    /// A request whose answer is NDJSON: each line is decoded and handed to
+    /// `on_event` as soon as it arrives.
+    pub async fn ndjson<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl Serialize,
+        mut on_event: impl FnMut(T),
+    ) -> Result<(), ClientError> {
+        let bytes = Bytes::from(serde_json::to_vec(body).expect("request bodies serialize"));
+        let resp = self
+            .send(method, path, Some((bytes, "application/json")))
+            .await?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await?.to_bytes();
+            check(status, &bytes)?;
+            return Err(ClientError::Decode(format!("HTTP {status}")));
+        }
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            buf.extend_from_slice(data);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let ev = serde_json::from_slice(&line[..line.len() - 1])
+                    .map_err(|e| ClientError::Decode(format!("stream line: {e}")))?;
+                on_event(ev);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check(status: StatusCode, bytes: &[u8]) -> Result<(), ClientError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(b) => Err(ClientError::Api {
+            status: status.as_u16(),
+            code: b.error.code,
+            message: b.error.message,
+        }),
+        Err(_) => Err(ClientError::Api {
+            status: status.as_u16(),
+            code: "unknown".into(),
+            message: String::from_utf8_lossy(bytes).into_owned(),
+        }),
+    }
+}

@@ -1,0 +1,344 @@
+//! The daemon's state: an embedded SQLite database (`<state>/zygote.db`).
+//!
+//! Sandboxes and snapshots are rows whose structured parts (origin, limits,
+//! the runtime's VM record, lineage) are JSON columns: the daemon reads
+//! whole rows and the schema stays small. Every change is committed before
+//! the API answers (WAL, synchronous=FULL), so a daemon killed at any point
+//! restarts knowing every VM it started and every snapshot it reported.
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::{CgroupReport, Limits, Origin, SnapshotKind};
+use crate::runtime::{SnapshotData, VmRecord};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    state TEXT NOT NULL,
+    runtime TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    hostname TEXT NOT NULL,
+    mem_mib INTEGER NOT NULL,
+    vcpus INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    limits TEXT NOT NULL,
+    cgroup TEXT NOT NULL,
+    vm TEXT,
+    depends_on TEXT NOT NULL,
+    exit_reason TEXT,
+    exited_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS snapshots (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    kind TEXT NOT NULL,
+    runtime TEXT NOT NULL,
+    source_sandbox TEXT NOT NULL,
+    depends_on TEXT NOT NULL,
+    mem_mib INTEGER NOT NULL,
+    vcpus INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    implicit INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS images (
+    sha256 TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    path TEXT NOT NULL,
+    first_used INTEGER NOT NULL
+);
+";
+
+/// A sandbox as stored.
+#[derive(Debug, Clone)]
+pub struct SandboxRow {
+    pub id: String,
+    pub name: Option<String>,
+    pub state: String,
+    pub runtime: String,
+    pub origin: Origin,
+    pub hostname: String,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    pub created_at: u64,
+    pub limits: Limits,
+    pub cgroup: CgroupReport,
+    /// The runtime's handle on the VM process (absent while creating).
+    pub vm: Option<VmRecord>,
+    /// Snapshot ids whose layers the VM's disk reads, oldest first.
+    pub depends_on: Vec<String>,
+    pub exit_reason: Option<String>,
+    pub exited_at: Option<u64>,
+}
+
+/// A snapshot as stored.
+#[derive(Debug, Clone)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub name: Option<String>,
+    pub kind: SnapshotKind,
+    pub runtime: String,
+    pub source_sandbox: String,
+    pub depends_on: Vec<String>,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    pub created_at: u64,
+    pub size_bytes: u64,
+    pub implicit: bool,
+    pub data: SnapshotData,
+}
+
+pub struct Db {
+    conn: Mutex<Connection>,
+}
+
+fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("state types serialize")
+}
+
+fn from_json<T: DeserializeOwned>(idx: usize, text: String) -> rusqlite::Result<T> {
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+        if version > SCHEMA_VERSION {
+            return Err(Error::Internal(format!(
+                "{} has schema version {version}, newer than this daemon's {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
+        conn.execute_batch(SCHEMA)?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        Ok(Db {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // Statements are atomic in SQLite; a panic mid-call leaves no
+        // half-applied state in the connection, so poisoning is ignored.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn put_sandbox(&self, s: &SandboxRow) -> Result<()> {
+        Self::put_sandbox_on(&self.conn(), s)
+    }
+
+    pub fn put_snapshot(&self, s: &SnapshotRow) -> Result<()> {
+        Self::put_snapshot_on(&self.conn(), s)
+    }
+
+    /// Writes several rows atomically (e.g. a snapshot, the sandbox whose
+    /// disk now builds on it, and branch children): after a crash either all
+    /// of them or none are recorded.
+    pub fn commit(&self, sandboxes: &[&SandboxRow], snapshots: &[&SnapshotRow]) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for s in snapshots {
+            Self::put_snapshot_on(&tx, s)?;
+        }
+        for s in sandboxes {
+            Self::put_sandbox_on(&tx, s)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn put_sandbox_on(conn: &Connection, s: &SandboxRow) -> Result<()> {
+        conn.execute(
+            "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
+                vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+            params![
+                s.id,
+                s.name,
+                s.state,
+                s.runtime,
+                to_json(&s.origin),
+                s.hostname,
+                s.mem_mib,
+                s.vcpus,
+                s.created_at as i64,
+                to_json(&s.limits),
+                to_json(&s.cgroup),
+                s.vm.as_ref().map(to_json),
+                to_json(&s.depends_on),
+                s.exit_reason,
+                s.exited_at.map(|t| t as i64),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn sandbox_from_row(r: &Row) -> rusqlite::Result<SandboxRow> {
+        Ok(SandboxRow {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            state: r.get(2)?,
+            runtime: r.get(3)?,
+            origin: from_json(4, r.get(4)?)?,
+            hostname: r.get(5)?,
+            mem_mib: r.get(6)?,
+            vcpus: r.get(7)?,
+            created_at: r.get::<_, i64>(8)? as u64,
+            limits: from_json(9, r.get(9)?)?,
+            cgroup: from_json(10, r.get(10)?)?,
+            vm: match r.get::<_, Option<String>>(11)? {
+                Some(t) => Some(from_json(11, t)?),
+                None => None,
+            },
+            depends_on: from_json(12, r.get(12)?)?,
+            exit_reason: r.get(13)?,
+            exited_at: r.get::<_, Option<i64>>(14)?.map(|t| t as u64),
+        })
+    }
+
+    const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
+        created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at";
+
+    pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);
+        Ok(self
+            .conn()
+            .query_row(&sql, [id], Self::sandbox_from_row)
+            .optional()?)
+    }
+
+    pub fn sandboxes(&self) -> Result<Vec<SandboxRow>> {
+        let sql = format!(
+            "SELECT {} FROM sandboxes ORDER BY created_at, id",
+            Self::SANDBOX_COLS
+        );
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([], Self::sandbox_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn delete_sandbox(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    fn put_snapshot_on(conn: &Connection, s: &SnapshotRow) -> Result<()> {
+        conn.execute(
+            "INSERT OR REPLACE INTO snapshots (id, name, kind, runtime, source_sandbox, depends_on,
+                mem_mib, vcpus, created_at, size_bytes, implicit, data)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![
+                s.id,
+                s.name,
+                s.kind.as_str(),
+                s.runtime,
+                s.source_sandbox,
+                to_json(&s.depends_on),
+                s.mem_mib,
+                s.vcpus,
+                s.created_at as i64,
+                s.size_bytes as i64,
+                s.implicit,
+                to_json(&s.data),
+            ],
+        )?;
+        Ok(())
+    }
+
+    fn snapshot_from_row(r: &Row) -> rusqlite::Result<SnapshotRow> {
+        let kind: String = r.get(2)?;
+        Ok(SnapshotRow {
+            id: r.get(0)?,
+            name: r.get(1)?,
+            kind: SnapshotKind::parse(&kind).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    2,
+                    rusqlite::types::Type::Text,
+                    format!("unknown snapshot kind {kind:?}").into(),
+                )
+            })?,
+            runtime: r.get(3)?,
+            source_sandbox: r.get(4)?,
+            depends_on: from_json(5, r.get(5)?)?,
+            mem_mib: r.get(6)?,
+            vcpus: r.get(7)?,
+            created_at: r.get::<_, i64>(8)? as u64,
+            size_bytes: r.get::<_, i64>(9)? as u64,
+            implicit: r.get(10)?,
+            data: from_json(11, r.get(11)?)?,
+        })
+    }
+
+    const SNAPSHOT_COLS: &'static str = "id, name, kind, runtime, source_sandbox, depends_on,
+        mem_mib, vcpus, created_at, size_bytes, implicit, data";
+
+    pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
+        let sql = format!(
+            "SELECT {} FROM snapshots WHERE id = ?1",
+            Self::SNAPSHOT_COLS
+        );
+        Ok(self
+            .conn()
+            .query_row(&sql, [id], Self::snapshot_from_row)
+            .optional()?)
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<SnapshotRow>> {
+        let sql = format!(
+            "SELECT {} FROM snapshots ORDER BY created_at, id",
+            Self::SNAPSHOT_COLS
+        );
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([], Self::snapshot_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    pub fn delete_snapshot(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Everything that depends on snapshot `id`: sandboxes and snapshots
+    /// whose layer chains include it.
+    pub fn dependents(&self, id: &str) -> Result<Vec<String>> {
+        let mut out: Vec<String> = self
+            .sandboxes()?
+            .into_iter()
+            .filter(|s| s.depends_on.iter().any(|d| d == id))
+            .map(|s| s.id)
+            .collect();
+        out.extend(
+            self.snapshots()?
+                .into_iter()
+                .filter(|s| s.depends_on.iter().any(|d| d == id))
+                .map(|s| s.id),
+        );
+        Ok(out)
+    }
+
+    /// Records that an image (by content hash) was used, for lineage.
+    pub fn note_image(&self, name: &str, sha256: &str, path: &Path, now: u64) -> Result<()> {
+        self.conn().execute(
+            "INSERT OR IGNORE INTO images (sha256, name, path, first_used) VALUES (?1, ?2, ?3, ?4)",
+            params![sha256, name, path.display().to_string(), now as i64],
+        )?;
+        Ok(())
+    }
+}

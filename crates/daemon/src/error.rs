@@ -1,0 +1,162 @@
+//! Errors: [`Error`] is what the daemon's operations return; each variant
+//! maps to an HTTP status and a stable machine-readable code, rendered as
+//! `{"error": {"code": "...", "message": "..."}}`.
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use zygote_proto::client::ClientError;
+use zygote_proto::ErrorCode;
+
+use crate::runtime::RuntimeError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    #[error("{0}")]
+    MalformedBody(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("request body exceeds {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("{what} {id:?} not found")]
+    NotFound { what: &'static str, id: String },
+    #[error("no route {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    #[error("method {method} not allowed on {path}")]
+    MethodNotAllowed { method: String, path: String },
+    #[error("sandbox {id} is {state}, not running")]
+    NotRunning { id: String, state: String },
+    #[error("sandbox {0} is busy with another branch, snapshot, restore or delete")]
+    Busy(String),
+    #[error("snapshot {id} is still needed by {dependents}")]
+    SnapshotInUse { id: String, dependents: String },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("guest: {0}")]
+    Guest(ClientError),
+    #[error("cannot reach the sandbox's agent: {0}")]
+    AgentUnreachable(ClientError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("image: {0}")]
+    Image(#[from] zygote_images::ImageError),
+    #[error("state database: {0}")]
+    Database(#[from] rusqlite::Error),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
+    pub fn invalid(msg: impl Into<String>) -> Error {
+        Error::InvalidArgument(msg.into())
+    }
+
+    pub fn not_found(what: &'static str, id: impl Into<String>) -> Error {
+        Error::NotFound {
+            what,
+            id: id.into(),
+        }
+    }
+
+    /// An agent error: failures the guest reports about the request
+    /// (missing file, bad path, ...) are the caller's 4xx; a broken
+    /// connection is the daemon's 502.
+    pub fn agent(e: ClientError) -> Error {
+        match &e {
+            ClientError::Agent(_) => Error::Guest(e),
+            _ => Error::AgentUnreachable(e),
+        }
+    }
+
+    /// HTTP status and stable code.
+    pub fn status_code(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            Error::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
+            Error::MalformedBody(_) => (S::BAD_REQUEST, "malformed_body"),
+            Error::InvalidArgument(_) => (S::BAD_REQUEST, "invalid_argument"),
+            Error::PayloadTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Error::NotFound { .. } => (S::NOT_FOUND, "not_found"),
+            Error::RouteNotFound { .. } => (S::NOT_FOUND, "route_not_found"),
+            Error::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Error::NotRunning { .. } => (S::CONFLICT, "sandbox_not_running"),
+            Error::Busy(_) => (S::CONFLICT, "sandbox_busy"),
+            Error::SnapshotInUse { .. } => (S::CONFLICT, "snapshot_in_use"),
+            Error::Conflict(_) => (S::CONFLICT, "conflict"),
+            Error::Unsupported(_) => (S::UNPROCESSABLE_ENTITY, "unsupported"),
+            Error::Guest(e) => match e.code() {
+                Some(ErrorCode::NotFound) => (S::NOT_FOUND, "guest_not_found"),
+                Some(ErrorCode::PermissionDenied) => (S::FORBIDDEN, "guest_permission_denied"),
+                Some(ErrorCode::AlreadyExists) => (S::CONFLICT, "guest_already_exists"),
+                Some(ErrorCode::BadRequest) => (S::BAD_REQUEST, "guest_bad_request"),
+                Some(ErrorCode::SpawnFailed) => (S::UNPROCESSABLE_ENTITY, "guest_spawn_failed"),
+                Some(ErrorCode::ResponseTooLarge) => {
+                    (S::PAYLOAD_TOO_LARGE, "guest_response_too_large")
+                }
+                _ => (S::BAD_GATEWAY, "guest_error"),
+            },
+            Error::AgentUnreachable(_) => (S::BAD_GATEWAY, "agent_unreachable"),
+            Error::Runtime(_) => (S::INTERNAL_SERVER_ERROR, "runtime_error"),
+            Error::Image(
+                zygote_images::ImageError::UnknownRecipe { .. }
+                | zygote_images::ImageError::ImageNotFound(_),
+            ) => (S::NOT_FOUND, "not_found"),
+            Error::Image(_) => (S::INTERNAL_SERVER_ERROR, "image_error"),
+            Error::Database(_) | Error::Io { .. } | Error::Internal(_) => {
+                (S::INTERNAL_SERVER_ERROR, "internal")
+            }
+        }
+    }
+
+    pub fn body(&self) -> ErrorBody {
+        let (_, code) = self.status_code();
+        ErrorBody {
+            error: ErrorDetail {
+                code: code.to_string(),
+                message: self.to_string(),
+            },
+        }
+    }
+}
+
+/// `{"error": {"code": "...", "message": "..."}}`
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// Stable code (see the API docs); clients branch on this.
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, _) = self.status_code();
+        if status.is_server_error() {
+            tracing::error!("{self}");
+        } else {
+            tracing::debug!("{status}: {self}");
+        }
+        (status, axum::Json(self.body())).into_response()
+    }
+}

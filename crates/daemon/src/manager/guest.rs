@@ -1,0 +1,232 @@
+//! Work inside a sandbox through its agent: exec (collected or streamed)
+//! and files.
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+use zygote_proto::b64;
+use zygote_proto::client::{AgentClient, ClientError};
+use zygote_proto::{ExecRequest as AgentExec, Stream, WriteFileRequest};
+
+use super::Manager;
+use crate::error::{Error, Result};
+use crate::model::{
+    validate_guest_path, DirListing, ExecEvent, ExecRequest, ExecResponse, FileEntry, Validate,
+    WriteResult, MAX_FILE_BYTES,
+};
+
+/// Output kept per stream by the non-streaming exec; the rest is dropped
+/// (with a note) so one chatty program cannot exhaust the daemon's memory.
+const MAX_COLLECTED: usize = 16 * 1024 * 1024;
+
+fn to_agent(req: ExecRequest) -> AgentExec {
+    AgentExec {
+        argv: req.argv,
+        env: req.env,
+        cwd: req.cwd,
+        stdin: req.stdin.map(String::into_bytes),
+        timeout_ms: req.timeout_ms,
+        ..Default::default()
+    }
+}
+
+fn stream_name(s: Stream) -> &'static str {
+    match s {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    }
+}
+
+impl Manager {
+    /// The agent for `id`; a broken cached connection is replaced once.
+    async fn agent_call<T: Send + 'static>(
+        self: &Arc<Self>,
+        id: &str,
+        f: impl Fn(&AgentClient) -> Result<T, ClientError> + Send + Sync + 'static,
+    ) -> Result<T> {
+        let f = Arc::new(f);
+        for attempt in 0..2 {
+            let client = self.agent(id).await?;
+            let g = f.clone();
+            let res = self.blocking(move || g(&client)).await?;
+            match res {
+                Err(ClientError::Closed(_) | ClientError::Io(_)) if attempt == 0 => {
+                    self.forget_agent(id);
+                }
+                other => return other.map_err(Error::agent),
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
+    }
+
+    pub async fn exec(self: &Arc<Self>, id: &str, req: ExecRequest) -> Result<ExecResponse> {
+        req.validate()?;
+        let started = Instant::now();
+        let agent_req = to_agent(req);
+        let client = self.agent(id).await?;
+        let res = self
+            .blocking(move || {
+                let (mut out, mut err) = (Vec::new(), Vec::new());
+                let r = client.exec(agent_req, |stream, data| {
+                    let buf = match stream {
+                        Stream::Stdout => &mut out,
+                        Stream::Stderr => &mut err,
+                    };
+                    let room = MAX_COLLECTED.saturating_sub(buf.len());
+                    buf.extend_from_slice(&data[..data.len().min(room)]);
+                });
+                r.map(|r| (r, out, err))
+            })
+            .await?;
+        let (r, out, err) = res.map_err(Error::agent)?;
+        self.metrics.exec.observe(started.elapsed());
+        Ok(ExecResponse {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            duration_ms: r.duration_ms,
+            stdout: String::from_utf8_lossy(&out).into_owned(),
+            stderr: String::from_utf8_lossy(&err).into_owned(),
+        })
+    }
+
+    /// Starts a program and returns its events as they happen. Errors that
+    /// prevent the start (bad request, no such sandbox, program not found)
+    /// are returned here, so they become proper HTTP errors. If the
+    /// receiver is dropped (client gone), the program is killed.
+    pub async fn exec_stream(
+        self: &Arc<Self>,
+        id: &str,
+        req: ExecRequest,
+    ) -> Result<mpsc::Receiver<ExecEvent>> {
+        req.validate()?;
+        let started = Instant::now();
+        let agent_req = to_agent(req);
+        let client = self.agent(id).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let (started_tx, started_rx) = oneshot::channel();
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let handle = match client.spawn_exec(agent_req) {
+                Ok(h) => h,
+                Err(e) => {
+                    let _ = started_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = tx.blocking_send(ExecEvent::Started { pid: handle.pid() });
+            let _ = started_tx.send(Ok(()));
+            let exec_id = handle.id();
+            let gone = AtomicBool::new(false);
+            let result = handle.wait(|stream, data| {
+                let ev = ExecEvent::Output {
+                    stream: stream_name(stream).into(),
+                    data: b64::encode(data),
+                };
+                if tx.blocking_send(ev).is_err() && !gone.swap(true, Ordering::Relaxed) {
+                    // Nobody listens any more: stop the program.
+                    let _ = client.kill(exec_id, libc::SIGKILL);
+                }
+            });
+            let last = match result {
+                Ok(r) => {
+                    this.metrics.exec.observe(started.elapsed());
+                    ExecEvent::Exit {
+                        exit_code: r.exit_code,
+                        signal: r.signal,
+                        timed_out: r.timed_out,
+                        duration_ms: r.duration_ms,
+                    }
+                }
+                Err(e) => {
+                    let err = Error::agent(e);
+                    let body = err.body();
+                    ExecEvent::Error {
+                        code: body.error.code,
+                        message: body.error.message,
+                    }
+                }
+            };
+            let _ = tx.blocking_send(last);
+        });
+        started_rx
+            .await
+            .map_err(|_| Error::Internal("exec task ended early".into()))?
+            .map_err(Error::agent)?;
+        Ok(rx)
+    }
+
+    pub async fn read_file(self: &Arc<Self>, id: &str, path: String) -> Result<Vec<u8>> {
+        validate_guest_path(&path)?;
+        self.agent_call(id, move |c| {
+            let meta = c.stat(&path)?;
+            if meta.size > MAX_FILE_BYTES as u64 {
+                // Reported as a 413 below.
+                return Ok(None);
+            }
+            c.read_file(&path).map(Some)
+        })
+        .await?
+        .ok_or(Error::PayloadTooLarge {
+            limit: MAX_FILE_BYTES,
+        })
+    }
+
+    pub async fn write_file(
+        self: &Arc<Self>,
+        id: &str,
+        path: String,
+        mode: Option<String>,
+        data: Vec<u8>,
+    ) -> Result<WriteResult> {
+        validate_guest_path(&path)?;
+        let mode = match mode {
+            None => None,
+            Some(m) => Some(
+                u32::from_str_radix(&m, 8)
+                    .ok()
+                    .filter(|m| *m <= 0o7777)
+                    .ok_or_else(|| {
+                        Error::invalid(format!("mode {m:?} is not octal permission bits"))
+                    })?,
+            ),
+        };
+        let size = data.len() as u64;
+        let p = path.clone();
+        let data = Arc::new(data);
+        self.agent_call(id, move |c| {
+            c.write_file_with(WriteFileRequest {
+                path: p.clone(),
+                data: data.to_vec(),
+                mode,
+                append: false,
+                create_parents: true,
+            })
+        })
+        .await?;
+        Ok(WriteResult { path, size })
+    }
+
+    pub async fn list_dir(self: &Arc<Self>, id: &str, path: String) -> Result<DirListing> {
+        validate_guest_path(&path)?;
+        let p = path.clone();
+        let entries = self.agent_call(id, move |c| c.list_dir(&p)).await?;
+        Ok(DirListing {
+            path,
+            entries: entries
+                .into_iter()
+                .map(|e| FileEntry {
+                    kind: serde_json::to_value(&e.meta.kind)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    name: e.name,
+                    size: e.meta.size,
+                    mode: e.meta.mode,
+                    mtime: e.meta.mtime,
+                })
+                .collect(),
+        })
+    }
+}

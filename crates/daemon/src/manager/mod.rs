@@ -1,0 +1,490 @@
+//! Sandbox lifecycle: the database, the runtime and cgroups tied together.
+//!
+//! Every state change is written to the database before the API answers.
+//! Runtime calls block (QMP, agent, process control), so they run on
+//! tokio's blocking pool. Operations that change a sandbox's VM (delete,
+//! branch, snapshot, restore) hold that sandbox's lock; exec and file
+//! access do not, so a long exec never delays a delete.
+mod guest;
+mod ops;
+mod startup;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use zygote_proto::client::AgentClient;
+
+use crate::cgroup::{self, Cgroups};
+use crate::db::{Db, SandboxRow, SnapshotRow};
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::model::{
+    CreateSandboxRequest, Origin, RuntimeInfo, Sandbox, Snapshot, Validate, DEFAULT_MEM_MIB,
+};
+use crate::runtime::{BootSource, Runtime, StartSpec, VmRecord};
+
+pub const STATE_CREATING: &str = "creating";
+pub const STATE_RUNNING: &str = "running";
+pub const STATE_PAUSED: &str = "paused";
+pub const STATE_DEAD: &str = "dead";
+
+/// Where the daemon keeps VM files.
+#[derive(Debug, Clone)]
+pub struct Dirs {
+    pub state: PathBuf,
+    /// `vms/<sandbox>/`: control socket, console log, exit status.
+    pub vms: PathBuf,
+    /// `layers/*.qcow2`: writable and frozen disk layers.
+    pub layers: PathBuf,
+    /// `snapshots/<snapshot>/`: memory and device state.
+    pub snapshots: PathBuf,
+}
+
+impl Dirs {
+    pub fn new(state: PathBuf) -> Result<Dirs> {
+        let d = Dirs {
+            vms: state.join("vms"),
+            layers: state.join("layers"),
+            snapshots: state.join("snapshots"),
+            state,
+        };
+        for dir in [&d.vms, &d.layers, &d.snapshots] {
+            std::fs::create_dir_all(dir)
+                .map_err(Error::io(format!("creating {}", dir.display())))?;
+        }
+        Ok(d)
+    }
+
+    fn new_layer(&self, owner: &str) -> PathBuf {
+        self.layers.join(format!("{owner}-{}.qcow2", random_hex(4)))
+    }
+}
+
+pub struct Manager {
+    pub(crate) db: Db,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    pub(crate) runtime_info: RuntimeInfo,
+    pub(crate) cgroups: Cgroups,
+    pub(crate) dirs: Dirs,
+    pub metrics: Metrics,
+    locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    agents: Mutex<HashMap<String, AgentClient>>,
+}
+
+pub fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// `n` random bytes as hex, from the kernel's CSPRNG.
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    assert_eq!(got, n as isize, "getrandom failed");
+    hex::encode(buf)
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}-{}", random_hex(6))
+}
+
+impl Manager {
+    pub fn new(
+        db: Db,
+        runtime: Arc<dyn Runtime>,
+        runtime_info: RuntimeInfo,
+        cgroups: Cgroups,
+        dirs: Dirs,
+    ) -> Manager {
+        Manager {
+            db,
+            runtime,
+            runtime_info,
+            cgroups,
+            dirs,
+            metrics: Metrics::default(),
+            locks: Mutex::new(HashMap::new()),
+            agents: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<AsyncMutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(id.to_string()).or_default().clone()
+    }
+
+    /// Exclusive right to change sandbox `id`'s VM.
+    async fn lock(&self, id: &str) -> OwnedMutexGuard<()> {
+        self.lock_for(id).lock_owned().await
+    }
+
+    fn forget(&self, id: &str) {
+        self.locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        self.forget_agent(id);
+    }
+
+    /// Drops the cached agent connection (the VM changed or went away).
+    pub(crate) fn forget_agent(&self, id: &str) {
+        if let Some(c) = self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+        {
+            c.close();
+        }
+    }
+
+    pub(crate) fn sandbox_row(&self, id: &str) -> Result<SandboxRow> {
+        self.db
+            .sandbox(id)?
+            .ok_or_else(|| Error::not_found("sandbox", id))
+    }
+
+    pub(crate) fn snapshot_row(&self, id: &str) -> Result<SnapshotRow> {
+        self.db
+            .snapshot(id)?
+            .ok_or_else(|| Error::not_found("snapshot", id))
+    }
+
+    pub fn get(&self, id: &str) -> Result<Sandbox> {
+        Ok(self.view(&self.sandbox_row(id)?))
+    }
+
+    pub fn list(&self) -> Result<Vec<Sandbox>> {
+        Ok(self.db.sandboxes()?.iter().map(|r| self.view(r)).collect())
+    }
+
+    fn view(&self, r: &SandboxRow) -> Sandbox {
+        Sandbox {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            state: r.state.clone(),
+            runtime: r.runtime.clone(),
+            origin: r.origin.clone(),
+            hostname: r.hostname.clone(),
+            mem_mib: r.mem_mib,
+            vcpus: r.vcpus,
+            created_at: r.created_at,
+            pid: r.vm.as_ref().map(|v| v.process.pid),
+            limits: r.limits.clone(),
+            cgroup: r.cgroup.clone(),
+            depends_on: r.depends_on.clone(),
+            exit_reason: r.exit_reason.clone(),
+            exited_at: r.exited_at,
+        }
+    }
+
+    pub fn snapshot_view(&self, s: &SnapshotRow) -> Result<Snapshot> {
+        Ok(Snapshot {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            kind: s.kind,
+            runtime: s.runtime.clone(),
+            source_sandbox: s.source_sandbox.clone(),
+            depends_on: s.depends_on.clone(),
+            dependents: self.db.dependents(&s.id)?,
+            mem_mib: s.mem_mib,
+            vcpus: s.vcpus,
+            created_at: s.created_at,
+            size_bytes: s.size_bytes,
+            implicit: s.implicit,
+        })
+    }
+
+    /// Runs blocking runtime work off the async threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T> {
+        tokio::task::spawn_blocking(f)
+            .await
+            .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))
+    }
+
+    /// Creates `n` sandboxes (all or none).
+    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Vec<Sandbox>> {
+        req.validate()?;
+        let n = req.n.unwrap_or(1);
+        if let Some(name) = &req.name {
+            let taken = self.db.sandboxes()?.into_iter().any(|s| {
+                s.name
+                    .as_deref()
+                    .is_some_and(|x| x == name || x.starts_with(&format!("{name}-")))
+            });
+            if taken {
+                return Err(Error::Conflict(format!("a sandbox named {name:?} exists")));
+            }
+        }
+        let (source, origin, depends_on, mem_mib, vcpus) = if let Some(image) = &req.image {
+            let info = tokio::task::spawn_blocking({
+                let image = image.clone();
+                move || zygote_images::locate_image(&image)
+            })
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))??;
+            self.db
+                .note_image(&info.name, &info.sha256, &info.path, now())?;
+            (
+                BootSource::Image(info.path.clone()),
+                Origin::Image {
+                    name: info.name.clone(),
+                    sha256: info.sha256.clone(),
+                },
+                Vec::new(),
+                req.mem_mib.unwrap_or(DEFAULT_MEM_MIB),
+                req.vcpus.unwrap_or(1),
+            )
+        } else {
+            let id = req.snapshot.as_deref().unwrap_or_default();
+            let snap = self.snapshot_row(id)?;
+            self.check_runtime(&snap)?;
+            let mut deps = snap.depends_on.clone();
+            deps.push(snap.id.clone());
+            (
+                BootSource::Snapshot(snap.data.clone()),
+                Origin::Snapshot {
+                    id: snap.id.clone(),
+                },
+                deps,
+                snap.mem_mib,
+                snap.vcpus,
+            )
+        };
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let id = new_id("sb");
+            let name = req.name.as_ref().map(|base| match n {
+                1 => base.clone(),
+                _ => format!("{base}-{i}"),
+            });
+            let row = SandboxRow {
+                hostname: name.clone().unwrap_or_else(|| id.clone()),
+                id,
+                name,
+                state: STATE_CREATING.into(),
+                runtime: self.runtime.name().into(),
+                origin: origin.clone(),
+                mem_mib,
+                vcpus,
+                created_at: now(),
+                limits: req.limits.clone(),
+                cgroup: Default::default(),
+                vm: None,
+                depends_on: depends_on.clone(),
+                exit_reason: None,
+                exited_at: None,
+            };
+            let this = self.clone();
+            let source = source.clone();
+            tasks.push(tokio::spawn(
+                async move { this.create_one(row, source).await },
+            ));
+        }
+        let mut made = Vec::new();
+        let mut failure = None;
+        for t in tasks {
+            match t.await {
+                Ok(Ok(s)) => made.push(s),
+                Ok(Err(e)) => failure = failure.or(Some(e)),
+                Err(e) => failure = failure.or(Some(Error::Internal(e.to_string()))),
+            }
+        }
+        if let Some(e) = failure {
+            for s in &made {
+                let _ = self.delete(&s.id).await;
+            }
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    pub(crate) fn check_runtime(&self, snap: &SnapshotRow) -> Result<()> {
+        if snap.runtime != self.runtime.name() {
+            return Err(Error::Unsupported(format!(
+                "snapshot {} was taken with the {} runtime; this daemon runs {}",
+                snap.id,
+                snap.runtime,
+                self.runtime.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Prepares directory and cgroup for a new VM of `row` (recorded as creating).
+    fn prepare(&self, row: &mut SandboxRow, source: BootSource) -> Result<StartSpec> {
+        let dir = self.dirs.vms.join(&row.id);
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        if row.cgroup.path.is_none() {
+            row.cgroup = self.cgroups.create(&row.id, &row.limits);
+            for (limit, why) in &row.cgroup.not_applied {
+                tracing::info!("sandbox {}: {limit} not applied: {why}", row.id);
+            }
+        }
+        self.db.put_sandbox(row)?;
+        Ok(StartSpec {
+            dir,
+            disk: self.dirs.new_layer(&row.id),
+            mem_mib: row.mem_mib,
+            vcpus: row.vcpus,
+            source,
+            cgroup: row.cgroup.path.as_ref().map(PathBuf::from),
+            hostname: row.hostname.clone(),
+        })
+    }
+
+    async fn create_one(
+        self: Arc<Self>,
+        mut row: SandboxRow,
+        source: BootSource,
+    ) -> Result<Sandbox> {
+        let _guard = self.lock(&row.id).await;
+        let spec = match self.prepare(&mut row, source) {
+            Ok(s) => s,
+            Err(e) => {
+                self.discard(&row);
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
+        let rt = self.runtime.clone();
+        let result = self.blocking(move || rt.start(&spec)).await?;
+        match result {
+            Ok(vm) => {
+                self.metrics.boot.observe(started.elapsed());
+                row.vm = Some(vm);
+                row.state = STATE_RUNNING.into();
+                self.db.put_sandbox(&row)?;
+                tracing::info!(
+                    "sandbox {} running ({:.1}s)",
+                    row.id,
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(self.view(&row))
+            }
+            Err(e) => {
+                self.discard(&row);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Removes a sandbox that never ran: files, cgroup, record.
+    fn discard(&self, row: &SandboxRow) {
+        self.cleanup_files(row);
+        if let Err(e) = self.db.delete_sandbox(&row.id) {
+            tracing::warn!("forgetting {}: {e}", row.id);
+        }
+        self.forget(&row.id);
+    }
+
+    fn cleanup_files(&self, row: &SandboxRow) {
+        if let Some(cg) = &row.cgroup.path {
+            if let Err(e) = cgroup::destroy(std::path::Path::new(cg)) {
+                tracing::warn!("sandbox {}: {e}", row.id);
+            }
+        }
+        let dir = self.dirs.vms.join(&row.id);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {}: {e}", dir.display());
+            }
+        }
+    }
+
+    /// Kills the VM and removes everything the sandbox owns.
+    pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
+        let _guard = self.lock(id).await;
+        let row = self.sandbox_row(id)?;
+        if let Some(vm) = row.vm.clone() {
+            let rt = self.runtime.clone();
+            self.blocking(move || rt.destroy(&vm)).await?;
+        }
+        self.cleanup_files(&row);
+        self.db.delete_sandbox(id)?;
+        self.forget(id);
+        tracing::info!("sandbox {id} deleted");
+        self.collect_garbage()?;
+        Ok(())
+    }
+
+    /// A connected agent client for a running sandbox (cached).
+    pub(crate) async fn agent(&self, id: &str) -> Result<AgentClient> {
+        let row = self.sandbox_row(id)?;
+        let vm = self.running_vm(&row)?;
+        if let Some(c) = self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+        {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        let rt = self.runtime.clone();
+        let client = self
+            .blocking(move || rt.connect(&vm, Duration::from_secs(5)))
+            .await??;
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), client.clone());
+        Ok(client)
+    }
+
+    pub(crate) fn running_vm(&self, row: &SandboxRow) -> Result<VmRecord> {
+        match (&row.vm, row.state.as_str()) {
+            (Some(vm), STATE_RUNNING | STATE_PAUSED) => Ok(vm.clone()),
+            _ => Err(Error::NotRunning {
+                id: row.id.clone(),
+                state: row.state.clone(),
+            }),
+        }
+    }
+
+    /// Console output of a sandbox's VM.
+    pub fn logs(&self, id: &str) -> Result<String> {
+        let row = self.sandbox_row(id)?;
+        Ok(match &row.vm {
+            Some(vm) => self.runtime.console_log(vm),
+            None => String::new(),
+        })
+    }
+
+    /// Removes implicit snapshots (branch points) nothing depends on any more.
+    pub(crate) fn collect_garbage(&self) -> Result<()> {
+        loop {
+            let mut removed = false;
+            for s in self.db.snapshots()? {
+                if s.implicit && self.db.dependents(&s.id)?.is_empty() {
+                    self.remove_snapshot_files(&s);
+                    self.db.delete_snapshot(&s.id)?;
+                    tracing::info!("branch point {} collected", s.id);
+                    removed = true;
+                }
+            }
+            if !removed {
+                return Ok(());
+            }
+        }
+    }
+
+    pub(crate) fn remove_snapshot_files(&self, s: &SnapshotRow) {
+        let _ = std::fs::remove_file(&s.data.disk_layer);
+        if let Err(e) = std::fs::remove_dir_all(&s.data.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {}: {e}", s.data.dir.display());
+            }
+        }
+    }
+}

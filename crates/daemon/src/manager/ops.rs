@@ -1,0 +1,276 @@
+//! Branch, snapshot, restore and snapshot deletion.
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
+use crate::db::{SandboxRow, SnapshotRow};
+use crate::error::{Error, Result};
+use crate::model::{
+    BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind, SnapshotRequest,
+    Validate,
+};
+use crate::runtime::{BootSource, RuntimeError};
+
+impl Manager {
+    fn check_kind(&self, kind: SnapshotKind) -> Result<()> {
+        if kind != SnapshotKind::Branch && !self.runtime.snapshot_kinds().contains(&kind) {
+            return Err(Error::Unsupported(format!(
+                "the {} runtime does not take {} snapshots (it supports: {})",
+                self.runtime.name(),
+                kind.as_str(),
+                self.runtime
+                    .snapshot_kinds()
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Marks a sandbox paused for the duration of an operation that stops
+    /// its vCPUs (visible in the API; a restarted daemon resumes it).
+    fn set_state(&self, row: &mut SandboxRow, state: &str) -> Result<()> {
+        row.state = state.into();
+        self.db.put_sandbox(row)
+    }
+
+    pub async fn snapshot(self: &Arc<Self>, req: SnapshotRequest) -> Result<Snapshot> {
+        req.validate()?;
+        let kind = req.kind.unwrap_or(SnapshotKind::Full);
+        let _guard = self.lock(&req.sandbox).await;
+        let mut row = self.sandbox_row(&req.sandbox)?;
+        let mut vm = self.running_vm(&row)?;
+        self.check_kind(kind)?;
+        let id = new_id("snap");
+        let dir = self.dirs.snapshots.join(&id);
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        let next_disk = self.dirs.new_layer(&row.id);
+        self.set_state(&mut row, STATE_PAUSED)?;
+        let rt = self.runtime.clone();
+        let (result, vm) = self
+            .blocking(move || {
+                let r = rt.snapshot(&mut vm, kind, &dir, &next_disk);
+                (r, vm)
+            })
+            .await?;
+        row.state = STATE_RUNNING.into();
+        let data = match result {
+            Ok(d) => d,
+            Err(e) => {
+                self.db.put_sandbox(&row)?;
+                let _ = std::fs::remove_dir_all(self.dirs.snapshots.join(&id));
+                return Err(e.into());
+            }
+        };
+        let snap = SnapshotRow {
+            id: id.clone(),
+            name: req.name,
+            kind,
+            runtime: row.runtime.clone(),
+            source_sandbox: row.id.clone(),
+            depends_on: row.depends_on.clone(),
+            mem_mib: row.mem_mib,
+            vcpus: row.vcpus,
+            created_at: now(),
+            size_bytes: data.size_bytes(),
+            implicit: false,
+            data,
+        };
+        // The sandbox's disk now reads the snapshot's frozen layer.
+        row.depends_on.push(id);
+        row.vm = Some(vm);
+        self.db.commit(&[&row], &[&snap])?;
+        self.snapshot_view(&snap)
+    }
+
+    pub async fn branch(
+        self: &Arc<Self>,
+        parent_id: &str,
+        req: BranchRequest,
+    ) -> Result<BranchResponse> {
+        req.validate()?;
+        let count = req.count.unwrap_or(1);
+        let started = Instant::now();
+        let _guard = self.lock(parent_id).await;
+        let mut parent = self.sandbox_row(parent_id)?;
+        let mut vm = self.running_vm(&parent)?;
+        let point_id = new_id("snap");
+        let point_dir = self.dirs.snapshots.join(&point_id);
+        std::fs::create_dir_all(&point_dir)
+            .map_err(Error::io(format!("creating {}", point_dir.display())))?;
+        let mut children = Vec::new();
+        let mut specs = Vec::new();
+        let mut deps = parent.depends_on.clone();
+        deps.push(point_id.clone());
+        for _ in 0..count {
+            let id = new_id("sb");
+            let mut child = SandboxRow {
+                hostname: id.clone(),
+                id,
+                name: None,
+                state: STATE_CREATING.into(),
+                runtime: parent.runtime.clone(),
+                origin: Origin::Branch {
+                    parent: parent.id.clone(),
+                    branch_point: point_id.clone(),
+                },
+                mem_mib: parent.mem_mib,
+                vcpus: parent.vcpus,
+                created_at: now(),
+                limits: parent.limits.clone(),
+                cgroup: Default::default(),
+                vm: None,
+                depends_on: deps.clone(),
+                exit_reason: None,
+                exited_at: None,
+            };
+            // Placeholder source: the runtime substitutes the branch point.
+            let spec = self.prepare(&mut child, BootSource::Image(Default::default()))?;
+            specs.push(spec);
+            children.push(child);
+        }
+        let next_disk = self.dirs.new_layer(&parent.id);
+        self.set_state(&mut parent, STATE_PAUSED)?;
+        let rt = self.runtime.clone();
+        let (result, vm) = self
+            .blocking(move || {
+                let r = rt.branch(&mut vm, &point_dir, &next_disk, &specs);
+                (r, vm)
+            })
+            .await?;
+        parent.state = STATE_RUNNING.into();
+        let (data, results) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.db.put_sandbox(&parent)?;
+                for c in &children {
+                    self.discard(c);
+                }
+                let _ = std::fs::remove_dir_all(self.dirs.snapshots.join(&point_id));
+                return Err(e.into());
+            }
+        };
+        let point = SnapshotRow {
+            id: point_id.clone(),
+            name: None,
+            kind: SnapshotKind::Branch,
+            runtime: parent.runtime.clone(),
+            source_sandbox: parent.id.clone(),
+            depends_on: parent.depends_on.clone(),
+            mem_mib: parent.mem_mib,
+            vcpus: parent.vcpus,
+            created_at: now(),
+            size_bytes: data.size_bytes(),
+            implicit: true,
+            data,
+        };
+        parent.depends_on.push(point_id.clone());
+        parent.vm = Some(vm);
+        let mut failure: Option<RuntimeError> = None;
+        for (child, res) in children.iter_mut().zip(results) {
+            match res {
+                Ok(vm) => {
+                    child.vm = Some(vm);
+                    child.state = STATE_RUNNING.into();
+                }
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            // All or nothing: the parent keeps its new layer (recorded with
+            // the branch point), the children go.
+            self.db.commit(&[&parent], &[&point])?;
+            for c in &children {
+                if let Some(vm) = c.vm.clone() {
+                    let rt = self.runtime.clone();
+                    self.blocking(move || rt.destroy(&vm)).await?;
+                }
+                self.discard(c);
+            }
+            return Err(e.into());
+        }
+        let mut rows: Vec<&SandboxRow> = vec![&parent];
+        rows.extend(children.iter());
+        self.db.commit(&rows, &[&point])?;
+        self.metrics.branch.observe(started.elapsed());
+        Ok(BranchResponse {
+            parent: parent.id.clone(),
+            branch_point: point_id,
+            children: children.iter().map(|c| c.id.clone()).collect(),
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Replaces a sandbox's VM with one started from `snapshot_id`; the
+    /// sandbox keeps its id, name, hostname and limits.
+    pub async fn restore(self: &Arc<Self>, id: &str, snapshot_id: &str) -> Result<Sandbox> {
+        if snapshot_id.is_empty() {
+            return Err(Error::invalid("snapshot must name a snapshot"));
+        }
+        let _guard = self.lock(id).await;
+        let mut row = self.sandbox_row(id)?;
+        let snap = self.snapshot_row(snapshot_id)?;
+        self.check_runtime(&snap)?;
+        if let Some(vm) = row.vm.take() {
+            let rt = self.runtime.clone();
+            self.blocking(move || rt.destroy(&vm)).await?;
+        }
+        row.state = STATE_CREATING.into();
+        row.mem_mib = snap.mem_mib;
+        row.vcpus = snap.vcpus;
+        row.depends_on = snap.depends_on.clone();
+        row.depends_on.push(snap.id.clone());
+        row.exit_reason = None;
+        row.exited_at = None;
+        let spec = self.prepare(&mut row, BootSource::Snapshot(snap.data.clone()))?;
+        self.forget_agent(id);
+        let rt = self.runtime.clone();
+        let result = self.blocking(move || rt.start(&spec)).await?;
+        match result {
+            Ok(vm) => {
+                row.vm = Some(vm);
+                row.state = STATE_RUNNING.into();
+                self.db.put_sandbox(&row)?;
+                self.collect_garbage()?;
+                Ok(self.view(&row))
+            }
+            Err(e) => {
+                row.state = STATE_DEAD.into();
+                row.exit_reason = Some(format!("restore from {snapshot_id} failed: {e}"));
+                row.exited_at = Some(now());
+                self.db.put_sandbox(&row)?;
+                Err(e.into())
+            }
+        }
+    }
+
+    pub fn snapshots(&self) -> Result<Vec<Snapshot>> {
+        self.db
+            .snapshots()?
+            .iter()
+            .map(|s| self.snapshot_view(s))
+            .collect()
+    }
+
+    pub fn snapshot_get(&self, id: &str) -> Result<Snapshot> {
+        self.snapshot_view(&self.snapshot_row(id)?)
+    }
+
+    /// Deletes a snapshot nothing depends on.
+    pub fn delete_snapshot(&self, id: &str) -> Result<()> {
+        let snap = self.snapshot_row(id)?;
+        let dependents = self.db.dependents(id)?;
+        if !dependents.is_empty() {
+            return Err(Error::SnapshotInUse {
+                id: id.to_string(),
+                dependents: dependents.join(", "),
+            });
+        }
+        self.remove_snapshot_files(&snap);
+        self.db.delete_snapshot(id)?;
+        tracing::info!("snapshot {id} deleted");
+        self.collect_garbage()
+    }
+}

@@ -1,0 +1,144 @@
+//! Prometheus text exposition: sandbox counts by state, latency histograms
+//! for branch/exec/boot, and guest memory shared vs private per VM process
+//! (from /proc/<pid>/smaps_rollup: with fork-based branching children share
+//! their parent's pages; QEMU VMs keep theirs private).
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::db::SandboxRow;
+use crate::procs;
+
+/// Bucket upper bounds in seconds: from sub-millisecond forks to slow
+/// emulated boots.
+const BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            if secs <= *bound {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let c = self.counts[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {c}");
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    pub branch: Histogram,
+    pub exec: Histogram,
+    pub boot: Histogram,
+}
+
+impl Metrics {
+    pub fn render(&self, sandboxes: &[SandboxRow], snapshots: usize) -> String {
+        let mut out = String::new();
+        let mut by_state: BTreeMap<&str, u64> = ["creating", "running", "paused", "dead"]
+            .into_iter()
+            .map(|s| (s, 0))
+            .collect();
+        for s in sandboxes {
+            *by_state.entry(s.state.as_str()).or_default() += 1;
+        }
+        out.push_str(
+            "# HELP zygote_sandboxes Sandboxes by state.\n# TYPE zygote_sandboxes gauge\n",
+        );
+        for (state, n) in &by_state {
+            let _ = writeln!(out, "zygote_sandboxes{{state=\"{state}\"}} {n}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP zygote_snapshots Snapshots (incl. branch points).\n# TYPE zygote_snapshots gauge\nzygote_snapshots {snapshots}"
+        );
+        self.branch.render(
+            &mut out,
+            "zygote_branch_duration_seconds",
+            "Time to branch a sandbox (pause to all children answering).",
+        );
+        self.exec.render(
+            &mut out,
+            "zygote_exec_duration_seconds",
+            "Time from an exec request to the program's exit.",
+        );
+        self.boot.render(
+            &mut out,
+            "zygote_boot_duration_seconds",
+            "Time from create to the guest agent answering.",
+        );
+        out.push_str(
+            "# HELP zygote_vm_memory_bytes Resident memory of VM processes, shared with other processes or private.\n\
+             # TYPE zygote_vm_memory_bytes gauge\n",
+        );
+        let (mut shared, mut private) = (0u64, 0u64);
+        for s in sandboxes {
+            let Some(vm) = &s.vm else { continue };
+            if !vm.process.is_alive() {
+                continue;
+            }
+            let Some(m) = procs::memory_use(vm.process.pid) else {
+                continue;
+            };
+            shared += m.shared;
+            private += m.private;
+            let _ = writeln!(
+                out,
+                "zygote_vm_memory_bytes{{sandbox=\"{}\",kind=\"shared\"}} {}\n\
+                 zygote_vm_memory_bytes{{sandbox=\"{}\",kind=\"private\"}} {}",
+                s.id, m.shared, s.id, m.private
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP zygote_vm_memory_total_bytes Sum over VM processes.\n# TYPE zygote_vm_memory_total_bytes gauge\n\
+             zygote_vm_memory_total_bytes{{kind=\"shared\"}} {shared}\nzygote_vm_memory_total_bytes{{kind=\"private\"}} {private}"
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let h = Histogram::default();
+        h.observe(Duration::from_millis(3));
+        h.observe(Duration::from_secs(2));
+        let mut out = String::new();
+        h.render(&mut out, "x", "help");
+        assert!(out.contains("x_bucket{le=\"0.001\"} 0"));
+        assert!(out.contains("x_bucket{le=\"0.005\"} 1"));
+        assert!(out.contains("x_bucket{le=\"2.5\"} 2"));
+        assert!(out.contains("x_bucket{le=\"+Inf\"} 2"));
+        assert!(out.contains("x_count 2"));
+    }
+}

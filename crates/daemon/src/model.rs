@@ -1,0 +1,586 @@
+//! The REST API's JSON bodies, with validation. Every request type rejects
+//! unknown fields, and [`Validate`] turns out-of-range values into 400s
+//! before anything is started.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::{Error, Result};
+
+/// Limits on what one request may ask for.
+pub const MAX_FAN_OUT: u32 = 16;
+/// Guest RAM when a create request names none.
+pub const DEFAULT_MEM_MIB: u32 = 256;
+pub const MAX_BRANCH_COUNT: u32 = 16;
+pub const MIN_MEM_MIB: u32 = 64;
+pub const MAX_MEM_MIB: u32 = 65536;
+pub const MAX_VCPUS: u32 = 32;
+pub const MAX_ARGV: usize = 4096;
+pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// Largest file body accepted by `PUT .../files` (and the HTTP body limit).
+pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+pub const MAX_STDIN_BYTES: usize = 8 * 1024 * 1024;
+
+pub trait Validate {
+    fn validate(&self) -> Result<()>;
+}
+
+/// Names (sandbox/snapshot labels, hostnames): 1-63 of `[a-z0-9-]`, not
+/// starting or ending with `-` (so every name is also a valid hostname).
+pub fn validate_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "{what} {name:?} must be 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
+        )))
+    }
+}
+
+/// Guest paths must be absolute, without NUL, at most 4096 bytes.
+pub fn validate_guest_path(path: &str) -> Result<()> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(Error::invalid(format!(
+            "path {path:?} must be absolute, at most 4096 bytes, without NUL"
+        )));
+    }
+    Ok(())
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display>(what: &str, v: T, lo: T, hi: T) -> Result<()> {
+    if v < lo || v > hi {
+        return Err(Error::invalid(format!(
+            "{what} must be in {lo}..={hi}, got {v}"
+        )));
+    }
+    Ok(())
+}
+
+/// cgroup v2 limits for a sandbox's VM process.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// `memory.max` in MiB (covers guest RAM and the VMM's own memory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u64>,
+    /// `cpu.max` as a percentage of one CPU (100 = one full core).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<u32>,
+    /// `pids.max` (threads count too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+}
+
+impl Validate for Limits {
+    fn validate(&self) -> Result<()> {
+        if let Some(m) = self.memory_mib {
+            in_range("limits.memory_mib", m, 64, 1 << 20)?;
+        }
+        if let Some(c) = self.cpu_percent {
+            in_range("limits.cpu_percent", c, 1, 100 * 1024)?;
+        }
+        if let Some(p) = self.pids {
+            in_range("limits.pids", p, 8, 1 << 22)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    /// Image name (e.g. `minimal`) or `name-sha256` prefix; exclusive with `snapshot`.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// Snapshot id to start from (its memory, processes and files).
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Optional label; also the guest hostname (a suffix is added for n > 1).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// How many sandboxes to create (fan-out), 1..=16.
+    #[serde(default)]
+    pub n: Option<u32>,
+    /// Guest RAM in MiB (image boots only; a snapshot keeps its own).
+    #[serde(default)]
+    pub mem_mib: Option<u32>,
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+impl Validate for CreateSandboxRequest {
+    fn validate(&self) -> Result<()> {
+        match (&self.image, &self.snapshot) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid("give either image or snapshot, not both"))
+            }
+            (None, None) => {
+                return Err(Error::invalid("give an image or a snapshot to start from"))
+            }
+            (Some(i), None) if i.is_empty() || i.len() > 200 => {
+                return Err(Error::invalid("image must be 1-200 characters"))
+            }
+            _ => {}
+        }
+        if let Some(name) = &self.name {
+            validate_name("name", name)?;
+        }
+        in_range("n", self.n.unwrap_or(1), 1, MAX_FAN_OUT)?;
+        if let Some(m) = self.mem_mib {
+            in_range("mem_mib", m, MIN_MEM_MIB, MAX_MEM_MIB)?;
+        }
+        if let Some(v) = self.vcpus {
+            in_range("vcpus", v, 1, MAX_VCPUS)?;
+        }
+        if self.snapshot.is_some() && (self.mem_mib.is_some() || self.vcpus.is_some()) {
+            return Err(Error::invalid(
+                "mem_mib and vcpus come from the snapshot; leave them out",
+            ));
+        }
+        self.limits.validate()
+    }
+}
+
+/// What a sandbox was started from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Origin {
+    Image {
+        name: String,
+        sha256: String,
+    },
+    Snapshot {
+        id: String,
+    },
+    Branch {
+        parent: String,
+        branch_point: String,
+    },
+}
+
+/// What happened to a VM's cgroup and limits.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CgroupReport {
+    /// The cgroup v2 directory holding the VM process, if one was made.
+    pub path: Option<String>,
+    /// Limits written (`memory.max`, `cpu.max`, `pids.max`).
+    pub applied: Vec<String>,
+    /// Requested limits that could not be applied, and why.
+    pub not_applied: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    pub id: String,
+    pub name: Option<String>,
+    /// `creating`, `running`, `paused` (during branch/snapshot), `dead`.
+    pub state: String,
+    /// `qemu` or `kvm`.
+    pub runtime: String,
+    pub origin: Origin,
+    /// Guest hostname given at boot/branch.
+    pub hostname: String,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    pub created_at: u64,
+    /// Pid of the VM process (QEMU or zygote's VMM).
+    pub pid: Option<u32>,
+    pub limits: Limits,
+    pub cgroup: CgroupReport,
+    /// Snapshots (incl. branch points) whose disk layers this sandbox reads.
+    pub depends_on: Vec<String>,
+    /// Why the VM stopped, when state is `dead`.
+    pub exit_reason: Option<String>,
+    pub exited_at: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Program and arguments (`argv[0]` is searched in the guest's PATH).
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// UTF-8 text written to stdin (then closed); `/dev/null` when absent.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl Validate for ExecRequest {
+    fn validate(&self) -> Result<()> {
+        if self.argv.is_empty() || self.argv[0].is_empty() {
+            return Err(Error::invalid("argv must name a program"));
+        }
+        if self.argv.len() > MAX_ARGV {
+            return Err(Error::invalid(format!(
+                "argv has more than {MAX_ARGV} entries"
+            )));
+        }
+        if self.argv.iter().any(|a| a.contains('\0')) {
+            return Err(Error::invalid("argv entries must not contain NUL"));
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+                return Err(Error::invalid(format!("bad environment variable {k:?}")));
+            }
+        }
+        if let Some(cwd) = &self.cwd {
+            validate_guest_path(cwd)?;
+        }
+        if self
+            .stdin
+            .as_ref()
+            .is_some_and(|s| s.len() > MAX_STDIN_BYTES)
+        {
+            return Err(Error::invalid(format!(
+                "stdin exceeds {MAX_STDIN_BYTES} bytes"
+            )));
+        }
+        if let Some(t) = self.timeout_ms {
+            in_range("timeout_ms", t, 1, MAX_EXEC_TIMEOUT_MS)?;
+        }
+        Ok(())
+    }
+}
+
+/// Result of a non-streaming exec. Output is decoded as UTF-8 (invalid
+/// sequences replaced); use the streaming form for exact bytes.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ExecResponse {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// One line of the NDJSON stream of `POST .../exec/stream`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    /// The program runs (pid in the guest).
+    Started { pid: u32 },
+    /// A chunk of output; `data` is base64 of the exact bytes.
+    Output { stream: String, data: String },
+    /// Terminal: how it ended.
+    Exit {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+    /// Terminal: it could not run or the sandbox went away.
+    Error { code: String, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Absolute path in the guest.
+    pub path: String,
+    /// Permission bits for written files, octal digits (e.g. `644`).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink`, `other`.
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct DirListing {
+    pub path: String,
+    pub entries: Vec<FileEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct WriteResult {
+    pub path: String,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchRequest {
+    /// Number of children, 1..=16.
+    #[serde(default)]
+    pub count: Option<u32>,
+}
+
+impl Validate for BranchRequest {
+    fn validate(&self) -> Result<()> {
+        in_range("count", self.count.unwrap_or(1), 1, MAX_BRANCH_COUNT)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BranchResponse {
+    pub parent: String,
+    /// The snapshot the children (and the parent's new disk layer) share.
+    pub branch_point: String,
+    pub children: Vec<String>,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// All guest memory and device state (the VM pauses while it is written).
+    Full,
+    /// Only memory dirtied since the parent snapshot, layered on it.
+    Diff,
+    /// Taken without stopping the guest for the copy (copy-on-write).
+    Live,
+    /// Created by a branch: what the children and the parent share.
+    Branch,
+}
+
+impl SnapshotKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Full => "full",
+            SnapshotKind::Diff => "diff",
+            SnapshotKind::Live => "live",
+            SnapshotKind::Branch => "branch",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SnapshotKind> {
+        [Self::Full, Self::Diff, Self::Live, Self::Branch]
+            .into_iter()
+            .find(|k| k.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// Which sandbox to snapshot.
+    pub sandbox: String,
+    /// `full` (default), `diff` or `live`, as the runtime supports (see `GET /v1/info`).
+    #[serde(default)]
+    pub kind: Option<SnapshotKind>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+impl Validate for SnapshotRequest {
+    fn validate(&self) -> Result<()> {
+        if self.sandbox.is_empty() {
+            return Err(Error::invalid("sandbox must name a sandbox"));
+        }
+        if self.kind == Some(SnapshotKind::Branch) {
+            return Err(Error::invalid(
+                "branch snapshots are made by POST .../branch",
+            ));
+        }
+        if let Some(name) = &self.name {
+            validate_name("name", name)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub id: String,
+    pub name: Option<String>,
+    pub kind: SnapshotKind,
+    pub runtime: String,
+    /// The sandbox it was taken of.
+    pub source_sandbox: String,
+    /// Snapshots whose layers this one builds on (oldest first).
+    pub depends_on: Vec<String>,
+    /// Sandboxes and snapshots that need this one (deleting it is refused while any do).
+    pub dependents: Vec<String>,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    pub created_at: u64,
+    /// Bytes of its own files (memory state and disk layer).
+    pub size_bytes: u64,
+    /// Made implicitly (by a branch); removed automatically once nothing depends on it.
+    pub implicit: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// Snapshot to roll the sandbox back (or forward) to.
+    pub snapshot: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Image {
+    pub name: String,
+    pub sha256: String,
+    pub size_bytes: u64,
+    pub disk_bytes: u64,
+    pub description: String,
+    pub built_at: u64,
+}
+
+impl From<&zygote_images::ImageInfo> for Image {
+    fn from(i: &zygote_images::ImageInfo) -> Self {
+        Image {
+            name: i.name.clone(),
+            sha256: i.sha256.clone(),
+            size_bytes: i.size_bytes,
+            disk_bytes: i.disk_bytes,
+            description: i.description.clone(),
+            built_at: i.built_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ImageList {
+    pub images: Vec<Image>,
+    /// Recipes that `POST /v1/images/build` accepts.
+    pub recipes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildImageRequest {
+    /// Recipe name (e.g. `minimal`).
+    pub name: String,
+}
+
+/// One line of the NDJSON stream of `POST /v1/images/build`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BuildEvent {
+    Progress { line: String },
+    Done { image: Image },
+    Error { code: String, message: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct RuntimeInfo {
+    /// `qemu` or `kvm`: the runtime new sandboxes use.
+    pub name: String,
+    /// Why this runtime was picked.
+    pub reason: String,
+    /// How branch works on it.
+    pub branch: String,
+    pub snapshot_kinds: Vec<SnapshotKind>,
+    /// Runtimes not in use and why.
+    pub unavailable: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Info {
+    pub version: String,
+    pub runtime: RuntimeInfo,
+    /// cgroup v2 support: where VM cgroups go and which limits can be applied.
+    pub cgroups: CgroupInfo,
+    pub state_dir: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct CgroupInfo {
+    pub root: Option<String>,
+    pub controllers: Vec<String>,
+    /// Why limits cannot be applied (empty when they can).
+    pub limitations: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_hostname_safe() {
+        for ok in ["a", "web-1", "x0"] {
+            assert!(validate_name("name", ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"x".repeat(64)] {
+            assert!(validate_name("name", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn create_request_bounds() {
+        let ok = CreateSandboxRequest {
+            image: Some("minimal".into()),
+            ..Default::default()
+        };
+        assert!(ok.validate().is_ok());
+        let both = CreateSandboxRequest {
+            snapshot: Some("snap-1".into()),
+            ..ok.clone()
+        };
+        assert!(both.validate().is_err());
+        for n in [0, MAX_FAN_OUT + 1] {
+            let r = CreateSandboxRequest {
+                n: Some(n),
+                ..ok.clone()
+            };
+            assert!(r.validate().is_err(), "n={n}");
+        }
+        let mem = CreateSandboxRequest {
+            mem_mib: Some(1),
+            ..ok.clone()
+        };
+        assert!(mem.validate().is_err());
+        let lim = CreateSandboxRequest {
+            limits: Limits {
+                pids: Some(1),
+                ..Default::default()
+            },
+            ..ok
+        };
+        assert!(lim.validate().is_err());
+    }
+
+    #[test]
+    fn exec_request_checks() {
+        assert!(ExecRequest::default().validate().is_err());
+        let mut r = ExecRequest {
+            argv: vec!["true".into()],
+            ..Default::default()
+        };
+        assert!(r.validate().is_ok());
+        r.cwd = Some("relative".into());
+        assert!(r.validate().is_err());
+        r.cwd = None;
+        r.env.insert("A=B".into(), "x".into());
+        assert!(r.validate().is_err());
+    }
+}

@@ -1,0 +1,127 @@
+//! Facts about host processes from /proc: identity (pid + start time, so a
+//! recycled pid is never mistaken for our VM) and memory sharing.
+use serde::{Deserialize, Serialize};
+
+/// A process identified robustly: pids are recycled, but (pid, start time
+/// in clock ticks since boot) is unique for the life of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcId {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+impl ProcId {
+    /// The identity of the running process `pid`, if there is one.
+    pub fn of(pid: u32) -> Option<ProcId> {
+        start_time(pid).map(|start_time| ProcId { pid, start_time })
+    }
+
+    /// Whether this exact process still exists (zombies count as gone).
+    pub fn is_alive(&self) -> bool {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        match parse_stat(&stat) {
+            Some((state, start)) => start == self.start_time && state != 'Z' && state != 'X',
+            None => false,
+        }
+    }
+
+    /// Sends `signal` if the process is still this one. Returns whether it was sent.
+    pub fn signal(&self, signal: i32) -> bool {
+        if !self.is_alive() {
+            return false;
+        }
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(self.pid as libc::pid_t, signal) == 0 }
+    }
+}
+
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, start)| start)
+}
+
+/// (state, starttime) from a /proc/<pid>/stat line. The command name (field
+/// 2) may contain spaces and parentheses, so fields are counted from the
+/// last ')'.
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state is field 3 overall, starttime field 22.
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(22 - 3)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// Resident memory of a process split into pages shared with other
+/// processes and pages private to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    pub rss: u64,
+    pub shared: u64,
+    pub private: u64,
+}
+
+/// From /proc/<pid>/smaps_rollup (kB values converted to bytes).
+pub fn memory_use(pid: u32) -> Option<MemoryUse> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    Some(parse_smaps_rollup(&text))
+}
+
+pub fn parse_smaps_rollup(text: &str) -> MemoryUse {
+    let mut m = MemoryUse::default();
+    for line in text.lines() {
+        let mut parts = line.split_whitespace();
+        let (Some(key), Some(val)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(kb) = val.parse::<u64>() else { continue };
+        let bytes = kb * 1024;
+        match key {
+            "Rss:" => m.rss = bytes,
+            "Shared_Clean:" | "Shared_Dirty:" => m.shared += bytes,
+            "Private_Clean:" | "Private_Dirty:" => m.private += bytes,
+            _ => {}
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_command_name() {
+        let line = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_stat(line), Some(('S', 987654)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn own_process_identity() {
+        let me = ProcId::of(std::process::id()).expect("we exist");
+        assert!(me.is_alive());
+        let recycled = ProcId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(
+            !recycled.is_alive(),
+            "a different start time is a different process"
+        );
+        assert!(!recycled.signal(0));
+    }
+
+    #[test]
+    fn smaps_rollup_sums() {
+        let text = "00400000-7fff [rollup]\nRss:  300 kB\nPss: 200 kB\nShared_Clean: 100 kB\n\
+                    Shared_Dirty: 20 kB\nPrivate_Clean: 30 kB\nPrivate_Dirty: 150 kB\n";
+        let m = parse_smaps_rollup(text);
+        assert_eq!(m.rss, 300 * 1024);
+        assert_eq!(m.shared, 120 * 1024);
+        assert_eq!(m.private, 180 * 1024);
+        assert!(memory_use(std::process::id()).is_some_and(|m| m.rss > 0));
+    }
+}

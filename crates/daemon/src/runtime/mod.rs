@@ -1,0 +1,216 @@
+//! Runtimes: how a sandbox's VM is started, branched, snapshotted and
+//! stopped. The daemon talks to one [`Runtime`] trait object, picked at
+//! start-up ([`select`]); everything runtime-specific that must survive a
+//! daemon restart lives in the serialized [`VmRecord`] / [`SnapshotData`].
+pub mod kvm;
+pub mod qemu;
+pub mod qmp;
+pub mod supervisor;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use zygote_proto::client::{AgentClient, ClientError};
+
+use crate::model::SnapshotKind;
+use crate::procs::ProcId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("runtime unavailable: {0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("VM failed to start: {0}")]
+    Boot(String),
+    #[error("VM control: {0}")]
+    Qmp(#[from] qmp::QmpError),
+    #[error(transparent)]
+    Qemu(#[from] zygote_qemu::QemuError),
+    #[error("agent: {0}")]
+    Agent(#[from] ClientError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RuntimeError {
+    pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
+        let context = context.into();
+        move |source| RuntimeError::Io { context, source }
+    }
+}
+
+/// The runtime's handle on one running VM; stored in the database, so a
+/// restarted daemon can find, control and kill the VM again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmRecord {
+    /// Per-VM directory: control socket, logs, exit status.
+    pub dir: PathBuf,
+    /// The VM process (QEMU, or zygote's VMM).
+    pub process: ProcId,
+    /// The process waiting for it that records its exit status.
+    pub supervisor: Option<ProcId>,
+    /// `127.0.0.1:<port>` forwarded to the guest agent.
+    pub agent_addr: String,
+    /// Control endpoint (QMP socket for qemu).
+    pub control: PathBuf,
+    /// The writable disk layer the VM uses now (owned by the sandbox).
+    pub disk: PathBuf,
+    /// `tcg` / `kvm` for qemu; snapshots only restore on the same.
+    pub accel: String,
+}
+
+/// A snapshot's runtime-specific files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotData {
+    /// The snapshot's own directory (memory/device state).
+    pub dir: PathBuf,
+    /// Memory and device state.
+    pub state_file: PathBuf,
+    /// The frozen disk layer the snapshot owns (read-only backing file of
+    /// every VM started from it, and of the source VM's next layer).
+    pub disk_layer: PathBuf,
+    pub accel: String,
+}
+
+impl SnapshotData {
+    /// Bytes on disk of the files this snapshot owns.
+    pub fn size_bytes(&self) -> u64 {
+        [&self.state_file, &self.disk_layer]
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                m.blocks() * 512
+            })
+            .sum()
+    }
+}
+
+/// What to boot.
+#[derive(Debug, Clone)]
+pub enum BootSource {
+    /// A base ext4 image (raw), never written.
+    Image(PathBuf),
+    /// A snapshot's memory/device state and disk layer.
+    Snapshot(SnapshotData),
+}
+
+/// Everything needed to start one VM.
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    /// The VM directory (exists, empty).
+    pub dir: PathBuf,
+    /// Where to create the VM's writable disk layer.
+    pub disk: PathBuf,
+    pub mem_mib: u32,
+    pub vcpus: u32,
+    pub source: BootSource,
+    /// cgroup to place the VM process in.
+    pub cgroup: Option<PathBuf>,
+    /// Given to the guest after a snapshot/branch start (reidentify).
+    pub hostname: String,
+}
+
+/// A VM that is gone, and why.
+#[derive(Debug, Clone)]
+pub struct Exit {
+    pub reason: String,
+}
+
+pub trait Runtime: Send + Sync {
+    /// `qemu` or `kvm`.
+    fn name(&self) -> &'static str;
+    /// One line on how branch works here (shown by `GET /v1/info`).
+    fn branch_mechanism(&self) -> &'static str;
+    fn snapshot_kinds(&self) -> Vec<SnapshotKind>;
+
+    /// Starts a VM and returns once its agent answers (and, for snapshot
+    /// sources, once it was re-identified). On error nothing is left running.
+    fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError>;
+
+    /// A fresh connection to the VM's agent.
+    fn connect(&self, vm: &VmRecord, timeout: Duration) -> Result<AgentClient, RuntimeError>;
+
+    /// Captures the VM into `snap_dir`. The VM keeps running afterwards on a
+    /// new disk layer at `next_disk` (its record is updated); the returned
+    /// data owns the previous layer.
+    fn snapshot(
+        &self,
+        vm: &mut VmRecord,
+        kind: SnapshotKind,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<SnapshotData, RuntimeError>;
+
+    /// Branches `parent` into `children.len()` new VMs sharing its state at
+    /// one instant; `point_dir`/`next_disk` as for [`Runtime::snapshot`].
+    /// Returns the branch point and one result per child.
+    fn branch(
+        &self,
+        parent: &mut VmRecord,
+        point_dir: &Path,
+        next_disk: &Path,
+        children: &[StartSpec],
+    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError>;
+
+    /// After a daemon restart: makes sure an alive VM is usable again
+    /// (e.g. resumes one left paused by an interrupted snapshot).
+    fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError>;
+
+    /// None while the VM process lives; otherwise why it ended.
+    fn exit_status(&self, vm: &VmRecord) -> Option<Exit>;
+
+    /// Kills the VM and removes its directory and disk layer.
+    fn destroy(&self, vm: &VmRecord);
+
+    /// Serial console output so far.
+    fn console_log(&self, vm: &VmRecord) -> String {
+        std::fs::read_to_string(vm.dir.join("serial.log")).unwrap_or_default()
+    }
+}
+
+/// The runtime the daemon uses and why.
+pub struct Selected {
+    pub runtime: Arc<dyn Runtime>,
+    pub reason: String,
+    /// Runtimes not chosen, with the reason.
+    pub unavailable: Vec<(String, String)>,
+}
+
+/// `kvm` (zygote's VMM) when it can serve sandboxes here, else `qemu`.
+/// `forced` ("kvm"/"qemu") skips the choice and fails if that runtime
+/// cannot work here.
+pub fn select(forced: Option<&str>) -> Result<Selected, RuntimeError> {
+    // See kvm.rs: the VMM process cannot host a sandbox's disk and agent yet,
+    // so kvm is never selectable; the reason is reported instead.
+    let kvm_reason = kvm::unavailable_reason();
+    match forced {
+        None | Some("qemu") => Ok(Selected {
+            runtime: Arc::new(qemu::QemuRuntime::new()?),
+            reason: match forced {
+                Some(_) => "requested with --runtime qemu".into(),
+                None => {
+                    "the kvm runtime is unavailable (see unavailable); QEMU runs everywhere".into()
+                }
+            },
+            unavailable: vec![("kvm".into(), kvm_reason)],
+        }),
+        Some("kvm") => Err(RuntimeError::Unavailable(format!("kvm: {kvm_reason}"))),
+        Some(other) => Err(RuntimeError::Unavailable(format!(
+            "unknown runtime {other:?} (kvm or qemu)"
+        ))),
+    }
+}

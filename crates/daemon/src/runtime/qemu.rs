@@ -1,0 +1,371 @@
+//! The qemu runtime: QEMU microvm (KVM when the host can, else TCG), one
+//! detached QEMU per sandbox, branch and snapshots with QEMU's own tools:
+//! `stop`, `migrate` of RAM and device state to a file, `blockdev-snapshot-sync`
+//! to freeze the disk layer, `cont`; new VMs start with `-incoming` from the
+//! file on an overlay of the frozen layer, then are re-identified.
+use std::fs::File;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use zygote_proto::client::{wait_healthy, AgentClient};
+use zygote_proto::{ReidentifyRequest, UnixTime};
+use zygote_qemu::migrate::{create_overlay_on, detached_args, DetachedVm};
+use zygote_qemu::{Accel, QemuConfig};
+
+use super::qmp::Qmp;
+use super::supervisor;
+use super::{BootSource, Exit, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord};
+use crate::model::SnapshotKind;
+
+const QEMU: &str = "qemu-system-x86_64";
+/// Generous: several TCG guests may boot at once on two busy cores.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+const PORT_ATTEMPTS: usize = 3;
+
+pub struct QemuRuntime {
+    /// The guest kernel, located (or built) on first use.
+    kernel: Mutex<Option<PathBuf>>,
+}
+
+impl QemuRuntime {
+    pub fn new() -> Result<QemuRuntime, RuntimeError> {
+        let found = std::process::Command::new(QEMU)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status();
+        if let Err(e) = found {
+            return Err(RuntimeError::Unavailable(format!(
+                "{QEMU}: {e} (install qemu-system-x86 and qemu-utils)"
+            )));
+        }
+        Ok(QemuRuntime {
+            kernel: Mutex::new(None),
+        })
+    }
+
+    fn kernel(&self) -> Result<PathBuf, RuntimeError> {
+        let mut k = self.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = &*k {
+            return Ok(path.clone());
+        }
+        let info = zygote_images::build_kernel(&mut |line| tracing::info!("kernel: {line}"))
+            .map_err(|e| RuntimeError::Unavailable(format!("guest kernel: {e}")))?;
+        *k = Some(info.vmlinux.clone());
+        Ok(info.vmlinux)
+    }
+
+    fn config(&self, spec: &StartSpec) -> Result<QemuConfig, RuntimeError> {
+        let image = match &spec.source {
+            BootSource::Image(p) => p.clone(),
+            BootSource::Snapshot(s) => s.disk_layer.clone(),
+        };
+        let mut cfg = QemuConfig::new(self.kernel()?, image);
+        cfg.mem_mib = spec.mem_mib;
+        cfg.vcpus = spec.vcpus;
+        Ok(cfg)
+    }
+
+    fn start_once(
+        &self,
+        spec: &StartSpec,
+        cfg: &QemuConfig,
+        accel: Accel,
+    ) -> Result<VmRecord, RuntimeError> {
+        let dir = &spec.dir;
+        let vm = DetachedVm {
+            overlay: spec.disk.clone(),
+            serial_log: dir.join("serial.log"),
+            qmp_socket: dir.join("qmp.sock"),
+            pid_file: dir.join("qemu.pid"),
+            host_port: free_port()?,
+            incoming: match &spec.source {
+                BootSource::Snapshot(s) => Some(s.state_file.clone()),
+                BootSource::Image(_) => None,
+            },
+        };
+        for f in [&vm.qmp_socket, &vm.pid_file, &dir.join("exit")] {
+            let _ = std::fs::remove_file(f);
+        }
+        let stderr_path = dir.join("qemu.stderr");
+        let stderr =
+            File::create(&stderr_path).map_err(RuntimeError::io("creating qemu.stderr"))?;
+        let args = detached_args(cfg, accel, &vm);
+        let supervisor = supervisor::spawn(QEMU, &args, dir, spec.cgroup.as_deref(), stderr)?;
+        let record = |process| VmRecord {
+            dir: dir.clone(),
+            process,
+            supervisor: Some(supervisor),
+            agent_addr: format!("127.0.0.1:{}", vm.host_port),
+            control: vm.qmp_socket.clone(),
+            disk: spec.disk.clone(),
+            accel: accel.as_str().to_string(),
+        };
+        let process =
+            match supervisor::wait_pid_file(&vm.pid_file, &supervisor, Duration::from_secs(30)) {
+                Ok(p) => p,
+                Err(e) => {
+                    supervisor::kill_and_wait(&supervisor, None);
+                    return Err(boot_error(e, dir));
+                }
+            };
+        let rec = record(process);
+        if let Err(e) = self.bring_up(&rec, spec) {
+            supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
+            return Err(boot_error(e, dir));
+        }
+        Ok(rec)
+    }
+
+    /// From a started QEMU to a guest answering with its new identity.
+    fn bring_up(&self, rec: &VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
+        if let BootSource::Snapshot(_) = spec.source {
+            let mut qmp = Qmp::connect(&rec.control, Duration::from_secs(30))?;
+            qmp.wait_migration(MIGRATION_TIMEOUT)?;
+            // The state was saved from a stopped VM, so it arrives stopped.
+            qmp.cont()?;
+        }
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let client = loop {
+            if !rec.process.is_alive() {
+                return Err(RuntimeError::Boot("QEMU exited".into()));
+            }
+            let slice = (Instant::now() + Duration::from_secs(2)).min(deadline);
+            match wait_healthy(&rec.agent_addr, slice) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(RuntimeError::Boot(format!(
+                        "the agent did not answer within {BOOT_TIMEOUT:?}: {e}"
+                    )))
+                }
+                Err(_) => {}
+            }
+        };
+        reidentify(&client, &spec.hostname)?;
+        Ok(())
+    }
+
+    /// stop → migrate to `<snap_dir>/state` → freeze the disk layer → cont.
+    /// Any failure resumes the VM unchanged.
+    fn capture(
+        &self,
+        vm: &mut VmRecord,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<SnapshotData, RuntimeError> {
+        let state_file = snap_dir.join("state");
+        let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        qmp.stop()?;
+        let uri = format!(
+            "exec:cat > '{}'",
+            state_file.display().to_string().replace('\'', r"'\''")
+        );
+        let captured = qmp
+            .migrate(&uri, MIGRATION_TIMEOUT)
+            .and_then(|_| qmp.snapshot_disk("root", next_disk));
+        let resumed = qmp.cont();
+        if let Err(e) = captured {
+            let _ = std::fs::remove_file(&state_file);
+            let _ = std::fs::remove_file(next_disk);
+            return Err(e.into());
+        }
+        resumed?;
+        let data = SnapshotData {
+            dir: snap_dir.to_path_buf(),
+            state_file,
+            disk_layer: vm.disk.clone(),
+            accel: vm.accel.clone(),
+        };
+        vm.disk = next_disk.to_path_buf();
+        Ok(data)
+    }
+}
+
+fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
+    let stderr = std::fs::read_to_string(dir.join("qemu.stderr")).unwrap_or_default();
+    let serial = std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default();
+    let tail: Vec<&str> = serial.lines().rev().take(20).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    RuntimeError::Boot(format!(
+        "{e}\n--- qemu stderr ---\n{}\n--- serial console (last lines) ---\n{}",
+        stderr.trim(),
+        tail.join("\n")
+    ))
+}
+
+/// Fresh entropy, hostname and clock, so siblings never share RNG state.
+fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), RuntimeError> {
+    let mut entropy = vec![0u8; 64];
+    {
+        use std::io::Read;
+        File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut entropy))
+            .map_err(RuntimeError::io("reading /dev/urandom"))?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    client.reidentify(ReidentifyRequest {
+        entropy,
+        hostname: Some(hostname.to_string()),
+        time: Some(UnixTime {
+            secs: now.as_secs() as i64,
+            nanos: now.subsec_nanos(),
+        }),
+    })?;
+    Ok(())
+}
+
+fn free_port() -> Result<u16, RuntimeError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(RuntimeError::io("finding a free local port"))
+}
+
+impl Runtime for QemuRuntime {
+    fn name(&self) -> &'static str {
+        "qemu"
+    }
+
+    fn branch_mechanism(&self) -> &'static str {
+        "QEMU: stop, migrate RAM+device state to a file, freeze the qcow2 layer \
+         (blockdev-snapshot-sync), children start with -incoming on overlays of it, then reidentify"
+    }
+
+    fn snapshot_kinds(&self) -> Vec<SnapshotKind> {
+        vec![SnapshotKind::Full]
+    }
+
+    fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
+        let cfg = self.config(spec)?;
+        let accel = match &spec.source {
+            BootSource::Snapshot(s) if s.accel == "kvm" => Accel::Kvm,
+            BootSource::Snapshot(_) => Accel::Tcg,
+            BootSource::Image(_) => zygote_qemu::detect_accel(),
+        };
+        match &spec.source {
+            BootSource::Image(base) => create_overlay_on(base, "raw", &spec.disk)?,
+            BootSource::Snapshot(s) => create_overlay_on(&s.disk_layer, "qcow2", &spec.disk)?,
+        }
+        let mut attempt = 0;
+        let result = loop {
+            attempt += 1;
+            match self.start_once(spec, &cfg, accel) {
+                // QEMU could not bind the forwarded port we picked: someone
+                // else took it between our probe and QEMU's bind.
+                Err(RuntimeError::Boot(msg))
+                    if attempt < PORT_ATTEMPTS && msg.contains("host forwarding") =>
+                {
+                    tracing::debug!("host port taken, retrying: {msg}");
+                }
+                other => break other,
+            }
+        };
+        if result.is_err() {
+            let _ = std::fs::remove_file(&spec.disk);
+        }
+        result
+    }
+
+    fn connect(&self, vm: &VmRecord, timeout: Duration) -> Result<AgentClient, RuntimeError> {
+        Ok(AgentClient::connect_tcp(&vm.agent_addr, timeout)?)
+    }
+
+    fn snapshot(
+        &self,
+        vm: &mut VmRecord,
+        kind: SnapshotKind,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<SnapshotData, RuntimeError> {
+        match kind {
+            SnapshotKind::Full | SnapshotKind::Branch => self.capture(vm, snap_dir, next_disk),
+            other => Err(RuntimeError::Unsupported(format!(
+                "the qemu runtime takes full snapshots only ({} needs zygote's VMM: the kvm runtime)",
+                other.as_str()
+            ))),
+        }
+    }
+
+    fn branch(
+        &self,
+        parent: &mut VmRecord,
+        point_dir: &Path,
+        next_disk: &Path,
+        children: &[StartSpec],
+    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
+        let point = self.capture(parent, point_dir, next_disk)?;
+        // Children load the same state file concurrently.
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = children
+                .iter()
+                .map(|c| {
+                    let mut spec = c.clone();
+                    spec.source = BootSource::Snapshot(point.clone());
+                    s.spawn(move || self.start(&spec))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
+                })
+                .collect()
+        });
+        Ok((point, results))
+    }
+
+    fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {
+        let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        let status = qmp.status()?;
+        // Left paused by a snapshot/branch the previous daemon did not finish.
+        if matches!(status.as_str(), "paused" | "postmigrate") {
+            tracing::info!("resuming VM in {} ({status})", vm.dir.display());
+            qmp.cont()?;
+        }
+        Ok(())
+    }
+
+    fn exit_status(&self, vm: &VmRecord) -> Option<Exit> {
+        if vm.process.is_alive() {
+            return None;
+        }
+        // The supervisor writes the status right after QEMU ends.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let status = loop {
+            match supervisor::recorded_status(&vm.dir) {
+                Some(s) => break Some(s),
+                None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                None => break None,
+            }
+        };
+        let mut reason = match status {
+            Some(s) => supervisor::describe_status("QEMU", s),
+            None => "QEMU and its supervisor are gone (no exit status was recorded)".to_string(),
+        };
+        let stderr = std::fs::read_to_string(vm.dir.join("qemu.stderr")).unwrap_or_default();
+        if !stderr.trim().is_empty() {
+            reason.push_str(&format!(": {}", stderr.trim()));
+        }
+        let serial = self.console_log(vm);
+        if let Some(panic) = serial.lines().find(|l| l.contains("Kernel panic")) {
+            reason.push_str(&format!(" (guest: {})", panic.trim()));
+        }
+        Some(Exit { reason })
+    }
+
+    fn destroy(&self, vm: &VmRecord) {
+        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
+        let _ = std::fs::remove_file(&vm.disk);
+        if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {}: {e}", vm.dir.display());
+            }
+        }
+    }
+}

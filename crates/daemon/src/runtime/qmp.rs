@@ -1,0 +1,178 @@
+//! A minimal blocking QMP (QEMU Machine Protocol) client over a Unix socket,
+//! enough to pause/resume a VM, snapshot its disk and migrate its state to a
+//! file (what zygoted's branch and snapshot use).
+//!
+//! QMP is line-delimited JSON: after the greeting the client must send
+//! `qmp_capabilities`; every command gets one `return` or `error` reply, and
+//! asynchronous `event` objects may arrive in between (they are skipped).
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    #[error("QMP socket {path}: {source}")]
+    Connect {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("QMP i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("QMP connection closed by QEMU")]
+    Closed,
+    #[error("QMP sent something that is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("QMP command {command} failed: {class}: {desc}")]
+    Command {
+        command: String,
+        class: String,
+        desc: String,
+    },
+    #[error("migration {0}")]
+    Migration(String),
+    #[error("timed out after {after:?} waiting for {what}")]
+    Timeout { what: String, after: Duration },
+}
+
+/// One QMP session.
+pub struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    /// Connects, reads the greeting and negotiates capabilities. Retries the
+    /// connect until `timeout` (QEMU creates the socket a moment after start).
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Qmp, QmpError> {
+        let deadline = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::trace!("QMP connect {}: {e}", path.display());
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(source) => {
+                    return Err(QmpError::Connect {
+                        path: path.display().to_string(),
+                        source,
+                    })
+                }
+            }
+        };
+        // A wedged QEMU must not hang the caller forever.
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let writer = stream.try_clone()?;
+        let mut qmp = Qmp {
+            reader: BufReader::new(stream),
+            writer,
+        };
+        let greeting = qmp.read_message()?;
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Command {
+                command: "greeting".into(),
+                class: "Protocol".into(),
+                desc: format!("unexpected greeting {greeting}"),
+            });
+        }
+        qmp.execute("qmp_capabilities", json!({}))?;
+        Ok(qmp)
+    }
+
+    fn read_message(&mut self) -> Result<Value, QmpError> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(QmpError::Closed);
+        }
+        Ok(serde_json::from_str(&line)?)
+    }
+
+    /// Runs one command and returns its `return` value.
+    pub fn execute(&mut self, command: &str, arguments: Value) -> Result<Value, QmpError> {
+        let mut msg = serde_json::to_vec(&json!({"execute": command, "arguments": arguments}))?;
+        msg.push(b'\n');
+        self.writer.write_all(&msg)?;
+        loop {
+            let reply = self.read_message()?;
+            if let Some(ret) = reply.get("return") {
+                return Ok(ret.clone());
+            }
+            if let Some(err) = reply.get("error") {
+                let field = |k: &str| err.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                return Err(QmpError::Command {
+                    command: command.to_string(),
+                    class: field("class"),
+                    desc: field("desc"),
+                });
+            }
+            // An asynchronous event (STOP, RESUME, MIGRATION, ...): not ours.
+        }
+    }
+
+    /// `stop`: pause the vCPUs (QEMU drains and flushes block I/O first).
+    pub fn stop(&mut self) -> Result<(), QmpError> {
+        self.execute("stop", json!({})).map(drop)
+    }
+
+    /// `cont`: resume (also re-activates block devices after an outgoing migration).
+    pub fn cont(&mut self) -> Result<(), QmpError> {
+        self.execute("cont", json!({})).map(drop)
+    }
+
+    /// The run state (`running`, `paused`, `inmigrate`, `postmigrate`, ...).
+    pub fn status(&mut self) -> Result<String, QmpError> {
+        let st = self.execute("query-status", json!({}))?;
+        Ok(st
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string())
+    }
+
+    /// Switches `device` to a new qcow2 overlay at `overlay` whose backing
+    /// file is the image the device was writing to, which becomes read-only.
+    pub fn snapshot_disk(&mut self, device: &str, overlay: &Path) -> Result<(), QmpError> {
+        self.execute(
+            "blockdev-snapshot-sync",
+            json!({"device": device, "snapshot-file": overlay.display().to_string(), "format": "qcow2"}),
+        )
+        .map(drop)
+    }
+
+    /// Starts an outgoing migration to `uri` and waits for it to complete.
+    pub fn migrate(&mut self, uri: &str, timeout: Duration) -> Result<Value, QmpError> {
+        self.execute("migrate", json!({"uri": uri}))?;
+        self.wait_migration(timeout)
+    }
+
+    /// Polls `query-migrate` until the migration (outgoing or incoming)
+    /// completes; returns the final statistics.
+    pub fn wait_migration(&mut self, timeout: Duration) -> Result<Value, QmpError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let info = self.execute("query-migrate", json!({}))?;
+            match info.get("status").and_then(Value::as_str) {
+                Some("completed") => return Ok(info),
+                Some(s @ ("failed" | "cancelled")) => {
+                    let why = info
+                        .get("error-desc")
+                        .and_then(Value::as_str)
+                        .unwrap_or("no reason given");
+                    return Err(QmpError::Migration(format!("{s}: {why}")));
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(QmpError::Timeout {
+                    what: "migration".into(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! VM processes that outlive the daemon.
+//!
+//! Each VM program (QEMU, or zygote's VMM) runs under a tiny `/bin/sh`
+//! supervisor in its own session and cgroup. The shell waits for the VM and
+//! writes its exit status to `<vm dir>/exit`, so why a VM died is known even
+//! if the daemon was down (or restarted) when it happened. VMs deliberately
+//! have no parent-death signal: a daemon restart re-attaches to them.
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::RuntimeError;
+use crate::procs::ProcId;
+
+/// `exit.tmp` + rename: the daemon never reads a half-written status.
+const SCRIPT: &str = r#""$@"; status=$?; echo "$status" > exit.tmp && mv exit.tmp exit"#;
+
+/// Starts `program args` in `dir` under the supervisor shell, with stderr
+/// to `stderr` and, if given, inside `cgroup`. Returns the shell's identity.
+pub fn spawn(
+    program: &str,
+    args: &[String],
+    dir: &Path,
+    cgroup: Option<&Path>,
+    stderr: File,
+) -> Result<ProcId, RuntimeError> {
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(SCRIPT)
+        .arg("zygote-vm")
+        .arg(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr);
+    // Opened before fork: the child only has to write "0" (= "me") to it,
+    // which moves it, and everything it starts, into the cgroup. The fd is
+    // close-on-exec, so the VM does not inherit it.
+    let procs: Option<File> = cgroup.and_then(|cg| {
+        let path = cg.join("cgroup.procs");
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| tracing::warn!("cannot open {}: {e}; VM runs outside it", path.display()))
+            .ok()
+    });
+    let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
+    // SAFETY: only async-signal-safe calls (setsid, write) run between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            // Own session: a terminal's Ctrl-C aimed at `zygote serve` must not kill VMs.
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(fd) = procs_fd {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| RuntimeError::Spawn {
+        program: program.to_string(),
+        source,
+    })?;
+    drop(procs);
+    let id = ProcId::of(child.id());
+    // Reap the shell when it ends (after a daemon restart init does that).
+    let spawned = std::thread::Builder::new()
+        .name("zygote-vm-reaper".into())
+        .spawn(move || {
+            let _ = child.wait();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a reaper thread: {e}");
+    }
+    id.ok_or_else(|| RuntimeError::Boot(format!("{program} exited immediately")))
+}
+
+/// Waits until the VM program wrote its pid file; fails if the supervisor
+/// ended first (the VM could not start) or after `timeout`.
+pub fn wait_pid_file(
+    pid_file: &Path,
+    supervisor: &ProcId,
+    timeout: Duration,
+) -> Result<ProcId, RuntimeError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(id) = std::fs::read_to_string(pid_file)
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .and_then(ProcId::of)
+        {
+            return Ok(id);
+        }
+        if !supervisor.is_alive() {
+            return Err(RuntimeError::Boot(
+                "the VM process exited during start-up".into(),
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(RuntimeError::Boot(format!(
+                "no pid file {} after {timeout:?}",
+                pid_file.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The exit status the supervisor recorded, if any.
+pub fn recorded_status(dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(dir.join("exit"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Shell exit status -> words (the shell reports death by signal N as 128+N).
+pub fn describe_status(program: &str, status: i32) -> String {
+    match status {
+        0 => format!("{program} exited normally (the guest shut down or rebooted)"),
+        s if s > 128 && s < 128 + 65 => {
+            let sig = s - 128;
+            // SAFETY: strsignal returns a pointer to a static or thread-local string.
+            let name = unsafe {
+                let p = libc::strsignal(sig);
+                if p.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            };
+            format!("{program} was killed by signal {sig} ({name})")
+        }
+        s => format!("{program} exited with status {s}"),
+    }
+}
+
+/// Kills `vm` (if it is still that process) and waits for it and its
+/// supervisor to be gone, up to a few seconds.
+pub fn kill_and_wait(vm: &ProcId, supervisor: Option<&ProcId>) {
+    vm.signal(libc::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while (vm.is_alive() || supervisor.is_some_and(ProcId::is_alive)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if let Some(s) = supervisor {
+        // A supervisor that outlived its VM would only write the exit file.
+        s.signal(libc::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_words() {
+        assert!(describe_status("qemu", 0).contains("normally"));
+        assert!(describe_status("qemu", 137).contains("signal 9"));
+        assert!(describe_status("qemu", 1).contains("status 1"));
+    }
+
+    #[test]
+    fn supervisor_records_exit_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = File::create(dir.path().join("err")).unwrap();
+        let sup = spawn(
+            "sh",
+            &["-c".into(), "echo $$ > pid; exit 3".into()],
+            dir.path(),
+            None,
+            err,
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while recorded_status(dir.path()).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(recorded_status(dir.path()), Some(3));
+        while sup.is_alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!sup.is_alive());
+    }
+}

@@ -1,0 +1,263 @@
+//! Running the daemon: state directory and token, runtime selection,
+//! re-attachment, and serving the API on TCP (optionally TLS) or a Unix socket.
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::rustls;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+
+use crate::api::{self, AppState};
+use crate::cgroup::Cgroups;
+use crate::db::Db;
+use crate::error::{Error, Result};
+use crate::manager::{random_hex, Dirs, Manager};
+use crate::model::RuntimeInfo;
+use crate::runtime;
+
+/// Default TCP address (loopback only: the token is the only protection).
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+
+/// `zygoted` / `zygote serve` options.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// TCP address to listen on.
+    #[arg(long, default_value = DEFAULT_LISTEN)]
+    pub listen: String,
+    /// Listen on this Unix socket instead of TCP (clients: ZYGOTE_URL=unix:///path).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub unix: Option<PathBuf>,
+    /// State directory (database, token, VM files); default $ZYGOTE_STATE_DIR,
+    /// else $XDG_STATE_HOME/zygote, else ~/.local/state/zygote.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Force a runtime (`qemu` or `kvm`) instead of picking the best one.
+    #[arg(long)]
+    pub runtime: Option<String>,
+    /// Parent cgroup v2 directory for VM cgroups (default: <our cgroup>/zygote;
+    /// $ZYGOTE_CGROUP_ROOT also works).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup_root: Option<PathBuf>,
+}
+
+/// The state directory a daemon (and a client looking for its token) uses.
+pub fn state_dir(explicit: Option<&Path>) -> PathBuf {
+    if let Some(d) = explicit {
+        return d.to_path_buf();
+    }
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env("ZYGOTE_STATE_DIR") {
+        return d;
+    }
+    if let Some(d) = env("XDG_STATE_HOME") {
+        return d.join("zygote");
+    }
+    env("HOME")
+        .unwrap_or_else(|| PathBuf::from("/root"))
+        .join(".local/state/zygote")
+}
+
+/// The API token: `<state>/token`, created (0600) on first start.
+pub fn load_or_create_token(state: &Path) -> Result<String> {
+    let path = state.join("token");
+    match std::fs::read_to_string(&path) {
+        Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()))(e)),
+    }
+    let token = random_hex(32);
+    let tmp = state.join(format!("token.tmp-{}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(Error::io(format!("creating {}", tmp.display())))?;
+    f.write_all(format!("{token}\n").as_bytes())
+        .and_then(|_| f.sync_all())
+        .map_err(Error::io("writing the token"))?;
+    std::fs::rename(&tmp, &path).map_err(Error::io(format!("creating {}", path.display())))?;
+    Ok(token)
+}
+
+/// Opens state, picks the runtime, re-attaches to VMs of a previous run.
+pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
+    let state = state_dir(args.state_dir.as_deref());
+    std::fs::create_dir_all(&state).map_err(Error::io(format!("creating {}", state.display())))?;
+    let token = load_or_create_token(&state)?;
+    let db = Db::open(&state.join("zygote.db"))?;
+    let dirs = Dirs::new(state.clone())?;
+    let forced = args.runtime.as_deref();
+    let selected = runtime::select(forced)?;
+    let info = RuntimeInfo {
+        name: selected.runtime.name().into(),
+        reason: selected.reason.clone(),
+        branch: selected.runtime.branch_mechanism().into(),
+        snapshot_kinds: selected.runtime.snapshot_kinds(),
+        unavailable: selected.unavailable.into_iter().collect(),
+    };
+    tracing::info!("runtime {}: {}", info.name, info.reason);
+    let cgroup_root = args
+        .cgroup_root
+        .clone()
+        .or_else(|| std::env::var_os("ZYGOTE_CGROUP_ROOT").map(PathBuf::from));
+    let cgroups = Cgroups::detect(cgroup_root);
+    for l in &cgroups.info().limitations {
+        tracing::warn!("cgroups: {l}");
+    }
+    let manager = Arc::new(Manager::new(db, selected.runtime, info, cgroups, dirs));
+    manager.reattach_all().await?;
+    tokio::spawn(manager.clone().watch());
+    Ok(AppState {
+        manager,
+        token: Arc::new(token),
+    })
+}
+
+/// Serves until SIGINT/SIGTERM. VMs keep running when the daemon stops; the
+/// next start re-attaches to them.
+pub async fn serve(args: ServeArgs) -> Result<()> {
+    let state = build_state(&args).await?;
+    let app = api::app(state);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down (VMs keep running)");
+    };
+    if let Some(path) = &args.unix {
+        let _ = std::fs::remove_file(path);
+        let listener = tokio::net::UnixListener::bind(path)
+            .map_err(Error::io(format!("binding {}", path.display())))?;
+        announce(&format!("unix://{}", path.display()));
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    } else {
+        let tcp = TcpListener::bind(&args.listen)
+            .await
+            .map_err(Error::io(format!("binding {}", args.listen)))?;
+        let addr = tcp.local_addr().map_err(Error::io("local address"))?;
+        match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => {
+                let listener = TlsListener::new(tcp, tls_acceptor(cert, key)?);
+                announce(&format!("https://{addr}"));
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }
+            _ => {
+                announce(&format!("http://{addr}"));
+                axum::serve(tcp, app).with_graceful_shutdown(shutdown).await
+            }
+        }
+    }
+    .map_err(Error::io("serving"))
+}
+
+/// One line on stdout with the URL, so scripts and tests can find the
+/// daemon (with `--listen 127.0.0.1:0` the port is chosen by the kernel).
+fn announce(url: &str) {
+    println!("zygoted listening on {url}");
+    let _ = std::io::stdout().flush();
+    tracing::info!("listening on {url}");
+}
+
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let bad =
+        |what: &Path, e: &dyn std::fmt::Display| Error::invalid(format!("{}: {e}", what.display()));
+    let certs = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| bad(cert, &e))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(cert, &e))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| bad(key, &e))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Internal(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| Error::invalid(format!("TLS certificate/key: {e}")))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// TLS on top of a TCP listener. Handshakes run in their own tasks (with a
+/// deadline), so one slow client cannot hold up the others.
+struct TlsListener {
+    rx: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    addr: SocketAddr,
+}
+
+impl TlsListener {
+    fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> TlsListener {
+        let addr = tcp.local_addr().expect("bound listener has an address");
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match tcp.accept().await {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let acceptor = acceptor.clone();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream))
+                        .await
+                    {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!("TLS handshake with {peer}: {e}"),
+                        Err(_) => tracing::debug!("TLS handshake with {peer} timed out"),
+                    }
+                });
+            }
+        });
+        TlsListener { rx, addr }
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.rx.recv().await {
+            Some(conn) => conn,
+            // The accept task never ends while the listener lives.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        Ok(self.addr)
+    }
+}
