@@ -53,6 +53,53 @@ struct BranchBench {
     child_restore_ms: Summary,
     /// full pause p50 / fork pause p50.
     full_over_fork: f64,
+    /// Baseline measured in the same run: fork(2) of this process holding the same
+    /// amount of populated MADV_HUGEPAGE memory and no VM (the kernel's floor).
+    bare_fork_ms: Summary,
+    /// fork-mode pause p50 / bare fork p50.
+    fork_pause_over_bare_fork: f64,
+}
+
+/// fork(2) cost of a process holding `mem_mib` of populated THP memory and nothing else
+/// VM-related: the floor for a fork-based branch on this host.
+fn bare_fork_baseline(mem_mib: u64, iterations: usize) -> anyhow::Result<Vec<Duration>> {
+    let len = (mem_mib << 20) as usize;
+    // SAFETY: private anonymous mapping, unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    anyhow::ensure!(p != libc::MAP_FAILED, "mmap for the baseline failed");
+    // SAFETY: advising and touching our own mapping.
+    unsafe {
+        libc::madvise(p, len, libc::MADV_HUGEPAGE);
+        for off in (0..len).step_by(4096) {
+            (p as *mut u8).add(off).write_volatile(1);
+        }
+    }
+    let mut out = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let t = Instant::now();
+        // SAFETY: the child only exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: leave at once.
+            unsafe { libc::_exit(0) };
+        }
+        out.push(t.elapsed());
+        anyhow::ensure!(pid > 0, "fork failed");
+        // SAFETY: reaping our child.
+        unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    }
+    // SAFETY: unmapping what we mapped.
+    unsafe { libc::munmap(p, len) };
+    Ok(out)
 }
 
 pub fn sink(_: usize) -> SerialOut {
@@ -80,6 +127,11 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
     let work = tempfile::Builder::new()
         .prefix("zygote-bench-branch-")
         .tempdir_in(args.work_dir.clone().unwrap_or_else(std::env::temp_dir))?;
+    eprintln!(
+        "baseline: bare fork(2) with {} MiB of populated THP memory...",
+        args.mem_mib
+    );
+    let bare = bare_fork_baseline(args.mem_mib, args.iterations)?;
     eprintln!(
         "booting a {} MiB probe VM and populating its memory...",
         args.mem_mib
@@ -140,7 +192,10 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
             total_ms: Summary::of(&total[k]),
         })
         .collect();
+    let bare_fork_ms = Summary::of(&bare);
     let result = BranchBench {
+        fork_pause_over_bare_fork: modes[0].pause_ms.p50 / bare_fork_ms.p50,
+        bare_fork_ms,
         mem_mib: args.mem_mib,
         iterations: args.iterations,
         populated_pages,
@@ -179,6 +234,12 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
             ms(result.fork_syscall_ms.p50),
             ms(result.fork_resume_ms.p50),
             ms(result.child_restore_ms.p50),
+        );
+        println!(
+            "baseline bare fork(2) of {} MiB THP: p50 {} ms; fork pause / bare fork = {:.2}x",
+            result.mem_mib,
+            ms(result.bare_fork_ms.p50),
+            result.fork_pause_over_bare_fork
         );
         println!("full/fork pause ratio {:.0}x", result.full_over_fork);
     }
