@@ -349,8 +349,14 @@ impl Runtime for QemuRuntime {
             None => "QEMU and its supervisor are gone (no exit status was recorded)".to_string(),
         };
         let stderr = std::fs::read_to_string(vm.dir.join("qemu.stderr")).unwrap_or_default();
-        if !stderr.trim().is_empty() {
-            reason.push_str(&format!(": {}", stderr.trim()));
+        // The supervisor shell adds its own "Killed"-style line: not news.
+        let stderr: Vec<&str> = stderr
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with("zygote-vm: "))
+            .filter(|l| !matches!(l.trim(), "Killed" | "Terminated" | "Aborted"))
+            .collect();
+        if !stderr.is_empty() {
+            reason.push_str(&format!(": {}", stderr.join("; ")));
         }
         let serial = self.console_log(vm);
         if let Some(panic) = serial.lines().find(|l| l.contains("Kernel panic")) {

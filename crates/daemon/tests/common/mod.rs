@@ -1,0 +1,169 @@
+//! Shared set-up for zygoted tests: a daemon process on a private state
+//! directory, a client for it, and clean-up that kills exactly the
+//! processes this test started (by pid).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zygote_daemon::client::Client;
+
+pub struct Daemon {
+    pub child: Child,
+    pub url: String,
+    pub state: PathBuf,
+}
+
+/// Starts `zygoted` with `args` on `state` and waits for its URL line.
+pub fn start_daemon(state: &Path, args: &[&str]) -> Daemon {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_zygoted"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(args)
+        // Quiet unless asked: libtest cannot capture a child process's output.
+        .env(
+            "ZYGOTE_LOG",
+            std::env::var("ZYGOTE_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("starting zygoted");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix("zygoted listening on ") {
+                let _ = tx.send(url.to_string());
+            }
+        }
+    });
+    let url = match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(url) => url,
+        Err(_) => {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("zygoted did not start: {status:?}");
+        }
+    };
+    Daemon {
+        child,
+        url,
+        state: state.to_path_buf(),
+    }
+}
+
+impl Daemon {
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.state.join("token"))
+            .expect("token file")
+            .trim()
+            .to_string()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&self.url, Some(self.token())).expect("client")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL, no chance to clean up: what a crash looks like.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SIGTERM: a graceful stop (VMs survive it by design).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Pids of processes whose command line mentions `dir`: the VMs (and their
+/// supervisors) a daemon on that state directory started.
+pub fn processes_using(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_string_lossy().to_string();
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills everything [`processes_using`] finds (by pid) and removes the
+/// cgroups listed, so a failed test leaves nothing behind.
+pub struct Cleanup {
+    pub state: PathBuf,
+    pub cgroups: std::sync::Mutex<Vec<PathBuf>>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for pid in processes_using(&self.state) {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for cg in self.cgroups.lock().unwrap().iter() {
+            let _ = std::fs::remove_dir(cg);
+        }
+    }
+}
+
+/// Blocks until `f` returns Some or `timeout` passes.
+pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Files left under a directory (recursively), for "nothing left behind".
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+            out.push(p);
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}

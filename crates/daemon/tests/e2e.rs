@@ -1,0 +1,447 @@
+//! End-to-end: a real `zygoted` booting real Linux guests. The same suite
+//! runs on the qemu runtime (everywhere; TCG here) and on the kvm runtime
+//! (only where the host has hardware virtualization; skipped otherwise).
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use serde_json::{json, Value};
+use zygote_daemon::client::{Client, ClientError};
+use zygote_daemon::model::{
+    BranchResponse, ExecEvent, ExecResponse, Sandbox, SandboxList, Snapshot, SnapshotList,
+};
+
+use common::{eventually, files_under, processes_using, start_daemon, Cleanup};
+
+fn step(t0: Instant, what: &str) {
+    let _ = writeln!(
+        std::io::stderr(),
+        "[{:6.1}s] {what}",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+async fn exec(c: &Client, id: &str, script: &str) -> ExecResponse {
+    c.json(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", script]})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("exec {script:?} in {id}: {e}"))
+}
+
+async fn read(c: &Client, id: &str, path: &str) -> Result<String, ClientError> {
+    c.raw(
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/files?path={path}"),
+        None,
+    )
+    .await
+    .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+async fn write(c: &Client, id: &str, path: &str, data: &str) {
+    let body = Some((
+        bytes::Bytes::from(data.to_string()),
+        "application/octet-stream",
+    ));
+    c.raw(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/files?path={path}"),
+        body,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("write {path} in {id}: {e}"));
+}
+
+async fn get(c: &Client, id: &str) -> Sandbox {
+    c.json(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
+        .await
+        .unwrap()
+}
+
+async fn suite(runtime: &str) {
+    let t0 = Instant::now();
+    let kernel = zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
+    let image = zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}"))
+        .expect("minimal image");
+    step(
+        t0,
+        &format!("kernel {} and image {} ready", kernel.release, image.sha256),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let cleanup = Cleanup {
+        state: state.clone(),
+        cgroups: Default::default(),
+    };
+    let d1 = start_daemon(&state, &["--listen", "127.0.0.1:0", "--runtime", runtime]);
+    let c = d1.client();
+    let info: Value = c.json(Method::GET, "/v1/info", None::<&()>).await.unwrap();
+    assert_eq!(info["runtime"]["name"], runtime, "{info}");
+    step(t0, &format!("daemon up: {}", info["runtime"]["reason"]));
+
+    // Create from an image, with limits this host may or may not apply.
+    let made: SandboxList = c
+        .json(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"image": "minimal", "name": "e2e-a", "limits": {"memory_mib": 1024, "pids": 512}})),
+        )
+        .await
+        .expect("create");
+    let a = made.sandboxes[0].clone();
+    step(t0, &format!("created {} (pid {:?})", a.id, a.pid));
+    assert_eq!(a.state, "running");
+    assert_eq!(a.runtime, runtime);
+    let cg = a
+        .cgroup
+        .path
+        .clone()
+        .expect("a cgroup v2 directory for the VM");
+    cleanup.cgroups.lock().unwrap().push(cg.clone().into());
+    let controllers: Vec<String> =
+        serde_json::from_value(info["cgroups"]["controllers"].clone()).unwrap();
+    for (file, ctl) in [("memory.max", "memory"), ("pids.max", "pids")] {
+        let applied = a.cgroup.applied.iter().any(|x| x.starts_with(file));
+        let explained = a.cgroup.not_applied.contains_key(file);
+        assert!(applied ^ explained, "{file}: {:?}", a.cgroup);
+        assert_eq!(
+            applied,
+            controllers.iter().any(|c| c == ctl),
+            "{:?}",
+            a.cgroup
+        );
+    }
+    let procs = std::fs::read_to_string(std::path::Path::new(&cg).join("cgroup.procs")).unwrap();
+    assert!(
+        procs
+            .split_whitespace()
+            .any(|p| p == a.pid.unwrap().to_string()),
+        "QEMU in its cgroup: {procs}"
+    );
+
+    // Streaming exec: output arrives while the program still runs.
+    let mut events: Vec<(Instant, ExecEvent)> = Vec::new();
+    c.ndjson(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/exec/stream", a.id),
+        &json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.5; done; echo bye >&2"]}),
+        |ev: ExecEvent| events.push((Instant::now(), ev)),
+    )
+    .await
+    .expect("exec stream");
+    assert!(
+        matches!(events.first(), Some((_, ExecEvent::Started { .. }))),
+        "{events:?}"
+    );
+    let first_output = events
+        .iter()
+        .find(|(_, e)| matches!(e, ExecEvent::Output { .. }))
+        .expect("output events")
+        .0;
+    let (end, last) = events.last().unwrap();
+    assert!(
+        matches!(
+            last,
+            ExecEvent::Exit {
+                exit_code: Some(0),
+                ..
+            }
+        ),
+        "{last:?}"
+    );
+    assert!(
+        end.duration_since(first_output) >= Duration::from_millis(700),
+        "first output came only {:?} before the exit: not streamed",
+        end.duration_since(first_output)
+    );
+    let stdout: Vec<u8> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            ExecEvent::Output { stream, data } if stream == "stdout" => {
+                Some(zygote_proto::b64::decode(data).unwrap())
+            }
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(String::from_utf8_lossy(&stdout), "line1\nline2\nline3\n");
+    let r = exec(&c, &a.id, "echo out; echo err >&2; exit 3").await;
+    assert_eq!(
+        (r.exit_code, r.stdout.as_str(), r.stderr.as_str()),
+        (Some(3), "out\n", "err\n")
+    );
+    step(t0, "exec streamed and collected");
+
+    // Files.
+    write(&c, &a.id, "/root/data.txt", "parent data").await;
+    assert_eq!(
+        read(&c, &a.id, "/root/data.txt").await.unwrap(),
+        "parent data"
+    );
+    let listing: Value = c
+        .json(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/files/list?path=/root", a.id),
+            None::<&()>,
+        )
+        .await
+        .unwrap();
+    assert!(
+        listing["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "data.txt"),
+        "{listing}"
+    );
+    let missing = read(&c, &a.id, "/root/nope").await.unwrap_err();
+    assert_eq!(missing.code(), Some("guest_not_found"));
+
+    // Branch into two children: isolated from each other and the parent.
+    let br: BranchResponse = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/branch", a.id),
+            Some(&json!({"count": 2})),
+        )
+        .await
+        .expect("branch");
+    step(
+        t0,
+        &format!("branched into {:?} in {} ms", br.children, br.duration_ms),
+    );
+    let (b, cc) = (br.children[0].clone(), br.children[1].clone());
+    for child in [&b, &cc] {
+        cleanup
+            .cgroups
+            .lock()
+            .unwrap()
+            .extend(get(&c, child).await.cgroup.path.map(Into::into));
+        assert_eq!(
+            read(&c, child, "/root/data.txt").await.unwrap(),
+            "parent data"
+        );
+        assert_eq!(
+            exec(&c, child, "hostname").await.stdout.trim(),
+            child.as_str()
+        );
+    }
+    write(&c, &b, "/root/child.txt", "only in b").await;
+    assert_eq!(read(&c, &b, "/root/child.txt").await.unwrap(), "only in b");
+    for other in [&cc, &a.id] {
+        let e = read(&c, other, "/root/child.txt").await.unwrap_err();
+        assert_eq!(e.code(), Some("guest_not_found"), "{other}: {e}");
+    }
+    write(&c, &a.id, "/root/parent-after.txt", "x").await;
+    assert_eq!(
+        read(&c, &b, "/root/parent-after.txt")
+            .await
+            .unwrap_err()
+            .code(),
+        Some("guest_not_found")
+    );
+    step(t0, "children isolated from each other and from the parent");
+
+    // Snapshot + restore (in place), and lineage checks.
+    let snap: Snapshot = c
+        .json(
+            Method::POST,
+            "/v1/snapshots",
+            Some(&json!({"sandbox": a.id, "name": "before"})),
+        )
+        .await
+        .expect("snapshot");
+    step(
+        t0,
+        &format!("snapshot {} ({} bytes)", snap.id, snap.size_bytes),
+    );
+    write(&c, &a.id, "/root/data.txt", "changed").await;
+    let restored: Sandbox = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/restore", a.id),
+            Some(&json!({"snapshot": snap.id})),
+        )
+        .await
+        .expect("restore");
+    assert_eq!(restored.state, "running");
+    assert_ne!(restored.pid, a.pid, "restore starts a new VM");
+    assert_eq!(
+        read(&c, &a.id, "/root/data.txt").await.unwrap(),
+        "parent data"
+    );
+    assert_eq!(exec(&c, &a.id, "hostname").await.stdout.trim(), "e2e-a");
+    step(t0, "restored to the snapshot");
+    if !info["runtime"]["snapshot_kinds"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("diff"))
+    {
+        let e = c
+            .json::<Value>(
+                Method::POST,
+                "/v1/snapshots",
+                Some(&json!({"sandbox": a.id, "kind": "diff"})),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("unsupported"), "{e}");
+    }
+    let e = c
+        .raw(Method::DELETE, &format!("/v1/snapshots/{}", snap.id), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("snapshot_in_use"), "{e}");
+
+    let metrics =
+        String::from_utf8(c.raw(Method::GET, "/metrics", None).await.unwrap().to_vec()).unwrap();
+    for needle in [
+        "zygote_sandboxes{state=\"running\"} 3",
+        "zygote_branch_duration_seconds_count 1",
+        "zygote_exec_duration_seconds_bucket",
+        &format!(
+            "zygote_vm_memory_bytes{{sandbox=\"{}\",kind=\"private\"}}",
+            a.id
+        ),
+        "zygote_vm_memory_total_bytes{kind=\"shared\"}",
+    ] {
+        assert!(
+            metrics.contains(needle),
+            "metrics lack {needle}:\n{metrics}"
+        );
+    }
+
+    // Crash the daemon; a new one re-attaches to the same VMs.
+    let before: SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .unwrap();
+    d1.kill9();
+    step(t0, "daemon killed with SIGKILL");
+    let d2 = start_daemon(&state, &["--listen", "127.0.0.1:0", "--runtime", runtime]);
+    let c = d2.client();
+    let after: SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .unwrap();
+    assert_eq!(after.sandboxes.len(), 3);
+    for s in &after.sandboxes {
+        let old = before
+            .sandboxes
+            .iter()
+            .find(|o| o.id == s.id)
+            .expect("same sandboxes");
+        assert_eq!((s.state.as_str(), s.pid), ("running", old.pid), "{}", s.id);
+    }
+    assert_eq!(read(&c, &b, "/root/child.txt").await.unwrap(), "only in b");
+    step(t0, "restarted daemon re-attached to all three VMs");
+
+    // A VM killed behind the daemon's back is reported with the reason.
+    let victim = get(&c, &cc).await;
+    unsafe { libc::kill(victim.pid.unwrap() as i32, libc::SIGKILL) };
+    let dead = eventually(Duration::from_secs(10), async || {
+        let s = get(&c, &cc).await;
+        (s.state == "dead").then_some(s)
+    })
+    .await
+    .expect("the killed VM is reported dead");
+    let reason = dead.exit_reason.unwrap_or_default();
+    assert!(reason.contains("signal 9"), "{reason}");
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{cc}/exec"),
+            Some(&json!({"argv": ["true"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_not_running"));
+    step(t0, &format!("dead VM reported: {reason}"));
+
+    // Delete everything; nothing may be left.
+    let daemon_pid = d2.pid();
+    let vm_processes = || -> Vec<u32> {
+        processes_using(&state)
+            .into_iter()
+            .filter(|p| *p != daemon_pid)
+            .collect()
+    };
+    let all_pids = vm_processes();
+    assert!(
+        all_pids.len() >= 4,
+        "two QEMUs and their supervisors: {all_pids:?}"
+    );
+    for id in [&a.id, &b, &cc] {
+        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+            .expect("delete");
+    }
+    c.raw(Method::DELETE, &format!("/v1/snapshots/{}", snap.id), None)
+        .await
+        .expect("delete snapshot");
+    let snaps: SnapshotList = c
+        .json(Method::GET, "/v1/snapshots", None::<&()>)
+        .await
+        .unwrap();
+    assert!(
+        snaps.snapshots.is_empty(),
+        "branch points are collected: {:?}",
+        snaps.snapshots
+    );
+    assert!(get_err(&c, &a.id).await == Some("not_found".into()));
+    for pid in all_pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid),
+            "pid {pid} survived"
+        );
+    }
+    assert!(vm_processes().is_empty(), "{:?}", vm_processes());
+    for cg in cleanup.cgroups.lock().unwrap().iter() {
+        assert!(!cg.exists(), "cgroup {} left behind", cg.display());
+    }
+    for dir in ["vms", "layers", "snapshots"] {
+        let left = files_under(&state.join(dir));
+        assert!(left.is_empty(), "{dir}: {left:?}");
+    }
+    step(t0, "everything deleted, nothing left behind");
+    drop(d2);
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(true)
+}
+
+async fn get_err(c: &Client, id: &str) -> Option<String> {
+    c.json::<Value>(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
+        .await
+        .err()
+        .and_then(|e| e.code().map(str::to_string))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_runtime_end_to_end() {
+    suite("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvm_runtime_end_to_end() {
+    if !zygote_vmm::host::hardware_virtualization() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping the kvm runtime suite: this host has no hardware virtualization \
+             (no vmx/svm), so zygote's VMM cannot boot Linux guests here"
+        );
+        return;
+    }
+    suite("kvm").await;
+}
