@@ -171,8 +171,9 @@ fn read_words(path: &Path) -> Vec<String> {
 /// (one at a time, so one refusal does not block the others).
 fn enable_controllers(dir: &Path) {
     let available = read_words(&dir.join("cgroup.controllers"));
+    let enabled = read_words(&dir.join("cgroup.subtree_control"));
     for c in WANTED {
-        if available.iter().any(|a| a == c) {
+        if available.iter().any(|a| a == c) && !enabled.iter().any(|e| e == c) {
             let path = dir.join("cgroup.subtree_control");
             let res = std::fs::OpenOptions::new()
                 .write(true)
