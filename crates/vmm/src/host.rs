@@ -21,6 +21,19 @@ pub fn cpuinfo_has_virt_flag(cpuinfo: &str) -> bool {
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
 }
 
+/// A `/proc/meminfo` field in KiB (e.g. "MemTotal", "MemAvailable"), if present.
+pub fn meminfo_kib(field: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    parse_meminfo_kib(&text, field)
+}
+
+fn parse_meminfo_kib(text: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.split(':').next() == Some(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+}
+
 /// Whether /dev/kvm exists and opens.
 pub fn kvm_usable() -> Result<(), String> {
     crate::vstate::vm::open_kvm()
@@ -31,6 +44,15 @@ pub fn kvm_usable() -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meminfo_fields() {
+        let text = "MemTotal:       24105000 kB\nMemFree:  100 kB\nMemAvailable:   22000000 kB\n";
+        assert_eq!(parse_meminfo_kib(text, "MemTotal"), Some(24_105_000));
+        assert_eq!(parse_meminfo_kib(text, "MemAvailable"), Some(22_000_000));
+        assert_eq!(parse_meminfo_kib(text, "Mem"), None);
+        assert!(meminfo_kib("MemTotal").is_some());
+    }
 
     #[test]
     fn finds_virt_flags() {

@@ -323,16 +323,7 @@ impl Drop for GuestRam {
 
 /// Total host memory in MiB, from /proc/meminfo.
 pub fn host_total_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<u64>().ok())
-        })
-        .map(|kb| kb / 1024)
-        .unwrap_or(u64::MAX)
+    crate::host::meminfo_kib("MemTotal").map_or(u64::MAX, |kib| kib / 1024)
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
 //! Fork-based branching of a live probe VM: children continue the guest independently
 //! (memory isolation both ways), killing a child never disturbs the parent or siblings,
 //! and a stopped VM refuses to branch. Skips with a reason when KVM is unavailable.
-use std::io::Write;
+mod support;
+
 use std::os::fd::RawFd;
 use std::time::Duration;
 
 use vm_memory::{Bytes, GuestAddress};
 use zygote_probe_abi as abi;
-use zygote_vmm::devices::serial::CallbackWriter;
 use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
 use zygote_vmm::vmm::branch::{BranchError, BranchRequest, ChildContext};
 use zygote_vmm::VmmError;
@@ -16,29 +16,6 @@ const CHILD_MARK: u64 = 0xc41d_c41d;
 const PARENT_MARK: u64 = 0xba7e_ba7e;
 const SCRATCH_CHILD: u64 = abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * 5;
 const SCRATCH_PARENT: u64 = abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * 6;
-
-fn boot_spin() -> Option<ProbeVm> {
-    if let Err(why) = zygote_vmm::host::kvm_usable() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: KVM unavailable on this host: {why}"
-        );
-        return None;
-    }
-    let elf = probe::locate_probe(true).expect("probe guest builds");
-    let mut vm = probe::boot_probe(
-        &elf,
-        &ProbeOptions {
-            scenario: "spin".into(),
-            vcpus: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    vm.wait_for_line(Duration::from_secs(60), |_| {}, |l| l == "PROBE READY")
-        .unwrap();
-    Some(vm)
-}
 
 fn heartbeat(vm: &ProbeVm) -> u64 {
     vm.mailbox().unwrap().heartbeat
@@ -106,26 +83,35 @@ fn reporting_child(w: RawFd, rounds: usize) -> impl Fn(ChildContext) -> i32 {
 }
 
 fn sink(_: usize) -> zygote_vmm::devices::serial::SerialOut {
-    Box::new(CallbackWriter(|_: &[u8]| {}))
+    support::sink()
+}
+
+/// Branch `count` children running `child_main`, keeping `keep_fds` open in them.
+fn branch(
+    vm: &mut ProbeVm,
+    count: usize,
+    child_main: &dyn Fn(ChildContext) -> i32,
+    keep_fds: Vec<RawFd>,
+) -> Result<zygote_vmm::vmm::branch::BranchReport, BranchError> {
+    vm.vmm.branch(&BranchRequest {
+        count,
+        child_serial: &sink,
+        child_devices: &|_| Default::default(),
+        child_main,
+        keep_fds,
+        ready_timeout: Duration::from_secs(30),
+    })
 }
 
 #[test]
 fn children_continue_independently_with_isolated_memory() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(2) else {
+        return;
+    };
     let reports = Reports::new();
     let child_main = reporting_child(reports.w, 3);
     let before = heartbeat(&vm);
-    let report = vm
-        .vmm
-        .branch(&BranchRequest {
-            count: 2,
-            child_serial: &sink,
-            child_devices: &|_| Default::default(),
-            child_main: &child_main,
-            keep_fds: vec![reports.w],
-            ready_timeout: Duration::from_secs(30),
-        })
-        .unwrap();
+    let report = branch(&mut vm, 2, &child_main, vec![reports.w]).unwrap();
     eprintln!(
         "branch: pause {:?} (capture {:?}, fork {:?}), ready {:?}",
         report.pause,
@@ -195,20 +181,12 @@ fn children_continue_independently_with_isolated_memory() {
 
 #[test]
 fn killing_a_child_disturbs_neither_parent_nor_sibling() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(2) else {
+        return;
+    };
     let reports = Reports::new();
     let child_main = reporting_child(reports.w, 0);
-    let report = vm
-        .vmm
-        .branch(&BranchRequest {
-            count: 2,
-            child_serial: &sink,
-            child_devices: &|_| Default::default(),
-            child_main: &child_main,
-            keep_fds: vec![reports.w],
-            ready_timeout: Duration::from_secs(30),
-        })
-        .unwrap();
+    let report = branch(&mut vm, 2, &child_main, vec![reports.w]).unwrap();
     let victim = report.children[0].pid;
     assert_ne!(victim, report.children[1].pid);
     unsafe { libc::kill(victim, libc::SIGKILL) };
@@ -247,13 +225,7 @@ fn killing_a_child_disturbs_neither_parent_nor_sibling() {
 
 #[test]
 fn a_stopped_vm_refuses_to_branch() {
-    let Some(elf) = (match zygote_vmm::host::kvm_usable() {
-        Ok(()) => Some(probe::locate_probe(true).unwrap()),
-        Err(why) => {
-            let _ = writeln!(std::io::stderr(), "skipping: KVM unavailable: {why}");
-            None
-        }
-    }) else {
+    let Some(elf) = support::probe_elf() else {
         return;
     };
     // The boot scenario resets the VM when done.
@@ -262,17 +234,7 @@ fn a_stopped_vm_refuses_to_branch() {
         .unwrap();
     assert!(vm.vmm.wait(Some(Duration::from_secs(30))).is_some());
     let never = |_: ChildContext| -> i32 { unreachable!("no child may start") };
-    let err = vm
-        .vmm
-        .branch(&BranchRequest {
-            count: 1,
-            child_serial: &sink,
-            child_devices: &|_| Default::default(),
-            child_main: &never,
-            keep_fds: vec![],
-            ready_timeout: Duration::from_secs(5),
-        })
-        .unwrap_err();
+    let err = branch(&mut vm, 1, &never, vec![]).unwrap_err();
     assert!(
         matches!(err, BranchError::Vmm(VmmError::Stopped(_))),
         "{err}"
@@ -282,20 +244,12 @@ fn a_stopped_vm_refuses_to_branch() {
 
 #[test]
 fn a_single_child_is_a_direct_child() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(2) else {
+        return;
+    };
     let reports = Reports::new();
     let child_main = reporting_child(reports.w, 1);
-    let report = vm
-        .vmm
-        .branch(&BranchRequest {
-            count: 1,
-            child_serial: &sink,
-            child_devices: &|_| Default::default(),
-            child_main: &child_main,
-            keep_fds: vec![reports.w],
-            ready_timeout: Duration::from_secs(30),
-        })
-        .unwrap();
+    let report = branch(&mut vm, 1, &child_main, vec![reports.w]).unwrap();
     assert!(report.spawner.is_none());
     assert_eq!(vm.vmm.children(), &[report.children[0].pid]);
     let [index, _, _] = reports

@@ -1,13 +1,13 @@
 //! A guest actively using virtio-blk is branched and snapshotted: the child and the
 //! restored VM keep driving the same queue from the saved ring positions and see the
 //! disk writes made before the fork/snapshot; the base image is never written.
-use std::io::Write;
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 use zygote_probe_abi as abi;
-use zygote_vmm::devices::serial::CallbackWriter;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig};
 use zygote_vmm::memory::GuestRam;
 use zygote_vmm::probe::{self, ProbeOptions};
@@ -49,14 +49,9 @@ fn make_image(path: &std::path::Path) -> Vec<u8> {
 
 #[test]
 fn branch_and_restore_carry_a_live_block_device() {
-    if let Err(why) = zygote_vmm::host::kvm_usable() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: KVM unavailable on this host: {why}"
-        );
+    let Some(elf) = support::probe_elf() else {
         return;
-    }
-    let elf = probe::locate_probe(true).unwrap();
+    };
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("root.img");
     let base = make_image(&image);
@@ -88,9 +83,7 @@ fn branch_and_restore_carry_a_live_block_device() {
         unsafe { libc::write(w, byte.as_ptr().cast(), 1) };
         0
     };
-    let sink = |_: usize| -> zygote_vmm::devices::serial::SerialOut {
-        Box::new(CallbackWriter(|_: &[u8]| {}))
-    };
+    let sink = |_: usize| support::sink();
     vm.vmm
         .branch(&BranchRequest {
             count: 1,
@@ -130,12 +123,8 @@ fn branch_and_restore_carry_a_live_block_device() {
         snap.join("device-0.data").exists(),
         "CoW disk pages stored with the snapshot"
     );
-    let mut restored = Vmm::restore_snapshot(
-        &snap,
-        RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), false),
-        true,
-    )
-    .unwrap();
+    let mut restored =
+        Vmm::restore_snapshot(&snap, RestoreConfig::new(support::sink(), false), true).unwrap();
     assert!(
         blk_command(restored.guest_ram(), 5),
         "restored guest drives its disk"

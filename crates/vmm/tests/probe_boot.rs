@@ -1,7 +1,8 @@
 //! Boot zygote's probe guest through the real KVM path. These run on any host with a
 //! usable /dev/kvm (including shadow-paging hypervisors that cannot boot Linux) and skip
 //! with a printed reason when KVM is unavailable.
-use std::io::Write;
+mod support;
+
 use std::time::{Duration, Instant};
 
 use zygote_probe_abi as abi;
@@ -9,17 +10,7 @@ use zygote_vmm::probe::{self, ProbeOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
-fn probe_elf() -> Option<std::path::PathBuf> {
-    if let Err(why) = zygote_vmm::host::kvm_usable() {
-        // Written straight to stderr so the reason shows even under the test harness's capture.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: KVM unavailable on this host: {why}"
-        );
-        return None;
-    }
-    Some(probe::locate_probe(true).expect("probe guest builds"))
-}
+use support::probe_elf;
 
 fn run(opts: ProbeOptions) -> Vec<String> {
     let Some(elf) = probe_elf() else {

@@ -1,40 +1,18 @@
 //! Snapshots of a live probe VM: full, diff chains and live snapshots restore to exactly
 //! the captured guest state; corrupt or foreign state is refused. Skips with a reason when
 //! KVM is unavailable.
-use std::io::Write;
+mod support;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 use zygote_probe_abi as abi;
-use zygote_vmm::devices::serial::CallbackWriter;
 use zygote_vmm::persist::{CpuIdentity, PersistError, VmState};
-use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
+use zygote_vmm::probe;
 use zygote_vmm::vmm::snapshot::{SnapshotError, SnapshotMode};
 use zygote_vmm::vmm::RestoreConfig;
 use zygote_vmm::Vmm;
-
-fn boot_spin() -> Option<ProbeVm> {
-    if let Err(why) = zygote_vmm::host::kvm_usable() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: KVM unavailable on this host: {why}"
-        );
-        return None;
-    }
-    let elf = probe::locate_probe(true).expect("probe guest builds");
-    let mut vm = probe::boot_probe(
-        &elf,
-        &ProbeOptions {
-            scenario: "spin".into(),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    vm.wait_for_line(Duration::from_secs(60), |_| {}, |l| l == abi::REPORT_READY)
-        .unwrap();
-    Some(vm)
-}
 
 fn scratch_addr(i: usize) -> GuestAddress {
     GuestAddress(abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)
@@ -78,12 +56,8 @@ fn assert_dirty_area(vmm: &Vmm, cmd: u64) {
 }
 
 fn paused_restore(dir: &Path) -> Vmm {
-    Vmm::restore_snapshot(
-        dir,
-        RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), true),
-        true,
-    )
-    .unwrap_or_else(|e| panic!("restore {}: {e}", dir.display()))
+    Vmm::restore_snapshot(dir, RestoreConfig::new(support::sink(), true), true)
+        .unwrap_or_else(|e| panic!("restore {}: {e}", dir.display()))
 }
 
 fn heartbeat(vmm: &Vmm) -> u64 {
@@ -92,7 +66,9 @@ fn heartbeat(vmm: &Vmm) -> u64 {
 
 #[test]
 fn full_snapshot_restores_the_exact_state_and_runs_on() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("full");
     guest_dirties(&vm.vmm, 7);
@@ -120,7 +96,9 @@ fn full_snapshot_restores_the_exact_state_and_runs_on() {
 
 #[test]
 fn diff_chain_of_three_restores_each_layer() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base");
     vm.vmm.snapshot(SnapshotMode::Full, &base).unwrap();
@@ -154,7 +132,9 @@ fn diff_chain_of_three_restores_each_layer() {
 
 #[test]
 fn live_snapshot_pauses_briefly_and_layers_diffs() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let live = dir.path().join("live");
     guest_dirties(&vm.vmm, 11);
@@ -182,7 +162,9 @@ fn live_snapshot_pauses_briefly_and_layers_diffs() {
 
 #[test]
 fn refuses_diff_without_base_corrupt_state_and_foreign_cpu() {
-    let Some(mut vm) = boot_spin() else { return };
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let err = vm
         .vmm
@@ -205,13 +187,8 @@ fn refuses_diff_without_base_corrupt_state_and_foreign_cpu() {
     let original = std::fs::read(&state_path).unwrap();
     let state = VmState::read_from(&mut original.as_slice(), &CpuIdentity::host()).unwrap();
 
-    let restore = |dir: &Path| {
-        Vmm::restore_snapshot(
-            dir,
-            RestoreConfig::new(Box::new(CallbackWriter(|_: &[u8]| {})), true),
-            false,
-        )
-    };
+    let restore =
+        |dir: &Path| Vmm::restore_snapshot(dir, RestoreConfig::new(support::sink(), true), false);
     let mut corrupt = original.clone();
     let n = corrupt.len();
     corrupt[n - 3] ^= 0x55;

@@ -60,15 +60,7 @@ fn smaps_rollup(pid: i32) -> Option<(u64, u64)> {
 }
 
 fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-        })
-        .unwrap_or(0)
+    zygote_vmm::host::meminfo_kib("MemAvailable").unwrap_or(0)
 }
 
 pub fn run(args: FanoutBenchArgs) -> anyhow::Result<i32> {

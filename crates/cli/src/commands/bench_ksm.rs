@@ -61,14 +61,7 @@ fn write(name: &str, value: u64) -> anyhow::Result<()> {
 }
 
 fn mem_available_mib() -> f64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kib| kib / 1024.0)
+    zygote_vmm::host::meminfo_kib("MemAvailable").map_or(0.0, |kib| kib as f64 / 1024.0)
 }
 
 /// Puts KSM's knobs back as they were, unmerging what we merged.

@@ -57,20 +57,25 @@ pub fn order_msrs_for_restore(indices: &mut [u32]) {
     });
 }
 
+/// A KVM_GET_MSRS request for `indices`.
+fn msr_query(indices: &[u32]) -> Result<Msrs, StateError> {
+    let entries: Vec<kvm_msr_entry> = indices
+        .iter()
+        .map(|&index| kvm_msr_entry {
+            index,
+            ..Default::default()
+        })
+        .collect();
+    Msrs::from_entries(&entries).map_err(|e| StateError::Invalid(e.to_string()))
+}
+
 /// The MSRs of `candidates` this vCPU can actually read, in restore order. Called once per
 /// VM: hosts list MSRs in KVM_GET_MSR_INDEX_LIST that they then refuse.
 pub fn saveable_msrs(fd: &VcpuFd, candidates: &[u32]) -> Vec<u32> {
     let mut list: Vec<u32> = candidates.to_vec();
     order_msrs_for_restore(&mut list);
     loop {
-        let entries: Vec<kvm_msr_entry> = list
-            .iter()
-            .map(|&index| kvm_msr_entry {
-                index,
-                ..Default::default()
-            })
-            .collect();
-        let Ok(mut msrs) = Msrs::from_entries(&entries) else {
+        let Ok(mut msrs) = msr_query(&list) else {
             return Vec::new();
         };
         match fd.get_msrs(&mut msrs) {
@@ -117,19 +122,12 @@ pub fn capture_vcpu(
     };
     let debugregs = fd.get_debug_regs().map_err(ioctl("KVM_GET_DEBUGREGS"))?;
     let lapic = fd.get_lapic().map_err(ioctl("KVM_GET_LAPIC"))?;
-    let entries: Vec<kvm_msr_entry> = msr_indices
-        .iter()
-        .map(|&index| kvm_msr_entry {
-            index,
-            ..Default::default()
-        })
-        .collect();
-    let mut msrs = Msrs::from_entries(&entries).map_err(|e| StateError::Invalid(e.to_string()))?;
+    let mut msrs = msr_query(msr_indices)?;
     let read = fd.get_msrs(&mut msrs).map_err(ioctl("KVM_GET_MSRS"))?;
-    if read != entries.len() {
+    if read != msr_indices.len() {
         return Err(StateError::Invalid(format!(
             "KVM_GET_MSRS read {read} of {} MSRs",
-            entries.len()
+            msr_indices.len()
         )));
     }
     let events = fd.get_vcpu_events().map_err(ioctl("KVM_GET_VCPU_EVENTS"))?;
