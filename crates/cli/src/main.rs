@@ -31,6 +31,29 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
+    /// Run the zygote daemon (REST API; same as `zygoted`).
+    Serve(commands::serve::ServeArgs),
+    /// Start sandboxes (daemon).
+    Create(commands::create::CreateArgs),
+    /// Run a program in a sandbox, output streamed (daemon).
+    Exec(commands::exec::ExecArgs),
+    /// Copy a file into or out of a sandbox: `cp FILE ID:/path`, `cp ID:/path FILE` (daemon).
+    Cp(commands::cp::CpArgs),
+    /// Branch a running sandbox into copy-on-write children (daemon).
+    Branch(commands::branch::BranchArgs),
+    /// Take, list and delete snapshots (daemon).
+    #[command(subcommand)]
+    Snapshot(commands::snapshot::SnapshotCommand),
+    /// Roll a sandbox back to a snapshot (daemon).
+    Restore(commands::restore::RestoreArgs),
+    /// List sandboxes (daemon).
+    Ps(commands::ps::PsArgs),
+    /// Kill and remove sandboxes (daemon).
+    Rm(commands::rm::RmArgs),
+    /// List images the daemon can boot, or build one (daemon).
+    Images(commands::images::ImagesArgs),
+    /// A sandbox's console output (daemon).
+    Logs(commands::logs::LogsArgs),
 }
 
 fn main() {
@@ -49,6 +72,17 @@ fn main() {
         Command::Image(cmd) => commands::image::run(cmd),
         Command::Run(args) => commands::run::run(args),
         Command::Bench(cmd) => commands::bench::run(cmd),
+        Command::Serve(args) => commands::serve::run(args),
+        Command::Create(args) => commands::create::run(args),
+        Command::Exec(args) => commands::exec::run(args),
+        Command::Cp(args) => commands::cp::run(args),
+        Command::Branch(args) => commands::branch::run(args),
+        Command::Snapshot(cmd) => commands::snapshot::run(cmd),
+        Command::Restore(args) => commands::restore::run(args),
+        Command::Ps(args) => commands::ps::run(args),
+        Command::Rm(args) => commands::rm::run(args),
+        Command::Images(args) => commands::images::run(args),
+        Command::Logs(args) => commands::logs::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

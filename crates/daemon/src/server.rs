@@ -261,3 +261,13 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.addr)
     }
 }
+
+/// [`serve`] on its own multi-threaded runtime (for synchronous callers
+/// such as `zygote serve`).
+pub fn serve_blocking(args: ServeArgs) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::io("starting the async runtime"))?
+        .block_on(serve(args))
+}

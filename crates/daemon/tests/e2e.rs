@@ -217,11 +217,8 @@ async fn suite(runtime: &str) {
     );
     let (b, cc) = (br.children[0].clone(), br.children[1].clone());
     for child in [&b, &cc] {
-        cleanup
-            .cgroups
-            .lock()
-            .unwrap()
-            .extend(get(&c, child).await.cgroup.path.map(Into::into));
+        let path = get(&c, child).await.cgroup.path;
+        cleanup.cgroups.lock().unwrap().extend(path.map(Into::into));
         assert_eq!(
             read(&c, child, "/root/data.txt").await.unwrap(),
             "parent data"

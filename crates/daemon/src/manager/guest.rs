@@ -217,7 +217,7 @@ impl Manager {
             entries: entries
                 .into_iter()
                 .map(|e| FileEntry {
-                    kind: serde_json::to_value(&e.meta.kind)
+                    kind: serde_json::to_value(e.meta.kind)
                         .ok()
                         .and_then(|v| v.as_str().map(str::to_string))
                         .unwrap_or_default(),

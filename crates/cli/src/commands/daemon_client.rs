@@ -1,0 +1,99 @@
+//! What the daemon-backed verbs share: finding and authenticating to
+//! zygoted, and printing tables or JSON.
+use std::path::PathBuf;
+
+use anyhow::Context;
+use zygote_daemon::client::Client;
+
+/// Connection options of every verb that talks to zygoted.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiArgs {
+    /// Daemon URL: http://HOST:PORT, https://HOST:PORT or unix:///PATH
+    /// (default $ZYGOTE_URL, else http://127.0.0.1:7420).
+    #[arg(long)]
+    pub url: Option<String>,
+}
+
+impl ApiArgs {
+    /// A client with the token from $ZYGOTE_TOKEN or the daemon's token file
+    /// (in $ZYGOTE_STATE_DIR or ~/.local/state/zygote), trusting
+    /// $ZYGOTE_CA_CERT for https.
+    pub fn client(&self) -> anyhow::Result<Client> {
+        let url = self
+            .url
+            .clone()
+            .or_else(|| std::env::var("ZYGOTE_URL").ok().filter(|u| !u.is_empty()))
+            .unwrap_or_else(|| format!("http://{}", zygote_daemon::server::DEFAULT_LISTEN));
+        let token = match std::env::var("ZYGOTE_TOKEN").ok().filter(|t| !t.is_empty()) {
+            Some(t) => Some(t),
+            None => {
+                let path = zygote_daemon::server::state_dir(None).join("token");
+                std::fs::read_to_string(&path)
+                    .ok()
+                    .map(|t| t.trim().to_string())
+            }
+        };
+        let mut client = Client::new(&url, token)?;
+        if let Some(ca) = std::env::var_os("ZYGOTE_CA_CERT").filter(|c| !c.is_empty()) {
+            client = client
+                .with_ca_file(&PathBuf::from(&ca))
+                .with_context(|| format!("ZYGOTE_CA_CERT={}", PathBuf::from(&ca).display()))?;
+        }
+        Ok(client)
+    }
+}
+
+/// Prints `value` as pretty JSON.
+pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Left-aligned columns sized to their widest cell.
+pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(headers.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
+
+/// A spinner on stderr for slow operations (boots, branches, builds).
+pub fn spinner(msg: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(100));
+    pb
+}
+
+/// "3m ago"-style age of a Unix timestamp.
+pub fn age(unix: u64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(unix);
+    let s = now.saturating_sub(unix);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m", s / 60),
+        3600..=86399 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
+    }
+}

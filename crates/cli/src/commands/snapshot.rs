@@ -1,0 +1,98 @@
+//! `zygote snapshot`: take, list and delete snapshots.
+use serde_json::json;
+use zygote_daemon::client::{block_on, Method};
+use zygote_daemon::model::{Snapshot, SnapshotList};
+
+use super::daemon_client::{age, print_json, print_table, ApiArgs};
+
+#[derive(clap::Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a running sandbox (it keeps running).
+    Create {
+        /// Sandbox id.
+        sandbox: String,
+        /// full, diff or live (what the runtime supports: see `zygote ps`'s daemon info).
+        #[arg(long, default_value = "full")]
+        kind: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// List snapshots with their lineage.
+    Ls {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Delete a snapshot nothing depends on.
+    Rm {
+        id: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+pub fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
+    match cmd {
+        SnapshotCommand::Create {
+            sandbox,
+            kind,
+            name,
+            json,
+            api,
+        } => {
+            let client = api.client()?;
+            let mut body = json!({"sandbox": sandbox, "kind": kind});
+            if let Some(n) = name {
+                body["name"] = json!(n);
+            }
+            let snap: Snapshot = block_on(client.json(Method::POST, "/v1/snapshots", Some(&body)))?;
+            if json {
+                print_json(&snap)?;
+            } else {
+                println!("{}", snap.id);
+            }
+        }
+        SnapshotCommand::Ls { json, api } => {
+            let list: SnapshotList = block_on(api.client()?.json(
+                Method::GET,
+                "/v1/snapshots",
+                None::<&()>,
+            ))?;
+            if json {
+                print_json(&list)?;
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = list
+                .snapshots
+                .iter()
+                .map(|s| {
+                    vec![
+                        s.id.clone(),
+                        s.name.clone().unwrap_or_default(),
+                        s.kind.as_str().to_string(),
+                        s.source_sandbox.clone(),
+                        format!("{:.1}M", s.size_bytes as f64 / 1048576.0),
+                        s.dependents.join(","),
+                        age(s.created_at),
+                    ]
+                })
+                .collect();
+            print_table(
+                &["ID", "NAME", "KIND", "SOURCE", "SIZE", "USED BY", "AGE"],
+                &rows,
+            );
+        }
+        SnapshotCommand::Rm { id, api } => {
+            block_on(
+                api.client()?
+                    .raw(Method::DELETE, &format!("/v1/snapshots/{id}"), None),
+            )?;
+        }
+    }
+    Ok(0)
+}
