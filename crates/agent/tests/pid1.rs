@@ -59,7 +59,12 @@ impl Pid1Agent {
             return None;
         }
         // Not under /tmp: the agent mounts a fresh tmpfs there.
-        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        // As PID 1 the agent mounts fresh tmpfs over /tmp, /run and /dev/shm in its mount
+        // namespace: the socket must live elsewhere (the checkout itself may be in /tmp).
+        let dir = tempfile::Builder::new()
+            .prefix("zygote-pid1-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
         let socket = dir.path().join("pid1.sock");
         let mut unshare = Command::new("unshare")
             .args(UNSHARE)
