@@ -1,0 +1,74 @@
+"""Python SDK for zygote: copy-on-write microVM sandboxes for AI agents.
+
+>>> from zygote import Sandbox
+>>> with Sandbox.create(image="minimal") as sb:
+...     print(sb.commands.run("uname -r").stdout)
+
+See README.md for the full surface; :mod:`zygote.errors` for exceptions.
+"""
+
+from ._client import AsyncClient, Client
+from ._version import __version__
+from .aio import AsyncCommands, AsyncFiles, AsyncSandbox
+from .errors import (
+    CommandFailed,
+    CommandTimeout,
+    ConflictError,
+    ConnectionFailed,
+    FileNotFound,
+    InvalidArgument,
+    NotFoundError,
+    PayloadTooLarge,
+    PermissionDenied,
+    RequestTimeout,
+    SandboxBusy,
+    SandboxNotFound,
+    SandboxNotRunning,
+    ServerError,
+    SnapshotInUse,
+    SnapshotNotFound,
+    SpawnFailed,
+    Unauthorized,
+    Unsupported,
+    ZygoteError,
+)
+from .models import BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .sandbox import Commands, Files, Sandbox
+
+__all__ = [
+    "__version__",
+    "Sandbox",
+    "AsyncSandbox",
+    "Client",
+    "AsyncClient",
+    "Commands",
+    "Files",
+    "AsyncCommands",
+    "AsyncFiles",
+    "CommandResult",
+    "FileEntry",
+    "WriteResult",
+    "SandboxInfo",
+    "Snapshot",
+    "BranchResult",
+    "ZygoteError",
+    "ConnectionFailed",
+    "RequestTimeout",
+    "Unauthorized",
+    "InvalidArgument",
+    "NotFoundError",
+    "SandboxNotFound",
+    "SnapshotNotFound",
+    "FileNotFound",
+    "ConflictError",
+    "SandboxNotRunning",
+    "SandboxBusy",
+    "SnapshotInUse",
+    "PermissionDenied",
+    "PayloadTooLarge",
+    "Unsupported",
+    "SpawnFailed",
+    "CommandTimeout",
+    "CommandFailed",
+    "ServerError",
+]

@@ -1,0 +1,318 @@
+"""The API's requests and responses, without I/O.
+
+Each operation is described once as a :class:`Call` (method, path, body and
+a parser for the answer) so the sync and async clients only differ in how
+they send it. The streamed exec's NDJSON events are turned into callbacks
+and a :class:`~zygote.models.CommandResult` by :class:`ExecCollector`, also
+I/O-free.
+"""
+
+from __future__ import annotations
+
+import base64
+import codecs
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import CommandFailed, CommandTimeout, ServerError, ZygoteError, error_for
+from .models import BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+
+T = TypeVar("T")
+
+# An output callback gets decoded text; an async sandbox may also pass a
+# coroutine function.
+OutputCallback = Callable[[str], Union[None, Awaitable[None]]]
+Command = Union[str, Sequence[str]]
+
+# Commands run by default for at most this long; the daemon kills them
+# after it (an agent's stuck command should not hang its caller forever).
+DEFAULT_COMMAND_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: Optional[Mapping[str, str]] = None
+    json: Any = None
+    content: Optional[bytes] = None
+
+
+def seg(s: str) -> str:
+    """One path segment (ids come from users; keep `/` and `?` out of paths)."""
+    return quote(s, safe="")
+
+
+def raise_for_error(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    code, message = f"http_{resp.status_code}", resp.reason_phrase or "HTTP error"
+    try:
+        body = resp.json()
+        err = body["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        text = resp.text.strip()
+        if text:
+            message = text[:500]
+    raise error_for(code, message, resp.status_code)
+
+
+def _json(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError as e:
+        raise ServerError(f"unexpected answer from zygoted: {e}", code="bad_response") from e
+
+
+def _sandboxes(resp: httpx.Response) -> list[SandboxInfo]:
+    return [SandboxInfo.from_json(s) for s in _json(resp)["sandboxes"]]
+
+
+def _none(_: httpx.Response) -> None:
+    return None
+
+
+# --- calls -----------------------------------------------------------------
+
+
+def info() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/info", _json)
+
+
+def list_images() -> Call[dict[str, Any]]:
+    return Call("GET", "/v1/images", _json)
+
+
+def create_sandboxes(
+    *,
+    image: Optional[str] = None,
+    snapshot: Optional[str] = None,
+    name: Optional[str] = None,
+    n: Optional[int] = None,
+    memory_mib: Optional[int] = None,
+    vcpus: Optional[int] = None,
+    limits: Optional[Mapping[str, int]] = None,
+) -> Call[list[SandboxInfo]]:
+    body: dict[str, Any] = {}
+    for key, value in (
+        ("image", image),
+        ("snapshot", snapshot),
+        ("name", name),
+        ("n", n),
+        ("mem_mib", memory_mib),
+        ("vcpus", vcpus),
+        ("limits", dict(limits) if limits else None),
+    ):
+        if value is not None:
+            body[key] = value
+    return Call("POST", "/v1/sandboxes", _sandboxes, json=body)
+
+
+def list_sandboxes() -> Call[list[SandboxInfo]]:
+    return Call("GET", "/v1/sandboxes", _sandboxes)
+
+
+def get_sandbox(sid: str) -> Call[SandboxInfo]:
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}", lambda r: SandboxInfo.from_json(_json(r)))
+
+
+def delete_sandbox(sid: str) -> Call[None]:
+    return Call("DELETE", f"/v1/sandboxes/{seg(sid)}", _none)
+
+
+def branch(sid: str, count: int) -> Call[BranchResult]:
+    return Call(
+        "POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json={"count": count}
+    )
+
+
+def restore_in_place(sid: str, snapshot: str) -> Call[SandboxInfo]:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{seg(sid)}/restore",
+        lambda r: SandboxInfo.from_json(_json(r)),
+        json={"snapshot": snapshot},
+    )
+
+
+def logs(sid: str) -> Call[str]:
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}/logs", lambda r: r.text)
+
+
+def read_file(sid: str, path: str) -> Call[bytes]:
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}/files", lambda r: r.content, params={"path": path})
+
+
+def write_file(sid: str, path: str, data: Union[str, bytes], mode: Optional[int] = None) -> Call[WriteResult]:
+    params = {"path": path}
+    if mode is not None:
+        params["mode"] = format(mode, "o")
+    content = data.encode() if isinstance(data, str) else bytes(data)
+
+    def parse(r: httpx.Response) -> WriteResult:
+        d = _json(r)
+        return WriteResult(path=d["path"], size=int(d["size"]))
+
+    return Call("PUT", f"/v1/sandboxes/{seg(sid)}/files", parse, params=params, content=content)
+
+
+def list_dir(sid: str, path: str) -> Call[list[FileEntry]]:
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{seg(sid)}/files/list",
+        lambda r: [FileEntry.from_json(e) for e in _json(r)["entries"]],
+        params={"path": path},
+    )
+
+
+def create_snapshot(sid: str, kind: Optional[str] = None, name: Optional[str] = None) -> Call[Snapshot]:
+    body: dict[str, Any] = {"sandbox": sid}
+    if kind is not None:
+        body["kind"] = kind
+    if name is not None:
+        body["name"] = name
+    return Call("POST", "/v1/snapshots", lambda r: Snapshot.from_json(_json(r)), json=body)
+
+
+def list_snapshots() -> Call[list[Snapshot]]:
+    return Call("GET", "/v1/snapshots", lambda r: [Snapshot.from_json(s) for s in _json(r)["snapshots"]])
+
+
+def get_snapshot(snap_id: str) -> Call[Snapshot]:
+    return Call("GET", f"/v1/snapshots/{seg(snap_id)}", lambda r: Snapshot.from_json(_json(r)))
+
+
+def delete_snapshot(snap_id: str) -> Call[None]:
+    return Call("DELETE", f"/v1/snapshots/{seg(snap_id)}", _none)
+
+
+# --- exec --------------------------------------------------------------------
+
+
+def argv_of(cmd: Command) -> list[str]:
+    """A string is a shell command line; a sequence is argv as is."""
+    if isinstance(cmd, str):
+        return ["sh", "-c", cmd]
+    argv = list(cmd)
+    if not argv:
+        raise ValueError("empty command")
+    return argv
+
+
+def exec_body(
+    cmd: Command,
+    *,
+    timeout: Optional[float],
+    env: Optional[Mapping[str, str]] = None,
+    cwd: Optional[str] = None,
+    stdin: Optional[str] = None,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"argv": argv_of(cmd)}
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if stdin is not None:
+        body["stdin"] = stdin
+    if timeout is not None:
+        if timeout <= 0:
+            raise ValueError("timeout must be positive (or None for no limit)")
+        body["timeout_ms"] = max(1, math.ceil(timeout * 1000))
+    return body
+
+
+def exec_path(sid: str) -> str:
+    return f"/v1/sandboxes/{seg(sid)}/exec/stream"
+
+
+def stream_read_timeout(timeout: Optional[float]) -> Optional[float]:
+    """HTTP read timeout for a streamed exec: the daemon enforces the
+    command's own timeout, so wait a little longer than that, or forever
+    when the command has none (it may legitimately print nothing for long)."""
+    return None if timeout is None else timeout + 30.0
+
+
+class ExecCollector:
+    """Consumes the NDJSON lines of ``POST .../exec/stream``.
+
+    ``feed`` returns the callbacks to invoke (so an async caller can await
+    coroutine callbacks); ``result`` returns the outcome or raises.
+    Output is decoded incrementally so a UTF-8 character split across two
+    chunks is not mangled.
+    """
+
+    def __init__(
+        self,
+        cmd: Command,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        check: bool = False,
+    ) -> None:
+        self._cmd = cmd
+        self._check = check
+        self._callbacks = {"stdout": on_stdout, "stderr": on_stderr}
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace") for s in ("stdout", "stderr")}
+        self._text: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self._end: Optional[Mapping[str, Any]] = None
+        self._error: Optional[ZygoteError] = None
+        self.pid: Optional[int] = None
+
+    def feed(self, line: str) -> list[tuple[OutputCallback, str]]:
+        line = line.strip()
+        if not line:
+            return []
+        try:
+            ev = json.loads(line)
+            kind = ev["type"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ServerError(f"bad exec event {line[:200]!r}", code="bad_response") from e
+        if kind == "started":
+            self.pid = ev.get("pid")
+        elif kind == "output":
+            stream = ev.get("stream")
+            if stream in self._decoders:
+                text = self._decoders[stream].decode(base64.b64decode(ev.get("data", "")))
+                return self._emit(stream, text)
+        elif kind == "exit":
+            self._end = ev
+            # Flush what a decoder held back (an incomplete character at the end).
+            return [cb for s in ("stdout", "stderr") for cb in self._emit(s, self._decoders[s].decode(b"", final=True))]
+        elif kind == "error":
+            self._error = error_for(str(ev.get("code", "error")), str(ev.get("message", "")))
+        return []
+
+    def _emit(self, stream: str, text: str) -> list[tuple[OutputCallback, str]]:
+        if not text:
+            return []
+        self._text[stream].append(text)
+        cb = self._callbacks[stream]
+        return [(cb, text)] if cb else []
+
+    def result(self) -> CommandResult:
+        if self._error is not None:
+            raise self._error
+        if self._end is None:
+            raise ServerError("the exec stream ended without an exit event", code="stream_ended")
+        end = self._end
+        res = CommandResult(
+            stdout="".join(self._text["stdout"]),
+            stderr="".join(self._text["stderr"]),
+            exit_code=end.get("exit_code"),
+            signal=end.get("signal"),
+            timed_out=bool(end.get("timed_out")),
+            duration_ms=int(end.get("duration_ms") or 0),
+        )
+        what = self._cmd if isinstance(self._cmd, str) else " ".join(self._cmd)
+        if res.timed_out:
+            raise CommandTimeout(f"command timed out after {res.duration_ms} ms: {what}", result=res)
+        if self._check and res.exit_code != 0:
+            how = f"signal {res.signal}" if res.exit_code is None else f"exit code {res.exit_code}"
+            raise CommandFailed(f"command failed with {how}: {what}", result=res)
+        return res

@@ -1,0 +1,190 @@
+"""The asyncio sandbox API: the same surface as :mod:`zygote.sandbox`,
+with coroutines. ``AsyncSandbox.create`` and friends are awaited; the
+context manager is ``async with``."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import List, Mapping, Optional, Type, Union
+
+from . import _api
+from ._api import Command, OutputCallback
+from ._client import AsyncClient
+from .errors import SandboxNotFound
+from .models import CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .sandbox import DEFAULT_IMAGE
+
+__all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles"]
+
+
+def _client(client: Optional[AsyncClient], url: Optional[str], token: Optional[str]) -> AsyncClient:
+    if client is not None:
+        if url is not None or token is not None:
+            raise ValueError("give either client or url/token, not both")
+        return client
+    return AsyncClient(url, token)
+
+
+def _snapshot_id(snapshot: Union[Snapshot, str]) -> str:
+    return snapshot if isinstance(snapshot, str) else snapshot.id
+
+
+class AsyncCommands:
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sb = sandbox
+
+    async def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+    ) -> CommandResult:
+        """See :meth:`zygote.Commands.run`; callbacks may be coroutine functions."""
+        return await self._sb.client.exec(
+            self._sb.id,
+            cmd,
+            timeout=timeout,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            check=check,
+        )
+
+
+class AsyncFiles:
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sb = sandbox
+
+    async def read(self, path: str) -> str:
+        return (await self.read_bytes(path)).decode("utf-8")
+
+    async def read_bytes(self, path: str) -> bytes:
+        return await self._sb.client.call(_api.read_file(self._sb.id, path))
+
+    async def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> WriteResult:
+        return await self._sb.client.call(_api.write_file(self._sb.id, path, data, mode))
+
+    async def list(self, path: str = "/") -> List[FileEntry]:
+        return await self._sb.client.call(_api.list_dir(self._sb.id, path))
+
+
+class AsyncSandbox:
+    """asyncio handle on one sandbox; see :class:`zygote.Sandbox`."""
+
+    def __init__(self, sandbox_id: str, *, client: Optional[AsyncClient] = None) -> None:
+        self.id = sandbox_id
+        self.client = client if client is not None else AsyncClient()
+        self.commands = AsyncCommands(self)
+        self.files = AsyncFiles(self)
+
+    def __repr__(self) -> str:
+        return f"AsyncSandbox({self.id!r})"
+
+    @classmethod
+    async def create(
+        cls,
+        image: str = DEFAULT_IMAGE,
+        *,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        name: Optional[str] = None,
+        limits: Optional[Mapping[str, int]] = None,
+        client: Optional[AsyncClient] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "AsyncSandbox":
+        c = _client(client, url, token)
+        made = await c.call(
+            _api.create_sandboxes(image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits)
+        )
+        return cls(made[0].id, client=c)
+
+    @classmethod
+    async def restore(
+        cls,
+        snapshot: Union[Snapshot, str],
+        *,
+        name: Optional[str] = None,
+        client: Optional[AsyncClient] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "AsyncSandbox":
+        c = _client(client, url, token)
+        made = await c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name))
+        return cls(made[0].id, client=c)
+
+    @classmethod
+    async def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        client: Optional[AsyncClient] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "AsyncSandbox":
+        c = _client(client, url, token)
+        await c.call(_api.get_sandbox(sandbox_id))
+        return cls(sandbox_id, client=c)
+
+    @classmethod
+    async def list(
+        cls,
+        *,
+        client: Optional[AsyncClient] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> List["AsyncSandbox"]:
+        c = _client(client, url, token)
+        return [cls(s.id, client=c) for s in await c.call(_api.list_sandboxes())]
+
+    async def info(self) -> SandboxInfo:
+        return await self.client.call(_api.get_sandbox(self.id))
+
+    async def is_running(self) -> bool:
+        try:
+            return (await self.info()).state == "running"
+        except SandboxNotFound:
+            return False
+
+    async def branch(self, n: int = 1) -> List["AsyncSandbox"]:
+        res = await self.client.call(_api.branch(self.id, n))
+        return [type(self)(child, client=self.client) for child in res.children]
+
+    async def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
+        return await self.client.call(_api.create_snapshot(self.id, mode, name))
+
+    async def rollback(self, snapshot: Union[Snapshot, str]) -> SandboxInfo:
+        return await self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
+
+    async def logs(self) -> str:
+        return await self.client.call(_api.logs(self.id))
+
+    async def kill(self) -> bool:
+        try:
+            await self.client.call(_api.delete_sandbox(self.id))
+        except SandboxNotFound:
+            return False
+        return True
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            await self.kill()
+        except Exception:
+            if exc is None:
+                raise

@@ -1,0 +1,224 @@
+"""Typed exceptions.
+
+Every error the daemon returns is ``{"error": {"code", "message"}}`` with a
+stable ``code``; :func:`error_for` maps that code to an exception class so
+callers can ``except SandboxNotFound`` instead of comparing strings. Every
+class carries the original ``code`` (and the HTTP ``status`` when there was
+one), so code not listed here still surfaces as a plain :class:`ZygoteError`
+with its code intact.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from .models import CommandResult
+
+__all__ = [
+    "ZygoteError",
+    "ConnectionFailed",
+    "RequestTimeout",
+    "Unauthorized",
+    "InvalidArgument",
+    "NotFoundError",
+    "SandboxNotFound",
+    "SnapshotNotFound",
+    "FileNotFound",
+    "ConflictError",
+    "SandboxNotRunning",
+    "SandboxBusy",
+    "SnapshotInUse",
+    "PermissionDenied",
+    "PayloadTooLarge",
+    "Unsupported",
+    "SpawnFailed",
+    "CommandTimeout",
+    "CommandFailed",
+    "ServerError",
+    "error_for",
+]
+
+
+class ZygoteError(Exception):
+    """Base class: ``code`` is the API's stable error code (or an SDK code
+    such as ``command_timeout`` / ``connection_failed``), ``status`` the
+    HTTP status when the daemon answered."""
+
+    default_code = "error"
+
+    def __init__(self, message: str, *, code: Optional[str] = None, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code: str = code or self.default_code
+        self.status = status
+
+    def __str__(self) -> str:
+        where = f", HTTP {self.status}" if self.status is not None else ""
+        return f"{self.message} ({self.code}{where})"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, status={self.status!r}, message={self.message!r})"
+
+
+class ConnectionFailed(ZygoteError):
+    """The daemon could not be reached (not running, wrong URL, TLS failure)."""
+
+    default_code = "connection_failed"
+
+
+class RequestTimeout(ZygoteError):
+    """The daemon did not answer within the client's HTTP timeout."""
+
+    default_code = "request_timeout"
+
+
+class Unauthorized(ZygoteError):
+    """Missing or wrong bearer token."""
+
+    default_code = "unauthorized"
+
+
+class InvalidArgument(ZygoteError):
+    """The request was rejected as invalid (400)."""
+
+    default_code = "invalid_argument"
+
+
+class NotFoundError(ZygoteError):
+    """Something named in the request does not exist (404)."""
+
+    default_code = "not_found"
+
+
+class SandboxNotFound(NotFoundError):
+    pass
+
+
+class SnapshotNotFound(NotFoundError):
+    pass
+
+
+class FileNotFound(NotFoundError):
+    """A path inside the guest does not exist (``guest_not_found``)."""
+
+    default_code = "guest_not_found"
+
+
+class ConflictError(ZygoteError):
+    """The request conflicts with the current state (409)."""
+
+    default_code = "conflict"
+
+
+class SandboxNotRunning(ConflictError):
+    default_code = "sandbox_not_running"
+
+
+class SandboxBusy(ConflictError):
+    """Another branch, snapshot, restore or delete is in progress on it."""
+
+    default_code = "sandbox_busy"
+
+
+class SnapshotInUse(ConflictError):
+    default_code = "snapshot_in_use"
+
+
+class PermissionDenied(ZygoteError):
+    default_code = "guest_permission_denied"
+
+
+class PayloadTooLarge(ZygoteError):
+    default_code = "payload_too_large"
+
+
+class Unsupported(ZygoteError):
+    """The runtime cannot do this (e.g. a snapshot kind it lacks)."""
+
+    default_code = "unsupported"
+
+
+class SpawnFailed(ZygoteError):
+    """The program could not be started in the guest (e.g. not found)."""
+
+    default_code = "guest_spawn_failed"
+
+
+class CommandTimeout(ZygoteError):
+    """The command ran past its timeout and was killed. ``result`` holds
+    what it printed until then."""
+
+    default_code = "command_timeout"
+
+    def __init__(self, message: str, *, result: "CommandResult") -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class CommandFailed(ZygoteError):
+    """``run(..., check=True)`` and the command exited non-zero (or by a
+    signal). ``result`` holds its output and exit status."""
+
+    default_code = "command_failed"
+
+    def __init__(self, message: str, *, result: "CommandResult") -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class ServerError(ZygoteError):
+    """The daemon or the guest agent failed (5xx: ``internal``,
+    ``runtime_error``, ``agent_unreachable``, ``guest_error``, ...)."""
+
+    default_code = "internal"
+
+
+# Stable API codes -> classes. `not_found` is resolved by `error_for` from
+# what the request was about, since the daemon uses one code for every kind
+# of missing object.
+_BY_CODE: dict[str, type[ZygoteError]] = {
+    "unauthorized": Unauthorized,
+    "malformed_body": InvalidArgument,
+    "invalid_argument": InvalidArgument,
+    "guest_bad_request": InvalidArgument,
+    "route_not_found": NotFoundError,
+    "method_not_allowed": InvalidArgument,
+    "guest_not_found": FileNotFound,
+    "sandbox_not_running": SandboxNotRunning,
+    "sandbox_busy": SandboxBusy,
+    "snapshot_in_use": SnapshotInUse,
+    "conflict": ConflictError,
+    "guest_already_exists": ConflictError,
+    "guest_permission_denied": PermissionDenied,
+    "payload_too_large": PayloadTooLarge,
+    "guest_response_too_large": PayloadTooLarge,
+    "unsupported": Unsupported,
+    "guest_spawn_failed": SpawnFailed,
+}
+
+_SERVER_CODES = frozenset({"internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"})
+
+
+def error_for(code: str, message: str, status: Optional[int] = None) -> ZygoteError:
+    """The exception for an API error ``code``.
+
+    The daemon words a missing object as ``<kind> "<id>" not found``; the kind
+    picks :class:`SandboxNotFound` or :class:`SnapshotNotFound` (other
+    missing things, e.g. images, stay :class:`NotFoundError`).
+    """
+    cls: type[ZygoteError]
+    if code == "not_found":
+        if message.startswith("sandbox "):
+            cls = SandboxNotFound
+        elif message.startswith("snapshot "):
+            cls = SnapshotNotFound
+        else:
+            cls = NotFoundError
+    elif code in _BY_CODE:
+        cls = _BY_CODE[code]
+    elif code in _SERVER_CODES or (status is not None and status >= 500):
+        cls = ServerError
+    else:
+        cls = ZygoteError
+    return cls(message, code=code, status=status)

@@ -1,0 +1,195 @@
+"""An MCP server (stdio) exposing zygote sandboxes as tools, so an MCP
+host (an agent) can create sandboxes, run commands, move files, branch,
+snapshot, restore and kill them.
+
+Run it as ``zygote-mcp`` (or ``python -m zygote.mcp_server``); it finds
+the daemon like the SDK does (``ZYGOTE_URL``, ``ZYGOTE_TOKEN`` or the
+daemon's token file). Sandboxes it created are killed when the session
+ends unless ``--keep-sandboxes`` is given, so a host that forgets to clean
+up does not leak VMs. Needs the ``mcp`` extra: ``pip install 'zygote[mcp]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Optional
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from . import _api
+from ._client import AsyncClient
+from ._version import __version__
+from .aio import AsyncSandbox
+from .errors import CommandTimeout, ZygoteError
+
+__all__ = ["build_server", "main"]
+
+INSTRUCTIONS = (
+    "Tools for zygote microVM sandboxes. create_sandbox boots a Linux VM and returns its id; "
+    "exec runs shell commands in it; write_file/read_file/list_files move data; branch_sandbox "
+    "forks a running sandbox into N copy-on-write children (same memory, processes and files) "
+    "to try alternatives in parallel; snapshot_sandbox saves a state and restore_snapshot starts "
+    "a new sandbox from it; kill_sandbox removes one. Kill sandboxes you no longer need."
+)
+
+
+class _Session:
+    """The daemon connection and the sandboxes this server made."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.created: set[str] = set()
+
+    def sandbox(self, sandbox_id: str) -> AsyncSandbox:
+        return AsyncSandbox(sandbox_id, client=self.client)
+
+    def adopt(self, sandbox_id: str) -> str:
+        self.created.add(sandbox_id)
+        return sandbox_id
+
+
+def _tool_error(e: ZygoteError) -> ToolError:
+    # The host (and model) sees this text; keep the stable code in it so a
+    # model can tell "no such sandbox" from "daemon down".
+    return ToolError(f"{e.message} [{e.code}]")
+
+
+def build_server(
+    url: Optional[str] = None,
+    token: Optional[str] = None,
+    keep_sandboxes: bool = False,
+) -> MCPServer[Any]:
+    session = _Session(AsyncClient(url, token))
+
+    @asynccontextmanager
+    async def lifespan(_: MCPServer[Any]) -> AsyncIterator[None]:
+        try:
+            yield None
+        finally:
+            if not keep_sandboxes:
+                for sid in sorted(session.created):
+                    try:
+                        await session.sandbox(sid).kill()
+                    except ZygoteError:
+                        pass  # best effort: the daemon may be gone already
+            await session.client.aclose()
+
+    server: MCPServer[Any] = MCPServer(
+        "zygote", version=__version__, instructions=INSTRUCTIONS, lifespan=lifespan, log_level="WARNING"
+    )
+
+    @server.tool()
+    async def create_sandbox(image: str = "minimal", memory_mib: Optional[int] = None) -> dict[str, Any]:
+        """Boot a new sandbox (a Linux microVM) from an image; returns its sandbox_id."""
+        try:
+            sb = await AsyncSandbox.create(image, memory_mib=memory_mib, client=session.client)
+            info = await sb.info()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        session.adopt(sb.id)
+        return {"sandbox_id": sb.id, "state": info.state, "runtime": info.runtime, "memory_mib": info.memory_mib}
+
+    @server.tool(name="exec")
+    async def exec_command(sandbox_id: str, command: str, timeout_seconds: float = 60.0) -> dict[str, Any]:
+        """Run a shell command (sh -c) in a sandbox; returns stdout, stderr, exit_code and timed_out."""
+        try:
+            res = await session.sandbox(sandbox_id).commands.run(command, timeout=timeout_seconds)
+        except CommandTimeout as e:
+            # A timeout is an outcome the model should see, with the output so far.
+            res = e.result
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"stdout": res.stdout, "stderr": res.stderr, "exit_code": res.exit_code, "timed_out": res.timed_out}
+
+    @server.tool()
+    async def write_file(sandbox_id: str, path: str, content: str) -> dict[str, Any]:
+        """Write text to an absolute path in a sandbox (parent directories are created)."""
+        try:
+            w = await session.sandbox(sandbox_id).files.write(path, content)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"path": w.path, "size": w.size}
+
+    @server.tool()
+    async def read_file(sandbox_id: str, path: str) -> str:
+        """Read a text file at an absolute path in a sandbox."""
+        try:
+            data = await session.sandbox(sandbox_id).files.read_bytes(path)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return data.decode("utf-8", errors="replace")
+
+    @server.tool()
+    async def list_files(sandbox_id: str, path: str = "/") -> dict[str, Any]:
+        """List a directory in a sandbox (name, kind, size of each entry)."""
+        try:
+            entries = await session.sandbox(sandbox_id).files.list(path)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"path": path, "entries": [{"name": e.name, "kind": e.kind, "size": e.size} for e in entries]}
+
+    @server.tool()
+    async def branch_sandbox(sandbox_id: str, n: int = 2) -> dict[str, Any]:
+        """Fork a running sandbox into n copy-on-write children that start from its exact
+        current state and then diverge independently; returns their sandbox ids."""
+        try:
+            children = await session.sandbox(sandbox_id).branch(n)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"parent": sandbox_id, "children": [session.adopt(c.id) for c in children]}
+
+    @server.tool()
+    async def snapshot_sandbox(sandbox_id: str, name: Optional[str] = None) -> dict[str, Any]:
+        """Save a sandbox's full state (memory, processes, files); returns a snapshot_id."""
+        try:
+            snap = await session.sandbox(sandbox_id).snapshot("full", name=name)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"snapshot_id": snap.id, "kind": snap.kind, "size_bytes": snap.size_bytes}
+
+    @server.tool()
+    async def restore_snapshot(snapshot_id: str) -> dict[str, Any]:
+        """Start a new sandbox from a snapshot; returns its sandbox_id."""
+        try:
+            sb = await AsyncSandbox.restore(snapshot_id, client=session.client)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"sandbox_id": session.adopt(sb.id)}
+
+    @server.tool()
+    async def kill_sandbox(sandbox_id: str) -> dict[str, Any]:
+        """Stop and remove a sandbox."""
+        try:
+            killed = await session.sandbox(sandbox_id).kill()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        session.created.discard(sandbox_id)
+        return {"sandbox_id": sandbox_id, "killed": killed}
+
+    @server.tool()
+    async def list_sandboxes() -> dict[str, Any]:
+        """List all sandboxes of the daemon with their state."""
+        try:
+            infos = await session.client.call(_api.list_sandboxes())
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"sandboxes": [{"sandbox_id": i.id, "state": i.state, "name": i.name} for i in infos]}
+
+    return server
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="zygote-mcp", description="MCP server (stdio) for zygote sandboxes")
+    p.add_argument("--url", help="zygoted URL (default $ZYGOTE_URL, else http://127.0.0.1:7420)")
+    p.add_argument("--token", help="API token (default $ZYGOTE_TOKEN, else the daemon's token file)")
+    p.add_argument(
+        "--keep-sandboxes", action="store_true", help="leave sandboxes this session created running on exit"
+    )
+    args = p.parse_args(argv)
+    build_server(args.url, args.token, args.keep_sandboxes).run("stdio")
+
+
+if __name__ == "__main__":
+    main()

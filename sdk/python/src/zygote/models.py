@@ -1,0 +1,151 @@
+"""Plain data returned by the SDK (immutable snapshots of API objects).
+
+Field names follow the daemon's JSON; fields the SDK does not model are
+kept in ``raw`` so nothing the daemon sends is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+__all__ = ["SandboxInfo", "CommandResult", "FileEntry", "WriteResult", "Snapshot", "BranchResult"]
+
+
+def _opt_int(v: Any) -> Optional[int]:
+    return None if v is None else int(v)
+
+
+@dataclass(frozen=True)
+class SandboxInfo:
+    id: str
+    state: str
+    """``creating``, ``running``, ``paused`` (during branch/snapshot) or ``dead``."""
+    runtime: str
+    hostname: str
+    name: Optional[str]
+    memory_mib: int
+    vcpus: int
+    created_at: int
+    pid: Optional[int]
+    origin: Mapping[str, Any]
+    """What it started from: ``{"image": {...}}``, ``{"snapshot": {"id"}}`` or
+    ``{"branch": {"parent", "branch_point"}}``."""
+    depends_on: tuple[str, ...]
+    exit_reason: Optional[str]
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        return cls(
+            id=d["id"],
+            state=d["state"],
+            runtime=d.get("runtime", ""),
+            hostname=d.get("hostname", ""),
+            name=d.get("name"),
+            memory_mib=int(d.get("mem_mib", 0)),
+            vcpus=int(d.get("vcpus", 0)),
+            created_at=int(d.get("created_at", 0)),
+            pid=_opt_int(d.get("pid")),
+            origin=d.get("origin") or {},
+            depends_on=tuple(d.get("depends_on") or ()),
+            exit_reason=d.get("exit_reason"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """How a command ended and what it printed (decoded as UTF-8, invalid
+    bytes replaced)."""
+
+    stdout: str
+    stderr: str
+    exit_code: Optional[int]
+    """None when it was ended by a signal."""
+    signal: Optional[int] = None
+    timed_out: bool = False
+    duration_ms: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    kind: str
+    """``file``, ``dir``, ``symlink`` or ``other``."""
+    size: int
+    mode: int
+    mtime: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "dir"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "FileEntry":
+        return cls(name=d["name"], kind=d["kind"], size=int(d["size"]), mode=int(d["mode"]), mtime=int(d["mtime"]))
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A saved sandbox state; start new sandboxes from it with
+    ``Sandbox.restore(snapshot)`` or roll one back with ``sb.rollback(snapshot)``."""
+
+    id: str
+    kind: str
+    """``full``, ``diff``, ``live`` or ``branch`` (made by a branch)."""
+    name: Optional[str]
+    runtime: str
+    source_sandbox: str
+    memory_mib: int
+    vcpus: int
+    created_at: int
+    size_bytes: int
+    depends_on: tuple[str, ...]
+    dependents: tuple[str, ...]
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Snapshot":
+        return cls(
+            id=d["id"],
+            kind=d.get("kind", ""),
+            name=d.get("name"),
+            runtime=d.get("runtime", ""),
+            source_sandbox=d.get("source_sandbox", ""),
+            memory_mib=int(d.get("mem_mib", 0)),
+            vcpus=int(d.get("vcpus", 0)),
+            created_at=int(d.get("created_at", 0)),
+            size_bytes=int(d.get("size_bytes", 0)),
+            depends_on=tuple(d.get("depends_on") or ()),
+            dependents=tuple(d.get("dependents") or ()),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    parent: str
+    branch_point: str
+    """Id of the (implicit) snapshot the children share."""
+    children: tuple[str, ...]
+    duration_ms: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BranchResult":
+        return cls(
+            parent=d["parent"],
+            branch_point=d["branch_point"],
+            children=tuple(d["children"]),
+            duration_ms=int(d.get("duration_ms", 0)),
+        )

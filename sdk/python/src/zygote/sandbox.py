@@ -1,0 +1,234 @@
+"""The synchronous sandbox API."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import List, Mapping, Optional, Type, Union
+
+from . import _api
+from ._api import Command, OutputCallback
+from ._client import Client
+from .errors import SandboxNotFound
+from .models import CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+
+__all__ = ["Sandbox", "Commands", "Files"]
+
+DEFAULT_IMAGE = "minimal"
+
+
+def _client(client: Optional[Client], url: Optional[str], token: Optional[str]) -> Client:
+    if client is not None:
+        if url is not None or token is not None:
+            raise ValueError("give either client or url/token, not both")
+        return client
+    return Client(url, token)
+
+
+def _snapshot_id(snapshot: Union[Snapshot, str]) -> str:
+    return snapshot if isinstance(snapshot, str) else snapshot.id
+
+
+class Commands:
+    """``sb.commands``: programs in the sandbox."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+    ) -> CommandResult:
+        """Runs ``cmd`` (a shell command line, or an argv list) and waits
+        for it. Output is streamed: ``on_stdout``/``on_stderr`` get text as
+        the program prints it.
+
+        ``timeout`` is in seconds (None: no limit); past it the program is
+        killed and :class:`~zygote.errors.CommandTimeout` raised (its
+        ``result`` holds the output so far). A non-zero exit is returned,
+        not raised, unless ``check=True`` (then
+        :class:`~zygote.errors.CommandFailed`).
+        """
+        return self._sb.client.exec(
+            self._sb.id,
+            cmd,
+            timeout=timeout,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            check=check,
+        )
+
+
+class Files:
+    """``sb.files``: the guest's file system (absolute paths)."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def read(self, path: str) -> str:
+        """The file as UTF-8 text (use :meth:`read_bytes` for binary files).
+        Raises :class:`~zygote.errors.FileNotFound`."""
+        return self.read_bytes(path).decode("utf-8")
+
+    def read_bytes(self, path: str) -> bytes:
+        return self._sb.client.call(_api.read_file(self._sb.id, path))
+
+    def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> WriteResult:
+        """Atomically replaces ``path`` (parent directories are created);
+        ``mode`` is permission bits, e.g. ``0o755``."""
+        return self._sb.client.call(_api.write_file(self._sb.id, path, data, mode))
+
+    def list(self, path: str = "/") -> List[FileEntry]:
+        """Entries of a directory."""
+        return self._sb.client.call(_api.list_dir(self._sb.id, path))
+
+
+class Sandbox:
+    """A handle on one sandbox (a microVM).
+
+    Make one with :meth:`create`, :meth:`restore`, :meth:`connect` or
+    :meth:`branch`; ``Sandbox(id, client=...)`` wraps a known id without a
+    request. As a context manager it kills the sandbox on exit.
+    """
+
+    def __init__(self, sandbox_id: str, *, client: Optional[Client] = None) -> None:
+        self.id = sandbox_id
+        self.client = client if client is not None else Client()
+        self.commands = Commands(self)
+        self.files = Files(self)
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.id!r})"
+
+    # --- making sandboxes ---------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        image: str = DEFAULT_IMAGE,
+        *,
+        memory_mib: Optional[int] = None,
+        vcpus: Optional[int] = None,
+        name: Optional[str] = None,
+        limits: Optional[Mapping[str, int]] = None,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "Sandbox":
+        """Boots a sandbox from an image and returns once its agent answers.
+
+        ``limits`` are cgroup limits (``memory_mib``, ``cpu_percent``, ``pids``).
+        """
+        c = _client(client, url, token)
+        made = c.call(
+            _api.create_sandboxes(image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits)
+        )
+        return cls(made[0].id, client=c)
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: Union[Snapshot, str],
+        *,
+        name: Optional[str] = None,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "Sandbox":
+        """A new sandbox started from a snapshot (its memory, processes and
+        files). To roll an existing sandbox back instead, use :meth:`rollback`."""
+        c = _client(client, url, token)
+        made = c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name))
+        return cls(made[0].id, client=c)
+
+    @classmethod
+    def connect(
+        cls,
+        sandbox_id: str,
+        *,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> "Sandbox":
+        """A handle on an existing sandbox; raises :class:`SandboxNotFound`."""
+        c = _client(client, url, token)
+        c.call(_api.get_sandbox(sandbox_id))
+        return cls(sandbox_id, client=c)
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        client: Optional[Client] = None,
+        url: Optional[str] = None,
+        token: Optional[str] = None,
+    ) -> List["Sandbox"]:
+        c = _client(client, url, token)
+        return [cls(s.id, client=c) for s in c.call(_api.list_sandboxes())]
+
+    # --- this sandbox ---------------------------------------------------------
+
+    def info(self) -> SandboxInfo:
+        """Current state from the daemon."""
+        return self.client.call(_api.get_sandbox(self.id))
+
+    def is_running(self) -> bool:
+        try:
+            return self.info().state == "running"
+        except SandboxNotFound:
+            return False
+
+    def branch(self, n: int = 1) -> List["Sandbox"]:
+        """Forks this sandbox's live state into ``n`` children (memory,
+        processes and files, copy-on-write). Each child then diverges
+        independently; this sandbox keeps running."""
+        res = self.client.call(_api.branch(self.id, n))
+        return [type(self)(child, client=self.client) for child in res.children]
+
+    def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
+        """Saves this sandbox's state; ``mode`` is a snapshot kind the runtime
+        supports (``full``; ``diff``/``live`` on the kvm runtime)."""
+        return self.client.call(_api.create_snapshot(self.id, mode, name))
+
+    def rollback(self, snapshot: Union[Snapshot, str]) -> SandboxInfo:
+        """Restores this sandbox in place to ``snapshot`` (a snapshot of it
+        or of its lineage); its id stays the same."""
+        return self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
+
+    def logs(self) -> str:
+        """The guest's serial console output."""
+        return self.client.call(_api.logs(self.id))
+
+    def kill(self) -> bool:
+        """Stops the VM and removes the sandbox. False if it was already gone."""
+        try:
+            self.client.call(_api.delete_sandbox(self.id))
+        except SandboxNotFound:
+            return False
+        return True
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        try:
+            self.kill()
+        except Exception:
+            # Don't let a failed clean-up hide the error that ended the block.
+            if exc is None:
+                raise

@@ -1,0 +1,236 @@
+"""The SDK against a real zygoted booting real guests (qemu runtime here).
+
+Boots are the expensive part, so one sandbox (``sb``) is shared by the
+checks in this module; branches, restores and the async checks add a few
+more. Everything created here is killed, and snapshots deleted, at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import pytest
+
+import zygote
+from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
+
+pytestmark = pytest.mark.live
+
+MISSING = "sb-000000000000"
+
+
+@pytest.fixture(scope="module")
+def client(live_env: dict[str, str]) -> Iterator[Client]:
+    with Client(live_env["url"], live_env["token"]) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def snapshots(client: Client) -> Iterator[list[zygote.Snapshot]]:
+    """Snapshots taken by the tests; deleted after every sandbox is gone."""
+    taken: list[zygote.Snapshot] = []
+    yield taken
+    for snap in taken:
+        client.delete_snapshot(snap)
+
+
+@pytest.fixture(scope="module")
+def sb(client: Client, snapshots: list[zygote.Snapshot]) -> Iterator[Sandbox]:
+    # `snapshots` is requested first so it is torn down after this one:
+    # a sandbox reads its snapshots' disk layers until it is killed.
+    with Sandbox.create(image="minimal", memory_mib=128, client=client) as s:
+        yield s
+
+
+def test_create_gives_a_running_sandbox(sb: Sandbox, client: Client) -> None:
+    info = sb.info()
+    assert info.id == sb.id
+    assert info.state == "running"
+    assert info.runtime == client.info()["runtime"]["name"]
+    assert info.memory_mib == 128
+    assert sb.id in [s.id for s in Sandbox.list(client=client)]
+    assert Sandbox.connect(sb.id, client=client).id == sb.id
+
+
+def test_run_returns_output_and_exit_code(sb: Sandbox) -> None:
+    r = sb.commands.run("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.timed_out) == (3, "out\n", "err\n", False)
+    r = sb.commands.run(["cat"], stdin="piped", env={"X": "1"}, cwd="/tmp")
+    assert (r.exit_code, r.stdout) == (0, "piped")
+    assert sb.commands.run("echo $X; pwd", env={"X": "42"}, cwd="/root").stdout == "42\n/root\n"
+    with pytest.raises(zygote.CommandFailed) as e:
+        sb.commands.run("exit 4", check=True)
+    assert e.value.result.exit_code == 4
+
+
+def test_output_is_streamed_while_the_command_runs(sb: Sandbox) -> None:
+    seen: list[tuple[float, str]] = []
+    errs: list[str] = []
+    r = sb.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.4; done; echo done >&2",
+        on_stdout=lambda t: seen.append((time.monotonic(), t)),
+        on_stderr=errs.append,
+    )
+    end = time.monotonic()
+    assert "".join(t for _, t in seen) == r.stdout == "line1\nline2\nline3\n"
+    assert "".join(errs) == "done\n"
+    # line1 arrived while the program still had ~0.8 s of sleeping to do.
+    assert end - seen[0][0] >= 0.6, f"first output only {end - seen[0][0]:.2f}s before the end: not streamed"
+
+
+def test_files_write_read_list(sb: Sandbox) -> None:
+    w = sb.files.write("/root/work/notes.txt", "hello from the sdk\n")
+    assert (w.path, w.size) == ("/root/work/notes.txt", 19)
+    assert sb.files.read("/root/work/notes.txt") == "hello from the sdk\n"
+    blob = bytes(range(256)) * 4
+    sb.files.write("/root/work/blob.bin", blob)
+    assert sb.files.read_bytes("/root/work/blob.bin") == blob
+    entries = {e.name: e for e in sb.files.list("/root/work")}
+    assert set(entries) == {"notes.txt", "blob.bin"}
+    assert (entries["blob.bin"].kind, entries["blob.bin"].size) == ("file", 1024)
+    assert any(e.name == "work" and e.is_dir for e in sb.files.list("/root"))
+    sb.files.write("/root/work/run.sh", "#!/bin/sh\necho ran\n", mode=0o755)
+    assert sb.commands.run(["/root/work/run.sh"]).stdout == "ran\n"
+    # Files written through the API are visible to programs and vice versa.
+    sb.commands.run("echo from-shell > /root/work/shell.txt", check=True)
+    assert sb.files.read("/root/work/shell.txt") == "from-shell\n"
+
+
+def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(zygote.CommandTimeout) as timeout:
+        sb.commands.run("echo before; sleep 30", timeout=1.5)
+    assert time.monotonic() - t0 < 15
+    assert timeout.value.code == "command_timeout"
+    assert timeout.value.result.timed_out and timeout.value.result.stdout == "before\n"
+    # The sandbox is fine afterwards.
+    assert sb.commands.run("echo alive").stdout == "alive\n"
+
+    with pytest.raises(zygote.FileNotFound) as nf:
+        sb.files.read("/root/does-not-exist")
+    assert (nf.value.code, nf.value.status) == ("guest_not_found", 404)
+
+    with pytest.raises(zygote.SpawnFailed):
+        sb.commands.run(["/no/such/program"])
+
+    with pytest.raises(zygote.InvalidArgument):
+        sb.files.read("relative/path")
+
+    ghost = Sandbox(MISSING, client=client)
+    for action in (lambda: ghost.commands.run("true"), ghost.info, lambda: ghost.files.read("/etc/hostname")):
+        with pytest.raises(zygote.SandboxNotFound) as e:
+            action()
+        assert (e.value.code, e.value.status) == ("not_found", 404)
+    with pytest.raises(zygote.SandboxNotFound):
+        Sandbox.connect(MISSING, client=client)
+    assert ghost.kill() is False
+
+    with Client(live_env["url"], "not-the-token") as bad:
+        with pytest.raises(zygote.Unauthorized) as e:
+            Sandbox.list(client=bad)
+        assert (e.value.code, e.value.status) == ("unauthorized", 401)
+        with pytest.raises(zygote.Unauthorized):
+            Sandbox(sb.id, client=bad).commands.run("true")
+
+
+def test_branch_into_three_children_that_diverge(sb: Sandbox) -> None:
+    sb.files.write("/root/base.txt", "shared base")
+    # A background process, to see that live processes (not just files)
+    # carry over into every child.
+    sb.commands.run("(while true; do sleep 1; done) >/dev/null 2>&1 & echo $! > /root/loop.pid", check=True)
+    children = sb.branch(n=3)
+    try:
+        assert len(children) == 3 and len({c.id for c in children}) == 3
+        for c in children:
+            assert c.files.read("/root/base.txt") == "shared base"
+            pid = c.files.read("/root/loop.pid").strip()
+            assert c.commands.run(f"kill -0 {pid}").exit_code == 0, "the parent's background process lives on"
+            assert c.commands.run("hostname").stdout.strip() == c.id
+        # Each child changes the same file differently...
+        for i, c in enumerate(children):
+            c.commands.run(f"echo {i} > /root/counter", check=True)
+        for i, c in enumerate(children):
+            assert c.commands.run("cat /root/counter").stdout == f"{i}\n"
+        # ...and what one child creates exists nowhere else.
+        children[0].files.write("/root/only-in-0.txt", "child 0")
+        assert children[0].files.read("/root/only-in-0.txt") == "child 0"
+        for other in (sb, children[1], children[2]):
+            with pytest.raises(zygote.FileNotFound):
+                other.files.read("/root/only-in-0.txt")
+        # The parent keeps running and diverges from its children too.
+        sb.files.write("/root/after-branch.txt", "parent only")
+        for c in children:
+            with pytest.raises(zygote.FileNotFound):
+                c.files.read("/root/after-branch.txt")
+    finally:
+        for c in children:
+            c.kill()
+
+
+def test_snapshot_restore_and_rollback(sb: Sandbox, client: Client, snapshots: list[zygote.Snapshot]) -> None:
+    sb.files.write("/root/version.txt", "v1")
+    snap = sb.snapshot(mode="full")
+    snapshots.append(snap)
+    assert (snap.kind, snap.source_sandbox) == ("full", sb.id)
+    assert snap.id in [s.id for s in client.snapshots()]
+    sb.files.write("/root/version.txt", "v2")
+
+    restored = Sandbox.restore(snap, client=client)
+    try:
+        assert restored.id != sb.id
+        assert restored.files.read("/root/version.txt") == "v1"
+        assert restored.info().origin == {"snapshot": {"id": snap.id}}
+        # Independent of its source from here on.
+        restored.files.write("/root/version.txt", "restored")
+        assert sb.files.read("/root/version.txt") == "v2"
+    finally:
+        assert restored.kill() is True
+
+    info = sb.rollback(snap)
+    assert (info.id, info.state) == (sb.id, "running")
+    assert sb.files.read("/root/version.txt") == "v1"
+
+    with pytest.raises(zygote.SnapshotNotFound):
+        Sandbox.restore("snap-000000000000", client=client)
+
+
+def test_kill(client: Client) -> None:
+    # A sandbox of its own, so killing it does not disturb the shared one;
+    # the context manager's kill is covered by `sb` itself.
+    victim = Sandbox.create(memory_mib=128, client=client)
+    assert victim.kill() is True
+    assert victim.kill() is False
+    with pytest.raises(zygote.SandboxNotFound):
+        victim.info()
+    with pytest.raises(zygote.SandboxNotFound):
+        victim.commands.run("true")
+    assert victim.id not in [s.id for s in client.sandboxes()]
+
+
+@pytest.mark.anyio
+async def test_async_surface(live_env: dict[str, str]) -> None:
+    async with AsyncClient(live_env["url"], live_env["token"]) as ac:
+        async with await AsyncSandbox.create(memory_mib=128, client=ac) as asb:
+            seen: list[str] = []
+
+            async def on_stdout(text: str) -> None:
+                seen.append(text)
+
+            r = await asb.commands.run("echo a; sleep 0.2; echo b", on_stdout=on_stdout)
+            assert (r.exit_code, r.stdout, "".join(seen)) == (0, "a\nb\n", "a\nb\n")
+            await asb.files.write("/root/async.txt", "async ok")
+            assert await asb.files.read("/root/async.txt") == "async ok"
+            assert "async.txt" in [e.name for e in await asb.files.list("/root")]
+            with pytest.raises(zygote.CommandTimeout):
+                await asb.commands.run("sleep 20", timeout=1)
+            [child] = await asb.branch(n=1)
+            try:
+                assert await child.files.read("/root/async.txt") == "async ok"
+                await child.files.write("/root/async.txt", "child")
+                assert await asb.files.read("/root/async.txt") == "async ok"
+            finally:
+                assert await child.kill()
+            sid = asb.id
+        # The context manager killed it.
+        assert not await AsyncSandbox(sid, client=ac).is_running()

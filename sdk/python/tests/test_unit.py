@@ -1,0 +1,201 @@
+"""Unit tests beyond the shared vectors: configuration, transport errors,
+context managers, async callbacks, Unix sockets. No VM involved."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+import zygote
+from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
+from zygote._config import DEFAULT_URL, resolve
+
+from .fake_daemon import FakeDaemon
+
+SANDBOX = {"id": "sb-aaaaaaaaaaaa", "state": "running"}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeDaemon]:
+    f = FakeDaemon().start()
+    yield f
+    f.stop()
+
+
+def test_config_prefers_arguments_then_env_then_token_file(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "token").write_text("from-file\n")
+    env = {"ZYGOTE_STATE_DIR": str(state)}
+    assert resolve(env=env) == resolve(url=DEFAULT_URL, token="from-file", env={})
+    env["ZYGOTE_TOKEN"] = "from-env"
+    env["ZYGOTE_URL"] = "http://10.0.0.1:9"
+    cfg = resolve(env=env)
+    assert (cfg.url, cfg.token) == ("http://10.0.0.1:9", "from-env")
+    cfg = resolve(url="http://127.0.0.1:1", token="arg", env=env)
+    assert (cfg.url, cfg.token) == ("http://127.0.0.1:1", "arg")
+
+
+def test_token_file_follows_the_daemons_state_dir_rules(tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    (xdg / "zygote").mkdir(parents=True)
+    (xdg / "zygote" / "token").write_text("xdg-token")
+    assert resolve(env={"XDG_STATE_HOME": str(xdg)}).token == "xdg-token"
+    home = tmp_path / "home"
+    (home / ".local/state/zygote").mkdir(parents=True)
+    (home / ".local/state/zygote/token").write_text("home-token")
+    assert resolve(env={"HOME": str(home)}).token == "home-token"
+    # No file anywhere: no token (the daemon will answer 401).
+    assert resolve(env={"HOME": str(tmp_path / "nobody")}).token is None
+
+
+def test_bad_url_and_unix_urls() -> None:
+    with pytest.raises(ValueError, match="bad zygoted URL"):
+        resolve(url="ftp://x", env={})
+    cfg = resolve(url="unix:///run/zygote.sock", token="t", env={})
+    assert cfg.unix_socket == "/run/zygote.sock"
+    assert cfg.base_url.startswith("http://")
+
+
+def test_ca_cert_from_env() -> None:
+    assert resolve(url="https://h:1", token="t", env={"ZYGOTE_CA_CERT": "/ca.pem"}).verify == "/ca.pem"
+
+
+def test_unreachable_daemon_is_connection_failed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # Nothing listens on that port now.
+    with Client(f"http://127.0.0.1:{port}", "t") as c:
+        with pytest.raises(zygote.ConnectionFailed) as e:
+            Sandbox.create(client=c)
+    assert e.value.code == "connection_failed"
+    assert "is it running" in str(e.value)
+
+
+def test_client_and_url_are_exclusive() -> None:
+    with Client("http://127.0.0.1:1", "t") as c, pytest.raises(ValueError):
+        Sandbox.create(client=c, url="http://127.0.0.1:2")
+
+
+def test_empty_and_nonpositive_commands_are_refused_locally(fake: FakeDaemon) -> None:
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-aaaaaaaaaaaa", client=c)
+        with pytest.raises(ValueError):
+            sb.commands.run([])
+        with pytest.raises(ValueError):
+            sb.commands.run("true", timeout=0)
+    assert fake.requests == []
+
+
+def test_context_manager_kills_on_exit_and_keeps_the_original_error(fake: FakeDaemon) -> None:
+    fake.load(
+        [
+            {"status": 201, "json": {"sandboxes": [SANDBOX]}},
+            # The clean-up fails too; the block's own error must win.
+            {"status": 500, "json": {"error": {"code": "internal", "message": "boom"}}},
+        ]
+    )
+    with Client(fake.url, "t") as c:
+        with pytest.raises(KeyError):
+            with Sandbox.create(client=c):
+                raise KeyError("the real problem")
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("POST", "/v1/sandboxes"),
+        ("DELETE", "/v1/sandboxes/sb-aaaaaaaaaaaa"),
+    ]
+
+
+def test_context_manager_raises_a_failed_cleanup_when_the_block_succeeded(fake: FakeDaemon) -> None:
+    fake.load(
+        [
+            {"status": 201, "json": {"sandboxes": [SANDBOX]}},
+            {"status": 500, "json": {"error": {"code": "internal", "message": "boom"}}},
+        ]
+    )
+    with Client(fake.url, "t") as c, pytest.raises(zygote.ServerError):
+        with Sandbox.create(client=c):
+            pass
+
+
+@pytest.mark.anyio
+async def test_async_context_manager_and_coroutine_callbacks(fake: FakeDaemon) -> None:
+    out = {"type": "output", "stream": "stdout", "data": "aGkK"}  # "hi\n"
+    fake.load(
+        [
+            {"status": 201, "json": {"sandboxes": [SANDBOX]}},
+            {"status": 200, "ndjson": [{"type": "started", "pid": 1}, out,
+                                       {"type": "exit", "exit_code": 0, "timed_out": False, "duration_ms": 1}]},
+            {"status": 204},
+        ]
+    )
+    seen: list[str] = []
+
+    async def on_stdout(text: str) -> None:
+        seen.append(text)
+
+    async with AsyncClient(fake.url, "t") as c:
+        async with await AsyncSandbox.create(client=c) as sb:
+            r = await sb.commands.run("echo hi", on_stdout=on_stdout)
+    assert (r.stdout, r.exit_code, seen) == ("hi\n", 0, ["hi\n"])
+    assert fake.requests[-1].method == "DELETE"
+
+
+def test_stream_without_exit_event_is_an_error(fake: FakeDaemon) -> None:
+    fake.load([{"status": 200, "ndjson": [{"type": "started", "pid": 1}]}])
+    with Client(fake.url, "t") as c:
+        with pytest.raises(zygote.ServerError) as e:
+            Sandbox("sb-aaaaaaaaaaaa", client=c).commands.run("true")
+    assert e.value.code == "stream_ended"
+
+
+def test_error_str_carries_code_and_status() -> None:
+    e = zygote.errors.error_for("sandbox_not_running", "sandbox sb-1 is dead, not running", 409)
+    assert isinstance(e, zygote.SandboxNotRunning) and isinstance(e, zygote.ConflictError)
+    assert str(e) == "sandbox sb-1 is dead, not running (sandbox_not_running, HTTP 409)"
+    unknown = zygote.errors.error_for("brand_new_code", "something", 418)
+    assert type(unknown) is zygote.ZygoteError and unknown.code == "brand_new_code"
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def test_unix_socket_urls_work() -> None:
+    seen: dict[str, Any] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            seen["auth"] = self.headers.get("Authorization")
+            body = json.dumps({"sandboxes": [SANDBOX]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    # A short path: Unix socket paths are limited to ~108 bytes.
+    with tempfile.TemporaryDirectory(dir="/tmp") as d:
+        path = os.path.join(d, "z.sock")
+        server = _UnixHTTPServer(path, Handler)
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        try:
+            with Client(f"unix://{path}", "sock-token") as c:
+                ids = [s.id for s in Sandbox.list(client=c)]
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert ids == ["sb-aaaaaaaaaaaa"]
+    assert seen["auth"] == "Bearer sock-token"

@@ -1,0 +1,304 @@
+/**
+ * The HTTP client: one daemon address and token, requests with the API's
+ * errors mapped to typed exceptions, and the streamed exec.
+ */
+import { type Config, resolveConfig } from "./config.js";
+import {
+  CommandFailed,
+  CommandTimeout,
+  ConnectionFailed,
+  RequestTimeout,
+  ServerError,
+  type ZygoteError,
+  errorFor,
+} from "./errors.js";
+import {
+  type CommandResult,
+  type SandboxInfo,
+  type Snapshot,
+  sandboxFromJson,
+  snapshotFromJson,
+} from "./models.js";
+
+export const VERSION = "0.1.0";
+
+/**
+ * Creating, branching and snapshotting boot or migrate whole VMs; under
+ * QEMU TCG that can take tens of seconds, so the default is generous.
+ */
+export const DEFAULT_REQUEST_TIMEOUT_MS = 600_000;
+/** Commands run for at most this long unless told otherwise. */
+export const DEFAULT_COMMAND_TIMEOUT_MS = 60_000;
+
+export interface ClientOptions {
+  /** Default `$ZYGOTE_URL`, else http://127.0.0.1:7420. */
+  url?: string;
+  /** Default `$ZYGOTE_TOKEN`, else the daemon's token file. */
+  token?: string;
+  /** Per-request timeout (not for streamed commands, which have their own). */
+  requestTimeoutMs?: number;
+}
+
+/** A shell command line (run with `sh -c`) or an argv array. */
+export type Command = string | readonly string[];
+export type OutputCallback = (text: string) => void | Promise<void>;
+
+export interface RunOptions {
+  /** Kill the command after this long; `null` for no limit. Default 60 s. */
+  timeoutMs?: number | null;
+  onStdout?: OutputCallback;
+  onStderr?: OutputCallback;
+  env?: Record<string, string>;
+  cwd?: string;
+  /** Text written to the program's stdin (then closed). */
+  stdin?: string;
+  /** Throw {@link CommandFailed} when the exit code is not 0. */
+  check?: boolean;
+}
+
+export interface RequestSpec {
+  query?: Record<string, string>;
+  json?: unknown;
+  body?: Uint8Array | string;
+}
+
+type Json = Record<string, unknown>;
+
+export function argvOf(cmd: Command): string[] {
+  if (typeof cmd === "string") return ["sh", "-c", cmd];
+  if (cmd.length === 0) throw new TypeError("empty command");
+  return [...cmd];
+}
+
+async function errorFromResponse(resp: Response): Promise<ZygoteError> {
+  const text = await resp.text();
+  try {
+    const err = (JSON.parse(text) as { error?: { code?: unknown; message?: unknown } }).error;
+    if (err && typeof err.code === "string") {
+      return errorFor(err.code, String(err.message ?? ""), resp.status);
+    }
+  } catch {
+    // Not the API's error format (e.g. a proxy's page): keep the status.
+  }
+  return errorFor(`http_${resp.status}`, text.trim().slice(0, 500) || resp.statusText, resp.status);
+}
+
+export class Client {
+  readonly config: Config;
+  private readonly requestTimeoutMs: number;
+
+  constructor(options: ClientOptions = {}) {
+    this.config = resolveConfig(options);
+    this.requestTimeoutMs = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+  }
+
+  private headers(extra: Record<string, string> = {}): Record<string, string> {
+    const h: Record<string, string> = { "user-agent": `zygote-typescript/${VERSION}`, ...extra };
+    if (this.config.token) h.authorization = `Bearer ${this.config.token}`;
+    return h;
+  }
+
+  private async fetch(method: string, path: string, spec: RequestSpec, timeoutMs: number | null): Promise<Response> {
+    const url = new URL(this.config.url + path);
+    for (const [k, v] of Object.entries(spec.query ?? {})) url.searchParams.set(k, v);
+    let body: string | Uint8Array | undefined;
+    const extra: Record<string, string> = {};
+    if (spec.json !== undefined) {
+      body = JSON.stringify(spec.json);
+      extra["content-type"] = "application/json";
+    } else if (spec.body !== undefined) {
+      body = spec.body;
+      extra["content-type"] = "application/octet-stream";
+    }
+    try {
+      return await fetch(url, {
+        method,
+        headers: this.headers(extra),
+        body,
+        signal: timeoutMs === null ? null : AbortSignal.timeout(timeoutMs),
+      });
+    } catch (e) {
+      throw this.transportError(e);
+    }
+  }
+
+  private transportError(e: unknown): ZygoteError {
+    if (e instanceof Error && (e.name === "TimeoutError" || e.name === "AbortError")) {
+      return new RequestTimeout(`zygoted at ${this.config.url} did not answer in time`, { cause: e });
+    }
+    const cause = e instanceof Error && e.cause instanceof Error ? `: ${e.cause.message}` : "";
+    return new ConnectionFailed(
+      `cannot reach zygoted at ${this.config.url}${cause} (is it running? \`zygote serve\`)`,
+      { cause: e },
+    );
+  }
+
+  /** Sends one request; throws the typed error for an error answer. */
+  async request(method: string, path: string, spec: RequestSpec = {}): Promise<Response> {
+    const resp = await this.fetch(method, path, spec, this.requestTimeoutMs);
+    if (!resp.ok) throw await errorFromResponse(resp);
+    return resp;
+  }
+
+  async json<T = Json>(method: string, path: string, spec: RequestSpec = {}): Promise<T> {
+    const resp = await this.request(method, path, spec);
+    try {
+      return (await resp.json()) as T;
+    } catch (e) {
+      throw new ServerError(`unexpected answer from zygoted: ${String(e)}`, { code: "bad_response" });
+    }
+  }
+
+  /**
+   * Runs a command through `POST /v1/sandboxes/{id}/exec/stream`, calling
+   * `onStdout`/`onStderr` as output arrives.
+   */
+  async exec(sandboxId: string, cmd: Command, opts: RunOptions = {}): Promise<CommandResult> {
+    const timeoutMs = opts.timeoutMs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : opts.timeoutMs;
+    const body: Json = { argv: argvOf(cmd) };
+    if (opts.env && Object.keys(opts.env).length > 0) body.env = opts.env;
+    if (opts.cwd !== undefined) body.cwd = opts.cwd;
+    if (opts.stdin !== undefined) body.stdin = opts.stdin;
+    if (timeoutMs !== null) {
+      if (!(timeoutMs > 0)) throw new RangeError("timeoutMs must be positive (or null for no limit)");
+      body.timeout_ms = Math.max(1, Math.ceil(timeoutMs));
+    }
+    // The daemon enforces the command's timeout; the HTTP wait only needs
+    // to outlast it (and must not cut off a long silent command).
+    const httpTimeout = timeoutMs === null ? null : timeoutMs + 30_000;
+    const resp = await this.fetch("POST", `/v1/sandboxes/${seg(sandboxId)}/exec/stream`, { json: body }, httpTimeout);
+    if (!resp.ok) throw await errorFromResponse(resp);
+    if (!resp.body) throw new ServerError("exec stream without a body", { code: "bad_response" });
+
+    const collector = new ExecCollector(opts);
+    const lines = new TextDecoder();
+    const reader = resp.body.getReader();
+    let pending = "";
+    try {
+      for (;;) {
+        let chunk: Awaited<ReturnType<typeof reader.read>>;
+        try {
+          chunk = await reader.read();
+        } catch (e) {
+          throw this.transportError(e);
+        }
+        if (chunk.done) break;
+        pending += lines.decode(chunk.value, { stream: true });
+        let nl: number;
+        while ((nl = pending.indexOf("\n")) >= 0) {
+          await collector.feed(pending.slice(0, nl));
+          pending = pending.slice(nl + 1);
+        }
+      }
+    } catch (e) {
+      // A callback threw or the connection broke: hang up, which makes the
+      // daemon kill the program instead of letting it run unobserved.
+      await reader.cancel().catch(() => undefined);
+      throw e;
+    }
+    await collector.feed(pending + lines.decode());
+    return collector.result(typeof cmd === "string" ? cmd : cmd.join(" "), opts.check ?? false);
+  }
+
+  /** `GET /v1/info`: runtime in use, snapshot kinds, cgroup support. */
+  info(): Promise<Json> {
+    return this.json("GET", "/v1/info");
+  }
+
+  async sandboxes(): Promise<SandboxInfo[]> {
+    const d = await this.json<{ sandboxes: Json[] }>("GET", "/v1/sandboxes");
+    return d.sandboxes.map(sandboxFromJson);
+  }
+
+  async snapshots(): Promise<Snapshot[]> {
+    const d = await this.json<{ snapshots: Json[] }>("GET", "/v1/snapshots");
+    return d.snapshots.map(snapshotFromJson);
+  }
+
+  async getSnapshot(id: string): Promise<Snapshot> {
+    return snapshotFromJson(await this.json("GET", `/v1/snapshots/${seg(id)}`));
+  }
+
+  async deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
+    await this.request("DELETE", `/v1/snapshots/${seg(typeof snapshot === "string" ? snapshot : snapshot.id)}`);
+  }
+}
+
+/** One path segment (ids come from callers; keep `/` and `?` out of paths). */
+export function seg(s: string): string {
+  return encodeURIComponent(s);
+}
+
+/**
+ * Turns the NDJSON exec events into callbacks and a result. Output is
+ * decoded per stream with a streaming decoder, so a UTF-8 character split
+ * across two chunks stays intact.
+ */
+class ExecCollector {
+  private readonly decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
+  private readonly text = { stdout: [] as string[], stderr: [] as string[] };
+  private end: Json | undefined;
+  private error: ZygoteError | undefined;
+
+  constructor(private readonly opts: RunOptions) {}
+
+  async feed(line: string): Promise<void> {
+    line = line.trim();
+    if (!line) return;
+    let ev: Json;
+    try {
+      ev = JSON.parse(line) as Json;
+    } catch {
+      throw new ServerError(`bad exec event ${JSON.stringify(line.slice(0, 200))}`, { code: "bad_response" });
+    }
+    switch (ev.type) {
+      case "output": {
+        const stream = ev.stream;
+        if (stream === "stdout" || stream === "stderr") {
+          const bytes = Buffer.from(String(ev.data ?? ""), "base64");
+          await this.emit(stream, this.decoders[stream].decode(bytes, { stream: true }));
+        }
+        break;
+      }
+      case "exit":
+        this.end = ev;
+        // Flush a character a decoder held back at the very end.
+        await this.emit("stdout", this.decoders.stdout.decode());
+        await this.emit("stderr", this.decoders.stderr.decode());
+        break;
+      case "error":
+        this.error = errorFor(String(ev.code ?? "error"), String(ev.message ?? ""));
+        break;
+      default:
+        // `started` and event types newer than this SDK carry nothing to collect.
+        break;
+    }
+  }
+
+  private async emit(stream: "stdout" | "stderr", text: string): Promise<void> {
+    if (!text) return;
+    this.text[stream].push(text);
+    const cb = stream === "stdout" ? this.opts.onStdout : this.opts.onStderr;
+    if (cb) await cb(text);
+  }
+
+  result(what: string, check: boolean): CommandResult {
+    if (this.error) throw this.error;
+    if (!this.end) throw new ServerError("the exec stream ended without an exit event", { code: "stream_ended" });
+    const e = this.end;
+    const res: CommandResult = {
+      stdout: this.text.stdout.join(""),
+      stderr: this.text.stderr.join(""),
+      exitCode: typeof e.exit_code === "number" ? e.exit_code : null,
+      signal: typeof e.signal === "number" ? e.signal : null,
+      timedOut: e.timed_out === true,
+      durationMs: typeof e.duration_ms === "number" ? e.duration_ms : 0,
+    };
+    if (res.timedOut) throw new CommandTimeout(`command timed out after ${res.durationMs} ms: ${what}`, res);
+    if (check && res.exitCode !== 0) {
+      const how = res.exitCode === null ? `signal ${res.signal}` : `exit code ${res.exitCode}`;
+      throw new CommandFailed(`command failed with ${how}: ${what}`, res);
+    }
+    return res;
+  }
+}

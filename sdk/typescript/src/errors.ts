@@ -1,0 +1,146 @@
+/**
+ * Typed errors. zygoted answers failures with `{"error": {"code", "message"}}`
+ * and a stable `code`; {@link errorFor} maps the code to a class so callers
+ * can use `instanceof SandboxNotFound` instead of comparing strings. Every
+ * error keeps the original `code` (and HTTP `status` when there was one).
+ */
+import type { CommandResult } from "./models.js";
+
+export class ZygoteError extends Error {
+  static readonly defaultCode: string = "error";
+  /** The API's stable error code, or an SDK code such as `command_timeout`. */
+  readonly code: string;
+  /** HTTP status when the daemon answered. */
+  readonly status: number | undefined;
+
+  constructor(message: string, options: { code?: string; status?: number; cause?: unknown } = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = new.target.name;
+    this.code = options.code ?? (new.target as typeof ZygoteError).defaultCode;
+    this.status = options.status;
+  }
+}
+
+/** The daemon could not be reached (not running, wrong URL, TLS failure). */
+export class ConnectionFailed extends ZygoteError {
+  static override readonly defaultCode: string = "connection_failed";
+}
+/** The daemon did not answer within the client's timeout. */
+export class RequestTimeout extends ZygoteError {
+  static override readonly defaultCode: string = "request_timeout";
+}
+export class Unauthorized extends ZygoteError {
+  static override readonly defaultCode: string = "unauthorized";
+}
+export class InvalidArgument extends ZygoteError {
+  static override readonly defaultCode: string = "invalid_argument";
+}
+export class NotFoundError extends ZygoteError {
+  static override readonly defaultCode: string = "not_found";
+}
+export class SandboxNotFound extends NotFoundError {}
+export class SnapshotNotFound extends NotFoundError {}
+/** A path inside the guest does not exist. */
+export class FileNotFound extends NotFoundError {
+  static override readonly defaultCode: string = "guest_not_found";
+}
+export class ConflictError extends ZygoteError {
+  static override readonly defaultCode: string = "conflict";
+}
+export class SandboxNotRunning extends ConflictError {
+  static override readonly defaultCode: string = "sandbox_not_running";
+}
+/** Another branch, snapshot, restore or delete is in progress on it. */
+export class SandboxBusy extends ConflictError {
+  static override readonly defaultCode: string = "sandbox_busy";
+}
+export class SnapshotInUse extends ConflictError {
+  static override readonly defaultCode: string = "snapshot_in_use";
+}
+export class PermissionDenied extends ZygoteError {
+  static override readonly defaultCode: string = "guest_permission_denied";
+}
+export class PayloadTooLarge extends ZygoteError {
+  static override readonly defaultCode: string = "payload_too_large";
+}
+/** The runtime cannot do this (e.g. a snapshot kind it lacks). */
+export class Unsupported extends ZygoteError {
+  static override readonly defaultCode: string = "unsupported";
+}
+/** The program could not be started in the guest. */
+export class SpawnFailed extends ZygoteError {
+  static override readonly defaultCode: string = "guest_spawn_failed";
+}
+/** The daemon or the guest agent failed (5xx). */
+export class ServerError extends ZygoteError {
+  static override readonly defaultCode: string = "internal";
+}
+
+/** The command ran past its timeout and was killed; `result` has its output so far. */
+export class CommandTimeout extends ZygoteError {
+  static override readonly defaultCode: string = "command_timeout";
+  constructor(
+    message: string,
+    readonly result: CommandResult,
+  ) {
+    super(message);
+  }
+}
+
+/** `run(..., { check: true })` and the command did not exit 0. */
+export class CommandFailed extends ZygoteError {
+  static override readonly defaultCode: string = "command_failed";
+  constructor(
+    message: string,
+    readonly result: CommandResult,
+  ) {
+    super(message);
+  }
+}
+
+type ErrorClass = new (message: string, options?: { code?: string; status?: number }) => ZygoteError;
+
+const BY_CODE: Record<string, ErrorClass> = {
+  unauthorized: Unauthorized,
+  malformed_body: InvalidArgument,
+  invalid_argument: InvalidArgument,
+  guest_bad_request: InvalidArgument,
+  method_not_allowed: InvalidArgument,
+  route_not_found: NotFoundError,
+  guest_not_found: FileNotFound,
+  sandbox_not_running: SandboxNotRunning,
+  sandbox_busy: SandboxBusy,
+  snapshot_in_use: SnapshotInUse,
+  conflict: ConflictError,
+  guest_already_exists: ConflictError,
+  guest_permission_denied: PermissionDenied,
+  payload_too_large: PayloadTooLarge,
+  guest_response_too_large: PayloadTooLarge,
+  unsupported: Unsupported,
+  guest_spawn_failed: SpawnFailed,
+};
+
+const SERVER_CODES = new Set(["internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"]);
+
+/**
+ * The error for an API `code`. The daemon uses one `not_found` code for every
+ * kind of missing object and words the message `<kind> "<id>" not found`; the
+ * kind picks {@link SandboxNotFound} or {@link SnapshotNotFound}.
+ */
+export function errorFor(code: string, message: string, status?: number): ZygoteError {
+  let cls: ErrorClass;
+  if (code === "not_found") {
+    cls = message.startsWith("sandbox ")
+      ? SandboxNotFound
+      : message.startsWith("snapshot ")
+        ? SnapshotNotFound
+        : NotFoundError;
+  } else if (BY_CODE[code]) {
+    cls = BY_CODE[code];
+  } else if (SERVER_CODES.has(code) || (status !== undefined && status >= 500)) {
+    cls = ServerError;
+  } else {
+    cls = ZygoteError;
+  }
+  return new cls(message, status === undefined ? { code } : { code, status });
+}

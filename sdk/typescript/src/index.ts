@@ -1,0 +1,32 @@
+/**
+ * TypeScript SDK for zygote: copy-on-write microVM sandboxes for AI agents.
+ *
+ * ```ts
+ * import { Sandbox } from "@zygote/sdk";
+ * await using sb = await Sandbox.create({ image: "minimal" });
+ * console.log((await sb.commands.run("uname -r")).stdout);
+ * ```
+ */
+export {
+  Client,
+  type ClientOptions,
+  type Command,
+  type OutputCallback,
+  type RunOptions,
+  DEFAULT_COMMAND_TIMEOUT_MS,
+  DEFAULT_REQUEST_TIMEOUT_MS,
+  VERSION,
+} from "./client.js";
+export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
+export * from "./errors.js";
+export type { BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult } from "./models.js";
+export {
+  Commands,
+  type Connection,
+  type CreateOptions,
+  DEFAULT_IMAGE,
+  Files,
+  type RestoreOptions,
+  Sandbox,
+  type SnapshotMode,
+} from "./sandbox.js";

@@ -1,0 +1,124 @@
+/** Data returned by the SDK: the daemon's JSON in camelCase. */
+
+type Json = Record<string, unknown>;
+
+export interface SandboxInfo {
+  id: string;
+  /** `creating`, `running`, `paused` (during branch/snapshot) or `dead`. */
+  state: string;
+  runtime: string;
+  hostname: string;
+  name: string | null;
+  memoryMib: number;
+  vcpus: number;
+  createdAt: number;
+  pid: number | null;
+  /** `{image: {...}}`, `{snapshot: {id}}` or `{branch: {parent, branch_point}}`. */
+  origin: Json;
+  dependsOn: string[];
+  exitReason: string | null;
+  /** The daemon's object as sent (fields this SDK does not model included). */
+  raw: Json;
+}
+
+export interface CommandResult {
+  stdout: string;
+  stderr: string;
+  /** null when the program was ended by a signal. */
+  exitCode: number | null;
+  signal: number | null;
+  timedOut: boolean;
+  durationMs: number;
+}
+
+export interface FileEntry {
+  name: string;
+  /** `file`, `dir`, `symlink` or `other`. */
+  kind: string;
+  size: number;
+  mode: number;
+  mtime: number;
+}
+
+export interface WriteResult {
+  path: string;
+  size: number;
+}
+
+export interface Snapshot {
+  id: string;
+  /** `full`, `diff`, `live` or `branch` (made by a branch). */
+  kind: string;
+  name: string | null;
+  runtime: string;
+  sourceSandbox: string;
+  memoryMib: number;
+  vcpus: number;
+  createdAt: number;
+  sizeBytes: number;
+  dependsOn: string[];
+  dependents: string[];
+  raw: Json;
+}
+
+export interface BranchResult {
+  parent: string;
+  /** Id of the (implicit) snapshot the children share. */
+  branchPoint: string;
+  children: string[];
+  durationMs: number;
+}
+
+const str = (v: unknown, dflt = ""): string => (typeof v === "string" ? v : dflt);
+const num = (v: unknown): number => (typeof v === "number" ? v : 0);
+const optNum = (v: unknown): number | null => (typeof v === "number" ? v : null);
+const optStr = (v: unknown): string | null => (typeof v === "string" ? v : null);
+const strs = (v: unknown): string[] => (Array.isArray(v) ? v.map(String) : []);
+
+export function sandboxFromJson(d: Json): SandboxInfo {
+  return {
+    id: str(d.id),
+    state: str(d.state),
+    runtime: str(d.runtime),
+    hostname: str(d.hostname),
+    name: optStr(d.name),
+    memoryMib: num(d.mem_mib),
+    vcpus: num(d.vcpus),
+    createdAt: num(d.created_at),
+    pid: optNum(d.pid),
+    origin: (d.origin as Json | undefined) ?? {},
+    dependsOn: strs(d.depends_on),
+    exitReason: optStr(d.exit_reason),
+    raw: d,
+  };
+}
+
+export function snapshotFromJson(d: Json): Snapshot {
+  return {
+    id: str(d.id),
+    kind: str(d.kind),
+    name: optStr(d.name),
+    runtime: str(d.runtime),
+    sourceSandbox: str(d.source_sandbox),
+    memoryMib: num(d.mem_mib),
+    vcpus: num(d.vcpus),
+    createdAt: num(d.created_at),
+    sizeBytes: num(d.size_bytes),
+    dependsOn: strs(d.depends_on),
+    dependents: strs(d.dependents),
+    raw: d,
+  };
+}
+
+export function fileEntryFromJson(d: Json): FileEntry {
+  return { name: str(d.name), kind: str(d.kind), size: num(d.size), mode: num(d.mode), mtime: num(d.mtime) };
+}
+
+export function branchFromJson(d: Json): BranchResult {
+  return {
+    parent: str(d.parent),
+    branchPoint: str(d.branch_point),
+    children: strs(d.children),
+    durationMs: num(d.duration_ms),
+  };
+}

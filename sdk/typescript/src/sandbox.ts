@@ -1,0 +1,223 @@
+/** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
+import { Client, type ClientOptions, type Command, type RunOptions, seg } from "./client.js";
+import { SandboxNotFound } from "./errors.js";
+import {
+  type BranchResult,
+  type CommandResult,
+  type FileEntry,
+  type SandboxInfo,
+  type Snapshot,
+  type WriteResult,
+  branchFromJson,
+  fileEntryFromJson,
+  sandboxFromJson,
+  snapshotFromJson,
+} from "./models.js";
+
+export const DEFAULT_IMAGE = "minimal";
+
+/** Either an existing client, or options to make one. */
+export interface Connection extends ClientOptions {
+  client?: Client;
+}
+
+export interface CreateOptions extends Connection {
+  /** Image name (default `minimal`). */
+  image?: string;
+  memoryMib?: number;
+  vcpus?: number;
+  /** Label, also the guest hostname: a-z, 0-9 and '-'. */
+  name?: string;
+  /** cgroup limits: `memory_mib`, `cpu_percent`, `pids`. */
+  limits?: { memory_mib?: number; cpu_percent?: number; pids?: number };
+}
+
+export interface RestoreOptions extends Connection {
+  name?: string;
+}
+
+export type SnapshotMode = "full" | "diff" | "live";
+
+type Json = Record<string, unknown>;
+
+function clientOf(c: Connection): Client {
+  if (c.client) {
+    if (c.url !== undefined || c.token !== undefined) throw new TypeError("give either client or url/token, not both");
+    return c.client;
+  }
+  return new Client(c);
+}
+
+const snapshotId = (s: Snapshot | string): string => (typeof s === "string" ? s : s.id);
+
+export class Commands {
+  constructor(private readonly sb: Sandbox) {}
+
+  /**
+   * Runs `cmd` (a shell command line, or an argv array) and waits for it;
+   * output is streamed to `onStdout`/`onStderr` as it is printed. Past
+   * `timeoutMs` the program is killed and {@link CommandTimeout} thrown
+   * (with the output so far in `.result`). A non-zero exit is returned,
+   * not thrown, unless `check: true`.
+   */
+  run(cmd: Command, opts: RunOptions = {}): Promise<CommandResult> {
+    return this.sb.client.exec(this.sb.id, cmd, opts);
+  }
+}
+
+export class Files {
+  constructor(private readonly sb: Sandbox) {}
+
+  private path(suffix = ""): string {
+    return `/v1/sandboxes/${seg(this.sb.id)}/files${suffix}`;
+  }
+
+  /** The file as UTF-8 text; throws {@link FileNotFound}. */
+  async read(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.readBytes(path));
+  }
+
+  async readBytes(path: string): Promise<Uint8Array> {
+    const resp = await this.sb.client.request("GET", this.path(), { query: { path } });
+    return new Uint8Array(await resp.arrayBuffer());
+  }
+
+  /** Atomically replaces `path` (parents are created); `mode` e.g. `0o755`. */
+  async write(path: string, data: string | Uint8Array, opts: { mode?: number } = {}): Promise<WriteResult> {
+    const query: Record<string, string> = { path };
+    if (opts.mode !== undefined) query.mode = opts.mode.toString(8);
+    const d = await this.sb.client.json<{ path: string; size: number }>("PUT", this.path(), { query, body: data });
+    return { path: d.path, size: d.size };
+  }
+
+  /** Entries of a directory. */
+  async list(path = "/"): Promise<FileEntry[]> {
+    const d = await this.sb.client.json<{ entries: Json[] }>("GET", this.path("/list"), { query: { path } });
+    return d.entries.map(fileEntryFromJson);
+  }
+}
+
+/**
+ * A handle on one sandbox (a microVM). Make one with {@link Sandbox.create},
+ * {@link Sandbox.restore}, {@link Sandbox.connect} or {@link Sandbox.branch};
+ * `new Sandbox(id, client)` wraps a known id without a request. With
+ * `await using sb = await Sandbox.create()` it is killed at scope exit.
+ */
+export class Sandbox {
+  readonly commands: Commands;
+  readonly files: Files;
+
+  constructor(
+    readonly id: string,
+    readonly client: Client = new Client(),
+  ) {
+    this.commands = new Commands(this);
+    this.files = new Files(this);
+  }
+
+  /** Boots a sandbox from an image; resolves once its agent answers. */
+  static async create(opts: CreateOptions = {}): Promise<Sandbox> {
+    const client = clientOf(opts);
+    const body: Json = { image: opts.image ?? DEFAULT_IMAGE };
+    if (opts.memoryMib !== undefined) body.mem_mib = opts.memoryMib;
+    if (opts.vcpus !== undefined) body.vcpus = opts.vcpus;
+    if (opts.name !== undefined) body.name = opts.name;
+    if (opts.limits !== undefined) body.limits = opts.limits;
+    return Sandbox.fromCreate(client, body);
+  }
+
+  /**
+   * A new sandbox started from a snapshot (its memory, processes and
+   * files). To roll an existing sandbox back instead, use {@link rollback}.
+   */
+  static async restore(snapshot: Snapshot | string, opts: RestoreOptions = {}): Promise<Sandbox> {
+    const body: Json = { snapshot: snapshotId(snapshot) };
+    if (opts.name !== undefined) body.name = opts.name;
+    return Sandbox.fromCreate(clientOf(opts), body);
+  }
+
+  private static async fromCreate(client: Client, body: Json): Promise<Sandbox> {
+    const d = await client.json<{ sandboxes: Json[] }>("POST", "/v1/sandboxes", { json: body });
+    const first = d.sandboxes[0];
+    if (!first) throw new TypeError("zygoted created no sandbox");
+    return new Sandbox(sandboxFromJson(first).id, client);
+  }
+
+  /** A handle on an existing sandbox; throws {@link SandboxNotFound}. */
+  static async connect(id: string, opts: Connection = {}): Promise<Sandbox> {
+    const client = clientOf(opts);
+    await client.json("GET", `/v1/sandboxes/${seg(id)}`);
+    return new Sandbox(id, client);
+  }
+
+  static async list(opts: Connection = {}): Promise<Sandbox[]> {
+    const client = clientOf(opts);
+    return (await client.sandboxes()).map((s) => new Sandbox(s.id, client));
+  }
+
+  /** Current state from the daemon. */
+  async info(): Promise<SandboxInfo> {
+    return sandboxFromJson(await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}`));
+  }
+
+  async isRunning(): Promise<boolean> {
+    try {
+      return (await this.info()).state === "running";
+    } catch (e) {
+      if (e instanceof SandboxNotFound) return false;
+      throw e;
+    }
+  }
+
+  /**
+   * Forks this sandbox's live state (memory, processes, files) into `n`
+   * copy-on-write children that then diverge independently; this sandbox
+   * keeps running.
+   */
+  async branch(opts: { n?: number } = {}): Promise<Sandbox[]> {
+    return (await this.branchDetailed(opts)).children.map((id) => new Sandbox(id, this.client));
+  }
+
+  /** As {@link branch}, with the branch point and timing. */
+  async branchDetailed(opts: { n?: number } = {}): Promise<BranchResult> {
+    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/branch`, {
+      json: { count: opts.n ?? 1 },
+    });
+    return branchFromJson(d);
+  }
+
+  /** Saves this sandbox's state; `mode` must be a kind the runtime supports. */
+  async snapshot(opts: { mode?: SnapshotMode; name?: string } = {}): Promise<Snapshot> {
+    const body: Json = { sandbox: this.id, kind: opts.mode ?? "full" };
+    if (opts.name !== undefined) body.name = opts.name;
+    return snapshotFromJson(await this.client.json("POST", "/v1/snapshots", { json: body }));
+  }
+
+  /** Restores this sandbox in place to `snapshot`; its id stays the same. */
+  async rollback(snapshot: Snapshot | string): Promise<SandboxInfo> {
+    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/restore`, {
+      json: { snapshot: snapshotId(snapshot) },
+    });
+    return sandboxFromJson(d);
+  }
+
+  /** The guest's serial console output. */
+  async logs(): Promise<string> {
+    return (await this.client.request("GET", `/v1/sandboxes/${seg(this.id)}/logs`)).text();
+  }
+
+  /** Stops the VM and removes the sandbox; false if it was already gone. */
+  async kill(): Promise<boolean> {
+    try {
+      await this.client.request("DELETE", `/v1/sandboxes/${seg(this.id)}`);
+      return true;
+    } catch (e) {
+      if (e instanceof SandboxNotFound) return false;
+      throw e;
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.kill();
+  }
+}
