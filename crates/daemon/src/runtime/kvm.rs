@@ -1,24 +1,478 @@
-//! The kvm runtime (zygote's own VMM, fork-based branch): what stands
-//! between it and serving sandboxes.
+//! The kvm runtime: zygote's own VMM, one `zygote vm serve` process per VM
+//! (crates/vmm/CONTROL.md), driven over its JSON-lines control socket.
 //!
-//! The per-VM VMM process exists (`zygote vm serve`, crates/vmm/CONTROL.md:
-//! status, pause/resume, fork-based branch with per-child control sockets,
-//! full/diff/live snapshots, stop, exit file). A sandbox needs more than a
-//! VM, though: its root filesystem on a copy-on-write disk and a channel to
-//! the in-guest agent. `vm serve` boots guests with no virtio devices, so
-//! the daemon cannot run sandboxes on it yet; [`unavailable_reason`] says
-//! why, and the daemon falls back to qemu with that reason in `GET /v1/info`.
+//! * start: `vm serve --kernel K --disk IMAGE --vsock SOCK --rng` under the
+//!   supervisor shell (exit status survives a daemon restart); the base image
+//!   is mapped copy-on-write inside the VMM, so no disk layer file exists. The
+//!   agent is PID 1 and answers on hybrid vsock (`CONNECT 1024`).
+//! * branch: the control `branch` op forks the VMM; each child serves its own
+//!   control socket, vsock socket and console in its sandbox's directory, is
+//!   moved into its sandbox's cgroup, then re-identified through its agent.
+//! * snapshots: control `snapshot` full/diff/live into `<snapshot dir>/vm`;
+//!   restore is `vm serve --restore DIR --vsock NEW`, then re-identify.
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-/// Why the kvm runtime cannot serve sandboxes on this host.
-pub fn unavailable_reason() -> String {
-    if !zygote_vmm::host::hardware_virtualization() {
-        return "this host has no hardware virtualization (no vmx/svm, kvm_intel/kvm_amd not \
-                loaded): zygote's VMM cannot boot Linux guests here"
-            .to_string();
+use zygote_proto::client::{wait_healthy_with, AgentClient};
+use zygote_proto::DEFAULT_VSOCK_PORT;
+use zygote_vmm::control::protocol::{BranchInfo, SnapshotInfo, StatusInfo, VmRunState};
+use zygote_vmm::control::{ControlClient, Request};
+use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY_FILE};
+
+use super::kvm_cmd::{self, Boot, VmFiles};
+use super::{qemu::reidentify, VmRecord};
+use super::{supervisor, BootSource, Exit, Runtime, RuntimeError, SnapshotData, StartSpec};
+use crate::model::SnapshotKind;
+use crate::procs::ProcId;
+
+const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Until `vm serve` listens on its control socket (restores read the memory file first).
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+const CONTROL_REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+const BRANCH_READY_MS: u64 = 60_000;
+/// Subdirectory of a snapshot directory the VMM writes (it must not exist yet).
+const VM_SNAPSHOT: &str = "vm";
+const ACCEL: &str = "kvm";
+
+/// What the VMM boots for a fresh sandbox.
+enum Guest {
+    /// The guest kernel (located or built on first use) with the image as root disk.
+    Linux { kernel: Mutex<Option<PathBuf>> },
+    /// zygote's probe guest instead, and no agent: lets tests drive every
+    /// process-management path on hosts where Linux cannot boot under KVM.
+    Probe { scenario: String },
+}
+
+pub struct KvmRuntime {
+    bin: PathBuf,
+    guest: Guest,
+}
+
+impl KvmRuntime {
+    /// The runtime for sandboxes: needs hardware virtualization (Linux guests
+    /// do not boot under shadow-paging KVM), a usable /dev/kvm and the binary.
+    pub fn new() -> Result<KvmRuntime, RuntimeError> {
+        if !zygote_vmm::host::hardware_virtualization() {
+            return Err(RuntimeError::Unavailable(
+                "this host has no hardware virtualization (no vmx/svm, kvm_intel/kvm_amd not \
+                 loaded): zygote's VMM cannot boot Linux guests here"
+                    .into(),
+            ));
+        }
+        zygote_vmm::host::kvm_usable()
+            .map_err(|e| RuntimeError::Unavailable(format!("/dev/kvm: {e}")))?;
+        Ok(KvmRuntime {
+            bin: kvm_cmd::locate_binary()?,
+            guest: Guest::Linux {
+                kernel: Mutex::new(None),
+            },
+        })
     }
-    "zygote's per-VM VMM process (`zygote vm serve`) boots guests without a root disk or a \
-     vsock device, so a sandbox's filesystem and its agent are unreachable; the kvm runtime \
-     needs `vm serve` to attach the CoW root image and hybrid vsock (crates/vmm \
-     devices::virtio::setup already builds both)"
-        .to_string()
+
+    /// For tests: VMs boot the probe guest `scenario` (image sources are
+    /// ignored) and have no agent, so nothing waits for one or re-identifies.
+    pub fn with_probe(bin: PathBuf, scenario: &str) -> KvmRuntime {
+        KvmRuntime {
+            bin,
+            guest: Guest::Probe {
+                scenario: scenario.into(),
+            },
+        }
+    }
+
+    fn has_agent(&self) -> bool {
+        matches!(self.guest, Guest::Linux { .. })
+    }
+
+    fn kernel(&self, slot: &Mutex<Option<PathBuf>>) -> Result<PathBuf, RuntimeError> {
+        let mut k = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(path) = &*k {
+            return Ok(path.clone());
+        }
+        let info = zygote_images::build_kernel(&mut |line| tracing::info!("kernel: {line}"))
+            .map_err(|e| RuntimeError::Unavailable(format!("guest kernel: {e}")))?;
+        *k = Some(info.vmlinux.clone());
+        Ok(info.vmlinux)
+    }
+
+    fn argv(&self, spec: &StartSpec, files: &VmFiles) -> Result<Vec<String>, RuntimeError> {
+        let cmdline = kvm_cmd::guest_cmdline();
+        let kernel;
+        let boot = match (&spec.source, &self.guest) {
+            (BootSource::Snapshot(s), _) => Boot::Restore {
+                dir: restore_dir(s)?,
+            },
+            (BootSource::Image(image), Guest::Linux { kernel: slot }) => {
+                kernel = self.kernel(slot)?;
+                Boot::Kernel {
+                    kernel: &kernel,
+                    image,
+                    cmdline: &cmdline,
+                }
+            }
+            (BootSource::Image(_), Guest::Probe { scenario }) => Boot::Probe { scenario },
+        };
+        Ok(kvm_cmd::serve_argv(files, &boot, spec.mem_mib, spec.vcpus))
+    }
+
+    /// Spawns `vm serve` under the supervisor and waits for its control socket.
+    fn spawn_vmm(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
+        let files = VmFiles::in_dir(&spec.dir);
+        files.clear(&spec.dir);
+        let args = self.argv(spec, &files)?;
+        let stderr = std::fs::File::create(&files.stderr)
+            .map_err(RuntimeError::io("creating vmm.stderr"))?;
+        let bin = self.bin.display().to_string();
+        let sup = supervisor::spawn(&bin, &args, &spec.dir, spec.cgroup.as_deref(), stderr)?;
+        match wait_control(&files.api_sock, &sup) {
+            Ok(process) => Ok(record(spec, &files, process, Some(sup))),
+            Err(e) => {
+                // The VMM is the shell's child; kill it too if it got that far.
+                for pid in children_of(sup.pid) {
+                    if let Some(p) = ProcId::of(pid) {
+                        supervisor::kill_and_wait(&p, None);
+                    }
+                }
+                supervisor::kill_and_wait(&sup, None);
+                Err(boot_error(e, &spec.dir))
+            }
+        }
+    }
+
+    /// From a VMM serving its socket to a guest answering with its identity.
+    fn bring_up(&self, rec: &VmRecord, hostname: &str) -> Result<(), RuntimeError> {
+        if !self.has_agent() {
+            // Probe guests: the VMM answering `status` with a live VM is "up".
+            let st = status(&rec.control)?;
+            if st.state == VmRunState::Stopped {
+                return Err(RuntimeError::Boot(format!("the VM stopped: {:?}", st.exit)));
+            }
+            return Ok(());
+        }
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let client = loop {
+            if !rec.process.is_alive() {
+                return Err(RuntimeError::Boot("zygote's VMM exited".into()));
+            }
+            let slice = (Instant::now() + Duration::from_secs(2)).min(deadline);
+            match wait_healthy_with(slice, |_| {
+                AgentClient::connect_vsock_uds(&rec.agent_addr, DEFAULT_VSOCK_PORT)
+            }) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(RuntimeError::Boot(format!(
+                        "the agent did not answer on vsock within {BOOT_TIMEOUT:?}: {e}"
+                    )))
+                }
+                Err(_) => {}
+            }
+        };
+        reidentify(&client, hostname)
+    }
+}
+
+/// The VMM's snapshot directory inside a [`SnapshotData`].
+fn restore_dir(s: &SnapshotData) -> Result<&Path, RuntimeError> {
+    let dir = s.state_file.parent().unwrap_or(&s.dir);
+    if !dir.join(MEMORY_FILE).exists() {
+        return Err(RuntimeError::Unsupported(format!(
+            "snapshot {} holds no VM state to restore (a kvm branch point: branches fork the \
+             running VM instead of saving it)",
+            s.dir.display()
+        )));
+    }
+    Ok(dir)
+}
+
+fn record(
+    spec: &StartSpec,
+    files: &VmFiles,
+    process: ProcId,
+    supervisor: Option<ProcId>,
+) -> VmRecord {
+    VmRecord {
+        dir: spec.dir.clone(),
+        process,
+        supervisor,
+        // The hybrid-vsock socket: `CONNECT <port>` reaches the agent.
+        agent_addr: files.vsock.display().to_string(),
+        control: files.api_sock.clone(),
+        // The root disk is copy-on-write in the VMM's memory: this path stays
+        // unused, but keeps the manager's layer bookkeeping uniform.
+        disk: spec.disk.clone(),
+        accel: ACCEL.into(),
+    }
+}
+
+fn control(sock: &Path) -> ControlClient {
+    ControlClient::new(sock).with_timeout(CONTROL_REQUEST_TIMEOUT)
+}
+
+fn ctl_err(e: zygote_vmm::control::client::ClientError) -> RuntimeError {
+    RuntimeError::Boot(format!("VMM control: {e}"))
+}
+
+fn status(sock: &Path) -> Result<StatusInfo, RuntimeError> {
+    control(sock).request(&Request::Status).map_err(ctl_err)
+}
+
+/// Waits for the control socket while the supervisor lives; returns the VMM.
+fn wait_control(sock: &Path, sup: &ProcId) -> Result<ProcId, RuntimeError> {
+    let deadline = Instant::now() + CONTROL_TIMEOUT;
+    let c = control(sock);
+    loop {
+        let slice = (Instant::now() + Duration::from_millis(200)).min(deadline);
+        if c.wait_ready(slice).is_ok() {
+            break;
+        }
+        if !sup.is_alive() {
+            return Err(RuntimeError::Boot(
+                "zygote's VMM exited during start-up".into(),
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(RuntimeError::Boot(format!(
+                "no control socket {} after {CONTROL_TIMEOUT:?}",
+                sock.display()
+            )));
+        }
+    }
+    let st = status(sock)?;
+    ProcId::of(st.pid as u32)
+        .ok_or_else(|| RuntimeError::Boot("zygote's VMM exited during start-up".into()))
+}
+
+/// Direct children of `pid` (the supervisor shell's VMM).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
+    let files = VmFiles::in_dir(dir);
+    let stderr = std::fs::read_to_string(&files.stderr).unwrap_or_default();
+    let serial = std::fs::read_to_string(&files.console).unwrap_or_default();
+    let tail: Vec<&str> = serial.lines().rev().take(20).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    RuntimeError::Boot(format!(
+        "{e}\n--- vmm stderr ---\n{}\n--- serial console (last lines) ---\n{}",
+        stderr.trim(),
+        tail.join("\n")
+    ))
+}
+
+/// Moves a forked branch child into its sandbox's cgroup (it starts in the
+/// parent's). Pages it already shares stay charged to the parent's cgroup.
+fn move_to_cgroup(pid: u32, cgroup: Option<&Path>) {
+    if let Some(cg) = cgroup {
+        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string()) {
+            tracing::warn!("moving VMM {pid} into {}: {e}", cg.display());
+        }
+    }
+}
+
+fn snapshot_data(dir: &Path, vm_dir: &Path) -> SnapshotData {
+    SnapshotData {
+        dir: dir.to_path_buf(),
+        state_file: vm_dir.join(MEMORY_FILE),
+        // The root disk is virtio device 0; its file holds the CoW pages.
+        disk_layer: vm_dir.join(device_data_file(0)),
+        accel: ACCEL.into(),
+    }
+}
+
+impl Runtime for KvmRuntime {
+    fn name(&self) -> &'static str {
+        "kvm"
+    }
+
+    fn branch_mechanism(&self) -> &'static str {
+        "zygote's VMM: fork(2) of the paused VM process (guest RAM and the CoW root disk \
+         shared copy-on-write), each child serves its own control/vsock sockets, then reidentify"
+    }
+
+    fn snapshot_kinds(&self) -> Vec<SnapshotKind> {
+        vec![SnapshotKind::Full, SnapshotKind::Diff, SnapshotKind::Live]
+    }
+
+    fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
+        let rec = self.spawn_vmm(spec)?;
+        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
+            supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
+            return Err(boot_error(e, &spec.dir));
+        }
+        Ok(rec)
+    }
+
+    fn connect(&self, vm: &VmRecord, _timeout: Duration) -> Result<AgentClient, RuntimeError> {
+        Ok(AgentClient::connect_vsock_uds(
+            &vm.agent_addr,
+            DEFAULT_VSOCK_PORT,
+        )?)
+    }
+
+    fn snapshot(
+        &self,
+        vm: &mut VmRecord,
+        kind: SnapshotKind,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<SnapshotData, RuntimeError> {
+        let mode = match kind {
+            SnapshotKind::Full | SnapshotKind::Branch => SnapshotMode::Full,
+            SnapshotKind::Diff => SnapshotMode::Diff,
+            SnapshotKind::Live => SnapshotMode::Live,
+        };
+        let vm_dir = snap_dir.join(VM_SNAPSHOT);
+        let req = Request::Snapshot {
+            mode,
+            path: vm_dir.clone(),
+        };
+        match control(&vm.control).request::<SnapshotInfo>(&req) {
+            Ok(info) => tracing::debug!(
+                "snapshot {}: {:?}, paused {:.1} ms, {} pages",
+                vm_dir.display(),
+                info.mode,
+                info.pause_ms,
+                info.pages_written
+            ),
+            Err(e) if e.code() == Some("bad_request") => {
+                return Err(RuntimeError::Unsupported(format!(
+                    "{} snapshot: {e}",
+                    kind.as_str()
+                )))
+            }
+            Err(e) => return Err(ctl_err(e)),
+        }
+        vm.disk = next_disk.to_path_buf();
+        Ok(snapshot_data(snap_dir, &vm_dir))
+    }
+
+    fn branch(
+        &self,
+        parent: &mut VmRecord,
+        point_dir: &Path,
+        next_disk: &Path,
+        children: &[StartSpec],
+    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
+        let files: Vec<VmFiles> = children.iter().map(|c| VmFiles::in_dir(&c.dir)).collect();
+        for (f, c) in files.iter().zip(children) {
+            f.clear(&c.dir);
+        }
+        let req = Request::Branch {
+            child_sockets: files.iter().map(|f| f.api_sock.clone()).collect(),
+            child_consoles: files.iter().map(|f| f.console.clone()).collect(),
+            // Every VM of this runtime has a vsock device, so each child needs its own.
+            child_vsock: files.iter().map(|f| f.vsock.clone()).collect(),
+            child_taps: Vec::new(),
+            ready_timeout_ms: BRANCH_READY_MS,
+        };
+        let info: BranchInfo = control(&parent.control)
+            .request(&req)
+            .map_err(|e| RuntimeError::Boot(format!("branching {}: {e}", parent.dir.display())))?;
+        parent.disk = next_disk.to_path_buf();
+        // Fork-based: no state file; the point records lineage only.
+        let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT));
+        let results = std::thread::scope(|s| {
+            let handles: Vec<_> = children
+                .iter()
+                .enumerate()
+                .map(|(i, spec)| {
+                    let child = info.children.iter().find(|c| c.index == i);
+                    let files = &files[i];
+                    s.spawn(move || self.adopt_child(spec, files, child.map(|c| c.pid)))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
+                })
+                .collect()
+        });
+        Ok((point, results))
+    }
+
+    fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {
+        let st = status(&vm.control)?;
+        // Left paused by an operation the previous daemon did not finish.
+        if st.state == VmRunState::Paused {
+            tracing::info!("resuming VM in {} (paused)", vm.dir.display());
+            control(&vm.control)
+                .request::<StatusInfo>(&Request::Resume)
+                .map_err(ctl_err)?;
+        }
+        Ok(())
+    }
+
+    fn exit_status(&self, vm: &VmRecord) -> Option<Exit> {
+        if vm.process.is_alive() {
+            return None;
+        }
+        let files = VmFiles::in_dir(&vm.dir);
+        // The supervisor writes the status right after the VMM ends.
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut reason = loop {
+            if let Some((r, clean)) = kvm_cmd::read_exit_record(&files.exit_record()) {
+                break kvm_cmd::describe_guest_end(&r, clean);
+            }
+            if vm.supervisor.is_some() {
+                if let Some(s) = supervisor::recorded_status(&vm.dir) {
+                    break supervisor::describe_status("zygote's VMM", s);
+                }
+            }
+            if Instant::now() >= deadline {
+                break match vm.supervisor {
+                    Some(_) => "zygote's VMM and its supervisor are gone (no exit status was \
+                                recorded)"
+                        .to_string(),
+                    None => kvm_cmd::describe_unrecorded_end(vm.control.exists()),
+                };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let serial = self.console_log(vm);
+        if let Some(panic) = serial.lines().find(|l| l.contains("Kernel panic")) {
+            reason.push_str(&format!(" (guest: {})", panic.trim()));
+        }
+        Some(Exit { reason })
+    }
+
+    fn destroy(&self, vm: &VmRecord) {
+        // A branch child has no supervisor: its parent VMM (or the spawner,
+        // which exits once its last child is gone) reaps it.
+        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
+        let _ = std::fs::remove_file(&vm.disk);
+        if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!("removing {}: {e}", vm.dir.display());
+            }
+        }
+    }
+}
+
+impl KvmRuntime {
+    /// A branch child the VMM reported ready: record, cgroup, identity.
+    fn adopt_child(
+        &self,
+        spec: &StartSpec,
+        files: &VmFiles,
+        pid: Option<i32>,
+    ) -> Result<VmRecord, RuntimeError> {
+        let process = pid
+            .and_then(|p| ProcId::of(p as u32))
+            .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
+        move_to_cgroup(process.pid, spec.cgroup.as_deref());
+        let rec = record(spec, files, process, None);
+        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
+            supervisor::kill_and_wait(&rec.process, None);
+            return Err(boot_error(e, &spec.dir));
+        }
+        Ok(rec)
+    }
 }

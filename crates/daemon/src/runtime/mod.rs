@@ -3,6 +3,7 @@
 //! start-up ([`select`]); everything runtime-specific that must survive a
 //! daemon restart lives in the serialized [`VmRecord`] / [`SnapshotData`].
 pub mod kvm;
+pub mod kvm_cmd;
 pub mod qemu;
 pub mod qmp;
 pub mod supervisor;
@@ -190,25 +191,47 @@ pub struct Selected {
     pub unavailable: Vec<(String, String)>,
 }
 
-/// `kvm` (zygote's VMM) when it can serve sandboxes here, else `qemu`.
+/// `kvm` (zygote's VMM) when it can serve sandboxes here (hardware
+/// virtualization, usable /dev/kvm, the `zygote` binary), else `qemu`.
 /// `forced` ("kvm"/"qemu") skips the choice and fails if that runtime
 /// cannot work here.
 pub fn select(forced: Option<&str>) -> Result<Selected, RuntimeError> {
-    // See kvm.rs: the VMM process cannot host a sandbox's disk and agent yet,
-    // so kvm is never selectable; the reason is reported instead.
-    let kvm_reason = kvm::unavailable_reason();
+    let unavailable = |e: RuntimeError| match e {
+        RuntimeError::Unavailable(m) => m,
+        other => other.to_string(),
+    };
     match forced {
-        None | Some("qemu") => Ok(Selected {
-            runtime: Arc::new(qemu::QemuRuntime::new()?),
-            reason: match forced {
-                Some(_) => "requested with --runtime qemu".into(),
-                None => {
-                    "the kvm runtime is unavailable (see unavailable); QEMU runs everywhere".into()
-                }
-            },
-            unavailable: vec![("kvm".into(), kvm_reason)],
+        Some("kvm") => Ok(Selected {
+            runtime: Arc::new(
+                kvm::KvmRuntime::new()
+                    .map_err(|e| RuntimeError::Unavailable(format!("kvm: {}", unavailable(e))))?,
+            ),
+            reason: "requested with --runtime kvm".into(),
+            unavailable: Vec::new(),
         }),
-        Some("kvm") => Err(RuntimeError::Unavailable(format!("kvm: {kvm_reason}"))),
+        Some("qemu") => Ok(Selected {
+            runtime: Arc::new(qemu::QemuRuntime::new()?),
+            reason: "requested with --runtime qemu".into(),
+            unavailable: match kvm::KvmRuntime::new() {
+                Ok(_) => Vec::new(),
+                Err(e) => vec![("kvm".into(), unavailable(e))],
+            },
+        }),
+        None => match kvm::KvmRuntime::new() {
+            Ok(k) => Ok(Selected {
+                runtime: Arc::new(k),
+                reason: "hardware virtualization is available: zygote's VMM (fork-based \
+                         branch, full/diff/live snapshots)"
+                    .into(),
+                unavailable: Vec::new(),
+            }),
+            Err(e) => Ok(Selected {
+                runtime: Arc::new(qemu::QemuRuntime::new()?),
+                reason: "the kvm runtime is unavailable (see unavailable); QEMU runs everywhere"
+                    .into(),
+                unavailable: vec![("kvm".into(), unavailable(e))],
+            }),
+        },
         Some(other) => Err(RuntimeError::Unavailable(format!(
             "unknown runtime {other:?} (kvm or qemu)"
         ))),

@@ -197,7 +197,7 @@ fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
 }
 
 /// Fresh entropy, hostname and clock, so siblings never share RNG state.
-fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), RuntimeError> {
+pub(super) fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), RuntimeError> {
     let mut entropy = vec![0u8; 64];
     {
         use std::io::Read;
