@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 
-import * as zygote from "../src/index.js";
-import { Client, Sandbox } from "../src/index.js";
+import * as zygote from "../dist/index.js";
+import { Client, Sandbox } from "../dist/index.js";
 import { FakeDaemon, type ScriptedResponse } from "./fake-daemon.js";
 
 interface Exchange {
@@ -37,7 +37,7 @@ interface Case {
   };
 }
 
-const VECTORS = JSON.parse(readFileSync(new URL("../../../test-vectors.json", import.meta.url), "utf8")) as {
+const VECTORS = JSON.parse(readFileSync(new URL("../../test-vectors.json", import.meta.url), "utf8")) as {
   token: string;
   ops: Record<string, string>;
   cases: Case[];

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# SDK tests: Python (unit + shared vectors + live + MCP + the tree-search
+# example) and TypeScript (unit + shared vectors + live).
+#
+# Installs the SDKs' dependencies (a venv in sdk/python/.venv, npm ci in
+# sdk/typescript; both skipped when already up to date), starts ONE zygoted
+# on a free localhost port with a temporary state directory for the live
+# tests, and stops it at the end. Needs target/release/zygoted (cargo build
+# --release --workspace) and the cached minimal image and guest kernel.
+#
+#   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
+#   ZYGOTE_SDK_RUNTIME=qemu|kvm   force a runtime (default: the daemon picks)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SDK="$ROOT/sdk"
+PY="$SDK/python"
+TS="$SDK/typescript"
+ZYGOTED=${ZYGOTED:-$ROOT/target/release/zygoted}
+T0=$(date +%s)
+
+say() { printf '== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+die() { echo "sdk-test: $*" >&2; exit 1; }
+
+command -v python3 >/dev/null || die "python3 not found"
+command -v node >/dev/null || die "node not found"
+command -v npm >/dev/null || die "npm not found"
+[ -x "$ZYGOTED" ] || die "$ZYGOTED not found: build it first (cargo build --release --workspace)"
+
+# --- dependencies (idempotent: stamps record what was installed) --------------
+
+stamp_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
+
+VENV="$PY/.venv"
+py_stamp=$(stamp_of "$PY/pyproject.toml")
+if [ "$(cat "$VENV/.zygote-stamp" 2>/dev/null)" != "$py_stamp" ]; then
+    say "installing the Python SDK and its test dependencies into $VENV"
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" || die "creating $VENV failed"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$PY[test,mcp]" \
+        || die "pip install failed"
+    echo "$py_stamp" >"$VENV/.zygote-stamp"
+fi
+
+ts_stamp=$(stamp_of "$TS/package.json" "$TS/package-lock.json")
+if [ "$(cat "$TS/node_modules/.zygote-stamp" 2>/dev/null)" != "$ts_stamp" ]; then
+    say "installing the TypeScript SDK's dev dependencies (npm ci)"
+    (cd "$TS" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
+    echo "$ts_stamp" >"$TS/node_modules/.zygote-stamp"
+fi
+
+say "building the TypeScript SDK (tsc)"
+(cd "$TS" && ./node_modules/.bin/tsc -p tsconfig.json && ./node_modules/.bin/tsc -p tsconfig.test.json) \
+    || die "tsc failed"
+
+# --- one daemon for the live tests ---------------------------------------------
+
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-sdk-test.XXXXXX")
+DAEMON_PID=""
+URL=""
+TOKEN=""
+FAILED=0
+
+# Pids of processes (other than the daemon) whose command line names our
+# state directory: the VMs and supervisors this daemon started.
+vm_pids() {
+    local p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = "$DAEMON_PID" ] && continue
+        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$STATE" && echo "$p"
+    done
+}
+
+cleanup() {
+    local status=$?
+    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
+        # Tests kill what they create; anything left is reported, then removed
+        # through the API so the daemon tears the VMs down properly.
+        [ -z "$TOKEN" ] || ZYGOTE_URL="$URL" ZYGOTE_TOKEN="$TOKEN" "$VENV/bin/python" - <<'EOF' || status=1
+import sys
+from zygote import Client, Sandbox
+with Client() as c:
+    left = c.sandboxes()
+    for s in left:
+        Sandbox(s.id, client=c).kill()
+    snaps = [s for s in c.snapshots() if s.kind != "branch"]
+    for s in snaps:
+        c.delete_snapshot(s)
+if left or snaps:
+    print(f"sdk-test: the tests left {len(left)} sandbox(es) and {len(snaps)} snapshot(s) behind", file=sys.stderr)
+    sys.exit(1)
+EOF
+        kill -TERM "$DAEMON_PID" 2>/dev/null
+        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$DAEMON_PID" 2>/dev/null
+        wait "$DAEMON_PID" 2>/dev/null
+    fi
+    # VMs survive a daemon stop by design; none should be left, but never
+    # leak one: kill exactly those started on our state directory.
+    local left
+    left=$(vm_pids)
+    if [ -n "$left" ]; then
+        echo "sdk-test: killing leftover VM processes: $left" >&2
+        kill -KILL $left 2>/dev/null
+        status=1
+    fi
+    if [ "$status" -ne 0 ] && [ -s "$STATE/zygoted.log" ]; then
+        echo "--- zygoted log (last 40 lines)" >&2
+        tail -n 40 "$STATE/zygoted.log" >&2
+    fi
+    rm -rf "$STATE"
+    say "done (exit $status)"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "starting zygoted ($ZYGOTED, state $STATE)"
+runtime_args=()
+[ -n "${ZYGOTE_SDK_RUNTIME:-}" ] && runtime_args=(--runtime "$ZYGOTE_SDK_RUNTIME")
+ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "$ZYGOTED" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
+    >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
+DAEMON_PID=$!
+for _ in $(seq 600); do
+    URL=$(sed -n 's/^zygoted listening on //p' "$STATE/zygoted.out" 2>/dev/null | head -n1)
+    [ -n "$URL" ] && break
+    kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$STATE/zygoted.log" >&2; die "zygoted exited during start-up"; }
+    sleep 0.1
+done
+[ -n "$URL" ] || die "zygoted did not announce its address within 60 s"
+TOKEN=$(cat "$STATE/daemon/token")
+say "zygoted at $URL ($(ZYGOTE_URL="$URL" ZYGOTE_TOKEN="$TOKEN" "$VENV/bin/python" -c \
+    'from zygote import Client; print(Client().info()["runtime"]["name"], "runtime")'))"
+
+export ZYGOTE_URL="$URL" ZYGOTE_TOKEN="$TOKEN" ZYGOTE_LIVE_REQUIRED=1
+
+# --- the suites (both always run; bounded so a hang cannot stall make test) ------
+
+say "Python SDK: unit, vectors, live, MCP, tree-search example"
+(cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests) || FAILED=1
+
+say "TypeScript SDK: unit, vectors, live"
+(cd "$TS" && timeout --kill-after=10 600 node --test --test-reporter=spec build/*.test.js) || FAILED=1
+
+[ "$FAILED" -eq 0 ] || { echo "sdk-test: FAILED" >&2; exit 1; }

@@ -1,0 +1,186 @@
+"""The MCP server driven over stdio the way an MCP host does it:
+initialize, tools/list, tools/call (JSON-RPC 2.0, one message per line)."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from typing import Any, Iterator, Optional
+
+import pytest
+
+from zygote import Client
+
+EXPECTED_TOOLS = {
+    "create_sandbox",
+    "exec",
+    "write_file",
+    "read_file",
+    "list_files",
+    "branch_sandbox",
+    "snapshot_sandbox",
+    "restore_snapshot",
+    "kill_sandbox",
+    "list_sandboxes",
+}
+
+
+class McpSession:
+    """A zygote-mcp subprocess and a minimal JSON-RPC client for it."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "zygote.mcp_server", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._next_id = 0
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def request(self, method: str, params: Optional[dict[str, Any]] = None, timeout: float = 120) -> dict[str, Any]:
+        self._next_id += 1
+        rid = self._next_id
+        msg: dict[str, Any] = {"jsonrpc": "2.0", "id": rid, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send(msg)
+        while True:
+            line = self._lines.get(timeout=timeout)
+            if line is None:
+                raise AssertionError(f"server exited: {self.stderr()}")
+            reply = json.loads(line)
+            assert reply.get("jsonrpc") == "2.0"
+            if reply.get("id") == rid:
+                return reply
+            # Anything else is a notification (e.g. logging); not a reply to us.
+            assert "id" not in reply or "method" in reply, f"reply to an unknown request: {reply}"
+
+    def initialize(self) -> dict[str, Any]:
+        reply = self.request(
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "zygote-tests", "version": "0"}},
+        )
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return reply["result"]
+
+    def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        reply = self.request("tools/call", {"name": tool, "arguments": arguments})
+        assert "result" in reply, reply
+        return reply["result"]
+
+    def close(self, timeout: float = 60) -> int:
+        """Ends the session the way a host does: closes stdin."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=timeout)
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def structured(result: dict[str, Any]) -> dict[str, Any]:
+    assert not result.get("isError"), result
+    data = result["structuredContent"]
+    # The text content carries the same data for hosts that only read text.
+    assert json.loads(result["content"][0]["text"]) == data
+    return data
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
+    session = McpSession("--url", f"http://127.0.0.1:{closed_port}", "--token", "t")
+    try:
+        init = session.initialize()
+        assert init["serverInfo"]["name"] == "zygote"
+        assert "tools" in init["capabilities"]
+        tools = {t["name"]: t for t in session.request("tools/list")["result"]["tools"]}
+        assert set(tools) == EXPECTED_TOOLS
+        exec_schema = tools["exec"]["inputSchema"]
+        assert set(exec_schema["required"]) == {"sandbox_id", "command"}
+        assert exec_schema["properties"]["timeout_seconds"]["type"] == "number"
+        assert tools["branch_sandbox"]["inputSchema"]["properties"]["n"]["type"] == "integer"
+        # A daemon that is down is a tool error the model can read, not a crash.
+        res = session.call("exec", sandbox_id="sb-000000000000", command="true")
+        assert res["isError"] is True
+        assert "[connection_failed]" in res["content"][0]["text"]
+        unknown = session.request("tools/call", {"name": "no_such_tool", "arguments": {}})
+        assert "error" in unknown or unknown["result"].get("isError") is True
+        assert session.close() == 0
+    finally:
+        session.kill()
+
+
+@pytest.fixture
+def live_session(live_env: dict[str, str]) -> Iterator[McpSession]:
+    session = McpSession("--url", live_env["url"], "--token", live_env["token"])
+    try:
+        yield session
+    finally:
+        session.kill()
+
+
+@pytest.mark.live
+def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_env: dict[str, str]) -> None:
+    s = live_session
+    s.initialize()
+    assert {t["name"] for t in s.request("tools/list")["result"]["tools"]} == EXPECTED_TOOLS
+
+    made = structured(s.call("create_sandbox", image="minimal", memory_mib=128))
+    sid = made["sandbox_id"]
+    assert made["state"] == "running"
+
+    out = structured(s.call("exec", sandbox_id=sid, command="echo hello; echo oops >&2; exit 2"))
+    assert out == {"stdout": "hello\n", "stderr": "oops\n", "exit_code": 2, "timed_out": False}
+    slow = structured(s.call("exec", sandbox_id=sid, command="echo started; sleep 30", timeout_seconds=1))
+    assert slow["timed_out"] is True and slow["stdout"] == "started\n"
+
+    assert structured(s.call("write_file", sandbox_id=sid, path="/root/mcp.txt", content="via mcp"))["size"] == 7
+    read = s.call("read_file", sandbox_id=sid, path="/root/mcp.txt")
+    assert not read.get("isError") and read["content"][0]["text"] == "via mcp"
+    names = [e["name"] for e in structured(s.call("list_files", sandbox_id=sid, path="/root"))["entries"]]
+    assert "mcp.txt" in names
+    missing = s.call("read_file", sandbox_id=sid, path="/root/nope")
+    assert missing["isError"] is True and "[guest_not_found]" in missing["content"][0]["text"]
+
+    [child] = structured(s.call("branch_sandbox", sandbox_id=sid, n=1))["children"]
+    assert structured(s.call("exec", sandbox_id=child, command="cat /root/mcp.txt"))["stdout"] == "via mcp"
+
+    assert structured(s.call("kill_sandbox", sandbox_id=sid)) == {"sandbox_id": sid, "killed": True}
+    gone = s.call("exec", sandbox_id=sid, command="true")
+    assert gone["isError"] is True and "[not_found]" in gone["content"][0]["text"]
+
+    # The child was left running on purpose: ending the session kills what
+    # the server created.
+    assert s.close() == 0
+    with Client(live_env["url"], live_env["token"]) as c:
+        left = {x.id for x in c.sandboxes()}
+    assert sid not in left and child not in left

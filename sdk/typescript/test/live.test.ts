@@ -1,0 +1,167 @@
+/**
+ * The TypeScript SDK against a real zygoted (ZYGOTE_URL / ZYGOTE_TOKEN;
+ * scripts/sdk-test.sh starts one). One sandbox is shared by the checks
+ * (boots are the expensive part); branches and restores add a few more.
+ * Everything created is killed, and snapshots deleted, at the end.
+ */
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import {
+  Client,
+  CommandFailed,
+  CommandTimeout,
+  FileNotFound,
+  InvalidArgument,
+  Sandbox,
+  SandboxNotFound,
+  type Snapshot,
+  SnapshotNotFound,
+  SpawnFailed,
+  Unauthorized,
+} from "../dist/index.js";
+
+const URL = process.env.ZYGOTE_URL;
+const TOKEN = process.env.ZYGOTE_TOKEN;
+const MISSING = "sb-000000000000";
+const skip = !URL || !TOKEN ? "no live zygoted (set ZYGOTE_URL and ZYGOTE_TOKEN, or run scripts/sdk-test.sh)" : false;
+if (skip && process.env.ZYGOTE_LIVE_REQUIRED) throw new Error("ZYGOTE_LIVE_REQUIRED is set but ZYGOTE_URL/ZYGOTE_TOKEN are not");
+
+describe("live zygoted", { skip }, () => {
+  const client = new Client({ url: URL, token: TOKEN });
+  const snapshots: Snapshot[] = [];
+  let sb: Sandbox;
+
+  before(async () => {
+    sb = await Sandbox.create({ image: "minimal", memoryMib: 128, client });
+  });
+
+  after(async () => {
+    // The sandbox reads its snapshots' disk layers: kill it first.
+    if (sb) await sb.kill();
+    for (const s of snapshots) await client.deleteSnapshot(s);
+  });
+
+  test("create gives a running sandbox", async () => {
+    const info = await sb.info();
+    assert.deepEqual([info.id, info.state, info.memoryMib], [sb.id, "running", 128]);
+    assert.equal(info.runtime, ((await client.info()).runtime as { name: string }).name);
+    assert.ok((await Sandbox.list({ client })).some((s) => s.id === sb.id));
+    assert.equal((await Sandbox.connect(sb.id, { client })).id, sb.id);
+  });
+
+  test("run returns output and exit code", async () => {
+    const r = await sb.commands.run("echo out; echo err >&2; exit 3");
+    assert.deepEqual([r.exitCode, r.stdout, r.stderr, r.timedOut], [3, "out\n", "err\n", false]);
+    const c = await sb.commands.run(["cat"], { stdin: "piped" });
+    assert.equal(c.stdout, "piped");
+    assert.equal((await sb.commands.run("echo $X; pwd", { env: { X: "42" }, cwd: "/root" })).stdout, "42\n/root\n");
+    await assert.rejects(sb.commands.run("exit 4", { check: true }), (e) => e instanceof CommandFailed && e.result.exitCode === 4);
+  });
+
+  test("output is streamed while the command runs", async () => {
+    const seen: Array<[number, string]> = [];
+    const errs: string[] = [];
+    const r = await sb.commands.run("for i in 1 2 3; do echo line$i; sleep 0.4; done; echo done >&2", {
+      onStdout: (t) => void seen.push([performance.now(), t]),
+      onStderr: (t) => void errs.push(t),
+    });
+    const end = performance.now();
+    assert.equal(seen.map(([, t]) => t).join(""), "line1\nline2\nline3\n");
+    assert.equal(r.stdout, "line1\nline2\nline3\n");
+    assert.equal(errs.join(""), "done\n");
+    const lead = end - seen[0]![0];
+    assert.ok(lead >= 600, `first output only ${lead.toFixed(0)} ms before the end: not streamed`);
+  });
+
+  test("files: write, read, list", async () => {
+    const w = await sb.files.write("/root/ts/notes.txt", "hello from ts\n");
+    assert.deepEqual(w, { path: "/root/ts/notes.txt", size: 14 });
+    assert.equal(await sb.files.read("/root/ts/notes.txt"), "hello from ts\n");
+    const blob = new Uint8Array(1024).map((_, i) => i % 256);
+    await sb.files.write("/root/ts/blob.bin", blob);
+    assert.deepEqual(await sb.files.readBytes("/root/ts/blob.bin"), blob);
+    const entries = await sb.files.list("/root/ts");
+    assert.deepEqual(entries.map((e) => e.name).sort(), ["blob.bin", "notes.txt"]);
+    assert.equal(entries.find((e) => e.name === "blob.bin")?.size, 1024);
+    await sb.files.write("/root/ts/run.sh", "#!/bin/sh\necho ran\n", { mode: 0o755 });
+    assert.equal((await sb.commands.run(["/root/ts/run.sh"])).stdout, "ran\n");
+  });
+
+  test("error cases: timeout, missing file/sandbox, bad program, bad token", async () => {
+    const t0 = performance.now();
+    await assert.rejects(sb.commands.run("echo before; sleep 30", { timeoutMs: 1500 }), (e) => {
+      assert.ok(e instanceof CommandTimeout);
+      assert.equal(e.code, "command_timeout");
+      assert.equal(e.result.stdout, "before\n");
+      return true;
+    });
+    assert.ok(performance.now() - t0 < 15_000);
+    assert.equal((await sb.commands.run("echo alive")).stdout, "alive\n");
+
+    await assert.rejects(sb.files.read("/root/nope"), (e) => e instanceof FileNotFound && e.status === 404);
+    await assert.rejects(sb.files.read("relative"), InvalidArgument);
+    await assert.rejects(sb.commands.run(["/no/such/program"]), SpawnFailed);
+
+    const ghost = new Sandbox(MISSING, client);
+    await assert.rejects(ghost.commands.run("true"), (e) => e instanceof SandboxNotFound && e.code === "not_found");
+    await assert.rejects(ghost.info(), SandboxNotFound);
+    await assert.rejects(Sandbox.connect(MISSING, { client }), SandboxNotFound);
+    assert.equal(await ghost.kill(), false);
+
+    const bad = new Client({ url: URL, token: "not-the-token" });
+    await assert.rejects(Sandbox.list({ client: bad }), (e) => e instanceof Unauthorized && e.status === 401);
+    await assert.rejects(new Sandbox(sb.id, bad).commands.run("true"), Unauthorized);
+  });
+
+  test("branch into three children that diverge", async () => {
+    await sb.files.write("/root/base.txt", "shared base");
+    const children = await sb.branch({ n: 3 });
+    try {
+      assert.equal(new Set(children.map((c) => c.id)).size, 3);
+      for (const c of children) {
+        assert.equal(await c.files.read("/root/base.txt"), "shared base");
+        assert.equal((await c.commands.run("hostname")).stdout.trim(), c.id);
+      }
+      for (const [i, c] of children.entries()) await c.commands.run(`echo ${i} > /root/counter`, { check: true });
+      for (const [i, c] of children.entries()) assert.equal((await c.commands.run("cat /root/counter")).stdout, `${i}\n`);
+      await children[0]!.files.write("/root/only-in-0.txt", "child 0");
+      assert.equal(await children[0]!.files.read("/root/only-in-0.txt"), "child 0");
+      for (const other of [sb, children[1]!, children[2]!]) {
+        await assert.rejects(other.files.read("/root/only-in-0.txt"), FileNotFound);
+      }
+    } finally {
+      for (const c of children) await c.kill();
+    }
+  });
+
+  test("snapshot, restore into a new sandbox, roll back in place", async () => {
+    await sb.files.write("/root/version.txt", "v1");
+    const snap = await sb.snapshot({ mode: "full" });
+    snapshots.push(snap);
+    assert.deepEqual([snap.kind, snap.sourceSandbox], ["full", sb.id]);
+    await sb.files.write("/root/version.txt", "v2");
+
+    const restored = await Sandbox.restore(snap, { client });
+    try {
+      assert.notEqual(restored.id, sb.id);
+      assert.equal(await restored.files.read("/root/version.txt"), "v1");
+      assert.deepEqual((await restored.info()).origin, { snapshot: { id: snap.id } });
+    } finally {
+      assert.equal(await restored.kill(), true);
+    }
+    const info = await sb.rollback(snap);
+    assert.deepEqual([info.id, info.state], [sb.id, "running"]);
+    assert.equal(await sb.files.read("/root/version.txt"), "v1");
+    await assert.rejects(Sandbox.restore("snap-000000000000", { client }), SnapshotNotFound);
+  });
+
+  test("kill", async () => {
+    const victim = await Sandbox.create({ memoryMib: 128, client });
+    assert.equal(await victim.kill(), true);
+    assert.equal(await victim.kill(), false);
+    await assert.rejects(victim.info(), SandboxNotFound);
+    await assert.rejects(victim.commands.run("true"), SandboxNotFound);
+    assert.ok(!(await client.sandboxes()).some((s) => s.id === victim.id));
+  });
+});

@@ -1,0 +1,161 @@
+/** Unit tests beyond the shared vectors: configuration, transport errors,
+ * disposal, async callbacks. No VM involved. */
+import assert from "node:assert/strict";
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { after, before, describe, test } from "node:test";
+
+import {
+  Client,
+  ConnectionFailed,
+  DEFAULT_URL,
+  SandboxNotRunning,
+  ServerError,
+  Sandbox,
+  ZygoteError,
+  errorFor,
+  resolveConfig,
+} from "../dist/index.js";
+import { FakeDaemon } from "./fake-daemon.js";
+
+const SANDBOX = { id: "sb-aaaaaaaaaaaa", state: "running" };
+
+describe("configuration", () => {
+  let dir: string;
+  before(() => {
+    dir = mkdtempSync(join(tmpdir(), "zygote-ts-"));
+  });
+  after(() => rmSync(dir, { recursive: true, force: true }));
+
+  test("arguments, then env, then the daemon's token file", () => {
+    const state = join(dir, "state");
+    mkdirSync(state);
+    writeFileSync(join(state, "token"), "from-file\n");
+    const env: Record<string, string> = { ZYGOTE_STATE_DIR: state };
+    assert.deepEqual(resolveConfig({ env }), { url: DEFAULT_URL, token: "from-file" });
+    env.ZYGOTE_URL = "http://10.0.0.1:9";
+    env.ZYGOTE_TOKEN = "from-env";
+    assert.deepEqual(resolveConfig({ env }), { url: "http://10.0.0.1:9", token: "from-env" });
+    assert.deepEqual(resolveConfig({ env, url: "http://127.0.0.1:1/", token: "arg" }), {
+      url: "http://127.0.0.1:1",
+      token: "arg",
+    });
+  });
+
+  test("state directory rules match the daemon's", () => {
+    mkdirSync(join(dir, "xdg/zygote"), { recursive: true });
+    writeFileSync(join(dir, "xdg/zygote/token"), "xdg-token");
+    assert.equal(resolveConfig({ env: { XDG_STATE_HOME: join(dir, "xdg") } }).token, "xdg-token");
+    mkdirSync(join(dir, "home/.local/state/zygote"), { recursive: true });
+    writeFileSync(join(dir, "home/.local/state/zygote/token"), "home-token");
+    assert.equal(resolveConfig({ env: { HOME: join(dir, "home") } }).token, "home-token");
+    assert.equal(resolveConfig({ env: { HOME: join(dir, "nobody") } }).token, undefined);
+  });
+
+  test("bad and Unix URLs are refused with an explanation", () => {
+    assert.throws(() => resolveConfig({ url: "ftp://x", env: {} }), /bad zygoted URL/);
+    assert.throws(() => resolveConfig({ url: "unix:///run/z.sock", env: {} }), /Unix sockets/);
+  });
+});
+
+describe("errors", () => {
+  test("codes map to classes that keep code and status", () => {
+    const e = errorFor("sandbox_not_running", "sandbox sb-1 is dead, not running", 409);
+    assert.ok(e instanceof SandboxNotRunning && e instanceof ZygoteError && e instanceof Error);
+    assert.deepEqual([e.name, e.code, e.status], ["SandboxNotRunning", "sandbox_not_running", 409]);
+    const unknown = errorFor("brand_new_code", "something", 418);
+    assert.equal(unknown.constructor, ZygoteError);
+    assert.equal(unknown.code, "brand_new_code");
+  });
+
+  test("an unreachable daemon is ConnectionFailed", async () => {
+    const port = await new Promise<number>((resolve) => {
+      const srv = createServer();
+      srv.listen(0, "127.0.0.1", () => {
+        const p = (srv.address() as { port: number }).port;
+        srv.close(() => resolve(p));
+      });
+    });
+    const client = new Client({ url: `http://127.0.0.1:${port}`, token: "t" });
+    await assert.rejects(Sandbox.create({ client }), (e: unknown) => {
+      assert.ok(e instanceof ConnectionFailed);
+      assert.equal(e.code, "connection_failed");
+      assert.match(e.message, /is it running/);
+      return true;
+    });
+  });
+});
+
+describe("sandbox handles", () => {
+  const fake = new FakeDaemon();
+  before(() => fake.start());
+  after(() => fake.stop());
+
+  test("bad commands are refused before any request", async () => {
+    fake.load([]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    await assert.rejects(sb.commands.run([]), TypeError);
+    await assert.rejects(sb.commands.run("true", { timeoutMs: 0 }), RangeError);
+    assert.equal(fake.requests.length, 0);
+  });
+
+  test("client and url are exclusive", async () => {
+    const client = new Client({ url: fake.url, token: "t" });
+    await assert.rejects(Sandbox.create({ client, url: fake.url }), TypeError);
+  });
+
+  test("await using kills the sandbox at scope exit", async () => {
+    fake.load([{ status: 201, json: { sandboxes: [SANDBOX] } }, { status: 204 }]);
+    const client = new Client({ url: fake.url, token: "t" });
+    {
+      await using sb = await Sandbox.create({ client });
+      assert.equal(sb.id, SANDBOX.id);
+    }
+    assert.deepEqual(
+      fake.requests.map((r) => `${r.method} ${r.path}`),
+      ["POST /v1/sandboxes", "DELETE /v1/sandboxes/sb-aaaaaaaaaaaa"],
+    );
+  });
+
+  test("async callbacks are awaited in order", async () => {
+    const out = (s: string) => ({ type: "output", stream: "stdout", data: Buffer.from(s).toString("base64") });
+    fake.load([
+      {
+        status: 200,
+        ndjson: [{ type: "started", pid: 1 }, out("a"), out("b"), { type: "exit", exit_code: 0, timed_out: false }],
+      },
+    ]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    const seen: string[] = [];
+    const r = await sb.commands.run("x", {
+      onStdout: async (t) => {
+        await new Promise((res) => setTimeout(res, 20));
+        seen.push(t);
+      },
+    });
+    assert.deepEqual([r.stdout, seen], ["ab", ["a", "b"]]);
+  });
+
+  test("a callback's error is the run's error", async () => {
+    const out = { type: "output", stream: "stdout", data: Buffer.from("x").toString("base64") };
+    fake.load([{ status: 200, ndjson: [{ type: "started", pid: 1 }, out, { type: "exit", exit_code: 0 }] }]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    const boom = new Error("callback failed");
+    await assert.rejects(
+      sb.commands.run("x", {
+        onStdout: () => {
+          throw boom;
+        },
+      }),
+      (e) => e === boom,
+    );
+  });
+
+  test("a stream without an exit event is a ServerError", async () => {
+    fake.load([{ status: 200, ndjson: [{ type: "started", pid: 1 }] }]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    await assert.rejects(sb.commands.run("x"), (e) => e instanceof ServerError && e.code === "stream_ended");
+  });
+});
