@@ -1,0 +1,255 @@
+//! The kvm runtime's process management against real `zygote vm serve`
+//! processes running the probe guest (which boots under any usable KVM, unlike
+//! Linux on this kind of host): start under the supervisor, full/diff/live
+//! snapshots, fork branch with per-child sockets, restore, re-attach from
+//! serialized records with a fresh runtime, exit reasons, destroy leaving
+//! nothing behind. The agent path (vsock, reidentify) needs a Linux guest and
+//! is covered by the e2e suite on hosts with hardware virtualization.
+//!
+//! Needs the `zygote` binary: `$ZYGOTE_BIN`, else `target/<profile>/zygote`
+//! (`cargo build -p zygote-cli`); skips with the reason when it or KVM is missing.
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use zygote_daemon::model::SnapshotKind;
+use zygote_daemon::runtime::kvm::KvmRuntime;
+use zygote_daemon::runtime::{
+    BootSource, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord,
+};
+use zygote_vmm::control::protocol::{StatusInfo, VmRunState};
+use zygote_vmm::control::{ControlClient, Request};
+
+fn skip(why: &str) {
+    let _ = writeln!(std::io::stderr(), "skipping the kvm runtime test: {why}");
+}
+
+fn zygote_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ZYGOTE_BIN") {
+        return Some(PathBuf::from(p));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    // This test binary lives in target/<profile>/deps.
+    let profile = std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.parent()?.file_name()?.to_owned()))
+        .unwrap_or_else(|| "debug".into());
+    let bin = target.join(profile).join("zygote");
+    bin.is_file().then_some(bin)
+}
+
+/// Every process whose command line names `dir` (our VMMs, their forks).
+fn processes_under(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_string_lossy().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'));
+        if !zombie && String::from_utf8_lossy(&cmdline).contains(&needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Kills (by pid) whatever this test started, should an assertion fail.
+struct Reaper(PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for pid in processes_under(&self.0) {
+            // SAFETY: plain kill(2) of a process running from our temp dir.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+    }
+}
+
+fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
+    let dir = root.join("vms").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    StartSpec {
+        dir,
+        disk: root.join("layers").join(format!("{name}.qcow2")),
+        mem_mib: 64,
+        vcpus: 1,
+        source,
+        cgroup: None,
+        hostname: name.into(),
+    }
+}
+
+fn status(vm: &VmRecord) -> StatusInfo {
+    ControlClient::new(&vm.control)
+        .with_timeout(Duration::from_secs(30))
+        .request(&Request::Status)
+        .unwrap()
+}
+
+fn snapshot(
+    rt: &dyn Runtime,
+    root: &Path,
+    vm: &mut VmRecord,
+    kind: SnapshotKind,
+) -> SnapshotData {
+    let dir = root.join("snapshots").join(kind.as_str());
+    std::fs::create_dir_all(&dir).unwrap();
+    let next = root.join("layers").join(format!("next-{}", kind.as_str()));
+    let data = rt.snapshot(vm, kind, &dir, &next).expect("snapshot");
+    assert_eq!(vm.disk, next, "the record moves to the next layer");
+    assert!(data.state_file.is_file(), "{data:?}");
+    assert!(data.size_bytes() > 0, "{data:?}");
+    assert_eq!(status(vm).state, VmRunState::Running, "runs on after {kind:?}");
+    data
+}
+
+fn wait_exit(rt: &dyn Runtime, vm: &VmRecord) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(e) = rt.exit_status(vm) {
+            return e.reason;
+        }
+        assert!(Instant::now() < deadline, "{} still runs", vm.dir.display());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kvm_runtime_manages_vmm_processes() {
+    if let Err(why) = zygote_vmm::host::kvm_usable() {
+        return skip(&format!("KVM unavailable on this host: {why}"));
+    }
+    let Some(bin) = zygote_bin() else {
+        return skip("no zygote binary (run `cargo build -p zygote-cli` or set ZYGOTE_BIN)");
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let _reaper = Reaper(root.clone());
+    std::fs::create_dir_all(root.join("layers")).unwrap();
+    let rt = KvmRuntime::with_probe(bin.clone(), "spin");
+    assert_eq!(rt.name(), "kvm");
+    assert!(rt.snapshot_kinds().contains(&SnapshotKind::Live));
+
+    // Start: a supervised VMM serving its socket, with a vsock socket.
+    let mut a = rt
+        .start(&spec(&root, "a", BootSource::Image(PathBuf::new())))
+        .expect("start");
+    assert!(a.process.is_alive() && a.supervisor.as_ref().unwrap().is_alive());
+    assert_eq!(status(&a).pid as u32, a.process.pid);
+    assert_eq!(status(&a).state, VmRunState::Running);
+    assert!(Path::new(&a.agent_addr).exists(), "vsock socket {}", a.agent_addr);
+    assert_eq!(a.accel, "kvm");
+    assert!(rt.exit_status(&a).is_none());
+
+    // Snapshots of every kind; the VM keeps running.
+    let full = snapshot(&rt, &root, &mut a, SnapshotKind::Full);
+    let diff = snapshot(&rt, &root, &mut a, SnapshotKind::Diff);
+    let live = snapshot(&rt, &root, &mut a, SnapshotKind::Live);
+    let meta = std::fs::read_to_string(diff.state_file.with_file_name("meta.json")).unwrap();
+    assert!(meta.contains(full.state_file.parent().unwrap().to_str().unwrap()), "{meta}");
+
+    // Branch: two children, each its own process and sockets.
+    let kids = [
+        spec(&root, "b", BootSource::Image(PathBuf::new())),
+        spec(&root, "c", BootSource::Image(PathBuf::new())),
+    ];
+    let point_dir = root.join("snapshots").join("point");
+    std::fs::create_dir_all(&point_dir).unwrap();
+    let next = root.join("layers").join("after-branch");
+    let (point, results) = rt.branch(&mut a, &point_dir, &next, &kids).expect("branch");
+    assert_eq!(a.disk, next);
+    let children: Vec<VmRecord> = results.into_iter().map(|r| r.expect("child")).collect();
+    for (child, s) in children.iter().zip(&kids) {
+        assert!(child.process.is_alive());
+        assert_ne!(child.process.pid, a.process.pid);
+        assert!(child.supervisor.is_none(), "forked by the VMM, not supervised");
+        assert_eq!(child.control, s.dir.join("api.sock"));
+        assert_eq!(status(child).pid as u32, child.process.pid);
+        assert_eq!(status(child).state, VmRunState::Running);
+        assert!(Path::new(&child.agent_addr).starts_with(&s.dir));
+    }
+    assert_eq!(status(&a).state, VmRunState::Running, "the parent runs on");
+    // A fork-based branch point has no state to restore from.
+    let err = rt
+        .start(&spec(&root, "x", BootSource::Snapshot(point.clone())))
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");
+    // (The manager discards a failed sandbox's directory.)
+    std::fs::remove_dir_all(root.join("vms/x")).unwrap();
+
+    // Restore from the full and the diff snapshot: new supervised VMMs.
+    let mut restored = Vec::new();
+    for (name, data) in [("r-full", &full), ("r-diff", &diff), ("r-live", &live)] {
+        let r = rt
+            .start(&spec(&root, name, BootSource::Snapshot(data.clone())))
+            .unwrap_or_else(|e| panic!("restore {name}: {e}"));
+        assert!(r.supervisor.is_some());
+        assert_eq!(status(&r).state, VmRunState::Running, "{name}");
+        restored.push(r);
+    }
+
+    // "Daemon restart": records go through JSON, a new runtime re-attaches
+    // and resumes a VM left paused by an interrupted operation.
+    let mut all = vec![a.clone()];
+    all.extend(children.iter().cloned());
+    all.extend(restored.iter().cloned());
+    let stored = serde_json::to_string(&all).unwrap();
+    drop(rt);
+    let rt = KvmRuntime::with_probe(bin, "spin");
+    let all: Vec<VmRecord> = serde_json::from_str(&stored).unwrap();
+    let c = &all[2];
+    let paused: StatusInfo = ControlClient::new(&c.control)
+        .request(&Request::Pause)
+        .unwrap();
+    assert_eq!(paused.state, VmRunState::Paused);
+    for vm in &all {
+        rt.reattach(vm).expect("reattach");
+        assert_eq!(status(vm).state, VmRunState::Running, "{}", vm.dir.display());
+        assert!(rt.exit_status(vm).is_none());
+    }
+
+    // Exit reasons: a stopped VMM, a killed supervised one, a killed child.
+    let a = &all[0];
+    let _: StatusInfo = ControlClient::new(&a.control).request(&Request::Stop).unwrap();
+    let why = wait_exit(&rt, a);
+    assert!(why.contains("exited normally"), "{why}");
+    let r = &all[3];
+    r.process.signal(libc::SIGKILL);
+    let why = wait_exit(&rt, r);
+    assert!(why.contains("signal 9"), "{why}");
+    let b = &all[1];
+    b.process.signal(libc::SIGKILL);
+    let why = wait_exit(&rt, b);
+    assert!(why.contains("killed by a signal"), "{why}");
+    assert_eq!(status(c).state, VmRunState::Running, "the sibling lives on");
+
+    // Destroy everything: no process, socket or directory is left.
+    let pids: Vec<u32> = processes_under(&root);
+    assert!(!pids.is_empty());
+    for vm in &all {
+        rt.destroy(vm);
+        assert!(!vm.dir.exists(), "{}", vm.dir.display());
+        assert!(!vm.process.is_alive());
+    }
+    // The spawner of the two children exits once its last child is gone.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_under(&root).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        processes_under(&root).is_empty(),
+        "left running: {:?}",
+        processes_under(&root)
+    );
+    let left: Vec<_> = std::fs::read_dir(root.join("vms")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    let layers: Vec<_> = std::fs::read_dir(root.join("layers")).unwrap().collect();
+    assert!(layers.is_empty(), "the kvm runtime keeps disks in memory: {layers:?}");
+}
