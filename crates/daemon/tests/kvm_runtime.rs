@@ -93,20 +93,22 @@ fn status(vm: &VmRecord) -> StatusInfo {
         .unwrap()
 }
 
-fn snapshot(
-    rt: &dyn Runtime,
-    root: &Path,
-    vm: &mut VmRecord,
-    kind: SnapshotKind,
-) -> SnapshotData {
+fn snapshot(rt: &dyn Runtime, root: &Path, vm: &mut VmRecord, kind: SnapshotKind) -> SnapshotData {
     let dir = root.join("snapshots").join(kind.as_str());
     std::fs::create_dir_all(&dir).unwrap();
     let next = root.join("layers").join(format!("next-{}", kind.as_str()));
     let data = rt.snapshot(vm, kind, &dir, &next).expect("snapshot");
     assert_eq!(vm.disk, next, "the record moves to the next layer");
     assert!(data.state_file.is_file(), "{data:?}");
-    assert!(data.size_bytes() > 0, "{data:?}");
-    assert_eq!(status(vm).state, VmRunState::Running, "runs on after {kind:?}");
+    // A diff of an idle stretch may legitimately hold no page.
+    if kind != SnapshotKind::Diff {
+        assert!(data.size_bytes() > 0, "{data:?}");
+    }
+    assert_eq!(
+        status(vm).state,
+        VmRunState::Running,
+        "runs on after {kind:?}"
+    );
     data
 }
 
@@ -144,7 +146,11 @@ fn kvm_runtime_manages_vmm_processes() {
     assert!(a.process.is_alive() && a.supervisor.as_ref().unwrap().is_alive());
     assert_eq!(status(&a).pid as u32, a.process.pid);
     assert_eq!(status(&a).state, VmRunState::Running);
-    assert!(Path::new(&a.agent_addr).exists(), "vsock socket {}", a.agent_addr);
+    assert!(
+        Path::new(&a.agent_addr).exists(),
+        "vsock socket {}",
+        a.agent_addr
+    );
     assert_eq!(a.accel, "kvm");
     assert!(rt.exit_status(&a).is_none());
 
@@ -153,7 +159,10 @@ fn kvm_runtime_manages_vmm_processes() {
     let diff = snapshot(&rt, &root, &mut a, SnapshotKind::Diff);
     let live = snapshot(&rt, &root, &mut a, SnapshotKind::Live);
     let meta = std::fs::read_to_string(diff.state_file.with_file_name("meta.json")).unwrap();
-    assert!(meta.contains(full.state_file.parent().unwrap().to_str().unwrap()), "{meta}");
+    assert!(
+        meta.contains(full.state_file.parent().unwrap().to_str().unwrap()),
+        "{meta}"
+    );
 
     // Branch: two children, each its own process and sockets.
     let kids = [
@@ -169,7 +178,10 @@ fn kvm_runtime_manages_vmm_processes() {
     for (child, s) in children.iter().zip(&kids) {
         assert!(child.process.is_alive());
         assert_ne!(child.process.pid, a.process.pid);
-        assert!(child.supervisor.is_none(), "forked by the VMM, not supervised");
+        assert!(
+            child.supervisor.is_none(),
+            "forked by the VMM, not supervised"
+        );
         assert_eq!(child.control, s.dir.join("api.sock"));
         assert_eq!(status(child).pid as u32, child.process.pid);
         assert_eq!(status(child).state, VmRunState::Running);
@@ -211,13 +223,20 @@ fn kvm_runtime_manages_vmm_processes() {
     assert_eq!(paused.state, VmRunState::Paused);
     for vm in &all {
         rt.reattach(vm).expect("reattach");
-        assert_eq!(status(vm).state, VmRunState::Running, "{}", vm.dir.display());
+        assert_eq!(
+            status(vm).state,
+            VmRunState::Running,
+            "{}",
+            vm.dir.display()
+        );
         assert!(rt.exit_status(vm).is_none());
     }
 
     // Exit reasons: a stopped VMM, a killed supervised one, a killed child.
     let a = &all[0];
-    let _: StatusInfo = ControlClient::new(&a.control).request(&Request::Stop).unwrap();
+    let _: StatusInfo = ControlClient::new(&a.control)
+        .request(&Request::Stop)
+        .unwrap();
     let why = wait_exit(&rt, a);
     assert!(why.contains("exited normally"), "{why}");
     let r = &all[3];
@@ -251,5 +270,8 @@ fn kvm_runtime_manages_vmm_processes() {
     let left: Vec<_> = std::fs::read_dir(root.join("vms")).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
     let layers: Vec<_> = std::fs::read_dir(root.join("layers")).unwrap().collect();
-    assert!(layers.is_empty(), "the kvm runtime keeps disks in memory: {layers:?}");
+    assert!(
+        layers.is_empty(),
+        "the kvm runtime keeps disks in memory: {layers:?}"
+    );
 }

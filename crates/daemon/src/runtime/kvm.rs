@@ -217,8 +217,9 @@ fn status(sock: &Path) -> Result<StatusInfo, RuntimeError> {
     control(sock).request(&Request::Status).map_err(ctl_err)
 }
 
-/// Waits for the control socket while the supervisor lives; returns the VMM.
-fn wait_control(sock: &Path, sup: &ProcId) -> Result<ProcId, RuntimeError> {
+/// Waits for the control socket while `owner` (the supervisor, or the VMM
+/// itself) lives; returns the VMM the socket reports.
+fn wait_control(sock: &Path, owner: &ProcId) -> Result<ProcId, RuntimeError> {
     let deadline = Instant::now() + CONTROL_TIMEOUT;
     let c = control(sock);
     loop {
@@ -226,7 +227,7 @@ fn wait_control(sock: &Path, sup: &ProcId) -> Result<ProcId, RuntimeError> {
         if c.wait_ready(slice).is_ok() {
             break;
         }
-        if !sup.is_alive() {
+        if !owner.is_alive() {
             return Err(RuntimeError::Boot(
                 "zygote's VMM exited during start-up".into(),
             ));
@@ -469,7 +470,10 @@ impl KvmRuntime {
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
         move_to_cgroup(process.pid, spec.cgroup.as_deref());
         let rec = record(spec, files, process, None);
-        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
+        // A child reports ready before it binds its control socket.
+        let up = wait_control(&files.api_sock, &rec.process)
+            .and_then(|_| self.bring_up(&rec, &spec.hostname));
+        if let Err(e) = up {
             supervisor::kill_and_wait(&rec.process, None);
             return Err(boot_error(e, &spec.dir));
         }
