@@ -136,6 +136,9 @@ export ZYGOTE_URL="$URL" ZYGOTE_TOKEN="$TOKEN" ZYGOTE_LIVE_REQUIRED=1
 
 # --- the suites (both always run; bounded so a hang cannot stall make test) ------
 
+say "Python SDK: type check (mypy --strict)"
+(cd "$PY" && "$VENV/bin/python" -m mypy --strict --cache-dir "$VENV/.mypy_cache" src examples tests) || FAILED=1
+
 say "Python SDK: unit, vectors, live, MCP, tree-search example"
 (cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests) || FAILED=1
 

@@ -31,8 +31,7 @@ class FakeDaemon:
     @property
     def url(self) -> str:
         assert self._server is not None
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def load(self, responses: list[dict[str, Any]]) -> None:
         """Script the next exchanges (and forget earlier requests)."""

@@ -127,9 +127,9 @@ def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> N
     assert ghost.kill() is False
 
     with Client(live_env["url"], "not-the-token") as bad:
-        with pytest.raises(zygote.Unauthorized) as e:
+        with pytest.raises(zygote.Unauthorized) as unauthorized:
             Sandbox.list(client=bad)
-        assert (e.value.code, e.value.status) == ("unauthorized", 401)
+        assert (unauthorized.value.code, unauthorized.value.status) == ("unauthorized", 401)
         with pytest.raises(zygote.Unauthorized):
             Sandbox(sb.id, client=bad).commands.run("true")
 

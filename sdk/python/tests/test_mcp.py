@@ -69,7 +69,7 @@ class McpSession:
             reply = json.loads(line)
             assert reply.get("jsonrpc") == "2.0"
             if reply.get("id") == rid:
-                return reply
+                return dict(reply)
             # Anything else is a notification (e.g. logging); not a reply to us.
             assert "id" not in reply or "method" in reply, f"reply to an unknown request: {reply}"
 
@@ -79,12 +79,12 @@ class McpSession:
             {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "zygote-tests", "version": "0"}},
         )
         self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        return reply["result"]
+        return dict(reply["result"])
 
     def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
         reply = self.request("tools/call", {"name": tool, "arguments": arguments})
         assert "result" in reply, reply
-        return reply["result"]
+        return dict(reply["result"])
 
     def close(self, timeout: float = 60) -> int:
         """Ends the session the way a host does: closes stdin."""
@@ -103,7 +103,7 @@ class McpSession:
 
 def structured(result: dict[str, Any]) -> dict[str, Any]:
     assert not result.get("isError"), result
-    data = result["structuredContent"]
+    data = dict(result["structuredContent"])
     # The text content carries the same data for hosts that only read text.
     assert json.loads(result["content"][0]["text"]) == data
     return data

@@ -41,7 +41,8 @@ export interface ClientOptions {
 
 /** A shell command line (run with `sh -c`) or an argv array. */
 export type Command = string | readonly string[];
-export type OutputCallback = (text: string) => void | Promise<void>;
+/** Gets output text as it arrives; a returned promise is awaited before the next chunk. */
+export type OutputCallback = (text: string) => unknown;
 
 export interface RunOptions {
   /** Kill the command after this long; `null` for no limit. Default 60 s. */
