@@ -8,7 +8,8 @@
 # tests, and stops it at the end. Needs target/release/zygoted (cargo build
 # --release --workspace) and the cached minimal image and guest kernel.
 #
-#   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
+#   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted,
+#                                 else `target/release/zygote serve`)
 #   ZYGOTE_SDK_RUNTIME=qemu|kvm   force a runtime (default: the daemon picks)
 set -uo pipefail
 
@@ -16,7 +17,6 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SDK="$ROOT/sdk"
 PY="$SDK/python"
 TS="$SDK/typescript"
-ZYGOTED=${ZYGOTED:-$ROOT/target/release/zygoted}
 T0=$(date +%s)
 
 say() { printf '== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
@@ -25,7 +25,17 @@ die() { echo "sdk-test: $*" >&2; exit 1; }
 command -v python3 >/dev/null || die "python3 not found"
 command -v node >/dev/null || die "node not found"
 command -v npm >/dev/null || die "npm not found"
-[ -x "$ZYGOTED" ] || die "$ZYGOTED not found: build it first (cargo build --release --workspace)"
+# The daemon: zygoted, or the same server as `zygote serve`.
+if [ -n "${ZYGOTED:-}" ]; then
+    DAEMON=("$ZYGOTED")
+elif [ -x "$ROOT/target/release/zygoted" ]; then
+    DAEMON=("$ROOT/target/release/zygoted")
+elif "$ROOT/target/release/zygote" serve --help >/dev/null 2>&1; then
+    DAEMON=("$ROOT/target/release/zygote" serve)
+else
+    die "no target/release/zygoted: build it first (cargo build --release --workspace)"
+fi
+[ -x "${DAEMON[0]}" ] || die "${DAEMON[0]} is not executable"
 
 # --- dependencies (idempotent: stamps record what was installed) --------------
 
@@ -115,16 +125,16 @@ EOF
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-say "starting zygoted ($ZYGOTED, state $STATE)"
+say "starting zygoted (${DAEMON[*]}, state $STATE)"
 runtime_args=()
 [ -n "${ZYGOTE_SDK_RUNTIME:-}" ] && runtime_args=(--runtime "$ZYGOTE_SDK_RUNTIME")
-ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "$ZYGOTED" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
+ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "${DAEMON[@]}" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
     >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
 DAEMON_PID=$!
 for _ in $(seq 600); do
     URL=$(sed -n 's/^zygoted listening on //p' "$STATE/zygoted.out" 2>/dev/null | head -n1)
     [ -n "$URL" ] && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || { cat "$STATE/zygoted.log" >&2; die "zygoted exited during start-up"; }
+    kill -0 "$DAEMON_PID" 2>/dev/null || die "zygoted exited during start-up (log below)"
     sleep 0.1
 done
 [ -n "$URL" ] || die "zygoted did not announce its address within 60 s"
