@@ -150,7 +150,7 @@ say "Python SDK: type check (mypy --strict)"
 (cd "$PY" && "$VENV/bin/python" -m mypy --strict --cache-dir "$VENV/.mypy_cache" src examples tests) || FAILED=1
 
 say "Python SDK: unit, vectors, live, MCP, tree-search example"
-(cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests) || FAILED=1
+(cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 tests) || FAILED=1
 
 say "TypeScript SDK: unit, vectors, live"
 (cd "$TS" && timeout --kill-after=10 600 node --test --test-reporter=spec build/*.test.js) || FAILED=1
