@@ -6,7 +6,7 @@ CARGO ?= cargo
 ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 
-.PHONY: all setup build probe agent guest lint test test-rust demo clean
+.PHONY: all setup build probe agent guest lint test test-rust test-sdk demo clean
 
 all: build
 
@@ -34,7 +34,11 @@ lint: setup
 test-rust: build guest
 	$(CARGO) test --release --workspace
 
-test: lint test-rust
+# Python and TypeScript SDKs (and the MCP server) against a live zygoted.
+test-sdk: build guest
+	bash scripts/sdk-test.sh
+
+test: lint test-rust test-sdk
 
 demo: build guest
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
