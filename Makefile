@@ -6,7 +6,7 @@ CARGO ?= cargo
 ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 
-.PHONY: all setup build probe agent guest lint test test-rust test-sdk demo clean
+.PHONY: all setup build probe agent guest lint test test-rust test-sdk test-fuzz demo clean
 
 all: build
 
@@ -38,7 +38,13 @@ test-rust: build guest
 test-sdk: build guest
 	bash scripts/sdk-test.sh
 
-test: lint test-rust test-sdk
+# Bounded fuzzing of virtio descriptor-chain parsing (blk, vsock): libFuzzer via
+# cargo-fuzz when it installs, else the seeded randomized test of the same targets.
+test-fuzz: setup
+	ZYGOTE_SETUP_FUZZ=1 bash scripts/setup.sh
+	bash scripts/fuzz.sh 30
+
+test: lint test-rust test-fuzz test-sdk
 
 demo: build guest
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
