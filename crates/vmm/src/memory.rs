@@ -6,7 +6,14 @@
 use std::io;
 use std::sync::Arc;
 
-use vm_memory::{GuestAddress, GuestMemoryMmap, GuestRegionMmap, MmapRegion};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{GuestAddress, MmapRegion};
+
+/// Guest memory as every part of the VMM sees it. The per-page dirty bitmap records
+/// writes the VMM itself makes through vm-memory (virtio devices filling buffers and
+/// rings), which KVM's dirty log cannot see; diff snapshots need both.
+pub type GuestMemoryMmap = vm_memory::GuestMemoryMmap<AtomicBitmap>;
+type GuestRegionMmap = vm_memory::GuestRegionMmap<AtomicBitmap>;
 
 use crate::arch::layout::{MIB, MMIO_GAP_END, MMIO_GAP_START};
 
@@ -247,7 +254,7 @@ impl GuestRam {
             // because both are owned by this struct and the mapping is unmapped in Drop.
             let host = unsafe { base.add(offset) };
             let region = unsafe {
-                MmapRegion::build_raw(
+                MmapRegion::<AtomicBitmap>::build_raw(
                     host,
                     len as usize,
                     libc::PROT_READ | libc::PROT_WRITE,
@@ -283,6 +290,31 @@ impl GuestRam {
     /// RAM ranges in guest-physical order.
     pub fn ranges(&self) -> &[RamRange] {
         &self.ranges
+    }
+
+    /// Pages the VMM wrote through vm-memory since the last call (which clears them), as
+    /// one bitmap over all RAM in `ranges()` order, 4 KiB pages (KVM's dirty-log layout).
+    pub fn take_host_dirty(&self) -> Vec<u64> {
+        use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+        let mut bitmap = Vec::new();
+        let mut bit = 0usize;
+        for region in self.memory.iter() {
+            // The mapping's own bitmap (not the region trait's slice view) can be drained.
+            let words = std::ops::Deref::deref(region).bitmap().get_and_reset();
+            let pages = region.len() as usize / 4096;
+            bitmap.resize((bit + pages).div_ceil(64), 0);
+            for page in 0..pages {
+                if words
+                    .get(page / 64)
+                    .is_some_and(|w| w & (1 << (page % 64)) != 0)
+                {
+                    let b = bit + page;
+                    bitmap[b / 64] |= 1 << (b % 64);
+                }
+            }
+            bit += pages;
+        }
+        bitmap
     }
 
     /// The layout recorded in a `VmState`.

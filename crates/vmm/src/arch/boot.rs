@@ -5,10 +5,11 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use crate::memory::GuestMemoryMmap;
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::elf::PvhBootCapability;
 use linux_loader::loader::{BzImage, Elf, KernelLoader};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 use super::layout::*;
 use super::{gdt, mptable, paging};

@@ -157,7 +157,15 @@ impl Vmm {
         match mode {
             SnapshotMode::Full | SnapshotMode::Diff => {
                 let bitmap = match parent {
-                    Some(_) => Some(self.vm.take_dirty_log(&self.ram).map_err(VmmError::from)?),
+                    // Pages the guest wrote (KVM's log) or the VMM wrote for it (devices
+                    // filling buffers and rings, tracked by vm-memory).
+                    Some(_) => {
+                        let mut log = self.vm.take_dirty_log(&self.ram).map_err(VmmError::from)?;
+                        for (w, h) in log.iter_mut().zip(self.ram.take_host_dirty()) {
+                            *w |= h;
+                        }
+                        Some(log)
+                    }
                     None => None,
                 };
                 // SAFETY: the VM is paused: no vCPU or device writes guest memory now.
@@ -244,8 +252,10 @@ impl Vmm {
 
     fn start_dirty_log(&mut self) -> Result<(), VmmError> {
         self.vm.set_dirty_logging(&self.ram, true)?;
-        // Enabling starts a fresh log, but drain anything already recorded to be sure.
+        // Enabling starts a fresh log, but drain anything already recorded to be sure,
+        // and the VMM's own record of its writes too.
         self.vm.take_dirty_log(&self.ram)?;
+        self.ram.take_host_dirty();
         self.dirty_logging = true;
         Ok(())
     }

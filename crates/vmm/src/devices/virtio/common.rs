@@ -8,8 +8,9 @@
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 
+use crate::memory::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 

@@ -12,8 +12,9 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use crate::memory::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::block::disk::Disk;

@@ -1,9 +1,9 @@
 //! The virtio-mmio register window (virtio 1.x §4.2.2, version 2).
 use std::sync::{Arc, Mutex};
 
+use crate::memory::GuestMemoryMmap;
 use kvm_ioctls::{IoEventAddress, VmFd};
 use virtio_queue::{Queue, QueueT};
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 use super::persist::TransportState;

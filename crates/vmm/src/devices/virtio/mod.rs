@@ -5,8 +5,8 @@
 //! handled in the kernel, never as a vCPU exit to us) and one irqfd per device.
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::memory::GuestMemoryMmap;
 use virtio_queue::Queue;
-use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 
 pub mod block;

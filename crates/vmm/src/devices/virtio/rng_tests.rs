@@ -2,7 +2,7 @@ use super::*;
 use crate::devices::virtio::testutil::{activate_ctx, guest_mem, Driver};
 use crate::devices::virtio::INT_USED_RING;
 
-fn active_rng(mem: &vm_memory::GuestMemoryMmap, drv: &Driver) -> Rng {
+fn active_rng(mem: &crate::memory::GuestMemoryMmap, drv: &Driver) -> Rng {
     let (ctx, _w, _i) = activate_ctx(mem, vec![drv.queue()], VIRTIO_F_VERSION_1);
     let mut rng = Rng::new();
     rng.activate(ctx).unwrap();

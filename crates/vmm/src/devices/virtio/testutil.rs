@@ -2,10 +2,11 @@
 //! malformed ones), read back the used ring, and build activation contexts.
 use std::sync::Arc;
 
+use crate::memory::GuestMemoryMmap;
 use virtio_queue::desc::{split::Descriptor, RawDescriptor};
 use virtio_queue::mock::MockSplitQueue;
 use virtio_queue::Queue;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::{ActivateContext, VirtioInterrupt};

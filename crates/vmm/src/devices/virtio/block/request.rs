@@ -5,7 +5,8 @@
 //! for writes) first, then device-writable data (for reads) and the status byte, which
 //! is the last byte of the chain. Everything is checked; the only outcome a lying guest
 //! can cause is an error status, or a dropped chain when there is no usable status byte.
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use crate::memory::GuestMemoryMmap;
+use vm_memory::{Bytes, GuestAddress};
 
 use super::disk::Disk;
 use crate::devices::virtio::common::{Cursor, Segment, Segments};

@@ -1,7 +1,7 @@
 use super::request::{S_IOERR, S_OK, S_UNSUPP, T_FLUSH, T_GET_ID, T_IN, T_OUT};
 use super::*;
 use crate::devices::virtio::testutil::{activate_ctx, guest_mem, Driver, F_WRITE};
-use vm_memory::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 const HDR: u64 = 0x10000;
 const DATA: u64 = 0x20000;

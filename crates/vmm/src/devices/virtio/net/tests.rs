@@ -2,7 +2,7 @@ use std::os::fd::FromRawFd;
 
 use super::*;
 use crate::devices::virtio::testutil::{activate_ctx, guest_mem, Driver};
-use vm_memory::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 /// A packet-preserving fd pair standing in for a tap: (device end, "wire" end).
 fn dgram_pair() -> (File, File) {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::packet::{op, HOST_CID, SHUTDOWN_RCV, SHUTDOWN_SEND, TYPE_STREAM};
 use super::*;
 use crate::devices::virtio::testutil::{activate_ctx, guest_mem, Driver};
-use vm_memory::GuestMemoryMmap;
+use crate::memory::GuestMemoryMmap;
 
 const CID: u64 = 3;
 const RX_BUFS: u64 = 0x40000;
