@@ -32,7 +32,7 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust: build guest
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release --workspace --no-fail-fast
 
 # Python and TypeScript SDKs (and the MCP server) against a live zygoted.
 test-sdk: build guest
