@@ -50,6 +50,7 @@ demo: build guest
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
 	@echo "== probe guest on zygote's KVM VMM (2 vCPUs)"; $(ZYGOTE) probe --vcpus 2 --scenario smp
 	@echo "== a real Linux sandbox"; $(ZYGOTE) run --image minimal -- sh -c 'uname -a; echo hello from $$(hostname)'
+	@echo "== BRANCH a live VM by fork vs. snapshotting it (probe guest, 256 MiB)"; $(ZYGOTE) bench branch --mem-mib 256 --iterations 3
 
 clean:
 	$(CARGO) clean
