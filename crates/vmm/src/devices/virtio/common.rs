@@ -6,7 +6,7 @@
 //! outside RAM or chain readable after writable buffers. Everything here returns errors
 //! instead of panicking so a worker can answer with an error status or drop the chain.
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::memory::GuestMemoryMmap;
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -240,6 +240,19 @@ impl DeviceQueues {
 
     pub fn snapshot(&self) -> Vec<QueueSnapshot> {
         self.queues.iter().map(QueueSnapshot::from_queue).collect()
+    }
+}
+
+/// A running device's worker and the fds it registered.
+pub type Active<W> = Option<(Arc<Mutex<W>>, Registration)>;
+
+/// Stop a device's processing (virtio reset): deregister its fds first, so the event
+/// thread can no longer dispatch to the worker, then drop the worker (and with it any
+/// host connections it owns).
+pub fn deactivate<W>(active: &mut Active<W>) {
+    if let Some((worker, reg)) = active.take() {
+        drop(reg);
+        drop(worker);
     }
 }
 

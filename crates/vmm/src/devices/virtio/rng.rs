@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use vmm_sys_util::epoll::EventSet;
 
-use super::common::{Cursor, DeviceQueues, Registration, Segments};
+use super::common::{deactivate, Active, Cursor, DeviceQueues, Registration, Segments};
 use super::state::{DeviceState, VirtioState};
 use super::{ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::event_loop::{EventHandler, EventRegistrar};
@@ -31,7 +31,7 @@ pub enum RngError {
 /// The entropy device.
 #[derive(Default)]
 pub struct Rng {
-    active: Option<(Arc<Mutex<RngWorker>>, Registration)>,
+    active: Active<RngWorker>,
     acked_features: u64,
 }
 
@@ -183,11 +183,7 @@ impl VirtioDevice for Rng {
     }
 
     fn reset(&mut self) {
-        // Deregister before dropping the worker (Registration's drop does it).
-        if let Some((worker, reg)) = self.active.take() {
-            drop(reg);
-            drop(worker);
-        }
+        deactivate(&mut self.active);
         self.acked_features = 0;
     }
 

@@ -17,7 +17,7 @@ use vmm_sys_util::epoll::EventSet;
 
 use self::disk::{CowImage, Disk, DiskError, FileDisk, PAGE};
 use self::request::{Exec, Outcome, ID_BYTES};
-use super::common::{DeviceQueues, Registration};
+use super::common::{deactivate, Active, DeviceQueues, Registration};
 use super::state::{DeviceState, VirtioState};
 use super::{ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::event_loop::{EventHandler, EventRegistrar};
@@ -105,7 +105,7 @@ pub struct Block {
     config: BlockConfig,
     disk: Arc<Mutex<Disk>>,
     id: [u8; ID_BYTES],
-    active: Option<(Arc<Mutex<BlockWorker>>, Registration)>,
+    active: Active<BlockWorker>,
     acked_features: u64,
 }
 
@@ -334,10 +334,7 @@ impl VirtioDevice for Block {
     }
 
     fn reset(&mut self) {
-        if let Some((worker, reg)) = self.active.take() {
-            drop(reg);
-            drop(worker);
-        }
+        deactivate(&mut self.active);
         self.acked_features = 0;
     }
 

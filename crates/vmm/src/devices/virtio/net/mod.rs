@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::epoll::EventSet;
 
 use self::tap::{open_tap, TapError, VNET_HDR_LEN};
-use super::common::{Cursor, DeviceQueues, Registration, Segments};
+use super::common::{deactivate, Active, Cursor, DeviceQueues, Registration, Segments};
 use super::state::{DeviceState, VirtioState};
 use super::{ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::event_loop::{EventHandler, EventRegistrar};
@@ -69,7 +69,7 @@ pub struct Net {
     backend: File,
     /// Actual interface name, once the kernel picked it.
     ifname: String,
-    active: Option<(Arc<Mutex<NetWorker>>, Registration)>,
+    active: Active<NetWorker>,
     acked_features: u64,
 }
 
@@ -295,10 +295,7 @@ impl VirtioDevice for Net {
     }
 
     fn reset(&mut self) {
-        if let Some((worker, reg)) = self.active.take() {
-            drop(reg);
-            drop(worker);
-        }
+        deactivate(&mut self.active);
         self.acked_features = 0;
     }
 

@@ -20,7 +20,7 @@ use vmm_sys_util::epoll::EventSet;
 
 use self::muxer::{Muxer, Poller};
 use self::packet::{Header, EVENT_TRANSPORT_RESET, HEADER_LEN};
-use super::common::{Cursor, DeviceQueues, Registration, Segments};
+use super::common::{deactivate, Active, Cursor, DeviceQueues, Registration, Segments};
 use super::state::{DeviceState, VirtioState};
 use super::{ActivateContext, ActivateError, VirtioDevice, VIRTIO_F_VERSION_1};
 use crate::event_loop::{EventHandler, EventRegistrar};
@@ -68,7 +68,7 @@ pub enum VsockError {
 pub struct Vsock {
     config: VsockConfig,
     listener: UnixListener,
-    active: Option<(Arc<Mutex<VsockWorker>>, Registration)>,
+    active: Active<VsockWorker>,
     acked_features: u64,
     /// Send a transport reset as soon as the guest's queues are live (after restore).
     reset_on_activate: bool,
@@ -366,11 +366,8 @@ impl VirtioDevice for Vsock {
     }
 
     fn reset(&mut self) {
-        if let Some((worker, reg)) = self.active.take() {
-            drop(reg);
-            // Closes every host connection; the listener stays bound for the next driver.
-            drop(worker);
-        }
+        // Closes every host connection; the listener stays bound for the next driver.
+        deactivate(&mut self.active);
         self.acked_features = 0;
     }
 
