@@ -57,6 +57,12 @@ pub struct MemoryLayout {
     pub ranges: Vec<(u64, u64)>,
 }
 
+impl MemoryLayout {
+    pub fn total_bytes(&self) -> u64 {
+        self.ranges.iter().map(|r| r.1).sum()
+    }
+}
+
 /// Device state the VMM restores.
 #[derive(Clone, Default, Serialize, Deserialize)]
 pub struct DevicesState {

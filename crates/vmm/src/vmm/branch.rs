@@ -116,7 +116,7 @@ fn close_fds_except(keep: &mut [RawFd]) {
 }
 
 /// Leave a forked process without running the parent's destructors or atexit handlers.
-fn exit_now(code: i32) -> ! {
+pub(super) fn exit_now(code: i32) -> ! {
     // SAFETY: _exit is always safe to call.
     unsafe { libc::_exit(code) }
 }

@@ -23,7 +23,7 @@ use crate::devices::virtio::VirtioDevice;
 use crate::devices::{Bus, BusError};
 use crate::event_loop::{EventLoop, EventRegistrar};
 use crate::memory::{self, GuestRam, MemoryError};
-use crate::persist::{CpuIdentity, DevicesState, MemoryLayout, VmState};
+use crate::persist::{CpuIdentity, DevicesState, VmState};
 use crate::vstate::capture::{self, StateError, XsaveFormat};
 use crate::vstate::vcpu::{
     CaptureParams, ExitReason, IoBuses, Vcpu, VcpuError, VcpuHandle, VmEvent,
@@ -555,11 +555,5 @@ impl Vmm {
     /// The guest's COM1, e.g. for a thread forwarding console input.
     pub fn serial(&self) -> Arc<Mutex<SerialDevice>> {
         self.serial.clone()
-    }
-}
-
-impl MemoryLayout {
-    pub fn total_bytes(&self) -> u64 {
-        self.ranges.iter().map(|r| r.1).sum()
     }
 }

@@ -246,8 +246,8 @@ impl Vmm {
             }
         }))
         .unwrap_or(101);
-        // SAFETY: exit without running the parent's destructors.
-        unsafe { libc::_exit(code) }
+        // Exit without running the parent's destructors.
+        super::branch::exit_now(code)
     }
 
     fn start_dirty_log(&mut self) -> Result<(), VmmError> {
