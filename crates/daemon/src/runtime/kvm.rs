@@ -437,23 +437,14 @@ impl Runtime for KvmRuntime {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let serial = self.console_log(vm);
-        if let Some(panic) = serial.lines().find(|l| l.contains("Kernel panic")) {
-            reason.push_str(&format!(" (guest: {})", panic.trim()));
-        }
+        supervisor::add_guest_panic(&mut reason, &self.console_log(vm));
         Some(Exit { reason })
     }
 
     fn destroy(&self, vm: &VmRecord) {
         // A branch child has no supervisor: its parent VMM (or the spawner,
         // which exits once its last child is gone) reaps it.
-        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
-        let _ = std::fs::remove_file(&vm.disk);
-        if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("removing {}: {e}", vm.dir.display());
-            }
-        }
+        supervisor::destroy_vm(vm);
     }
 }
 

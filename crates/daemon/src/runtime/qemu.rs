@@ -358,20 +358,11 @@ impl Runtime for QemuRuntime {
         if !stderr.is_empty() {
             reason.push_str(&format!(": {}", stderr.join("; ")));
         }
-        let serial = self.console_log(vm);
-        if let Some(panic) = serial.lines().find(|l| l.contains("Kernel panic")) {
-            reason.push_str(&format!(" (guest: {})", panic.trim()));
-        }
+        supervisor::add_guest_panic(&mut reason, &self.console_log(vm));
         Some(Exit { reason })
     }
 
     fn destroy(&self, vm: &VmRecord) {
-        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
-        let _ = std::fs::remove_file(&vm.disk);
-        if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("removing {}: {e}", vm.dir.display());
-            }
-        }
+        supervisor::destroy_vm(vm);
     }
 }

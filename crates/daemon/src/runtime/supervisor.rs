@@ -143,6 +143,25 @@ pub fn describe_status(program: &str, status: i32) -> String {
     }
 }
 
+/// Ends a VM for good: kills it and its supervisor, then removes its disk layer and
+/// directory (the same for every runtime).
+pub fn destroy_vm(vm: &super::VmRecord) {
+    kill_and_wait(&vm.process, vm.supervisor.as_ref());
+    let _ = std::fs::remove_file(&vm.disk);
+    if let Err(e) = std::fs::remove_dir_all(&vm.dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!("removing {}: {e}", vm.dir.display());
+        }
+    }
+}
+
+/// Appends the guest's kernel panic line, if its console shows one, to an exit reason.
+pub fn add_guest_panic(reason: &mut String, console: &str) {
+    if let Some(panic) = console.lines().find(|l| l.contains("Kernel panic")) {
+        reason.push_str(&format!(" (guest: {})", panic.trim()));
+    }
+}
+
 /// Kills `vm` (if it is still that process) and waits for it and its
 /// supervisor to be gone, up to a few seconds.
 pub fn kill_and_wait(vm: &ProcId, supervisor: Option<&ProcId>) {
