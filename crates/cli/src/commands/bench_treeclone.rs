@@ -1,4 +1,5 @@
-//! `zygote bench treeclone`: CoW tree materialization vs a naive per-file copy.
+//! `zygote bench treeclone`: CoW tree materialization vs a naive per-file copy
+//! and the inode-creation floor, each timed until visible and until synced.
 use std::path::PathBuf;
 
 use zygote_treeclone::bench::{run_bench, BenchOptions, MIN_RUNS};
@@ -21,9 +22,6 @@ pub struct TreecloneBenchArgs {
     /// Skip the loop-mounted XFS part.
     #[arg(long)]
     no_xfs: bool,
-    /// End every timed run with syncfs (time to stable storage).
-    #[arg(long)]
-    durable: bool,
     /// Treatment worker threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -36,7 +34,6 @@ pub fn run(args: TreecloneBenchArgs) -> anyhow::Result<i32> {
         shapes: args.shapes,
         xfs: !args.no_xfs,
         default_fs: true,
-        durable: args.durable,
         threads: args.threads,
     };
     let report = run_bench(&opts, &mut |line| eprintln!("[treeclone] {line}"))?;

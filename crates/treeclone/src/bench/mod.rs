@@ -9,12 +9,16 @@
 //!   both sides alike. We report medians of `runs` runs of each.
 //! * Page cache: we cannot require dropping it, so both sides read a source
 //!   that is warm (just generated). That flatters the baseline, if anything.
-//! * fsync: not by default. Neither side fsyncs inside the timed region, so
-//!   the baseline's time is writing 'bytes' into the page cache, not to disk;
-//!   again this favours the baseline. Before every timed run the target
-//!   filesystem is `syncfs`ed (untimed) so writeback left over from the
-//!   previous run does not land in the next one. `durable: true` instead
-//!   ends each timed run with a `syncfs`, measuring time-to-stable-storage.
+//! * Two clocks per run, from one start: *visible* stops when the call
+//!   returns (the baseline's bytes may sit in the page cache only), and
+//!   *complete* when a `syncfs` issued right after it returns (the side's
+//!   writeback included). Without the second, the baseline's dominant cost,
+//!   writing its bytes out, would land in the untimed `syncfs` that starts
+//!   the next run (it keeps one run's leftovers out of the next).
+//! * A third side, the *floor*, creates the same directories and empty
+//!   files and nothing else. Every method that gives each file its own
+//!   inode pays at least that, so baseline / floor bounds the visible
+//!   speedup any such method can reach on this filesystem and machine.
 //! * Filesystems: (a) a loop-mounted XFS with reflink, made and torn down
 //!   here (skipped with a reason when that is impossible), and (b) whatever
 //!   filesystem the work directory is on.
@@ -28,8 +32,8 @@ use crate::{fiemap, materialize, FileMethod, MethodCounts, Options};
 mod report;
 mod shapes;
 use report::{host_info, utc_now};
-pub use report::{BenchReport, FsResult, HostInfo, ShapeResult};
-pub use shapes::{generate, naive_copy, Shape, SHAPES};
+pub use report::{BenchReport, FsResult, HostInfo, ShapeResult, SideTimes};
+pub use shapes::{create_empty_tree, generate, naive_copy, Shape, SHAPES};
 
 /// Fewer runs than this make a median meaningless.
 pub const MIN_RUNS: usize = 5;
@@ -46,8 +50,6 @@ pub struct BenchOptions {
     pub xfs: bool,
     /// Run on the work directory's own filesystem.
     pub default_fs: bool,
-    /// End every timed run with syncfs (see the module docs).
-    pub durable: bool,
     /// Treatment worker threads; 0 = one per core.
     pub threads: usize,
 }
@@ -60,7 +62,6 @@ impl Default for BenchOptions {
             shapes: Vec::new(),
             xfs: true,
             default_fs: true,
-            durable: false,
             threads: 0,
         }
     }
@@ -122,13 +123,16 @@ pub fn run_bench(
         date_utc: utc_now(),
         host: host_info(),
         runs: opts.runs,
-        durable: opts.durable,
         treatment: format!(
             "zygote_treeclone::materialize, Method::Auto, {} threads",
             treatment_opts.effective_threads()
         ),
         baseline: "sequential per-file read-whole-file + write(2), like cp -r without reflink"
             .into(),
+        floor: format!(
+            "create the same directories and empty files only, {} threads",
+            treatment_opts.effective_threads()
+        ),
         filesystems: Vec::new(),
     };
 
@@ -235,20 +239,32 @@ fn bench_shape(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ShapeResult, BenchError> {
     let sync = |p: &Path| crate::syncfs(p).map_err(io_err("syncfs", p));
-    let mut baseline_ms = Vec::new();
-    let mut treatment_ms = Vec::new();
+    // Runs `op`, returning (visible, complete) in ms; see the module docs.
+    let timed = |op: &mut dyn FnMut() -> Result<(), BenchError>| -> Result<(f64, f64), BenchError> {
+        sync(root)?;
+        let t = Instant::now();
+        op()?;
+        let visible = t.elapsed().as_secs_f64() * 1e3;
+        sync(root)?;
+        Ok((visible, t.elapsed().as_secs_f64() * 1e3))
+    };
+    let remove = |p: &Path| fs::remove_dir_all(p).map_err(io_err("remove", p));
+    let threads = topts.effective_threads();
+    let (mut base, mut treat, mut floor) = ([vec![], vec![]], [vec![], vec![]], [vec![], vec![]]);
+    let push = |side: &mut [Vec<f64>; 2], (v, c): (f64, f64)| {
+        side[0].push(v);
+        side[1].push(c);
+    };
     let mut methods = MethodCounts::default();
     let mut shared = None;
     for run in 0..opts.runs {
         let dst = root.join(format!("baseline-{}-{run}", shape.name));
-        sync(root)?;
-        let t = Instant::now();
-        let copied = naive_copy(src, &dst).map_err(io_err("naive copy to", &dst))?;
-        if opts.durable {
-            sync(root)?;
-        }
-        let b = t.elapsed().as_secs_f64() * 1e3;
-        fs::remove_dir_all(&dst).map_err(io_err("remove", &dst))?;
+        let mut copied = 0;
+        let b = timed(&mut || {
+            copied = naive_copy(src, &dst).map_err(io_err("naive copy to", &dst))?;
+            Ok(())
+        })?;
+        remove(&dst)?;
         if copied != shape.bytes() {
             return Err(BenchError::Verify(format!(
                 "baseline copied {copied} bytes, expected {}",
@@ -257,47 +273,77 @@ fn bench_shape(
         }
 
         let dst = root.join(format!("treatment-{}-{run}", shape.name));
-        sync(root)?;
-        let t = Instant::now();
-        let rep = materialize(src, &dst, topts)?;
-        if opts.durable {
-            sync(root)?;
-        }
-        let tr = t.elapsed().as_secs_f64() * 1e3;
+        let mut rep = None;
+        let tr = timed(&mut || {
+            rep = Some(materialize(src, &dst, topts)?);
+            Ok(())
+        })?;
+        let rep = rep.expect("set by the timed closure");
         let check = verify_treatment(&rep, shape, src, &dst, run == 0);
-        fs::remove_dir_all(&dst).map_err(io_err("remove", &dst))?;
+        remove(&dst)?;
         if let Some(s) = check? {
             shared = Some(s);
         }
         for m in rep.per_file.iter().map(|f| f.method) {
             methods.add(m);
         }
+
+        let dst = root.join(format!("floor-{}-{run}", shape.name));
+        let mut made = 0;
+        let fl = timed(&mut || {
+            made =
+                create_empty_tree(src, &dst, threads).map_err(io_err("create empty tree", &dst))?;
+            Ok(())
+        })?;
+        remove(&dst)?;
+        if made != shape.files {
+            return Err(BenchError::Verify(format!(
+                "floor created {made} files, expected {}",
+                shape.files
+            )));
+        }
+
         progress(&format!(
-            "{label}: {} run {}/{}: baseline {b:.1} ms, treatment {tr:.1} ms ({})",
+            "{label}: {} run {}/{}: visible/complete ms: baseline {:.1}/{:.1}, \
+             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}",
             shape.name,
             run + 1,
             opts.runs,
-            rep.by_method
+            b.0,
+            b.1,
+            tr.0,
+            tr.1,
+            rep.by_method,
+            fl.0,
+            fl.1
         ));
-        baseline_ms.push(b);
-        treatment_ms.push(tr);
+        push(&mut base, b);
+        push(&mut treat, tr);
+        push(&mut floor, fl);
     }
-    let (bm, tm) = (median(&baseline_ms), median(&treatment_ms));
+    let [bv, bc] = base;
+    let [tv, tc] = treat;
+    let [fv, fc] = floor;
+    let (baseline, treatment, floor) = (
+        SideTimes::new(bv, bc),
+        SideTimes::new(tv, tc),
+        SideTimes::new(fv, fc),
+    );
     Ok(ShapeResult {
         shape: shape.name.into(),
         files: shape.files,
         bytes: shape.bytes(),
-        baseline_ms,
-        treatment_ms,
-        baseline_median_ms: bm,
-        treatment_median_ms: tm,
-        speedup: bm / tm,
+        speedup_visible: baseline.visible_median_ms / treatment.visible_median_ms,
+        speedup_complete: baseline.complete_median_ms / treatment.complete_median_ms,
+        ceiling_visible: baseline.visible_median_ms / floor.visible_median_ms,
+        baseline,
+        treatment,
+        floor,
         treatment_method: methods.dominant(),
         treatment_methods: methods,
         shared_extents_verified: shared,
     })
 }
-
 /// Make sure the treatment really produced the tree (a fast wrong answer is
 /// not a speedup). On the first run also compare one file's bytes and, when
 /// it was reflinked, confirm with FIEMAP that its extents are shared.
@@ -339,29 +385,9 @@ fn verify_treatment(
     Ok(Some(shared))
 }
 
-fn median(xs: &[f64]) -> f64 {
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n == 0 {
-        f64::NAN
-    } else if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn medians() {
-        assert_eq!(median(&[5.0, 1.0, 3.0]), 3.0);
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
-        assert!(median(&[]).is_nan());
-    }
 
     #[test]
     fn rejects_too_few_runs_and_unknown_shapes() {
@@ -401,13 +427,18 @@ mod tests {
             (s.shape.as_str(), s.files, s.bytes),
             ("small_flat", 64, 64 * 1024)
         );
-        assert_eq!((s.baseline_ms.len(), s.treatment_ms.len()), (5, 5));
-        assert!(s
-            .baseline_ms
-            .iter()
-            .chain(&s.treatment_ms)
-            .all(|&x| x > 0.0));
-        assert!((s.speedup - s.baseline_median_ms / s.treatment_median_ms).abs() < 1e-9);
+        for side in [&s.baseline, &s.treatment, &s.floor] {
+            assert_eq!((side.visible_ms.len(), side.complete_ms.len()), (5, 5));
+            // Both clocks start together; complete also waited for syncfs.
+            for (v, c) in side.visible_ms.iter().zip(&side.complete_ms) {
+                assert!(*v > 0.0 && c >= v, "visible {v} ms, complete {c} ms");
+            }
+        }
+        let ratio = |a: &SideTimes, b: &SideTimes| a.visible_median_ms / b.visible_median_ms;
+        assert!((s.speedup_visible - ratio(&s.baseline, &s.treatment)).abs() < 1e-9);
+        assert!((s.ceiling_visible - ratio(&s.baseline, &s.floor)).abs() < 1e-9);
+        let complete = s.baseline.complete_median_ms / s.treatment.complete_median_ms;
+        assert!((s.speedup_complete - complete).abs() < 1e-9);
         let counted = s.treatment_methods.reflink
             + s.treatment_methods.copy_file_range
             + s.treatment_methods.copy;

@@ -1,8 +1,10 @@
-//! The trees the bench materializes, and the naive copy it compares against.
-use std::fs;
+//! The trees the bench materializes, the naive copy it compares against,
+//! and the inode-creation floor that bounds any per-file method.
+use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One generated tree: `files` files of `file_size` random bytes each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +129,52 @@ pub fn naive_copy(src: &Path, dst: &Path) -> io::Result<u64> {
     Ok(bytes)
 }
 
+/// The floor: create the tree's directories and one *empty* file per source
+/// file (same names and modes, no data, no times), with `threads` workers
+/// like the treatment. Any method that gives every file its own inode
+/// (reflink, copy_file_range, copy) pays at least this; only the bytes and
+/// the remaining metadata come on top. Returns the number of files created.
+pub fn create_empty_tree(src: &Path, dst: &Path, threads: usize) -> io::Result<usize> {
+    let mut files = Vec::new();
+    mirror_dirs(src, dst, &mut files)?;
+    let next = AtomicUsize::new(0);
+    let worker = || -> io::Result<()> {
+        while let Some((to, mode)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+            OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(*mode)
+                .open(to)?;
+        }
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(worker)).collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(io::Error::other("worker panicked")))
+        })
+    })?;
+    Ok(files.len())
+}
+
+/// Create `dst` and its subdirectories like `src`'s, collecting the
+/// regular files to create (destination path, mode).
+fn mirror_dirs(src: &Path, dst: &Path, files: &mut Vec<(PathBuf, u32)>) -> io::Result<()> {
+    fs::create_dir(dst)?;
+    for e in fs::read_dir(src)? {
+        let e = e?;
+        let ft = e.file_type()?;
+        let to = dst.join(e.file_name());
+        if ft.is_dir() {
+            mirror_dirs(&e.path(), &to, files)?;
+        } else if ft.is_file() {
+            files.push((to, e.metadata()?.permissions().mode() & 0o7777));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +215,14 @@ mod tests {
                 fs::read(src.join(&rel)).unwrap(),
                 fs::read(dst.join(&rel)).unwrap()
             );
+        }
+
+        let empty = t.path().join("empty");
+        assert_eq!(create_empty_tree(&src, &empty, 2).unwrap(), shape.files);
+        for i in 0..shape.files {
+            let m = fs::metadata(empty.join(file_path(&shape, i))).unwrap();
+            assert!(m.is_file());
+            assert_eq!(m.len(), 0);
         }
     }
 }
