@@ -58,11 +58,23 @@ struct BranchBench {
     bare_fork_ms: Summary,
     /// fork-mode pause p50 / bare fork p50.
     fork_pause_over_bare_fork: f64,
+    /// The same bare fork with that memory registered as a KVM memory slot (a VM
+    /// with no vCPUs): fork then also runs KVM's MMU-notifier invalidation over the
+    /// slot, which this host's KVM charges per guest page. The floor for forking a
+    /// process that owns a VM.
+    kvm_slot_fork_ms: Summary,
+    /// fork-mode pause p50 / KVM-slot fork p50.
+    fork_pause_over_kvm_slot_fork: f64,
 }
 
-/// fork(2) cost of a process holding `mem_mib` of populated THP memory and nothing else
-/// VM-related: the floor for a fork-based branch on this host.
-fn bare_fork_baseline(mem_mib: u64, iterations: usize) -> anyhow::Result<Vec<Duration>> {
+/// fork(2) cost of a process holding `mem_mib` of populated THP memory: the floor for a
+/// fork-based branch on this host. With `kvm_slot`, the memory is also registered as
+/// the memory slot of an otherwise empty KVM VM, isolating what KVM adds to fork.
+fn bare_fork_baseline(
+    mem_mib: u64,
+    iterations: usize,
+    kvm_slot: bool,
+) -> anyhow::Result<Vec<Duration>> {
     let len = (mem_mib << 20) as usize;
     // SAFETY: private anonymous mapping, unmapped below.
     let p = unsafe {
@@ -83,6 +95,21 @@ fn bare_fork_baseline(mem_mib: u64, iterations: usize) -> anyhow::Result<Vec<Dur
             (p as *mut u8).add(off).write_volatile(1);
         }
     }
+    let vm = if kvm_slot {
+        let vm = kvm_ioctls::Kvm::new()?.create_vm()?;
+        let region = kvm_bindings::kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: len as u64,
+            userspace_addr: p as u64,
+        };
+        // SAFETY: the mapping outlives the VM (dropped before the munmap below).
+        unsafe { vm.set_user_memory_region(region)? };
+        Some(vm)
+    } else {
+        None
+    };
     let mut out = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let t = Instant::now();
@@ -97,7 +124,8 @@ fn bare_fork_baseline(mem_mib: u64, iterations: usize) -> anyhow::Result<Vec<Dur
         // SAFETY: reaping our child.
         unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
     }
-    // SAFETY: unmapping what we mapped.
+    drop(vm);
+    // SAFETY: unmapping what we mapped; the VM using it is gone.
     unsafe { libc::munmap(p, len) };
     Ok(out)
 }
@@ -131,7 +159,9 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
         "baseline: bare fork(2) with {} MiB of populated THP memory...",
         args.mem_mib
     );
-    let bare = bare_fork_baseline(args.mem_mib, args.iterations)?;
+    let bare = bare_fork_baseline(args.mem_mib, args.iterations, false)?;
+    eprintln!("baseline: the same with the memory in a KVM memory slot...");
+    let kvm_slot = bare_fork_baseline(args.mem_mib, args.iterations, true)?;
     eprintln!(
         "booting a {} MiB probe VM and populating its memory...",
         args.mem_mib
@@ -193,7 +223,10 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
         })
         .collect();
     let bare_fork_ms = Summary::of(&bare);
+    let kvm_slot_fork_ms = Summary::of(&kvm_slot);
     let result = BranchBench {
+        fork_pause_over_kvm_slot_fork: modes[0].pause_ms.p50 / kvm_slot_fork_ms.p50,
+        kvm_slot_fork_ms,
         fork_pause_over_bare_fork: modes[0].pause_ms.p50 / bare_fork_ms.p50,
         bare_fork_ms,
         mem_mib: args.mem_mib,
@@ -240,6 +273,11 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
             result.mem_mib,
             ms(result.bare_fork_ms.p50),
             result.fork_pause_over_bare_fork
+        );
+        println!(
+            "baseline the same in a KVM memory slot: p50 {} ms; fork pause / that = {:.2}x",
+            ms(result.kvm_slot_fork_ms.p50),
+            result.fork_pause_over_kvm_slot_fork
         );
         println!("full/fork pause ratio {:.0}x", result.full_over_fork);
     }
