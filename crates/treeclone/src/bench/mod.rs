@@ -9,6 +9,8 @@
 //!   both sides alike. We report medians of `runs` runs of each.
 //! * Page cache: we cannot require dropping it, so both sides read a source
 //!   that is warm (just generated). That flatters the baseline, if anything.
+//! * An outside reference, GNU `cp -r --reflink=never` (when installed), is
+//!   timed the same way: the per-file copy people actually run.
 //! * Two clocks per run, from one start: *visible* stops when the call
 //!   returns (the baseline's bytes may sit in the page cache only), and
 //!   *complete* when a `syncfs` issued right after it returns (the side's
@@ -33,7 +35,7 @@ mod report;
 mod shapes;
 use report::{host_info, utc_now};
 pub use report::{BenchReport, FsResult, HostInfo, ShapeResult, SideTimes};
-pub use shapes::{create_empty_tree, generate, naive_copy, Shape, SHAPES};
+pub use shapes::{cp_reference, create_empty_tree, generate, naive_copy, Shape, SHAPES};
 
 /// Fewer runs than this make a median meaningless.
 pub const MIN_RUNS: usize = 5;
@@ -251,6 +253,7 @@ fn bench_shape(
     let remove = |p: &Path| fs::remove_dir_all(p).map_err(io_err("remove", p));
     let threads = topts.effective_threads();
     let (mut base, mut treat, mut floor) = ([vec![], vec![]], [vec![], vec![]], [vec![], vec![]]);
+    let mut cp = [vec![], vec![]];
     let push = |side: &mut [Vec<f64>; 2], (v, c): (f64, f64)| {
         side[0].push(v);
         side[1].push(c);
@@ -303,9 +306,23 @@ fn bench_shape(
             )));
         }
 
+        // The external reference; its --version probe is outside the timer.
+        let dst = root.join(format!("cp-{}-{run}", shape.name));
+        let mut ran = None;
+        let cpt = timed(&mut || {
+            ran = cp_reference(src, &dst)
+                .map(|r| r.map_err(io_err("cp -r --reflink=never to", &dst)))
+                .transpose()?;
+            Ok(())
+        })?;
+        if ran.is_some() {
+            remove(&dst)?;
+            push(&mut cp, cpt);
+        }
+
         progress(&format!(
             "{label}: {} run {}/{}: visible/complete ms: baseline {:.1}/{:.1}, \
-             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}",
+             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}, cp -r {}",
             shape.name,
             run + 1,
             opts.runs,
@@ -315,7 +332,12 @@ fn bench_shape(
             tr.1,
             rep.by_method,
             fl.0,
-            fl.1
+            fl.1,
+            if ran.is_some() {
+                format!("{:.1}/{:.1}", cpt.0, cpt.1)
+            } else {
+                "n/a (no GNU cp)".into()
+            }
         ));
         push(&mut base, b);
         push(&mut treat, tr);
@@ -324,6 +346,8 @@ fn bench_shape(
     let [bv, bc] = base;
     let [tv, tc] = treat;
     let [fv, fc] = floor;
+    let [cv, cc] = cp;
+    let cp = (!cv.is_empty()).then(|| SideTimes::new(cv, cc));
     let (baseline, treatment, floor) = (
         SideTimes::new(bv, bc),
         SideTimes::new(tv, tc),
@@ -336,6 +360,13 @@ fn bench_shape(
         speedup_visible: baseline.visible_median_ms / treatment.visible_median_ms,
         speedup_complete: baseline.complete_median_ms / treatment.complete_median_ms,
         ceiling_visible: baseline.visible_median_ms / floor.visible_median_ms,
+        cp_speedup: cp.as_ref().map(|c| {
+            [
+                c.visible_median_ms / treatment.visible_median_ms,
+                c.complete_median_ms / treatment.complete_median_ms,
+            ]
+        }),
+        cp,
         baseline,
         treatment,
         floor,
@@ -439,12 +470,23 @@ mod tests {
         assert!((s.ceiling_visible - ratio(&s.baseline, &s.floor)).abs() < 1e-9);
         let complete = s.baseline.complete_median_ms / s.treatment.complete_median_ms;
         assert!((s.speedup_complete - complete).abs() < 1e-9);
+        // The cp reference runs every time GNU cp is installed (it is on Debian).
+        let probe = work.path().join("probe");
+        fs::create_dir(&probe).unwrap();
+        let cp_here = cp_reference(&probe, &work.path().join("probe-copy")).is_some();
+        assert_eq!(s.cp.is_some(), cp_here);
+        assert_eq!(s.cp_speedup.is_some(), cp_here);
+        if let Some(cp) = &s.cp {
+            assert_eq!((cp.visible_ms.len(), cp.complete_ms.len()), (5, 5));
+        }
         let counted = s.treatment_methods.reflink
             + s.treatment_methods.copy_file_range
             + s.treatment_methods.copy;
         assert_eq!(counted, 5 * 64);
         assert!(lines.iter().any(|l| l.contains("run 5/5")));
-        // Scratch trees are cleaned up.
+        // Scratch trees are cleaned up (only our probe dirs remain).
+        let _ = fs::remove_dir_all(&probe);
+        let _ = fs::remove_dir_all(work.path().join("probe-copy"));
         let left: Vec<_> = fs::read_dir(work.path()).unwrap().collect();
         assert!(left.is_empty(), "bench left {left:?} behind");
         assert!(rep.to_string().contains("small_flat"));

@@ -71,6 +71,11 @@ pub struct ShapeResult {
     pub speedup_visible: f64,
     /// baseline / treatment, complete medians.
     pub speedup_complete: f64,
+    /// GNU `cp -r --reflink=never`, timed like the other sides; None
+    /// without GNU cp.
+    pub cp: Option<SideTimes>,
+    /// cp / treatment medians: [visible, complete].
+    pub cp_speedup: Option<[f64; 2]>,
     /// baseline / floor, visible medians: no method that creates one inode
     /// per file can beat the baseline by more than this in this comparison.
     pub ceiling_visible: f64,
@@ -175,7 +180,7 @@ impl fmt::Display for BenchReport {
         )?;
         writeln!(
             f,
-            "treatment: {}\nbaseline:  {}\nfloor:     {}\n\
+            "treatment: {}\nbaseline:  {}\nfloor:     {}\ncp -r:     GNU cp -r --reflink=never (outside reference)\n\
              median of {} interleaved runs per side; syncfs (untimed) before every run.\n\
              visible = until the call returns (data may be in page cache only);\n\
              complete = until a syncfs right after it returns (that side's writeback included).\n\
@@ -188,62 +193,103 @@ impl fmt::Display for BenchReport {
                 writeln!(f, "{}: skipped: {why}", fsr.label)?;
                 continue;
             }
-            writeln!(f, "{}, until visible:", fsr.label)?;
-            writeln!(
-                f,
-                "  {:<12} {:>6} {:>7} {:>12} {:>13} {:>8} {:>9} {:>8}  {:<16} shared extents",
-                "shape",
-                "files",
-                "MiB",
-                "baseline ms",
-                "treatment ms",
-                "speedup",
-                "floor ms",
-                "ceiling",
-                "method"
-            )?;
-            for s in &fsr.shapes {
-                writeln!(
-                    f,
-                    "  {:<12} {:>6} {:>7.1} {:>12.1} {:>13.1} {:>7.1}x {:>9.1} {:>7.1}x  {:<16} {}",
-                    s.shape,
-                    s.files,
-                    s.bytes as f64 / (1 << 20) as f64,
-                    s.baseline.visible_median_ms,
-                    s.treatment.visible_median_ms,
-                    s.speedup_visible,
-                    s.floor.visible_median_ms,
-                    s.ceiling_visible,
-                    s.treatment_method.map_or("-", FileMethod::as_str),
-                    match s.shared_extents_verified {
-                        Some(true) => "yes (FIEMAP)",
-                        Some(false) => "NO",
-                        None => "n/a",
-                    }
-                )?;
-            }
-            writeln!(f, "{}, until complete (synced):", fsr.label)?;
-            writeln!(
-                f,
-                "  {:<12} {:>6} {:>7} {:>12} {:>13} {:>8} {:>9}",
-                "shape", "files", "MiB", "baseline ms", "treatment ms", "speedup", "floor ms"
-            )?;
-            for s in &fsr.shapes {
-                writeln!(
-                    f,
-                    "  {:<12} {:>6} {:>7.1} {:>12.1} {:>13.1} {:>7.1}x {:>9.1}",
-                    s.shape,
-                    s.files,
-                    s.bytes as f64 / (1 << 20) as f64,
-                    s.baseline.complete_median_ms,
-                    s.treatment.complete_median_ms,
-                    s.speedup_complete,
-                    s.floor.complete_median_ms,
-                )?;
+            for clock in [Clock::Visible, Clock::Complete] {
+                write_table(f, &fsr.label, &fsr.shapes, clock)?;
             }
         }
         Ok(())
     }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Clock {
+    Visible,
+    Complete,
+}
+
+impl Clock {
+    fn median(self, side: &SideTimes) -> f64 {
+        match self {
+            Clock::Visible => side.visible_median_ms,
+            Clock::Complete => side.complete_median_ms,
+        }
+    }
+}
+
+/// One table per filesystem and clock. Only the visible table has the
+/// ceiling, method and FIEMAP columns (they do not depend on the clock).
+fn write_table(
+    f: &mut fmt::Formatter<'_>,
+    label: &str,
+    shapes: &[ShapeResult],
+    clock: Clock,
+) -> fmt::Result {
+    let visible = clock == Clock::Visible;
+    let title = if visible {
+        "until visible"
+    } else {
+        "until complete (synced)"
+    };
+    writeln!(f, "{label}, {title}:")?;
+    write!(
+        f,
+        "  {:<12} {:>6} {:>7} {:>12} {:>13} {:>8} {:>9} {:>9} {:>7}",
+        "shape",
+        "files",
+        "MiB",
+        "baseline ms",
+        "treatment ms",
+        "speedup",
+        "floor ms",
+        "cp -r ms",
+        "vs cp"
+    )?;
+    if visible {
+        write!(f, " {:>8}  {:<16} shared extents", "ceiling", "method")?;
+    }
+    writeln!(f)?;
+    for s in shapes {
+        let (cp_ms, vs_cp) = match (&s.cp, s.cp_speedup) {
+            (Some(cp), Some([v, c])) => (
+                format!("{:.1}", clock.median(cp)),
+                format!("{:.1}x", if visible { v } else { c }),
+            ),
+            _ => ("n/a".into(), "n/a".into()),
+        };
+        let speedup = if visible {
+            s.speedup_visible
+        } else {
+            s.speedup_complete
+        };
+        write!(
+            f,
+            "  {:<12} {:>6} {:>7.1} {:>12.1} {:>13.1} {:>7.1}x {:>9.1} {:>9} {:>7}",
+            s.shape,
+            s.files,
+            s.bytes as f64 / (1 << 20) as f64,
+            clock.median(&s.baseline),
+            clock.median(&s.treatment),
+            speedup,
+            clock.median(&s.floor),
+            cp_ms,
+            vs_cp,
+        )?;
+        if visible {
+            write!(
+                f,
+                " {:>7.1}x  {:<16} {}",
+                s.ceiling_visible,
+                s.treatment_method.map_or("-", FileMethod::as_str),
+                match s.shared_extents_verified {
+                    Some(true) => "yes (FIEMAP)",
+                    Some(false) => "NO",
+                    None => "n/a",
+                }
+            )?;
+        }
+        writeln!(f)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
