@@ -15,7 +15,8 @@ use crate::error::{Error, Result};
 use crate::model::{CgroupReport, Limits, Origin, SnapshotKind};
 use crate::runtime::{SnapshotData, VmRecord};
 
-const SCHEMA_VERSION: i64 = 1;
+/// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`.
+const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -33,7 +34,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     vm TEXT,
     depends_on TEXT NOT NULL,
     exit_reason TEXT,
-    exited_at INTEGER
+    exited_at INTEGER,
+    ttl_secs INTEGER,
+    expires_at INTEGER
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -49,6 +52,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     implicit INTEGER NOT NULL,
     data TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS sandboxes_expires_at ON sandboxes (expires_at)
+    WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS images (
     sha256 TEXT PRIMARY KEY,
     name TEXT NOT NULL,
@@ -77,6 +82,11 @@ pub struct SandboxRow {
     pub depends_on: Vec<String>,
     pub exit_reason: Option<String>,
     pub exited_at: Option<u64>,
+    /// Time-to-live in seconds: children inherit it, and a TTL change resets
+    /// `expires_at` to now + this.
+    pub ttl_secs: Option<u64>,
+    /// Unix seconds after which the reaper deletes the sandbox.
+    pub expires_at: Option<u64>,
 }
 
 /// A snapshot as stored.
@@ -110,6 +120,29 @@ fn from_json<T: DeserializeOwned>(idx: usize, text: String) -> rusqlite::Result<
     })
 }
 
+/// Columns added after version 1, with their types (all nullable, so old
+/// rows read back as "no TTL").
+const SANDBOX_COLUMNS_SINCE_V2: &[(&str, &str)] =
+    &[("ttl_secs", "INTEGER"), ("expires_at", "INTEGER")];
+
+fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
+    let existing: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    if existing.is_empty() {
+        // No such table yet: SCHEMA creates it with every column.
+        return Ok(());
+    }
+    for (name, ty) in columns {
+        if !existing.iter().any(|c| c == name) {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {ty}"))?;
+            tracing::info!("state database: added {table}.{name}");
+        }
+    }
+    Ok(())
+}
+
 impl Db {
     pub fn open(path: &Path) -> Result<Db> {
         let conn = Connection::open(path)?;
@@ -123,6 +156,10 @@ impl Db {
                 path.display()
             )));
         }
+        // A database from before TTLs gets the new columns before SCHEMA
+        // runs: CREATE TABLE IF NOT EXISTS leaves an existing table as it
+        // was, and SCHEMA's index needs the columns.
+        add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V2)?;
         conn.execute_batch(SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Db {
@@ -163,8 +200,9 @@ impl Db {
     fn put_sandbox_on(conn: &Connection, s: &SandboxRow) -> Result<()> {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
-                vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
+                ttl_secs, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             params![
                 s.id,
                 s.name,
@@ -181,6 +219,8 @@ impl Db {
                 to_json(&s.depends_on),
                 s.exit_reason,
                 s.exited_at.map(|t| t as i64),
+                s.ttl_secs.map(|t| t as i64),
+                s.expires_at.map(|t| t as i64),
             ],
         )?;
         Ok(())
@@ -206,11 +246,13 @@ impl Db {
             depends_on: from_json(12, r.get(12)?)?,
             exit_reason: r.get(13)?,
             exited_at: r.get::<_, Option<i64>>(14)?.map(|t| t as u64),
+            ttl_secs: r.get::<_, Option<i64>>(15)?.map(|t| t as u64),
+            expires_at: r.get::<_, Option<i64>>(16)?.map(|t| t as u64),
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
-        created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at";
+        created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);
@@ -228,6 +270,18 @@ impl Db {
         let conn = self.conn();
         let mut stmt = conn.prepare(&sql)?;
         let rows = stmt.query_map([], Self::sandbox_from_row)?;
+        Ok(rows.collect::<rusqlite::Result<_>>()?)
+    }
+
+    /// Sandboxes whose deadline is `now` or earlier, soonest first.
+    pub fn expired_sandboxes(&self, now: u64) -> Result<Vec<SandboxRow>> {
+        let sql = format!(
+            "SELECT {} FROM sandboxes WHERE expires_at <= ?1 ORDER BY expires_at, id",
+            Self::SANDBOX_COLS
+        );
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&sql)?;
+        let rows = stmt.query_map([now as i64], Self::sandbox_from_row)?;
         Ok(rows.collect::<rusqlite::Result<_>>()?)
     }
 
@@ -340,5 +394,66 @@ impl Db {
             params![sha256, name, path.display().to_string(), now as i64],
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sandboxes table as schema version 1 created it.
+    const SANDBOXES_V1: &str = "
+        CREATE TABLE sandboxes (
+            id TEXT PRIMARY KEY, name TEXT, state TEXT NOT NULL, runtime TEXT NOT NULL,
+            origin TEXT NOT NULL, hostname TEXT NOT NULL, mem_mib INTEGER NOT NULL,
+            vcpus INTEGER NOT NULL, created_at INTEGER NOT NULL, limits TEXT NOT NULL,
+            cgroup TEXT NOT NULL, vm TEXT, depends_on TEXT NOT NULL, exit_reason TEXT,
+            exited_at INTEGER
+        );
+        INSERT INTO sandboxes VALUES ('sb-old', 'old', 'running', 'qemu',
+            '{\"image\":{\"name\":\"minimal\",\"sha256\":\"ab\"}}', 'old', 256, 1, 100,
+            '{}', '{\"path\":null,\"applied\":[],\"not_applied\":{}}', NULL, '[]', NULL, NULL);
+        PRAGMA user_version = 1;";
+
+    fn columns(db: &Db) -> Vec<String> {
+        let conn = db.conn();
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info('sandboxes')")
+            .unwrap();
+        let names = stmt.query_map([], |r| r.get(0)).unwrap();
+        names.collect::<rusqlite::Result<_>>().unwrap()
+    }
+
+    #[test]
+    fn a_version_1_database_gains_the_ttl_columns_and_keeps_its_rows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("zygote.db");
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch(SANDBOXES_V1)
+            .unwrap();
+
+        let db = Db::open(&path).unwrap();
+        let cols = columns(&db);
+        assert!(
+            cols.iter().any(|c| c == "ttl_secs") && cols.iter().any(|c| c == "expires_at"),
+            "{cols:?}"
+        );
+        let mut old = db.sandbox("sb-old").unwrap().expect("the old row");
+        assert_eq!((old.name.as_deref(), old.created_at), (Some("old"), 100));
+        assert_eq!((old.ttl_secs, old.expires_at), (None, None));
+        assert!(db.expired_sandboxes(u64::MAX).unwrap().is_empty());
+
+        old.ttl_secs = Some(30);
+        old.expires_at = Some(130);
+        db.put_sandbox(&old).unwrap();
+        drop(db);
+        // Reopening (now version 2) changes nothing and keeps the deadline.
+        let db = Db::open(&path).unwrap();
+        assert_eq!(columns(&db).len(), cols.len());
+        assert!(db.expired_sandboxes(129).unwrap().is_empty());
+        let due = db.expired_sandboxes(130).unwrap();
+        assert_eq!(due.len(), 1);
+        assert_eq!((due[0].ttl_secs, due[0].expires_at), (Some(30), Some(130)));
     }
 }

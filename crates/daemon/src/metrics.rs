@@ -56,6 +56,8 @@ pub struct Metrics {
     pub branch: Histogram,
     pub exec: Histogram,
     pub boot: Histogram,
+    /// Sandboxes the reaper deleted because their TTL ran out.
+    pub expired: AtomicU64,
 }
 
 impl Metrics {
@@ -77,6 +79,12 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP zygote_snapshots Snapshots (incl. branch points).\n# TYPE zygote_snapshots gauge\nzygote_snapshots {snapshots}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP zygote_sandboxes_expired_total Sandboxes deleted because their TTL ran out.\n\
+             # TYPE zygote_sandboxes_expired_total counter\nzygote_sandboxes_expired_total {}",
+            self.expired.load(Ordering::Relaxed)
         );
         self.branch.render(
             &mut out,
@@ -140,5 +148,20 @@ mod tests {
         assert!(out.contains("x_bucket{le=\"2.5\"} 2"));
         assert!(out.contains("x_bucket{le=\"+Inf\"} 2"));
         assert!(out.contains("x_count 2"));
+    }
+
+    #[test]
+    fn expired_sandboxes_are_counted() {
+        let m = Metrics::default();
+        assert!(m
+            .render(&[], 0)
+            .contains("\nzygote_sandboxes_expired_total 0\n"));
+        m.expired.fetch_add(2, Ordering::Relaxed);
+        let out = m.render(&[], 0);
+        assert!(out.contains("# TYPE zygote_sandboxes_expired_total counter\n"));
+        assert!(
+            out.contains("\nzygote_sandboxes_expired_total 2\n"),
+            "{out}"
+        );
     }
 }

@@ -126,6 +126,7 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     let manager = Arc::new(Manager::new(db, selected.runtime, info, cgroups, dirs));
     manager.reattach_all().await?;
     tokio::spawn(manager.clone().watch());
+    tokio::spawn(manager.clone().reap_expired());
     Ok(AppState {
         manager,
         token: Arc::new(token),

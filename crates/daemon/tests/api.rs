@@ -67,6 +67,13 @@ async fn auth_validation_and_documents() {
         .unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
     assert!(doc["paths"]["/v1/sandboxes/{id}/branch"]["post"].is_object());
+    assert!(doc["paths"]["/v1/sandboxes/{id}/ttl"]["put"].is_object());
+    for field in ["ttl_secs", "expires_at"] {
+        assert!(
+            doc["components"]["schemas"]["Sandbox"]["properties"][field].is_object(),
+            "Sandbox.{field} documented"
+        );
+    }
     for c in [&anon, &Client::new(&d.url, Some("wrong".into())).unwrap()] {
         assert_eq!(
             status_code(c, Method::GET, "/v1/info", None).await,
@@ -167,6 +174,55 @@ async fn auth_validation_and_documents() {
             Method::POST,
             "/v1/sandboxes",
             Some(r#"{}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/sandboxes",
+            Some(r#"{"image":"minimal","ttl_secs":0}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::POST,
+            "/v1/sandboxes",
+            Some(r#"{"image":"minimal","ttl_secs":604801}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/sandboxes/sb-none/ttl",
+            Some(r#"{"ttl_secs":0}"#),
+            400,
+            "invalid_argument",
+        ),
+        (
+            Method::PUT,
+            "/v1/sandboxes/sb-none/ttl",
+            Some(r#"{}"#),
+            400,
+            "malformed_body",
+        ),
+        (
+            Method::PUT,
+            "/v1/sandboxes/sb-none/ttl",
+            Some(r#"{"ttl_secs":null}"#),
+            404,
+            "not_found",
+        ),
+        (
+            Method::PUT,
+            "/v1/sandboxes/sb-none/ttl",
+            Some(r#"{"ttl_secs":60}"#),
+            404,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            "/v1/sandboxes/sb-none/branch",
+            Some(r#"{"ttl_secs":0}"#),
             400,
             "invalid_argument",
         ),

@@ -74,6 +74,7 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/v1/sandboxes", sandboxes::create)
         .add(Method::GET, "/v1/sandboxes/{id}", sandboxes::get)
         .add(Method::DELETE, "/v1/sandboxes/{id}", sandboxes::delete)
+        .add(Method::PUT, "/v1/sandboxes/{id}/ttl", sandboxes::set_ttl)
         .add(Method::POST, "/v1/sandboxes/{id}/branch", sandboxes::branch)
         .add(
             Method::POST,
@@ -236,7 +237,7 @@ impl utoipa::Modify for BearerAuth {
         system::healthz, system::metrics, system::openapi, system::info,
         system::list_images, system::build_image,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
-        sandboxes::branch, sandboxes::restore, sandboxes::logs,
+        sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
         guest::exec, guest::exec_stream, guest::read_file, guest::write_file, guest::list_dir,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
     ),

@@ -7,6 +7,7 @@ use super::{ApiJson, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
     BranchRequest, BranchResponse, CreateSandboxRequest, RestoreRequest, Sandbox, SandboxList,
+    SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -45,6 +46,20 @@ pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<J
 pub async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
     st.manager.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/ttl", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = SetTtlRequest,
+    responses((status = 200, description = "The sandbox with its new deadline (now + ttl_secs) or none", body = Sandbox),
+              (status = 400, description = "Invalid ttl_secs", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody)))]
+pub async fn set_ttl(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SetTtlRequest>,
+) -> Result<Json<Sandbox>> {
+    Ok(Json(st.manager.set_ttl(&id, req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes",

@@ -8,6 +8,7 @@
 mod guest;
 mod ops;
 mod startup;
+mod ttl;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -181,6 +182,8 @@ impl Manager {
             depends_on: r.depends_on.clone(),
             exit_reason: r.exit_reason.clone(),
             exited_at: r.exited_at,
+            ttl_secs: r.ttl_secs,
+            expires_at: r.expires_at,
         }
     }
 
@@ -283,6 +286,9 @@ impl Manager {
                 depends_on: depends_on.clone(),
                 exit_reason: None,
                 exited_at: None,
+                ttl_secs: req.ttl_secs,
+                // Set once running, so a slow boot does not eat into the TTL.
+                expires_at: None,
             };
             let this = self.clone();
             let source = source.clone();
@@ -363,6 +369,7 @@ impl Manager {
                 self.metrics.boot.observe(started.elapsed());
                 row.vm = Some(vm);
                 row.state = STATE_RUNNING.into();
+                row.expires_at = row.ttl_secs.map(ttl::deadline_after);
                 self.db.put_sandbox(&row)?;
                 tracing::info!(
                     "sandbox {} running ({:.1}s)",
@@ -403,8 +410,22 @@ impl Manager {
 
     /// Kills the VM and removes everything the sandbox owns.
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
+        self.delete_if(id, |_| true).await.map(|_| ())
+    }
+
+    /// [`Manager::delete`] if `condition` holds for the sandbox as it is
+    /// once locked (the reaper re-checks the deadline there, as the TTL may
+    /// have changed since it looked); returns whether it was deleted.
+    pub(crate) async fn delete_if(
+        self: &Arc<Self>,
+        id: &str,
+        condition: impl FnOnce(&SandboxRow) -> bool,
+    ) -> Result<bool> {
         let _guard = self.lock(id).await;
         let row = self.sandbox_row(id)?;
+        if !condition(&row) {
+            return Ok(false);
+        }
         if let Some(vm) = row.vm.clone() {
             let rt = self.runtime.clone();
             self.blocking(move || rt.destroy(&vm)).await?;
@@ -414,7 +435,7 @@ impl Manager {
         self.forget(id);
         tracing::info!("sandbox {id} deleted");
         self.collect_garbage()?;
-        Ok(())
+        Ok(true)
     }
 
     /// A connected agent client for a running sandbox (cached).

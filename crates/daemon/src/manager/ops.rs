@@ -125,6 +125,10 @@ impl Manager {
                 depends_on: deps.clone(),
                 exit_reason: None,
                 exited_at: None,
+                // Children of an expiring sandbox expire too (each counted
+                // from its own start), so a fan-out cannot leak.
+                ttl_secs: req.ttl_secs.or(parent.ttl_secs),
+                expires_at: None,
             };
             // Placeholder source: the runtime substitutes the branch point.
             let spec = self.prepare(&mut child, BootSource::Image(Default::default()))?;
@@ -174,6 +178,7 @@ impl Manager {
                 Ok(vm) => {
                     child.vm = Some(vm);
                     child.state = STATE_RUNNING.into();
+                    child.expires_at = child.ttl_secs.map(super::ttl::deadline_after);
                 }
                 Err(e) => failure = failure.or(Some(e)),
             }

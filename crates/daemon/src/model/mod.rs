@@ -8,6 +8,9 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod ttl;
+pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
+
 /// Limits on what one request may ask for.
 pub const MAX_FAN_OUT: u32 = 16;
 /// Guest RAM when a create request names none.
@@ -55,7 +58,12 @@ pub fn validate_guest_path(path: &str) -> Result<()> {
     Ok(())
 }
 
-fn in_range<T: PartialOrd + std::fmt::Display>(what: &str, v: T, lo: T, hi: T) -> Result<()> {
+pub(crate) fn in_range<T: PartialOrd + std::fmt::Display>(
+    what: &str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<()> {
     if v < lo || v > hi {
         return Err(Error::invalid(format!(
             "{what} must be in {lo}..={hi}, got {v}"
@@ -116,6 +124,9 @@ pub struct CreateSandboxRequest {
     pub vcpus: Option<u32>,
     #[serde(default)]
     pub limits: Limits,
+    /// Delete the sandbox this many seconds after it is running (1..=604800); none by default.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
 }
 
 impl Validate for CreateSandboxRequest {
@@ -147,6 +158,7 @@ impl Validate for CreateSandboxRequest {
                 "mem_mib and vcpus come from the snapshot; leave them out",
             ));
         }
+        ttl::validate_ttl(self.ttl_secs)?;
         self.limits.validate()
     }
 }
@@ -202,6 +214,10 @@ pub struct Sandbox {
     /// Why the VM stopped, when state is `dead`.
     pub exit_reason: Option<String>,
     pub exited_at: Option<u64>,
+    /// Seconds the sandbox lives once running (null: until deleted).
+    pub ttl_secs: Option<u64>,
+    /// When the daemon deletes it (unix seconds, like `created_at`; null: never).
+    pub expires_at: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -331,10 +347,14 @@ pub struct BranchRequest {
     /// Number of children, 1..=16.
     #[serde(default)]
     pub count: Option<u32>,
+    /// Children's time-to-live; when absent they get the parent's `ttl_secs`.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
 }
 
 impl Validate for BranchRequest {
     fn validate(&self) -> Result<()> {
+        ttl::validate_ttl(self.ttl_secs)?;
         in_range("count", self.count.unwrap_or(1), 1, MAX_BRANCH_COUNT)
     }
 }

@@ -1,0 +1,121 @@
+//! Sandbox time-to-live: changing it, and the reaper that deletes sandboxes
+//! whose deadline passed (agents crash without deleting what they made).
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::MissedTickBehavior;
+
+use super::{now, Manager};
+use crate::db::SandboxRow;
+use crate::error::{Error, Result};
+use crate::model::{Sandbox, SetTtlRequest, Validate};
+
+/// How often the reaper looks: deadlines are whole seconds, so a sandbox
+/// outlives its deadline by at most about this.
+const REAP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The unix second `ttl_secs` from now, rounded up so that a sandbox never
+/// lives less than its TTL.
+pub(crate) fn deadline_after(ttl_secs: u64) -> u64 {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    since_epoch.as_secs() + u64::from(since_epoch.subsec_nanos() > 0) + ttl_secs
+}
+
+fn is_due(row: &SandboxRow, now: u64) -> bool {
+    row.expires_at.is_some_and(|deadline| deadline <= now)
+}
+
+impl Manager {
+    /// Sets (deadline = now + `ttl_secs`) or removes a sandbox's TTL.
+    pub async fn set_ttl(&self, id: &str, req: SetTtlRequest) -> Result<Sandbox> {
+        req.validate()?;
+        // The sandbox lock orders this against the reaper's delete: either
+        // the delete happens first (404 here) or the reaper sees the new deadline.
+        let _guard = self.lock(id).await;
+        let mut row = self.sandbox_row(id)?;
+        row.ttl_secs = req.ttl_secs;
+        row.expires_at = req.ttl_secs.map(deadline_after);
+        self.db.put_sandbox(&row)?;
+        tracing::info!(
+            sandbox = %row.id,
+            ttl_secs = ?row.ttl_secs,
+            expires_at = ?row.expires_at,
+            "TTL changed"
+        );
+        Ok(self.view(&row))
+    }
+
+    /// The reaper: runs for the daemon's lifetime. Deadlines live in the
+    /// database, so a restarted daemon honours those set before it.
+    pub async fn reap_expired(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(REAP_INTERVAL);
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.reap_once().await;
+        }
+    }
+
+    /// Deletes every sandbox that is due. Failures are logged and the
+    /// sandbox stays due, so the next tick retries it.
+    async fn reap_once(self: &Arc<Self>) {
+        let now = now();
+        let due = match self.db.expired_sandboxes(now) {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::warn!("reaper: listing expired sandboxes: {e}");
+                return;
+            }
+        };
+        for row in due {
+            // Its own task, so that even a panic while deleting one sandbox
+            // ends only that attempt, not the reaper.
+            let attempt = tokio::spawn({
+                let this = self.clone();
+                let id = row.id.clone();
+                // Re-checked under the sandbox lock: the TTL may have been
+                // changed or removed since the query.
+                async move { this.delete_if(&id, |r| is_due(r, now)).await }
+            });
+            match attempt.await {
+                Ok(Ok(true)) => {
+                    self.metrics.expired.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        sandbox = %row.id,
+                        name = row.name.as_deref().unwrap_or(""),
+                        expires_at = ?row.expires_at,
+                        "sandbox expired and was deleted"
+                    );
+                }
+                // Given a new TTL, or deleted by someone else meanwhile.
+                Ok(Ok(false)) | Ok(Err(Error::NotFound { .. })) => {}
+                Ok(Err(e)) => tracing::warn!(
+                    sandbox = %row.id,
+                    "reaper: deleting the expired sandbox failed (retrying): {e}"
+                ),
+                Err(e) => tracing::error!(
+                    sandbox = %row.id,
+                    "reaper: deleting the expired sandbox panicked (retrying): {e}"
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_round_up_to_whole_seconds() {
+        let before = now();
+        let deadline = deadline_after(5);
+        assert!(
+            (before + 5..=before + 7).contains(&deadline),
+            "{before} -> {deadline}"
+        );
+    }
+}
