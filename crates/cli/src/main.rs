@@ -50,6 +50,8 @@ enum Command {
     Ps(commands::ps::PsArgs),
     /// Kill and remove sandboxes (daemon).
     Rm(commands::rm::RmArgs),
+    /// Set (`SECS`, from now) or clear (`none`) a sandbox's time-to-live (daemon).
+    Ttl(commands::ttl::TtlArgs),
     /// List images the daemon can boot, or build one (daemon).
     Images(commands::images::ImagesArgs),
     /// A sandbox's console output (daemon).
@@ -81,6 +83,7 @@ fn main() {
         Command::Restore(args) => commands::restore::run(args),
         Command::Ps(args) => commands::ps::run(args),
         Command::Rm(args) => commands::rm::run(args),
+        Command::Ttl(args) => commands::ttl::run(args),
         Command::Images(args) => commands::images::run(args),
         Command::Logs(args) => commands::logs::run(args),
     };

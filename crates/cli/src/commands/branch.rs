@@ -12,6 +12,9 @@ pub struct BranchArgs {
     /// Number of children.
     #[arg(long, short = 'c', default_value_t = 1)]
     count: u32,
+    /// Children's TTL in seconds (default: the parent's).
+    #[arg(long, value_name = "SECS")]
+    ttl: Option<u64>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -24,7 +27,7 @@ pub fn run(args: BranchArgs) -> anyhow::Result<i32> {
     let res: Result<BranchResponse, _> = block_on(client.json(
         Method::POST,
         &format!("/v1/sandboxes/{}/branch", args.id),
-        Some(&json!({"count": args.count})),
+        Some(&json!({"count": args.count, "ttl_secs": args.ttl})),
     ));
     if let Some(pb) = pb {
         pb.finish_and_clear();

@@ -3,7 +3,7 @@ use serde_json::json;
 use zygote_daemon::client::{block_on, Method};
 use zygote_daemon::model::SandboxList;
 
-use super::daemon_client::{age, print_json, print_table, spinner, ApiArgs};
+use super::daemon_client::{age, expires_in, print_json, print_table, spinner, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct CreateArgs {
@@ -32,6 +32,10 @@ pub struct CreateArgs {
     /// cgroup pids.max.
     #[arg(long)]
     pids_limit: Option<u64>,
+    /// Delete the sandbox(es) this many seconds after they are running
+    /// (change it later with `zygote ttl`).
+    #[arg(long, value_name = "SECS")]
+    ttl: Option<u64>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -52,6 +56,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
         ("name", args.name.as_ref().map(|n| json!(n))),
         ("mem_mib", args.mem_mib.map(|m| json!(m))),
         ("vcpus", args.vcpus.map(|v| json!(v))),
+        ("ttl_secs", args.ttl.map(|t| json!(t))),
     ] {
         if let Some(v) = v {
             body[k] = v;
@@ -87,10 +92,11 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
                 s.state.clone(),
                 s.pid.map(|p| p.to_string()).unwrap_or_default(),
                 age(s.created_at),
+                expires_in(s.expires_at),
             ]
         })
         .collect();
-    print_table(&["ID", "NAME", "STATE", "PID", "AGE"], &rows);
+    print_table(&["ID", "NAME", "STATE", "PID", "AGE", "EXPIRES"], &rows);
     for s in &made.sandboxes {
         for (limit, why) in &s.cgroup.not_applied {
             eprintln!("zygote: {}: {limit} not applied: {why}", s.id);

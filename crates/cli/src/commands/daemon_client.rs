@@ -84,16 +84,48 @@ pub fn spinner(msg: &str) -> indicatif::ProgressBar {
 }
 
 /// "3m ago"-style age of a Unix timestamp.
-pub fn age(unix: u64) -> String {
-    let now = std::time::SystemTime::now()
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
-        .unwrap_or(unix);
-    let s = now.saturating_sub(unix);
+        .unwrap_or_default()
+}
+
+/// A duration in its largest whole unit: `42s`, `5m`, `3h`, `2d`.
+fn span(s: u64) -> String {
     match s {
         0..=59 => format!("{s}s"),
         60..=3599 => format!("{}m", s / 60),
         3600..=86399 => format!("{}h", s / 3600),
         _ => format!("{}d", s / 86400),
+    }
+}
+
+pub fn age(unix: u64) -> String {
+    span(unix_now().saturating_sub(unix))
+}
+
+/// Time left until a sandbox's TTL deadline: `in 5m`, `due` once passed
+/// (the daemon deletes it within a second or so), `-` without a TTL.
+pub fn expires_in(expires_at: Option<u64>) -> String {
+    match expires_at {
+        None => "-".into(),
+        Some(t) if t <= unix_now() => "due".into(),
+        Some(t) => format!("in {}", span(t - unix_now())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_and_expiry() {
+        assert_eq!(span(59), "59s");
+        assert_eq!(span(60), "1m");
+        assert_eq!(span(2 * 86400), "2d");
+        assert_eq!(expires_in(None), "-");
+        assert_eq!(expires_in(Some(1)), "due");
+        assert_eq!(expires_in(Some(unix_now() + 7200)), "in 2h");
     }
 }

@@ -22,5 +22,6 @@ pub mod rm;
 pub mod run;
 pub mod serve;
 pub mod snapshot;
+pub mod ttl;
 pub mod vm;
 pub mod vm_serve;

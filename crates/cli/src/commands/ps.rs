@@ -2,7 +2,7 @@
 use zygote_daemon::client::{block_on, Method};
 use zygote_daemon::model::{Origin, SandboxList};
 
-use super::daemon_client::{age, print_json, print_table, ApiArgs};
+use super::daemon_client::{age, expires_in, print_json, print_table, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct PsArgs {
@@ -42,12 +42,15 @@ pub fn run(args: PsArgs) -> anyhow::Result<i32> {
                 s.pid.map(|p| p.to_string()).unwrap_or_default(),
                 origin,
                 age(s.created_at),
+                expires_in(s.expires_at),
                 state,
             ]
         })
         .collect();
     print_table(
-        &["ID", "NAME", "RUNTIME", "PID", "ORIGIN", "AGE", "STATE"],
+        &[
+            "ID", "NAME", "RUNTIME", "PID", "ORIGIN", "AGE", "EXPIRES", "STATE",
+        ],
         &rows,
     );
     Ok(0)
