@@ -208,6 +208,29 @@ def test_kill(client: Client) -> None:
     assert victim.id not in [s.id for s in client.sandboxes()]
 
 
+def test_ttl_set_cleared_and_expiring(client: Client) -> None:
+    # Its own sandbox: the last step lets the daemon delete it.
+    doomed = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)
+    try:
+        info = doomed.info()
+        assert info.ttl_secs == 600
+        assert info.expires_at is not None and info.expires_at >= info.created_at + 600
+        assert doomed.set_ttl(None).expires_at is None
+        assert (doomed.info().ttl_secs, doomed.info().expires_at) == (None, None)
+        with pytest.raises(zygote.InvalidArgument):
+            doomed.set_ttl(0)
+        deadline = doomed.set_ttl(1).expires_at
+        assert deadline is not None and deadline >= int(time.time()) + 1
+        t0 = time.monotonic()
+        while doomed.is_running() and time.monotonic() - t0 < 15:
+            time.sleep(0.2)
+        with pytest.raises(zygote.SandboxNotFound):
+            doomed.info()
+        assert time.time() >= deadline, "deleted before its deadline"
+    finally:
+        doomed.kill()
+
+
 @pytest.mark.anyio
 async def test_async_surface(live_env: dict[str, str]) -> None:
     async with AsyncClient(live_env["url"], live_env["token"]) as ac:
@@ -224,8 +247,13 @@ async def test_async_surface(live_env: dict[str, str]) -> None:
             assert "async.txt" in [e.name for e in await asb.files.list("/root")]
             with pytest.raises(zygote.CommandTimeout):
                 await asb.commands.run("sleep 20", timeout=1)
+            info = await asb.set_ttl(900)
+            assert info.ttl_secs == 900 and info.expires_at is not None
             [child] = await asb.branch(n=1)
             try:
+                # Children inherit the parent's TTL length.
+                assert (await child.info()).ttl_secs == 900
+                assert (await asb.set_ttl(None)).ttl_secs is None
                 assert await child.files.read("/root/async.txt") == "async ok"
                 await child.files.write("/root/async.txt", "child")
                 assert await asb.files.read("/root/async.txt") == "async ok"

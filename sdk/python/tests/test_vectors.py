@@ -75,7 +75,8 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         "write": lambda: sb.files.write(a["path"], a["data"], mode=a.get("mode")),
         "read": lambda: {"text": sb.files.read(a["path"])},
         "list_files": lambda: {"entries": sb.files.list(a["path"])},
-        "branch": lambda: {"ids": [c.id for c in sb.branch(n=a["n"])]},
+        "branch": lambda: {"ids": [c.id for c in sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"))]},
+        "set_ttl": lambda: sb.set_ttl(a["ttl_secs"]),
         "snapshot": lambda: sb.snapshot(a["mode"], name=a.get("name")),
         "rollback": lambda: sb.rollback(a["snapshot"]),
         "kill": lambda: {"killed": sb.kill()},
@@ -109,7 +110,9 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
     if op == "list_files":
         return {"entries": await sb.files.list(a["path"])}
     if op == "branch":
-        return {"ids": [c.id for c in await sb.branch(n=a["n"])]}
+        return {"ids": [c.id for c in await sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"))]}
+    if op == "set_ttl":
+        return await sb.set_ttl(a["ttl_secs"])
     if op == "snapshot":
         return await sb.snapshot(a["mode"], name=a.get("name"))
     if op == "rollback":

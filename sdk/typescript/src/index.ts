@@ -21,6 +21,7 @@ export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
 export type { BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult } from "./models.js";
 export {
+  type BranchOptions,
   Commands,
   type Connection,
   type CreateOptions,

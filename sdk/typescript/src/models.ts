@@ -17,6 +17,10 @@ export interface SandboxInfo {
   origin: Json;
   dependsOn: string[];
   exitReason: string | null;
+  /** Time-to-live in seconds once running; null: kept until killed. */
+  ttlSecs: number | null;
+  /** Unix seconds when the daemon deletes the sandbox (null: never). */
+  expiresAt: number | null;
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
 }
@@ -89,6 +93,8 @@ export function sandboxFromJson(d: Json): SandboxInfo {
     origin: (d.origin as Json | undefined) ?? {},
     dependsOn: strs(d.depends_on),
     exitReason: optStr(d.exit_reason),
+    ttlSecs: optNum(d.ttl_secs),
+    expiresAt: optNum(d.expires_at),
     raw: d,
   };
 }

@@ -30,10 +30,23 @@ export interface CreateOptions extends Connection {
   name?: string;
   /** cgroup limits: `memory_mib`, `cpu_percent`, `pids`. */
   limits?: { memory_mib?: number; cpu_percent?: number; pids?: number };
+  /**
+   * The daemon deletes the sandbox this many seconds after it is running,
+   * even if this process dies first (see {@link Sandbox.setTtl}).
+   */
+  ttlSecs?: number;
 }
 
 export interface RestoreOptions extends Connection {
   name?: string;
+  ttlSecs?: number;
+}
+
+export interface BranchOptions {
+  /** Number of children (default 1). */
+  n?: number;
+  /** Children's time-to-live; by default the parent's (counted from their start). */
+  ttlSecs?: number;
 }
 
 export type SnapshotMode = "full" | "diff" | "live";
@@ -123,6 +136,7 @@ export class Sandbox {
     if (opts.vcpus !== undefined) body.vcpus = opts.vcpus;
     if (opts.name !== undefined) body.name = opts.name;
     if (opts.limits !== undefined) body.limits = opts.limits;
+    if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
     return Sandbox.fromCreate(client, body);
   }
 
@@ -133,6 +147,7 @@ export class Sandbox {
   static async restore(snapshot: Snapshot | string, opts: RestoreOptions = {}): Promise<Sandbox> {
     const body: Json = { snapshot: snapshotId(snapshot) };
     if (opts.name !== undefined) body.name = opts.name;
+    if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
     return Sandbox.fromCreate(clientOf(opts), body);
   }
 
@@ -174,16 +189,26 @@ export class Sandbox {
    * copy-on-write children that then diverge independently; this sandbox
    * keeps running.
    */
-  async branch(opts: { n?: number } = {}): Promise<Sandbox[]> {
+  async branch(opts: BranchOptions = {}): Promise<Sandbox[]> {
     return (await this.branchDetailed(opts)).children.map((id) => new Sandbox(id, this.client));
   }
 
   /** As {@link branch}, with the branch point and timing. */
-  async branchDetailed(opts: { n?: number } = {}): Promise<BranchResult> {
-    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/branch`, {
-      json: { count: opts.n ?? 1 },
-    });
+  async branchDetailed(opts: BranchOptions = {}): Promise<BranchResult> {
+    const body: Json = { count: opts.n ?? 1 };
+    if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
+    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/branch`, { json: body });
     return branchFromJson(d);
+  }
+
+  /**
+   * The daemon deletes this sandbox `ttlSecs` from now (replacing any
+   * earlier deadline); `null` keeps it until killed.
+   */
+  async setTtl(ttlSecs: number | null): Promise<SandboxInfo> {
+    // null is meaningful (no TTL), so the field is always sent.
+    const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/ttl`, { json: { ttl_secs: ttlSecs } });
+    return sandboxFromJson(d);
   }
 
   /** Saves this sandbox's state; `mode` must be a kind the runtime supports. */

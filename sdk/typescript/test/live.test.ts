@@ -156,6 +156,29 @@ describe("live zygoted", { skip }, () => {
     await assert.rejects(Sandbox.restore("snap-000000000000", { client }), SnapshotNotFound);
   });
 
+  test("TTL: set, cleared, then expiring", async () => {
+    // Its own sandbox: the last step lets the daemon delete it.
+    const doomed = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });
+    try {
+      const info = await doomed.info();
+      assert.equal(info.ttlSecs, 600);
+      assert.ok(info.expiresAt !== null && info.expiresAt >= info.createdAt + 600, JSON.stringify(info));
+      const cleared = await doomed.setTtl(null);
+      assert.deepEqual([cleared.ttlSecs, cleared.expiresAt], [null, null]);
+      await assert.rejects(doomed.setTtl(0), InvalidArgument);
+      const deadline = (await doomed.setTtl(1)).expiresAt;
+      assert.ok(deadline !== null && deadline >= Math.floor(Date.now() / 1000) + 1);
+      const t0 = performance.now();
+      while ((await doomed.isRunning()) && performance.now() - t0 < 15_000) {
+        await new Promise((r) => setTimeout(r, 200));
+      }
+      await assert.rejects(doomed.info(), SandboxNotFound);
+      assert.ok(Date.now() / 1000 >= deadline, "deleted before its deadline");
+    } finally {
+      await doomed.kill();
+    }
+  });
+
   test("kill", async () => {
     const victim = await Sandbox.create({ memoryMib: 128, client });
     assert.equal(await victim.kill(), true);

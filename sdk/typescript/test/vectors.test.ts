@@ -78,8 +78,16 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
   switch (c.op) {
     case "create":
       return {
-        id: (await Sandbox.create({ client, image: a.image, memoryMib: a.memory_mib, name: a.name, limits: a.limits }))
-          .id,
+        id: (
+          await Sandbox.create({
+            client,
+            image: a.image,
+            memoryMib: a.memory_mib,
+            name: a.name,
+            limits: a.limits,
+            ttlSecs: a.ttl_secs,
+          })
+        ).id,
       };
     case "connect":
       return { id: (await Sandbox.connect(a.id, { client })).id };
@@ -112,7 +120,9 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
     case "list_files":
       return { entries: await sb.files.list(a.path) };
     case "branch":
-      return { ids: (await sb.branch({ n: a.n })).map((s) => s.id) };
+      return { ids: (await sb.branch({ n: a.n, ttlSecs: a.ttl_secs })).map((s) => s.id) };
+    case "set_ttl":
+      return sb.setTtl(a.ttl_secs);
     case "snapshot":
       return sb.snapshot({ mode: a.mode, name: a.name });
     case "rollback":

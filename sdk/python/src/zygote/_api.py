@@ -99,6 +99,7 @@ def create_sandboxes(
     memory_mib: Optional[int] = None,
     vcpus: Optional[int] = None,
     limits: Optional[Mapping[str, int]] = None,
+    ttl_secs: Optional[int] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -109,6 +110,7 @@ def create_sandboxes(
         ("mem_mib", memory_mib),
         ("vcpus", vcpus),
         ("limits", dict(limits) if limits else None),
+        ("ttl_secs", ttl_secs),
     ):
         if value is not None:
             body[key] = value
@@ -127,9 +129,20 @@ def delete_sandbox(sid: str) -> Call[None]:
     return Call("DELETE", f"/v1/sandboxes/{seg(sid)}", _none)
 
 
-def branch(sid: str, count: int) -> Call[BranchResult]:
+def branch(sid: str, count: int, ttl_secs: Optional[int] = None) -> Call[BranchResult]:
+    body: dict[str, Any] = {"count": count}
+    if ttl_secs is not None:
+        body["ttl_secs"] = ttl_secs
+    return Call("POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json=body)
+
+
+def set_ttl(sid: str, ttl_secs: Optional[int]) -> Call[SandboxInfo]:
+    # null is meaningful here (no TTL), so the field is always sent.
     return Call(
-        "POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json={"count": count}
+        "PUT",
+        f"/v1/sandboxes/{seg(sid)}/ttl",
+        lambda r: SandboxInfo.from_json(_json(r)),
+        json={"ttl_secs": ttl_secs},
     )
 
 

@@ -97,13 +97,16 @@ class AsyncSandbox:
         vcpus: Optional[int] = None,
         name: Optional[str] = None,
         limits: Optional[Mapping[str, int]] = None,
+        ttl_secs: Optional[int] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> "AsyncSandbox":
         c = _client(client, url, token)
         made = await c.call(
-            _api.create_sandboxes(image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits)
+            _api.create_sandboxes(
+                image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits, ttl_secs=ttl_secs
+            )
         )
         return cls(made[0].id, client=c)
 
@@ -113,12 +116,13 @@ class AsyncSandbox:
         snapshot: Union[Snapshot, str],
         *,
         name: Optional[str] = None,
+        ttl_secs: Optional[int] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> "AsyncSandbox":
         c = _client(client, url, token)
-        made = await c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name))
+        made = await c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name, ttl_secs=ttl_secs))
         return cls(made[0].id, client=c)
 
     @classmethod
@@ -154,8 +158,8 @@ class AsyncSandbox:
         except SandboxNotFound:
             return False
 
-    async def branch(self, n: int = 1) -> List["AsyncSandbox"]:
-        res = await self.client.call(_api.branch(self.id, n))
+    async def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None) -> List["AsyncSandbox"]:
+        res = await self.client.call(_api.branch(self.id, n, ttl_secs))
         return [type(self)(child, client=self.client) for child in res.children]
 
     async def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
@@ -163,6 +167,10 @@ class AsyncSandbox:
 
     async def rollback(self, snapshot: Union[Snapshot, str]) -> SandboxInfo:
         return await self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
+
+    async def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
+        """See :meth:`zygote.Sandbox.set_ttl`."""
+        return await self.client.call(_api.set_ttl(self.id, ttl_secs))
 
     async def logs(self) -> str:
         return await self.client.call(_api.logs(self.id))

@@ -34,6 +34,10 @@ class SandboxInfo:
     depends_on: tuple[str, ...]
     exit_reason: Optional[str]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    ttl_secs: Optional[int] = None
+    """Time-to-live in seconds once running; None: kept until killed."""
+    expires_at: Optional[int] = None
+    """Unix seconds when the daemon deletes the sandbox (None: never)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -51,6 +55,8 @@ class SandboxInfo:
             depends_on=tuple(d.get("depends_on") or ()),
             exit_reason=d.get("exit_reason"),
             raw=d,
+            ttl_secs=_opt_int(d.get("ttl_secs")),
+            expires_at=_opt_int(d.get("expires_at")),
         )
 
 

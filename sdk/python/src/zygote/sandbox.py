@@ -121,6 +121,7 @@ class Sandbox:
         vcpus: Optional[int] = None,
         name: Optional[str] = None,
         limits: Optional[Mapping[str, int]] = None,
+        ttl_secs: Optional[int] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -128,10 +129,14 @@ class Sandbox:
         """Boots a sandbox from an image and returns once its agent answers.
 
         ``limits`` are cgroup limits (``memory_mib``, ``cpu_percent``, ``pids``).
+        With ``ttl_secs`` the daemon deletes the sandbox that many seconds
+        after it is running, even if this process dies first (see :meth:`set_ttl`).
         """
         c = _client(client, url, token)
         made = c.call(
-            _api.create_sandboxes(image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits)
+            _api.create_sandboxes(
+                image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits, ttl_secs=ttl_secs
+            )
         )
         return cls(made[0].id, client=c)
 
@@ -141,6 +146,7 @@ class Sandbox:
         snapshot: Union[Snapshot, str],
         *,
         name: Optional[str] = None,
+        ttl_secs: Optional[int] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -148,7 +154,7 @@ class Sandbox:
         """A new sandbox started from a snapshot (its memory, processes and
         files). To roll an existing sandbox back instead, use :meth:`rollback`."""
         c = _client(client, url, token)
-        made = c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name))
+        made = c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name, ttl_secs=ttl_secs))
         return cls(made[0].id, client=c)
 
     @classmethod
@@ -188,11 +194,12 @@ class Sandbox:
         except SandboxNotFound:
             return False
 
-    def branch(self, n: int = 1) -> List["Sandbox"]:
+    def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None) -> List["Sandbox"]:
         """Forks this sandbox's live state into ``n`` children (memory,
         processes and files, copy-on-write). Each child then diverges
-        independently; this sandbox keeps running."""
-        res = self.client.call(_api.branch(self.id, n))
+        independently; this sandbox keeps running. Children get ``ttl_secs``,
+        or without it this sandbox's TTL (counted from their start)."""
+        res = self.client.call(_api.branch(self.id, n, ttl_secs))
         return [type(self)(child, client=self.client) for child in res.children]
 
     def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
@@ -204,6 +211,11 @@ class Sandbox:
         """Restores this sandbox in place to ``snapshot`` (a snapshot of it
         or of its lineage); its id stays the same."""
         return self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
+
+    def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
+        """The daemon deletes this sandbox ``ttl_secs`` from now (replacing any
+        earlier deadline); ``None`` keeps it until killed."""
+        return self.client.call(_api.set_ttl(self.id, ttl_secs))
 
     def logs(self) -> str:
         """The guest's serial console output."""
