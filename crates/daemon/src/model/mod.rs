@@ -9,7 +9,10 @@ use utoipa::ToSchema;
 use crate::error::{Error, Result};
 
 mod ttl;
+mod validate;
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
+pub(crate) use validate::in_range;
+pub use validate::{validate_guest_path, validate_name, Validate};
 
 /// Limits on what one request may ask for.
 pub const MAX_FAN_OUT: u32 = 16;
@@ -24,53 +27,6 @@ pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 /// Largest file body accepted by `PUT .../files` (and the HTTP body limit).
 pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 pub const MAX_STDIN_BYTES: usize = 8 * 1024 * 1024;
-
-pub trait Validate {
-    fn validate(&self) -> Result<()>;
-}
-
-/// Names (sandbox/snapshot labels, hostnames): 1-63 of `[a-z0-9-]`, not
-/// starting or ending with `-` (so every name is also a valid hostname).
-pub fn validate_name(what: &str, name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid(format!(
-            "{what} {name:?} must be 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
-        )))
-    }
-}
-
-/// Guest paths must be absolute, without NUL, at most 4096 bytes.
-pub fn validate_guest_path(path: &str) -> Result<()> {
-    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
-        return Err(Error::invalid(format!(
-            "path {path:?} must be absolute, at most 4096 bytes, without NUL"
-        )));
-    }
-    Ok(())
-}
-
-pub(crate) fn in_range<T: PartialOrd + std::fmt::Display>(
-    what: &str,
-    v: T,
-    lo: T,
-    hi: T,
-) -> Result<()> {
-    if v < lo || v > hi {
-        return Err(Error::invalid(format!(
-            "{what} must be in {lo}..={hi}, got {v}"
-        )));
-    }
-    Ok(())
-}
 
 /// cgroup v2 limits for a sandbox's VM process.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -544,16 +500,6 @@ pub struct Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn names_are_hostname_safe() {
-        for ok in ["a", "web-1", "x0"] {
-            assert!(validate_name("name", ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"x".repeat(64)] {
-            assert!(validate_name("name", bad).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn create_request_bounds() {
