@@ -33,9 +33,11 @@ use crate::{fiemap, materialize, FileMethod, MethodCounts, Options};
 
 mod report;
 mod shapes;
-use report::{host_info, utc_now};
+use report::{host_info, utc_now, Samples};
 pub use report::{BenchReport, FsResult, HostInfo, ShapeResult, SideTimes};
-pub use shapes::{cp_reference, create_empty_tree, generate, naive_copy, Shape, SHAPES};
+pub use shapes::{
+    cp_reference, create_empty_tree, generate, gnu_cp_available, naive_copy, Shape, SHAPES,
+};
 
 /// Fewer runs than this make a median meaningless.
 pub const MIN_RUNS: usize = 5;
@@ -240,32 +242,22 @@ fn bench_shape(
     topts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ShapeResult, BenchError> {
-    let sync = |p: &Path| crate::syncfs(p).map_err(io_err("syncfs", p));
-    // Runs `op`, returning (visible, complete) in ms; see the module docs.
-    let timed = |op: &mut dyn FnMut() -> Result<(), BenchError>| -> Result<(f64, f64), BenchError> {
-        sync(root)?;
-        let t = Instant::now();
-        op()?;
-        let visible = t.elapsed().as_secs_f64() * 1e3;
-        sync(root)?;
-        Ok((visible, t.elapsed().as_secs_f64() * 1e3))
-    };
     let remove = |p: &Path| fs::remove_dir_all(p).map_err(io_err("remove", p));
     let threads = topts.effective_threads();
-    let (mut base, mut treat, mut floor) = ([vec![], vec![]], [vec![], vec![]], [vec![], vec![]]);
-    let mut cp = [vec![], vec![]];
-    let push = |side: &mut [Vec<f64>; 2], (v, c): (f64, f64)| {
-        side[0].push(v);
-        side[1].push(c);
-    };
+    // Probed once, outside every timer.
+    let have_cp = gnu_cp_available();
+    let (mut base, mut treat, mut floor, mut cp) = (
+        Samples::default(),
+        Samples::default(),
+        Samples::default(),
+        Samples::default(),
+    );
     let mut methods = MethodCounts::default();
     let mut shared = None;
     for run in 0..opts.runs {
         let dst = root.join(format!("baseline-{}-{run}", shape.name));
-        let mut copied = 0;
-        let b = timed(&mut || {
-            copied = naive_copy(src, &dst).map_err(io_err("naive copy to", &dst))?;
-            Ok(())
+        let (copied, b) = timed(root, || {
+            naive_copy(src, &dst).map_err(io_err("naive copy to", &dst))
         })?;
         remove(&dst)?;
         if copied != shape.bytes() {
@@ -276,12 +268,7 @@ fn bench_shape(
         }
 
         let dst = root.join(format!("treatment-{}-{run}", shape.name));
-        let mut rep = None;
-        let tr = timed(&mut || {
-            rep = Some(materialize(src, &dst, topts)?);
-            Ok(())
-        })?;
-        let rep = rep.expect("set by the timed closure");
+        let (rep, tr) = timed(root, || Ok(materialize(src, &dst, topts)?))?;
         let check = verify_treatment(&rep, shape, src, &dst, run == 0);
         remove(&dst)?;
         if let Some(s) = check? {
@@ -292,11 +279,8 @@ fn bench_shape(
         }
 
         let dst = root.join(format!("floor-{}-{run}", shape.name));
-        let mut made = 0;
-        let fl = timed(&mut || {
-            made =
-                create_empty_tree(src, &dst, threads).map_err(io_err("create empty tree", &dst))?;
-            Ok(())
+        let (made, fl) = timed(root, || {
+            create_empty_tree(src, &dst, threads).map_err(io_err("create empty tree", &dst))
         })?;
         remove(&dst)?;
         if made != shape.files {
@@ -306,23 +290,21 @@ fn bench_shape(
             )));
         }
 
-        // The external reference; its --version probe is outside the timer.
-        let dst = root.join(format!("cp-{}-{run}", shape.name));
-        let mut ran = None;
-        let cpt = timed(&mut || {
-            ran = cp_reference(src, &dst)
-                .map(|r| r.map_err(io_err("cp -r --reflink=never to", &dst)))
-                .transpose()?;
-            Ok(())
-        })?;
-        if ran.is_some() {
+        let cp_note = if have_cp {
+            let dst = root.join(format!("cp-{}-{run}", shape.name));
+            let ((), c) = timed(root, || {
+                cp_reference(src, &dst).map_err(io_err("cp -r --reflink=never to", &dst))
+            })?;
             remove(&dst)?;
-            push(&mut cp, cpt);
-        }
+            cp.push(c);
+            format!("{:.1}/{:.1}", c.0, c.1)
+        } else {
+            "n/a (no GNU cp)".into()
+        };
 
         progress(&format!(
             "{label}: {} run {}/{}: visible/complete ms: baseline {:.1}/{:.1}, \
-             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}, cp -r {}",
+             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}, cp -r {cp_note}",
             shape.name,
             run + 1,
             opts.runs,
@@ -333,26 +315,13 @@ fn bench_shape(
             rep.by_method,
             fl.0,
             fl.1,
-            if ran.is_some() {
-                format!("{:.1}/{:.1}", cpt.0, cpt.1)
-            } else {
-                "n/a (no GNU cp)".into()
-            }
         ));
-        push(&mut base, b);
-        push(&mut treat, tr);
-        push(&mut floor, fl);
+        base.push(b);
+        treat.push(tr);
+        floor.push(fl);
     }
-    let [bv, bc] = base;
-    let [tv, tc] = treat;
-    let [fv, fc] = floor;
-    let [cv, cc] = cp;
-    let cp = (!cv.is_empty()).then(|| SideTimes::new(cv, cc));
-    let (baseline, treatment, floor) = (
-        SideTimes::new(bv, bc),
-        SideTimes::new(tv, tc),
-        SideTimes::new(fv, fc),
-    );
+    let (baseline, treatment, floor) = (base.finish(), treat.finish(), floor.finish());
+    let cp = have_cp.then(|| cp.finish());
     Ok(ShapeResult {
         shape: shape.name.into(),
         files: shape.files,
@@ -375,6 +344,23 @@ fn bench_shape(
         shared_extents_verified: shared,
     })
 }
+
+/// Runs `op` after syncing `root` (untimed), returning its value and
+/// (visible, complete) in ms: complete also waits for a `syncfs` right
+/// after `op` returned. See the module docs.
+fn timed<T>(
+    root: &Path,
+    op: impl FnOnce() -> Result<T, BenchError>,
+) -> Result<(T, (f64, f64)), BenchError> {
+    let sync = || crate::syncfs(root).map_err(io_err("syncfs", root));
+    sync()?;
+    let t = Instant::now();
+    let value = op()?;
+    let visible = t.elapsed().as_secs_f64() * 1e3;
+    sync()?;
+    Ok((value, (visible, t.elapsed().as_secs_f64() * 1e3)))
+}
+
 /// Make sure the treatment really produced the tree (a fast wrong answer is
 /// not a speedup). On the first run also compare one file's bytes and, when
 /// it was reflinked, confirm with FIEMAP that its extents are shared.
@@ -471,9 +457,7 @@ mod tests {
         let complete = s.baseline.complete_median_ms / s.treatment.complete_median_ms;
         assert!((s.speedup_complete - complete).abs() < 1e-9);
         // The cp reference runs every time GNU cp is installed (it is on Debian).
-        let probe = work.path().join("probe");
-        fs::create_dir(&probe).unwrap();
-        let cp_here = cp_reference(&probe, &work.path().join("probe-copy")).is_some();
+        let cp_here = gnu_cp_available();
         assert_eq!(s.cp.is_some(), cp_here);
         assert_eq!(s.cp_speedup.is_some(), cp_here);
         if let Some(cp) = &s.cp {
@@ -484,9 +468,7 @@ mod tests {
             + s.treatment_methods.copy;
         assert_eq!(counted, 5 * 64);
         assert!(lines.iter().any(|l| l.contains("run 5/5")));
-        // Scratch trees are cleaned up (only our probe dirs remain).
-        let _ = fs::remove_dir_all(&probe);
-        let _ = fs::remove_dir_all(work.path().join("probe-copy"));
+        // Scratch trees are cleaned up.
         let left: Vec<_> = fs::read_dir(work.path()).unwrap().collect();
         assert!(left.is_empty(), "bench left {left:?} behind");
         assert!(rep.to_string().contains("small_flat"));

@@ -31,13 +31,25 @@ pub struct SideTimes {
     pub complete_median_ms: f64,
 }
 
-impl SideTimes {
-    pub(super) fn new(visible_ms: Vec<f64>, complete_ms: Vec<f64>) -> Self {
+/// Collects one side's (visible, complete) pairs run by run.
+#[derive(Default)]
+pub(super) struct Samples {
+    visible_ms: Vec<f64>,
+    complete_ms: Vec<f64>,
+}
+
+impl Samples {
+    pub(super) fn push(&mut self, (visible, complete): (f64, f64)) {
+        self.visible_ms.push(visible);
+        self.complete_ms.push(complete);
+    }
+
+    pub(super) fn finish(self) -> SideTimes {
         SideTimes {
-            visible_median_ms: median(&visible_ms),
-            complete_median_ms: median(&complete_ms),
-            visible_ms,
-            complete_ms,
+            visible_median_ms: median(&self.visible_ms),
+            complete_median_ms: median(&self.complete_ms),
+            visible_ms: self.visible_ms,
+            complete_ms: self.complete_ms,
         }
     }
 }

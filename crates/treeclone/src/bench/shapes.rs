@@ -4,7 +4,10 @@ use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::plan;
 
 /// One generated tree: `files` files of `file_size` random bytes each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,47 +132,50 @@ pub fn naive_copy(src: &Path, dst: &Path) -> io::Result<u64> {
     Ok(bytes)
 }
 
-/// A reference from outside this code base: GNU `cp -r --reflink=never`, the
-/// per-file copy people actually run (timed with its process start, ~1 ms).
-/// None when no GNU cp is installed.
-pub fn cp_reference(src: &Path, dst: &Path) -> Option<io::Result<()>> {
-    let gnu = std::process::Command::new("cp")
+/// Whether `cp` is GNU cp, which [`cp_reference`] needs.
+pub fn gnu_cp_available() -> bool {
+    Command::new("cp")
         .arg("--version")
         .output()
-        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"cp (GNU"));
-    if !gnu {
-        return None;
+        .is_ok_and(|o| o.status.success() && o.stdout.starts_with(b"cp (GNU"))
+}
+
+/// A reference from outside this code base: GNU `cp -r --reflink=never`, the
+/// per-file copy people actually run (timed with its process start, a few
+/// ms). Check [`gnu_cp_available`] first.
+pub fn cp_reference(src: &Path, dst: &Path) -> io::Result<()> {
+    let status = Command::new("cp")
+        .args(["-r", "--reflink=never", "--"])
+        .arg(src)
+        .arg(dst)
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("cp exited with {status}")))
     }
-    Some(
-        std::process::Command::new("cp")
-            .args(["-r", "--reflink=never", "--"])
-            .arg(src)
-            .arg(dst)
-            .status()
-            .and_then(|st| {
-                st.success()
-                    .then_some(())
-                    .ok_or_else(|| io::Error::other(format!("cp exited with {st}")))
-            }),
-    )
 }
 
 /// The floor: create the tree's directories and one *empty* file per source
-/// file (same names and modes, no data, no times), with `threads` workers
-/// like the treatment. Any method that gives every file its own inode
-/// (reflink, copy_file_range, copy) pays at least this; only the bytes and
-/// the remaining metadata come on top. Returns the number of files created.
+/// file (same modes, no data, no times), with `threads` workers like the
+/// treatment, after the same scan the treatment does. Any method that gives
+/// every file its own inode (reflink, copy_file_range, copy) pays at least
+/// this; only the bytes and the remaining metadata come on top. Returns the
+/// number of files created.
 pub fn create_empty_tree(src: &Path, dst: &Path, threads: usize) -> io::Result<usize> {
-    let mut files = Vec::new();
-    mirror_dirs(src, dst, &mut files)?;
+    let plan = plan::scan(src).map_err(io::Error::other)?;
+    // The root comes first in plan order, parents before children.
+    for d in &plan.dirs {
+        fs::create_dir(dst.join(&d.rel))?;
+    }
     let next = AtomicUsize::new(0);
     let worker = || -> io::Result<()> {
-        while let Some((to, mode)) = files.get(next.fetch_add(1, Ordering::Relaxed)) {
+        while let Some(f) = plan.files.get(next.fetch_add(1, Ordering::Relaxed)) {
             OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(*mode)
-                .open(to)?;
+                .mode(f.meta.mode)
+                .open(dst.join(&f.rel))?;
         }
         Ok(())
     };
@@ -180,24 +186,7 @@ pub fn create_empty_tree(src: &Path, dst: &Path, threads: usize) -> io::Result<u
                 .unwrap_or_else(|_| Err(io::Error::other("worker panicked")))
         })
     })?;
-    Ok(files.len())
-}
-
-/// Create `dst` and its subdirectories like `src`'s, collecting the
-/// regular files to create (destination path, mode).
-fn mirror_dirs(src: &Path, dst: &Path, files: &mut Vec<(PathBuf, u32)>) -> io::Result<()> {
-    fs::create_dir(dst)?;
-    for e in fs::read_dir(src)? {
-        let e = e?;
-        let ft = e.file_type()?;
-        let to = dst.join(e.file_name());
-        if ft.is_dir() {
-            mirror_dirs(&e.path(), &to, files)?;
-        } else if ft.is_file() {
-            files.push((to, e.metadata()?.permissions().mode() & 0o7777));
-        }
-    }
-    Ok(())
+    Ok(plan.files.len())
 }
 
 #[cfg(test)]
