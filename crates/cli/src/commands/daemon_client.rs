@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use zygote_daemon::client::Client;
+use zygote_daemon::manager::now;
 
 /// Connection options of every verb that talks to zygoted.
 #[derive(clap::Args, Debug, Clone)]
@@ -83,14 +84,6 @@ pub fn spinner(msg: &str) -> indicatif::ProgressBar {
     pb
 }
 
-/// "3m ago"-style age of a Unix timestamp.
-fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or_default()
-}
-
 /// A duration in its largest whole unit: `42s`, `5m`, `3h`, `2d`.
 fn span(s: u64) -> String {
     match s {
@@ -101,17 +94,19 @@ fn span(s: u64) -> String {
     }
 }
 
+/// "3m"-style age of a Unix timestamp.
 pub fn age(unix: u64) -> String {
-    span(unix_now().saturating_sub(unix))
+    span(now().saturating_sub(unix))
 }
 
 /// Time left until a sandbox's TTL deadline: `in 5m`, `due` once passed
 /// (the daemon deletes it within a second or so), `-` without a TTL.
 pub fn expires_in(expires_at: Option<u64>) -> String {
+    let now = now();
     match expires_at {
         None => "-".into(),
-        Some(t) if t <= unix_now() => "due".into(),
-        Some(t) => format!("in {}", span(t - unix_now())),
+        Some(t) if t <= now => "due".into(),
+        Some(t) => format!("in {}", span(t - now)),
     }
 }
 
@@ -126,6 +121,6 @@ mod tests {
         assert_eq!(span(2 * 86400), "2d");
         assert_eq!(expires_in(None), "-");
         assert_eq!(expires_in(Some(1)), "due");
-        assert_eq!(expires_in(Some(unix_now() + 7200)), "in 2h");
+        assert_eq!(expires_in(Some(now() + 7200)), "in 2h");
     }
 }

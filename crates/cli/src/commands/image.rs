@@ -1,6 +1,6 @@
 //! `zygote image build|ls|kernel`: guest images and the guest kernel.
 use std::io::IsTerminal;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -119,7 +119,7 @@ fn ls(args: LsArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&images)?);
         return Ok(0);
     }
-    print!("{}", render_table(&images, unix_now()));
+    print!("{}", render_table(&images, zygote_daemon::manager::now()));
     let built: Vec<&str> = images.iter().map(|i| i.name.as_str()).collect();
     let unbuilt: Vec<String> = zygote_images::list_recipes()
         .into_iter()
@@ -196,13 +196,6 @@ pub(crate) fn with_progress<T, E>(
         eprintln!("{title}: done in {:.1}s", started.elapsed().as_secs_f64());
     }
     result
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 fn human_bytes(n: u64) -> String {
