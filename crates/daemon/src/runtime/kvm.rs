@@ -378,23 +378,9 @@ impl Runtime for KvmRuntime {
         parent.disk = next_disk.to_path_buf();
         // Fork-based: no state file; the point records lineage only.
         let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT));
-        let results = std::thread::scope(|s| {
-            let handles: Vec<_> = children
-                .iter()
-                .enumerate()
-                .map(|(i, spec)| {
-                    let child = info.children.iter().find(|c| c.index == i);
-                    let files = &files[i];
-                    s.spawn(move || self.adopt_child(spec, files, child.map(|c| c.pid)))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
-                })
-                .collect()
+        let results = supervisor::start_children(children, |i, spec| {
+            let child = info.children.iter().find(|c| c.index == i);
+            self.adopt_child(spec, &files[i], child.map(|c| c.pid))
         });
         Ok((point, results))
     }

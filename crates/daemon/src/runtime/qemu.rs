@@ -300,22 +300,10 @@ impl Runtime for QemuRuntime {
     ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
         let point = self.capture(parent, point_dir, next_disk)?;
         // Children load the same state file concurrently.
-        let results = std::thread::scope(|s| {
-            let handles: Vec<_> = children
-                .iter()
-                .map(|c| {
-                    let mut spec = c.clone();
-                    spec.source = BootSource::Snapshot(point.clone());
-                    s.spawn(move || self.start(&spec))
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
-                })
-                .collect()
+        let results = supervisor::start_children(children, |_, c| {
+            let mut spec = c.clone();
+            spec.source = BootSource::Snapshot(point.clone());
+            self.start(&spec)
         });
         Ok((point, results))
     }

@@ -176,6 +176,32 @@ pub fn kill_and_wait(vm: &ProcId, supervisor: Option<&ProcId>) {
     }
 }
 
+/// Starts every branch child concurrently, one scoped thread each, and
+/// returns their results in order; a start that panics becomes an error for
+/// that child only.
+pub fn start_children<T, R, F>(children: &[T], start: F) -> Vec<Result<R, RuntimeError>>
+where
+    T: Sync,
+    R: Send,
+    F: Fn(usize, &T) -> Result<R, RuntimeError> + Sync,
+{
+    std::thread::scope(|s| {
+        let start = &start;
+        let handles: Vec<_> = children
+            .iter()
+            .enumerate()
+            .map(|(i, child)| s.spawn(move || start(i, child)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
