@@ -16,6 +16,11 @@ pub enum ImageError {
     #[error("image {0:?} has not been built yet (run `zygote image build {0}`)")]
     ImageNotFound(String),
     #[error(
+        "{what} is not in {dir} and ZYGOTE_PREBUILT is set, which forbids building it; \
+         copy a built cache there or unset ZYGOTE_PREBUILT"
+    )]
+    NotPrebuilt { what: String, dir: PathBuf },
+    #[error(
         "cannot find the zygote source tree (needed for {what}); set ZYGOTE_REPO to its root \
          (tried {tried})"
     )]

@@ -7,7 +7,7 @@ use std::process::Command;
 
 use crate::error::{ImageError, IoContext, Result};
 use crate::exec::{run_streaming, Progress};
-use crate::paths::{cache_dir, repo_root};
+use crate::paths::{cache_dir, kernel_cache_dir, prebuilt_only, repo_root};
 
 /// A built kernel and what `build.sh` recorded about it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -27,7 +27,16 @@ pub struct KernelInfo {
 
 /// Builds the kernel, or returns the cached one (a cache hit takes a moment:
 /// the script only hashes its inputs). Progress lines come from the script.
+/// With `ZYGOTE_PREBUILT` set, returns the newest cached kernel and never builds.
 pub fn build_kernel(progress: Progress<'_>) -> Result<KernelInfo> {
+    if prebuilt_only() {
+        let kernel = newest_cached_kernel(&kernel_cache_dir())?;
+        progress(&format!(
+            "ZYGOTE_PREBUILT: using {}",
+            kernel.vmlinux.display()
+        ));
+        return Ok(kernel);
+    }
     let repo = repo_root("building the guest kernel")?;
     let script = repo.join("guest/kernel/build.sh");
     let stdout = run_streaming(
@@ -48,6 +57,28 @@ pub fn build_kernel(progress: Progress<'_>) -> Result<KernelInfo> {
             detail: "no vmlinux path on stdout".into(),
         })?;
     kernel_info(&vmlinux)
+}
+
+/// The most recently built kernel in `dir` (one `<key>/` directory per build).
+fn newest_cached_kernel(dir: &Path) -> Result<KernelInfo> {
+    let built = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| d.join("vmlinux").is_file() && d.join("info").is_file())
+        .max_by_key(|d| {
+            std::fs::metadata(d.join("info"))
+                .and_then(|m| m.modified())
+                .ok()
+        });
+    match built {
+        Some(d) => kernel_info(&d.join("vmlinux")),
+        None => Err(ImageError::NotPrebuilt {
+            what: "a guest kernel".into(),
+            dir: dir.to_path_buf(),
+        }),
+    }
 }
 
 /// Reads the `info` file written next to a built `vmlinux`.
@@ -98,6 +129,30 @@ mod tests {
         assert_eq!(info.package_version, "6.1.1-1");
         assert_eq!(info.key, "abc");
         assert_eq!(info.bzimage, dir.path().join("bzImage"));
+    }
+
+    #[test]
+    fn newest_cached_kernel_skips_incomplete_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = |key: &str| {
+            format!(
+                "package=p\npackage_version=1\nkernelversion=6.1\nkernelrelease=6.1\nkey={key}\n"
+            )
+        };
+        assert!(matches!(
+            newest_cached_kernel(dir.path()),
+            Err(ImageError::NotPrebuilt { .. })
+        ));
+        for key in ["old", "new"] {
+            let d = dir.path().join(key);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("vmlinux"), b"elf").unwrap();
+            std::fs::write(d.join("info"), info(key)).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // Source and object directories have no info file.
+        std::fs::create_dir_all(dir.path().join("build")).unwrap();
+        assert_eq!(newest_cached_kernel(dir.path()).unwrap().key, "new");
     }
 
     #[test]

@@ -11,6 +11,13 @@ pub fn cache_dir() -> PathBuf {
     home_dir().join(".cache").join("zygote")
 }
 
+/// `ZYGOTE_PREBUILT=1`: use the kernel and images already in the cache and never build
+/// them. For hosts that have the artifacts but neither the source tree nor a toolchain
+/// (the nested lane's L1 host, an installed zygote fed a copied cache).
+pub fn prebuilt_only() -> bool {
+    std::env::var_os("ZYGOTE_PREBUILT").is_some_and(|v| !v.is_empty() && v != "0")
+}
+
 /// Built kernels, one directory per cache key (see `guest/kernel/build.sh`).
 pub fn kernel_cache_dir() -> PathBuf {
     cache_dir().join("kernel")

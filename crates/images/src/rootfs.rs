@@ -8,9 +8,11 @@ use crate::agent::build_agent;
 use crate::debootstrap::{ensure_tree, host_mirror, TreeSpec};
 use crate::error::{ImageError, IoContext, Result};
 use crate::exec::{run_quiet, Progress};
-use crate::paths::images_dir;
+use crate::paths::{images_dir, prebuilt_only};
 use crate::recipe::{find_recipe, Base, Recipe};
-use crate::store::{image_path, lookup_by_recipe_key, save_info, sha256_file, FileLock, ImageInfo};
+use crate::store::{
+    image_path, locate_image, lookup_by_recipe_key, save_info, sha256_file, FileLock, ImageInfo,
+};
 
 /// Bumped whenever this builder's output changes for the same inputs, so that
 /// old cached images stop matching.
@@ -32,7 +34,20 @@ pub fn build_image(name: &str, progress: Progress) -> Result<ImageInfo> {
     build_image_with(name, &BuildOptions::default(), progress)
 }
 
+/// With `ZYGOTE_PREBUILT` set, returns the newest built image of that name and never
+/// builds (see [`crate::paths::prebuilt_only`]).
 pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> Result<ImageInfo> {
+    if prebuilt_only() {
+        let info = locate_image(name).map_err(|e| match e {
+            ImageError::ImageNotFound(_) => ImageError::NotPrebuilt {
+                what: format!("image {name:?}"),
+                dir: images_dir(),
+            },
+            e => e,
+        })?;
+        progress(&format!("ZYGOTE_PREBUILT: using {}", info.path.display()));
+        return Ok(info);
+    }
     let recipe = find_recipe(name)?;
     progress(&format!("recipe {}", recipe.path.display()));
     progress("building zygote-agent (musl, release)");

@@ -12,12 +12,11 @@
 //! that turns "build minimal" into "already have it" without rebuilding.
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{ImageError, IoContext, Result};
-use crate::exec::{run_quiet, Progress};
+use crate::exec::Progress;
 use crate::paths::images_dir;
 
 /// A built root filesystem image.
@@ -210,30 +209,23 @@ fn remove_in(dir: &Path, info: &ImageInfo) -> Result<()> {
 
 /// sha256 of a file's bytes, hex (what `sha256sum FILE` prints).
 ///
-/// Delegates to coreutils' `sha256sum`: images are GiB-sized sparse files, and
-/// an unoptimized (debug/test) build of a Rust hasher would take minutes.
+/// Images are GiB-sized sparse files: the workspace builds `sha2` optimized even in
+/// dev profiles (Cargo.toml), and it uses the CPU's SHA extensions where present.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    let out = run_quiet(
-        Command::new("sha256sum")
-            .arg("--binary")
-            .arg("--")
-            .arg(path),
-        "sha256sum",
-    )?;
-    // A leading backslash marks an escaped file name, not part of the hash.
-    match out
-        .split_whitespace()
-        .next()
-        .map(|h| h.trim_start_matches('\\'))
-    {
-        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(hex.to_ascii_lowercase())
+    use sha2::Digest;
+    use std::io::Read;
+    let mut file = File::open(path).ctx(|| format!("opening {} to hash it", path.display()))?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).ctx(|| format!("reading {}", path.display())),
         }
-        _ => Err(ImageError::BadOutput {
-            what: format!("sha256sum {}", path.display()),
-            detail: out,
-        }),
     }
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// An exclusive `flock` on a file, released on drop: serializes builds of the
