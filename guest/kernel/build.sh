@@ -1,25 +1,56 @@
 #!/usr/bin/env bash
-# Builds the zygote guest kernel from Debian's linux-source-6.1 package:
-# `make tinyconfig` + guest/kernel/zygote.config, then vmlinux and bzImage.
+# Builds a zygote kernel from Debian's linux-source-6.1 package: `make tinyconfig`
+# plus the flavor's config fragments, merged in order (later lines win).
 #
-# Result: $CACHE/kernel/<key>/{vmlinux,bzImage,config,info}, where
-#   CACHE = $ZYGOTE_CACHE_DIR or ~/.cache/zygote
-#   key   = sha256 of (source package name+version, zygote.config, this script)
+#   guest (default)  guest/kernel/zygote.config: the sandbox guest's vmlinux + bzImage
+#   l1               zygote.config + guest/nested/l1.config: the nested lane's L1 host
+#                    kernel (KVM + kvm_amd, PCI, ACPI), bzImage only
+#
+# Result: $CACHE/<dir>/<key>/{vmlinux,bzImage,config,info}, where
+#   CACHE = $ZYGOTE_CACHE_DIR or ~/.cache/zygote, dir = kernel (guest) or kernel-l1
+#   key   = sha256 of (source package name+version, the fragments, this script)
 # so any change to the inputs produces a new directory and a cache hit costs
-# only the hashing. The last line on stdout is the path of vmlinux; progress
-# goes to stderr (condensed), the full make output to <build dir>/build.log.
+# only the hashing. The last line on stdout is the path of vmlinux (guest) or
+# bzImage (l1); progress goes to stderr (condensed), the full make output to
+# <object dir>/build.log. Both flavors share the extracted source; each has its own
+# object directory, so switching between them rebuilds nothing.
 #
-# Usage: build.sh          build (or find in the cache) and print vmlinux's path
-#        build.sh --key    print the cache key only
+# Usage: build.sh [--flavor guest|l1]          build (or find in the cache), print the path
+#        build.sh [--flavor guest|l1] --key    print the cache key only
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-fragment=$here/zygote.config
 self=$here/build.sh
 pkg=linux-source-6.1
 tarball=/usr/src/$pkg.tar.xz
-cache=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}/kernel
+root=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}
+# Source and object directories live under kernel/ for every flavor.
+cache=$root/kernel
 
+flavor=guest
+key_only=0
+while [ $# -gt 0 ]; do
+  case $1 in
+  --flavor) flavor=${2:?--flavor needs guest or l1}; shift 2 ;;
+  --key) key_only=1; shift ;;
+  *) echo "[kernel] error: unknown argument $1 (usage: build.sh [--flavor guest|l1] [--key])" >&2; exit 2 ;;
+  esac
+done
+case $flavor in
+guest)
+  fragments=("$here/zygote.config")
+  outdir=$root/kernel
+  objsuffix=
+  targets=(vmlinux bzImage)
+  ;;
+l1)
+  fragments=("$here/zygote.config" "$here/../nested/l1.config")
+  outdir=$root/kernel-l1
+  objsuffix=-l1
+  targets=(bzImage)
+  ;;
+*) echo "[kernel] error: unknown flavor $flavor (guest or l1)" >&2; exit 2 ;;
+esac
 say() { printf '[kernel] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
@@ -27,17 +58,19 @@ pkgver=$(dpkg-query -W -f='${Version}' "$pkg" 2>/dev/null) ||
   die "$pkg is not installed (run scripts/setup.sh)"
 [ -f "$tarball" ] || die "$tarball missing (reinstall $pkg)"
 
-key=$({ printf 'package %s %s\n' "$pkg" "$pkgver"; cat "$fragment" "$self"; } |
+key=$({ printf 'package %s %s\n' "$pkg" "$pkgver"; cat "${fragments[@]}" "$self"; } |
   sha256sum | cut -c1-64)
-out=$cache/$key
-if [ "${1:-}" = --key ]; then
+out=$outdir/$key
+if [ "$key_only" = 1 ]; then
   echo "$key"
   exit 0
 fi
+# What the last line of stdout names.
+product=${targets[0]}
 
-if [ -f "$out/vmlinux" ] && [ -f "$out/info" ]; then
+if [ -f "$out/$product" ] && [ -f "$out/info" ]; then
   say "cached: $out"
-  echo "$out/vmlinux"
+  echo "$out/$product"
   exit 0
 fi
 
@@ -49,9 +82,9 @@ if ! flock -n 9; then
   say "waiting for another kernel build to finish"
   flock 9
 fi
-if [ -f "$out/vmlinux" ] && [ -f "$out/info" ]; then
+if [ -f "$out/$product" ] && [ -f "$out/info" ]; then
   say "cached: $out"
-  echo "$out/vmlinux"
+  echo "$out/$product"
   exit 0
 fi
 
@@ -64,25 +97,35 @@ if [ ! -f "$src/.extracted" ]; then
   touch "$src/.extracted"
 fi
 
-build=$cache/build/$pkgver
+build=$cache/build/$pkgver$objsuffix
 mkdir -p "$build"
 log=$build/build.log
 : >"$log"
 kmake() { make -C "$src" O="$build" ARCH=x86_64 LOCALVERSION= "$@"; }
 
-say "configuring: tinyconfig + $(basename "$fragment")"
+say "configuring ($flavor): tinyconfig + ${fragments[*]##*/}"
 kmake tinyconfig >>"$log" 2>&1 || die "make tinyconfig failed (see $log)"
 (cd "$build" && "$src/scripts/kconfig/merge_config.sh" -m -O "$build" \
-  "$build/.config" "$fragment") >>"$log" 2>&1 || die "merge_config.sh failed (see $log)"
+  "$build/.config" "${fragments[@]}") >>"$log" 2>&1 || die "merge_config.sh failed (see $log)"
 kmake olddefconfig >>"$log" 2>&1 || die "make olddefconfig failed (see $log)"
 
-# Every option of the fragment must survive olddefconfig; kconfig drops options
+# Every option of the fragments must survive olddefconfig; kconfig drops options
 # whose dependencies are unmet without failing, which would surface much later
-# as a guest that cannot find its disk or network.
+# as a guest that cannot find its disk or network. Where fragments disagree, the
+# later one is what must hold (as merge_config.sh applied it).
+declare -A wanted=()
+order=()
+for fragment in "${fragments[@]}"; do
+  while IFS= read -r line; do
+    case $line in CONFIG_*=*) ;; *) continue ;; esac
+    name=${line%%=*}
+    [ -n "${wanted[$name]+set}" ] || order+=("$name")
+    wanted[$name]=$line
+  done <"$fragment"
+done
 dropped=()
-while IFS= read -r line; do
-  case $line in CONFIG_*=*) ;; *) continue ;; esac
-  name=${line%%=*}
+for name in "${order[@]}"; do
+  line=${wanted[$name]}
   want=${line#*=}
   have=$(grep -E "^(# )?$name[= ]" "$build/.config" || true)
   if [ "$want" = n ]; then
@@ -90,21 +133,21 @@ while IFS= read -r line; do
   elif [ "$have" != "$line" ]; then
     dropped+=("$line (have: ${have:-absent})")
   fi
-done <"$fragment"
+done
 if [ ${#dropped[@]} -gt 0 ]; then
-  say "error: these options of $(basename "$fragment") did not take effect:"
+  say "error: these options of ${fragments[*]##*/} did not take effect:"
   printf '[kernel]   %s\n' "${dropped[@]}" >&2
   exit 1
 fi
 
 jobs=$(nproc)
-say "building vmlinux + bzImage with -j$jobs (several minutes on 2 cores)"
+say "building ${targets[*]} with -j$jobs (several minutes on 2 cores)"
 start=$(date +%s)
 # Condense the ~1500 "CC foo.o" lines into one progress line every 50 steps
 # (out of the total the previous build took, when known).
 total=$(cat "$build/steps-total" 2>/dev/null || echo "?")
 set +e
-kmake -j"$jobs" vmlinux bzImage 2>&1 | tee -a "$log" | {
+kmake -j"$jobs" "${targets[@]}" 2>&1 | tee -a "$log" | {
   n=0
   while IFS= read -r line; do
     case $line in
@@ -138,7 +181,9 @@ release=$(kmake -s kernelrelease)
 tmp=$out.tmp.$$
 rm -rf "$tmp"
 mkdir -p "$tmp"
-cp "$build/vmlinux" "$tmp/vmlinux"
+if [ "$flavor" = guest ]; then
+  cp "$build/vmlinux" "$tmp/vmlinux"
+fi
 cp "$build/arch/x86/boot/bzImage" "$tmp/bzImage"
 cp "$build/.config" "$tmp/config"
 cat >"$tmp/info" <<EOF
@@ -147,8 +192,10 @@ package_version=$pkgver
 kernelversion=$version
 kernelrelease=$release
 key=$key
+flavor=$flavor
 EOF
+mkdir -p "$outdir"
 rm -rf "$out"
 mv "$tmp" "$out"
 say "built $release in $(($(date +%s) - start))s: $out"
-echo "$out/vmlinux"
+echo "$out/$product"
