@@ -432,12 +432,7 @@ async fn qemu_runtime_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kvm_runtime_end_to_end() {
-    if !zygote_vmm::host::hardware_virtualization() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping the kvm runtime suite: this host has no hardware virtualization \
-             (no vmx/svm), so zygote's VMM cannot boot Linux guests here"
-        );
+    if !zygote_vmm::host::linux_guests_or_skip("the kvm runtime suite") {
         return;
     }
     suite("kvm").await;

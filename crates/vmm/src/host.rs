@@ -13,6 +13,32 @@ pub fn hardware_virtualization() -> bool {
         .unwrap_or(false)
 }
 
+/// Set by the nested lane (scripts/nested-lane.py) inside its L1 host: tests that need
+/// Linux guests must run there, so a missing prerequisite fails them instead of skipping.
+pub const REQUIRE_HW_VIRT_ENV: &str = "ZYGOTE_REQUIRE_HW_VIRT";
+
+/// For tests that boot Linux guests on zygote's VMM: true when this host can. Otherwise
+/// prints why `test` skips and returns false, or panics when [`REQUIRE_HW_VIRT_ENV`] is
+/// set, so that a lane whose host lost hardware virtualization cannot pass vacuously.
+pub fn linux_guests_or_skip(test: &str) -> bool {
+    let why = if !hardware_virtualization() {
+        "this host has no hardware virtualization (no vmx/svm, kvm_intel/kvm_amd not \
+         loaded), so Linux cannot boot under its KVM; probe-guest tests cover the VMM here"
+            .to_string()
+    } else if let Err(e) = kvm_usable() {
+        format!("/dev/kvm is unusable: {e}")
+    } else {
+        return true;
+    };
+    if std::env::var_os(REQUIRE_HW_VIRT_ENV).is_some_and(|v| !v.is_empty() && v != "0") {
+        panic!("{test} cannot run but {REQUIRE_HW_VIRT_ENV} is set: {why}");
+    }
+    // Straight to stderr so the reason shows despite the test harness's capture.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "skipping {test}: {why}");
+    false
+}
+
 /// Whether any `flags` line of /proc/cpuinfo lists vmx or svm.
 pub fn cpuinfo_has_virt_flag(cpuinfo: &str) -> bool {
     cpuinfo

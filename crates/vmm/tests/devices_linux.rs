@@ -1,115 +1,52 @@
 //! The kvm runtime's device set on a real Linux guest: the `minimal` image as a
-//! copy-on-write root disk plus vsock to the in-guest agent. Needs hardware
-//! virtualization; elsewhere it skips with the reason printed.
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+//! copy-on-write root disk, vsock to the in-guest agent (exec, files), virtio-rng.
+//! Needs hardware virtualization; elsewhere it skips with the reason printed.
+mod linux_support;
 
-use zygote_vmm::devices::serial::CallbackWriter;
-use zygote_vmm::devices::virtio::setup::for_root_image;
-use zygote_vmm::{VmConfig, Vmm};
-
-/// The agent's vsock port (zygote-proto's DEFAULT_VSOCK_PORT).
-const AGENT_PORT: u32 = 1024;
-
-fn cache_dir() -> Option<PathBuf> {
-    std::env::var_os("ZYGOTE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/zygote")))
-}
-
-/// `$ZYGOTE_<VAR>`, or the newest cache entry accepted by `pick`.
-fn newest(
-    var: &str,
-    sub: &str,
-    pick: impl Fn(&std::path::Path) -> Option<PathBuf>,
-) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(var) {
-        return Some(PathBuf::from(p));
-    }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(cache_dir()?.join(sub))
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| pick(&e.path()))
-        .collect();
-    found.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
-    found.pop()
-}
-
-/// Connect through the hybrid vsock socket until the agent accepts (the guest resets
-/// connections to ports nobody listens on yet).
-fn connect_agent(uds: &std::path::Path, deadline: Instant) -> Option<String> {
-    while Instant::now() < deadline {
-        if let Ok(mut s) = UnixStream::connect(uds) {
-            s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-            s.write_all(format!("CONNECT {AGENT_PORT}\n").as_bytes())
-                .ok()?;
-            let mut line = String::new();
-            if BufReader::new(&s).read_line(&mut line).is_ok() && line.starts_with("OK ") {
-                return Some(line);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    None
-}
+use linux_support::{agent, boot_minimal, sh_ok};
 
 #[test]
 fn minimal_image_boots_with_cow_root_and_vsock_agent() {
-    if !zygote_vmm::host::hardware_virtualization() {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping minimal_image_boots_with_cow_root_and_vsock_agent: no hardware \
-             virtualization (no vmx/svm, no kvm_intel/kvm_amd), so Linux cannot boot under \
-             this host's KVM; the devices are covered here by the probe guest (devices_blk, \
-             devices_vsock, devices_rng)"
-        );
+    if !zygote_vmm::host::linux_guests_or_skip("minimal_image_boots_with_cow_root_and_vsock_agent")
+    {
         return;
     }
-    let kernel = newest("ZYGOTE_KERNEL", "kernel", |d| {
-        Some(d.join("vmlinux")).filter(|p| p.is_file())
-    })
-    .expect(
-        "hardware virtualization present but no kernel: build it (make guest) or set ZYGOTE_KERNEL",
-    );
-    let image = newest("ZYGOTE_IMAGE", "images", |p| {
-        let name = p.file_name()?.to_str()?;
-        (name.starts_with("minimal-") && name.ends_with(".ext4")).then(|| p.to_path_buf())
-    })
-    .expect("no minimal image: build it (zygote image build minimal) or set ZYGOTE_IMAGE");
-    let before = std::fs::metadata(&image).unwrap().modified().unwrap();
+    let image = linux_support::minimal_image();
     let dir = tempfile::tempdir().unwrap();
-    let uds = dir.path().join("vm.vsock");
-    let devices = for_root_image(&image, &uds, None).unwrap();
-    let console = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let sink = console.clone();
-    let vmm = Vmm::boot(VmConfig {
-        kernel,
-        initrd: None,
-        cmdline: format!(
-            "console=ttyS0 reboot=k panic=1 pci=off nomodule i8042.noaux {}",
-            devices.root_cmdline()
-        ),
-        mem_mib: 512,
-        vcpus: 2,
-        serial_out: Box::new(CallbackWriter(move |b: &[u8]| {
-            sink.lock().unwrap().extend_from_slice(b)
-        })),
-        start_paused: false,
-        virtio_devices: devices.virtio_devices(),
-    })
-    .expect("VM boots");
-    let ok = connect_agent(&uds, Instant::now() + Duration::from_secs(90));
-    let text = String::from_utf8_lossy(&console.lock().unwrap()).into_owned();
-    vmm.shutdown();
-    assert!(
-        ok.is_some(),
-        "agent never accepted over vsock; console:\n{text}"
-    );
+    let vm = boot_minimal(dir.path(), 2, 512);
+    let a = agent(&vm.vsock);
+
+    // The agent is PID 1 on the CoW root disk; the guest sees both vCPUs.
+    assert_eq!(sh_ok(&a, "cat /proc/1/comm"), "zygote-agent");
+    assert_eq!(sh_ok(&a, "grep -c ^processor /proc/cpuinfo"), "2");
     assert_eq!(
-        std::fs::metadata(&image).unwrap().modified().unwrap(),
-        before,
-        "the base image is never written"
+        sh_ok(&a, "awk '$2 == \"/\" {print $1, $3}' /proc/mounts"),
+        "/dev/root ext4"
     );
+    // virtio-rng is the kernel's hardware RNG.
+    assert_eq!(
+        sh_ok(&a, "cat /sys/class/misc/hw_random/rng_current"),
+        "virtio_rng.0"
+    );
+
+    // Writes land in the VM's private copy of the disk, through the page cache and down
+    // to the block device (sync), never in the base image.
+    a.write_file("/root/hello.txt", b"written in the guest", Some(0o644))
+        .expect("write a file");
+    assert_eq!(
+        a.read_file("/root/hello.txt").unwrap(),
+        b"written in the guest"
+    );
+    sh_ok(
+        &a,
+        "dd if=/dev/urandom of=/root/blob bs=64k count=16 2>/dev/null; sync",
+    );
+    assert!(
+        vm.devices.root_private_bytes() >= 1 << 20,
+        "the guest's writes reached the CoW disk ({} private bytes)",
+        vm.devices.root_private_bytes()
+    );
+    a.close();
+    vm.vmm.shutdown();
+    linux_support::assert_image_intact(&image);
 }
