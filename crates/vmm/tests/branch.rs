@@ -261,3 +261,35 @@ fn a_single_child_is_a_direct_child() {
     assert!(libc::WIFEXITED(reaped[0].1) && libc::WEXITSTATUS(reaped[0].1) == 0);
     vm.vmm.shutdown();
 }
+
+/// A branch child is a sandbox of its own: it outlives its parent VM and the spawner
+/// that forked it (a tree search keeps one child and deletes the parent; the daemon
+/// kills a deleted sandbox's whole cgroup, where the spawner lives).
+#[test]
+fn children_outlive_the_parent_and_the_spawner() {
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 0);
+    let report = branch(&mut vm, 2, &child_main, vec![reports.w]).unwrap();
+    let spawner = report.spawner.expect("count > 1 uses a spawner");
+    unsafe { libc::kill(spawner, libc::SIGKILL) };
+    assert_eq!(vm.vmm.reap_children(true), vec![(spawner, libc::SIGKILL)]);
+    vm.vmm.shutdown();
+
+    // Drain what was in flight, then both children must still be reporting progress.
+    std::thread::sleep(Duration::from_millis(300));
+    while reports.recv(Duration::from_millis(10)).is_some() {}
+    let mut beats: std::collections::HashMap<u64, Vec<u64>> = Default::default();
+    while beats.values().map(Vec::len).sum::<usize>() < 6 {
+        let [index, beat, _] = reports
+            .recv(Duration::from_secs(20))
+            .expect("children keep running without their spawner and parent");
+        beats.entry(index).or_default().push(beat);
+    }
+    assert_eq!(beats.len(), 2, "both children report: {beats:?}");
+    for c in &report.children {
+        unsafe { libc::kill(c.pid, libc::SIGKILL) };
+    }
+}

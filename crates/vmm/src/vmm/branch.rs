@@ -6,7 +6,8 @@
 //! once, and resumes at once. For one child that fork *is* the child. For N children it
 //! is a frozen "spawner" copy that forks the N children itself while the parent already
 //! runs again, so the parent's pause does not grow with N; the spawner then drops its
-//! guest memory and only reaps.
+//! guest memory and only reaps. A child dies with its spawner until it reports running
+//! (a failed branch is cleaned up with one kill), and outlives it (and the parent) after.
 //!
 //! Each child is single-threaded after fork: it unmaps the parent's kvm_run pages and
 //! closes every inherited fd (KVM objects, eventfds, sockets, listeners), builds a new
@@ -290,6 +291,12 @@ impl Vmm {
         record.send(ready_w);
         // SAFETY: readiness is reported; the child main doesn't need the pipe.
         unsafe { libc::close(ready_w) };
+        if result.is_ok() {
+            // Reported and running, the child is a VM of its own: it must outlive the
+            // spawner (killed with the parent's cgroup when the parent is deleted).
+            // SAFETY: plain prctl on this process.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+        }
         match result {
             Ok(vmm) => (req.child_main)(ChildContext { index, vmm }),
             Err(e) => {
@@ -311,8 +318,9 @@ impl Vmm {
                 let pid = unsafe { libc::fork() };
                 if pid == 0 {
                     let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        // Siblings die with the spawner (which only dies when killed),
-                        // so cleaning up a failed branch is one kill.
+                        // Until it reports running, a child dies with the spawner (which
+                        // only dies when killed), so cleaning up a failed branch is one
+                        // kill; after that it is independent (see rebuild_and_run).
                         // SAFETY: plain prctl; then re-check the parent to close the race.
                         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
                         if unsafe { libc::getppid() } != spawner {
