@@ -42,14 +42,7 @@ fi
 stamp_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
 VENV="$PY/.venv"
-py_stamp=$(stamp_of "$PY/pyproject.toml")
-if [ "$(cat "$VENV/.zygote-stamp" 2>/dev/null)" != "$py_stamp" ]; then
-    say "installing the Python SDK and its test dependencies into $VENV"
-    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" || die "creating $VENV failed"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$PY[test,mcp]" \
-        || die "pip install failed"
-    echo "$py_stamp" >"$VENV/.zygote-stamp"
-fi
+bash "$ROOT/scripts/sdk-venv.sh" >/dev/null || die "setting up the Python SDK's venv failed"
 
 ts_stamp=$(stamp_of "$TS/package.json" "$TS/package-lock.json")
 if [ "$(cat "$TS/node_modules/.zygote-stamp" 2>/dev/null)" != "$ts_stamp" ]; then

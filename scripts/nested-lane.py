@@ -1,0 +1,520 @@
+#!/usr/bin/env python3
+"""The nested lane: zygote's own VMM running Linux guests, under test on a host whose
+/dev/kvm cannot boot Linux.
+
+QEMU TCG (a software CPU) exposes AMD SVM with nested paging to an L1 Linux built with
+KVM + kvm_amd (guest/kernel/build.sh --flavor l1); inside L1, /dev/kvm has hardware
+virtualization semantics and zygote's VMM boots real Linux guests (L2). This driver:
+
+  1. builds (or finds in ~/.cache/zygote/kernel-l1) the L1 kernel,
+  2. stages a root disk for L1: busybox, guest/nested/init.sh as /init, the release
+     binaries and test executables at the same absolute paths as here (so paths baked in
+     at compile time resolve), their shared libraries, the guest kernel and the `minimal`
+     image as L1's zygote cache, and the lane's plan,
+  3. boots L1 (QEMU TCG, -cpu max, 2 vCPUs) and follows its serial console, where
+     init.sh runs the plan's steps and frames them with `@@zy` lines,
+  4. for `serve` steps runs host-side clients (the Python SDK's tree-search example)
+     against the daemon inside L1 through a QEMU port forward on 127.0.0.1,
+  5. prints a report (per step and per test), keeps every step's log under
+     target/nested/<lane>/, and exits non-zero if anything failed or L1 itself broke.
+
+Lanes: `smoke` (part of `make test`: Linux boot, the minimal image with its agent,
+a 3-way BRANCH with isolation), `full` (`make test-kvm-nested`: every suite that needs
+hardware virtualization, the daemon on the kvm runtime, the SDK example) and `bench`
+(`make bench-nested`). Usage: scripts/nested-lane.py [--lane smoke|full|bench].
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "target" / "release"
+PROBE_ELF = ROOT / "guest/probe/target/x86_64-unknown-none/release/zygote-probe"
+CACHE = Path(os.environ.get("ZYGOTE_CACHE_DIR") or Path.home() / ".cache" / "zygote")
+# L1's view: the zygote cache it gets (read by tests and the daemon; never built in L1).
+L1_CACHE = "/zygote-cache"
+L1_DAEMON_PORT = 7420
+T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"== [{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+def die(msg: str) -> None:
+    print(f"nested-lane: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+# --- what runs in L1 ----------------------------------------------------------
+
+
+@dataclass
+class Step:
+    """One line of L1's plan: a test executable (by cargo package and target), or a
+    `serve` step (zygoted on the kvm runtime, exercised from the host)."""
+
+    name: str
+    limit_s: int
+    package: str = ""
+    target: str = ""  # test target name; "" = the package's unit tests
+    args: list[str] = field(default_factory=list)
+    serve: bool = False
+
+
+SMOKE = [
+    Step("vmm/linux_boot", 300, "zygote-vmm", "linux_boot"),
+    Step("vmm/devices_linux", 420, "zygote-vmm", "devices_linux"),
+    Step("vmm/linux_branch", 600, "zygote-vmm", "linux_branch"),
+]
+FULL = SMOKE + [
+    Step("vmm/linux_snapshot", 900, "zygote-vmm", "linux_snapshot"),
+    Step("vmm/unit", 600, "zygote-vmm", "", ["--test-threads=2"]),
+    *[
+        Step(f"vmm/{t}", 600, "zygote-vmm", t)
+        for t in [
+            "probe_boot",
+            "branch",
+            "snapshot",
+            "devices_blk",
+            "devices_branch",
+            "devices_rng",
+            "devices_vsock",
+            "kernel_images",
+        ]
+    ],
+    Step("cli/vm_serve", 600, "zygote-cli", "vm_serve"),
+    Step("daemon/kvm_runtime", 900, "zygote-daemon", "kvm_runtime"),
+    Step(
+        "daemon/e2e_kvm", 1200, "zygote-daemon", "e2e", ["--exact", "kvm_runtime_end_to_end"]
+    ),
+    Step("sdk/tree_search", 1200, serve=True),
+]
+LANES = {"smoke": SMOKE, "full": FULL}
+
+
+# --- building and locating what L1 needs ----------------------------------------
+
+
+def run(cmd: list[str], **kw) -> str:
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, **kw)
+    if r.returncode != 0:
+        die(f"{' '.join(map(str, cmd))} failed (exit {r.returncode})")
+    return r.stdout
+
+
+def kernel_build(flavor: str) -> Path:
+    """guest/kernel/build.sh: cached by input hash; its progress goes to our stderr."""
+    out = run(["bash", str(ROOT / "guest/kernel/build.sh"), "--flavor", flavor])
+    return Path(out.strip().splitlines()[-1])
+
+
+def minimal_image() -> tuple[Path, Path]:
+    """The newest `minimal` image in the cache and its metadata file."""
+    best = None
+    for meta in (CACHE / "images").glob("minimal-*.json"):
+        info = json.loads(meta.read_text())
+        img = meta.with_suffix(".ext4")
+        if info.get("name") == "minimal" and img.is_file():
+            if best is None or info.get("built_at", 0) > best[0]:
+                best = (info.get("built_at", 0), img, meta)
+    if best is None:
+        die("no minimal image in the cache: run `make guest` first")
+    return best[1], best[2]
+
+
+def test_executables(steps: list[Step]) -> dict[tuple[str, str], Path]:
+    """(package, target) -> test executable, from cargo's build plan (builds if needed)."""
+    packages = sorted({s.package for s in steps if s.package})
+    cmd = ["cargo", "test", "--release", "--no-run", "--message-format=json"]
+    for p in packages:
+        cmd += ["-p", p]
+    say(f"test executables: {' '.join(cmd[1:])}")
+    out = run(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
+    found: dict[tuple[str, str], Path] = {}
+    for line in out.splitlines():
+        try:
+            msg = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg.get("profile", {}).get("test"):
+            continue
+        pkg = msg["package_id"]
+        name = next((p for p in packages if re.search(rf"[/#]{re.escape(p)}[@#]", pkg)), None)
+        if name is None:
+            continue
+        kinds = msg["target"]["kind"]
+        target = "" if "lib" in kinds else msg["target"]["name"]
+        found[(name, target)] = Path(msg["executable"])
+    for s in steps:
+        if s.package and (s.package, s.target) not in found:
+            die(f"cargo built no test executable for {s.package} {s.target or '(unit tests)'}")
+    return found
+
+
+# --- L1's root disk -------------------------------------------------------------
+
+
+def shared_libraries(binary: Path) -> set[Path]:
+    out = subprocess.run(["ldd", str(binary)], stdout=subprocess.PIPE, text=True).stdout
+    libs = set()
+    for line in out.splitlines():
+        m = re.search(r"(/\S+) \(0x", line)
+        if m:
+            libs.add(Path(m.group(1)))
+    return libs
+
+
+class Stage:
+    """A directory that becomes L1's root filesystem."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.libs: set[Path] = set()
+
+    def path(self, abs_path: str | Path) -> Path:
+        p = self.root / str(abs_path).lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def copy(self, src: Path, dest: str | Path | None = None) -> None:
+        shutil.copy2(src, self.path(dest or src), follow_symlinks=True)
+
+    def binary(self, src: Path, dest: str | Path | None = None) -> None:
+        """An ELF executable without debug info, plus the libraries it loads."""
+        out = self.path(dest or src)
+        subprocess.run(["strip", "--strip-debug", "-o", str(out), str(src)], check=True)
+        self.libs |= shared_libraries(src)
+
+    def write(self, dest: str, text: str, mode: int = 0o644) -> None:
+        p = self.path(dest)
+        p.write_text(text)
+        p.chmod(mode)
+
+    def finish_libraries(self) -> None:
+        for lib in sorted(self.libs):
+            self.copy(lib)
+
+    def to_ext4(self, image: Path) -> None:
+        used = sum(
+            (p.stat().st_blocks * 512)
+            for p in self.root.rglob("*")
+            if p.is_file() and not p.is_symlink()
+        )
+        size = int(used * 1.3) + (256 << 20)
+        image.unlink(missing_ok=True)
+        with open(image, "wb") as f:
+            f.truncate(size)
+        run(
+            ["mke2fs", "-q", "-F", "-t", "ext4", "-L", "zylane", "-E", "root_owner=0:0",
+             "-d", str(self.root), str(image)]
+        )
+
+
+def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
+    guest_vmlinux = kernel_build("guest")
+    kernel_dir = guest_vmlinux.parent
+    image, image_meta = minimal_image()
+    exes = test_executables(steps)
+    for b in ["zygote", "zygoted"]:
+        if not (RELEASE / b).is_file():
+            die(f"{RELEASE / b} missing: run `make build` first")
+    if not PROBE_ELF.is_file():
+        die(f"{PROBE_ELF} missing: run `make build` first")
+
+    stage_dir = work / "root"
+    shutil.rmtree(stage_dir, ignore_errors=True)
+    st = Stage(stage_dir)
+    for d in ["dev", "proc", "sys", "tmp", "run", "root", "sbin", "usr/bin", "usr/sbin"]:
+        (stage_dir / d).mkdir(parents=True, exist_ok=True)
+    st.copy(Path("/bin/busybox"), "/bin/busybox")
+    st.copy(ROOT / "guest/nested/init.sh", "/init")
+    st.path("/init").chmod(0o755)
+    st.write("/etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")
+    st.write("/etc/group", "root:x:0:\nnogroup:x:65534:\n")
+    st.write("/etc/hosts", "127.0.0.1 localhost l1\n")
+    for b in ["zygote", "zygoted"]:
+        st.binary(RELEASE / b)
+    st.copy(PROBE_ELF)
+    for (_, _), exe in sorted(exes.items()):
+        st.binary(exe)
+    for f in ["vmlinux", "bzImage", "info", "config"]:
+        st.copy(kernel_dir / f, f"{L1_CACHE}/kernel/{kernel_dir.name}/{f}")
+    st.copy(image, f"{L1_CACHE}/images/{image.name}")
+    st.copy(image_meta, f"{L1_CACHE}/images/{image_meta.name}")
+    st.finish_libraries()
+
+    env = {
+        "HOME": "/root",
+        "ZYGOTE_CACHE_DIR": L1_CACHE,
+        "ZYGOTE_PREBUILT": "1",
+        "ZYGOTE_REQUIRE_HW_VIRT": "1",
+        "ZYGOTE_BIN": str(RELEASE / "zygote"),
+        "ZYGOTE_PROBE": str(PROBE_ELF),
+        "RUST_BACKTRACE": "1",
+        "ZYGOTE_LOG": "warn",
+    }
+    st.write("/lane/env", "".join(f"export {k}='{v}'\n" for k, v in env.items()))
+    plan = []
+    for s in steps:
+        if s.serve:
+            cmd = f"ZYGOTE_LOG=info {RELEASE / 'zygoted'} --runtime kvm"
+            plan.append(f"{s.name}\t{s.limit_s}\tserve\t{cmd}")
+        else:
+            exe = exes[(s.package, s.target)]
+            threads = [] if any("test-threads" in a for a in s.args) else ["--test-threads=1"]
+            cmd = " ".join([str(exe), *threads, *s.args])
+            plan.append(f"{s.name}\t{s.limit_s}\trun\t{cmd}")
+    st.write("/lane/plan", "\n".join(plan) + "\n")
+
+    disk = work / "l1-root.ext4"
+    st.to_ext4(disk)
+    say(f"L1 root disk {disk} ({disk.stat().st_blocks * 512 >> 20} MiB used)")
+    return disk
+
+
+# --- running L1 -----------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class StepResult:
+    name: str
+    rc: int | None = None
+    ms: int = 0
+    tests: dict[str, str] = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and not any(v == "FAILED" for v in self.tests.values())
+
+
+TEST_LINE = re.compile(r"^test (\S+) \.\.\. (ok|FAILED|ignored)")
+TEST_STARTED = re.compile(r"^test (\S+) \.\.\. ")
+# The L1 kernel itself breaking is an infrastructure failure, reported as such.
+L1_TROUBLE = re.compile(r"(Kernel panic|Oops:|BUG: |general protection fault|Call Trace:)")
+
+
+def sdk_tree_search(port: int, token: str, log: list[str]) -> int:
+    """The Python SDK's tree-search example against the daemon inside L1."""
+    py = run(["bash", str(ROOT / "scripts/sdk-venv.sh")]).strip()
+    env = dict(os.environ, ZYGOTE_URL=f"http://127.0.0.1:{port}", ZYGOTE_TOKEN=token)
+    cmd = [py, str(ROOT / "sdk/python/examples/tree_search.py"),
+           "--start", "3", "--target", "40", "--depth", "3"]
+    log.append(f"host$ {' '.join(cmd[1:])}")
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=1100)
+    log.extend(p.stdout.splitlines())
+    return p.returncode
+
+
+def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, outdir: Path):
+    port = free_port()
+    cmd = [
+        "qemu-system-x86_64", "-nodefaults", "-no-user-config",
+        "-machine", "pc", "-accel", "tcg,thread=multi", "-cpu", "max",
+        "-smp", "2", "-m", str(mem_mib),
+        "-display", "none", "-no-reboot", "-monitor", "none",
+        # ttyS0: the lane's channel (init.sh's output, the host's replies);
+        # ttyS1: L1's kernel console.
+        "-serial", "stdio", "-serial", f"file:{outdir / 'l1-kernel.log'}",
+        "-kernel", str(bzimage),
+        "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=-1",
+        "-drive", f"file={disk},if=virtio,format=raw,snapshot=on",
+        "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{L1_DAEMON_PORT}",
+        "-device", "virtio-net-pci,netdev=n0",
+    ]
+    budget = 300 + sum(s.limit_s for s in steps)
+    say(f"booting L1 (QEMU TCG, -cpu max with SVM; time limit {budget}s)")
+    console = open(outdir / "lane.log", "w")
+    qemu = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump():
+        for line in qemu.stdout:
+            lines.put(line.rstrip("\r\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + budget
+    facts: dict[str, str] = {}
+    results: list[StepResult] = []
+    current: StepResult | None = None
+    boot_log: list[str] = []
+    pending: str | None = None
+    done = False
+    ended = "L1 ended before the lane finished"
+    while True:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            ended = f"time limit ({budget}s) reached"
+            break
+        if line is None:
+            break
+        console.write(line + "\n")
+        console.flush()
+        if line.startswith("@@zy "):
+            words = line.split()
+            kind = words[1]
+            if kind == "l1":
+                facts = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+                say("L1 up: " + " ".join(words[2:]))
+            elif kind == "begin":
+                pending = None
+                current = StepResult(words[2])
+                results.append(current)
+                print(f"   {current.name} ...", end="", flush=True)
+            elif kind == "end" and current is not None:
+                kv = dict(w.split("=", 1) for w in words[3:] if "=" in w)
+                current.rc = int(kv.get("rc", "-1"))
+                current.ms = int(kv.get("ms", "0"))
+                status = "ok" if current.ok else "FAILED"
+                print(f" {status} ({current.ms / 1000:.1f} s)", flush=True)
+                current = None
+            elif kind == "serve" and current is not None:
+                rc = sdk_tree_search(port, words[3], current.log)
+                current.note = f"host client exit {rc}"
+                if rc != 0:
+                    current.tests["sdk tree_search example"] = "FAILED"
+                else:
+                    current.tests["sdk tree_search example"] = "ok"
+                qemu.stdin.write("done\n")
+                qemu.stdin.flush()
+            elif kind == "lane-done":
+                done = True
+            continue
+        if current is not None:
+            current.log.append(line)
+            m = TEST_LINE.match(line)
+            if m:
+                current.tests[m.group(1)] = m.group(2)
+            elif (m := TEST_STARTED.match(line)) is not None:
+                # A test that prints to stderr while it runs splits libtest's line:
+                # its result comes on a later line of its own.
+                pending = m.group(1)
+            elif pending and line.strip() in ("ok", "FAILED", "ignored"):
+                current.tests[pending] = line.strip()
+                pending = None
+        else:
+            boot_log.append(line)
+    if qemu.poll() is None:
+        try:
+            qemu.wait(timeout=30 if done else 1)
+        except subprocess.TimeoutExpired:
+            qemu.kill()
+            qemu.wait()
+    console.close()
+    kernel_log = (outdir / "l1-kernel.log").read_text(errors="replace").splitlines()
+    trouble = [line for line in kernel_log if L1_TROUBLE.search(line)]
+    if not facts:
+        # L1 never reached init.sh: its kernel log says why.
+        boot_log = kernel_log
+    return facts, results, boot_log, trouble, (None if done else ended)
+
+
+def report(lane: str, steps: list[Step], facts, results, boot_log, trouble, broken, outdir: Path) -> int:
+    by_name = {r.name: r for r in results}
+    failed = 0
+    print()
+    say(f"nested lane '{lane}': L1 " + " ".join(f"{k}={v}" for k, v in facts.items()))
+    for s in steps:
+        r = by_name.get(s.name)
+        if r is None:
+            print(f"  NOT RUN  {s.name}")
+            failed += 1
+            continue
+        (outdir / (s.name.replace("/", "__") + ".log")).write_text("\n".join(r.log) + "\n")
+        passed = sum(1 for v in r.tests.values() if v == "ok")
+        word = "PASS" if r.ok else "FAIL"
+        print(f"  {word:8} {s.name:24} {passed}/{len(r.tests)} tests, {r.ms / 1000:.1f} s"
+              + (f", rc={r.rc}" if r.rc not in (0, None) else "")
+              + (" (killed at its time limit)" if r.rc == 124 else ""))
+        for t, v in sorted(r.tests.items()):
+            if v != "ok":
+                print(f"           {v}: {t}")
+        if not r.ok:
+            failed += 1
+            tail = r.log[-150:]
+            print(f"  --- {s.name}: last {len(tail)} lines of output ---")
+            for line in tail:
+                print(f"  | {line}")
+    if not facts.get("kvm") == "yes":
+        print("  L1 has no /dev/kvm: the lane cannot run (see console.log)")
+        failed += 1
+    if trouble:
+        print("  the L1 kernel reported trouble (an infrastructure failure, not a test's):")
+        for t in trouble[:20]:
+            print(f"  | {t}")
+        failed += 1
+    if broken:
+        print(f"  L1 broke off: {broken}; last console lines:")
+        tail = (results[-1].log if results else boot_log)[-40:]
+        for line in tail:
+            print(f"  | {line}")
+        failed += 1
+    summary = {
+        "lane": lane,
+        "l1": facts,
+        "passed": failed == 0,
+        "broken": broken,
+        "l1_trouble": trouble,
+        "steps": [
+            {"name": r.name, "rc": r.rc, "ms": r.ms, "ok": r.ok, "tests": r.tests, "note": r.note}
+            for r in results
+        ],
+    }
+    (outdir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
+    say(f"{'PASSED' if failed == 0 else 'FAILED'}: logs and report.json in {outdir}")
+    return 0 if failed == 0 else 1
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lane", choices=sorted(LANES), default="smoke")
+    ap.add_argument("--only", action="append", default=[],
+                    help="run only the steps whose name contains this (repeatable)")
+    ap.add_argument("--l1-mem-mib", type=int, default=6144)
+    args = ap.parse_args()
+    if not shutil.which("qemu-system-x86_64"):
+        die("qemu-system-x86_64 not found: run scripts/setup.sh")
+    steps = LANES[args.lane]
+    if args.only:
+        steps = [s for s in steps if any(o in s.name for o in args.only)]
+        if not steps:
+            die(f"no step of lane {args.lane} matches {args.only}")
+    outdir = ROOT / "target" / "nested" / args.lane
+    shutil.rmtree(outdir, ignore_errors=True)
+    outdir.mkdir(parents=True)
+    say(f"L1 kernel (guest/kernel/build.sh --flavor l1; cached in {CACHE}/kernel-l1)")
+    bzimage = kernel_build("l1")
+    disk = stage_l1(args.lane, steps, ROOT / "target" / "nested" / "work")
+    facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args.l1_mem_mib, outdir)
+    return report(args.lane, steps, facts, results, boot_log, trouble, broken, outdir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
