@@ -1,12 +1,14 @@
 # zygote: copy-on-write microVM sandboxes for AI agents.
 #   make demo   install what is missing, build everything (incl. guest kernel/rootfs), run the demo
-#   make test   install, build, lint and run every test suite
+#   make test   install, build, lint and run every test suite (incl. the nested lane's smoke part)
+#   make test-kvm-nested   the whole nested lane: the kvm runtime's Linux path under emulated SVM
 SHELL := /bin/bash
 CARGO ?= cargo
 ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 
-.PHONY: all setup build probe agent guest lint test test-rust test-sdk test-fuzz demo clean
+.PHONY: all setup build probe agent guest lint test test-rust test-sdk test-fuzz demo clean \
+	test-kvm-nested test-kvm-nested-smoke
 
 all: build
 
@@ -44,7 +46,15 @@ test-fuzz: setup
 	ZYGOTE_SETUP_FUZZ=1 bash scripts/setup.sh
 	bash scripts/fuzz.sh 30
 
-test: lint test-rust test-fuzz test-sdk
+# The nested lane (guest/nested/README.md): zygote's own VMM running Linux guests inside an
+# L1 Linux whose kvm_amd runs under QEMU TCG with SVM exposed. The smoke part is in `make test`.
+test-kvm-nested: build guest
+	python3 scripts/nested-lane.py --lane full
+
+test-kvm-nested-smoke: build guest
+	python3 scripts/nested-lane.py --lane smoke
+
+test: lint test-rust test-fuzz test-sdk test-kvm-nested-smoke
 
 demo: build guest
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true

@@ -341,7 +341,7 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, outdir: 
         # ttyS1: L1's kernel console.
         "-serial", "stdio", "-serial", f"file:{outdir / 'l1-kernel.log'}",
         "-kernel", str(bzimage),
-        "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=-1",
+        "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5",
         "-drive", f"file={disk},if=virtio,format=raw,snapshot=on",
         "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{L1_DAEMON_PORT}",
         "-device", "virtio-net-pci,netdev=n0",
@@ -497,6 +497,8 @@ def main() -> int:
     ap.add_argument("--lane", choices=sorted(LANES), default="smoke")
     ap.add_argument("--only", action="append", default=[],
                     help="run only the steps whose name contains this (repeatable)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the (selected) steps this many times in one L1 boot (flake hunting)")
     ap.add_argument("--l1-mem-mib", type=int, default=6144)
     args = ap.parse_args()
     if not shutil.which("qemu-system-x86_64"):
@@ -506,6 +508,12 @@ def main() -> int:
         steps = [s for s in steps if any(o in s.name for o in args.only)]
         if not steps:
             die(f"no step of lane {args.lane} matches {args.only}")
+    if args.repeat > 1:
+        steps = [
+            Step(f"{s.name}#{k}", s.limit_s, s.package, s.target, s.args, s.serve)
+            for k in range(1, args.repeat + 1)
+            for s in steps
+        ]
     outdir = ROOT / "target" / "nested" / args.lane
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)

@@ -127,6 +127,10 @@ fn serve_pause_branch_snapshot_restore_stop() {
         })
         .unwrap();
     assert_eq!(info.children.len(), 2);
+    // Each child's socket is bound before the reply: usable at once, no waiting.
+    for s in &sockets {
+        assert!(s.exists(), "{} not bound when the branch replied", s.display());
+    }
     let kids: Vec<ControlClient> = sockets.iter().map(ControlClient::new).collect();
     for (k, ci) in kids.iter().zip(&info.children) {
         let st = status(k);

@@ -447,10 +447,8 @@ impl KvmRuntime {
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
         move_to_cgroup(process.pid, spec.cgroup.as_deref());
         let rec = record(spec, files, process, None);
-        // A child reports ready before it binds its control socket.
-        let up = wait_control(&files.api_sock, &rec.process)
-            .and_then(|_| self.bring_up(&rec, &spec.hostname));
-        if let Err(e) = up {
+        // Its control socket was bound before the fork; only the guest needs waiting for.
+        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
             supervisor::kill_and_wait(&rec.process, None);
             return Err(boot_error(e, &spec.dir));
         }

@@ -3,7 +3,7 @@
 //! parked by then and this loop holds no locks across the fork.
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -61,13 +61,17 @@ fn bind(socket: &Path) -> std::io::Result<UnixListener> {
 /// Serve `vmm` on `socket` until it is stopped or the guest ends. Returns the process
 /// exit code: 0 after a clean end or `stop`, 2 when the guest ended with an error.
 pub fn serve(vmm: Vmm, socket: &Path) -> i32 {
-    let listener = match bind(socket) {
-        Ok(l) => l,
+    match bind(socket) {
+        Ok(listener) => serve_on(vmm, listener, socket),
         Err(e) => {
             eprintln!("zygote: cannot listen on {}: {e}", socket.display());
-            return 1;
+            1
         }
-    };
+    }
+}
+
+/// [`serve`] on a listener already bound to `socket`.
+fn serve_on(vmm: Vmm, listener: UnixListener, socket: &Path) -> i32 {
     let mut server = Server {
         vmm: Some(vmm),
         socket: socket.to_path_buf(),
@@ -300,21 +304,47 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
         return Reply::err("bad_request", e);
     }
     let sockets = &paths.sockets;
+    // Every child's control socket is bound before the fork: it accepts connections
+    // (queued until the child serves them) from the moment the branch reply names it.
+    let mut listeners = Vec::with_capacity(sockets.len());
+    for s in sockets {
+        match bind(s) {
+            Ok(l) => listeners.push(l),
+            Err(e) => {
+                remove_sockets(&sockets[..listeners.len()]);
+                return Reply::err("branch_failed", format!("binding {}: {e}", s.display()));
+            }
+        }
+    }
+    let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
     let serial = |i: usize| console_sink(paths.consoles.get(i).map(PathBuf::as_path));
     let devices = |i: usize| DeviceHostConfig {
         vsock_uds: paths.vsock.get(i).cloned(),
         net_tap: paths.taps.get(i).cloned(),
     };
-    let child_main = |ctx: ChildContext| -> i32 { serve(ctx.vmm, &sockets[ctx.index]) };
+    let child_main = |ctx: ChildContext| -> i32 {
+        for (i, &fd) in listener_fds.iter().enumerate() {
+            if i != ctx.index {
+                // SAFETY: a sibling's listener, inherited; nothing in this child uses it.
+                unsafe { libc::close(fd) };
+            }
+        }
+        // SAFETY: this child's own listener fd, kept open across the fork; the parent's
+        // `UnixListener` objects are never dropped in this process (it never returns).
+        let listener = unsafe { UnixListener::from_raw_fd(listener_fds[ctx.index]) };
+        serve_on(ctx.vmm, listener, &sockets[ctx.index])
+    };
     let req = BranchRequest {
         count: sockets.len(),
         child_serial: &serial,
         child_devices: &devices,
         child_main: &child_main,
-        keep_fds: vec![],
+        keep_fds: listener_fds.clone(),
         ready_timeout: Duration::from_millis(timeout_ms),
     };
-    match vmm.branch(&req) {
+    let result = vmm.branch(&req);
+    drop(listeners);
+    match result {
         Ok(r) => Reply::ok(BranchInfo {
             children: r
                 .children
@@ -329,7 +359,18 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
             pause_ms: r.pause.as_secs_f64() * 1e3,
             spawner: r.spawner,
         }),
-        Err(crate::vmm::branch::BranchError::Vmm(e)) => Reply::err("stopped", e),
-        Err(e) => Reply::err("branch_failed", e),
+        Err(e) => {
+            remove_sockets(sockets);
+            match e {
+                crate::vmm::branch::BranchError::Vmm(e) => Reply::err("stopped", e),
+                e => Reply::err("branch_failed", e),
+            }
+        }
+    }
+}
+
+fn remove_sockets(sockets: &[PathBuf]) {
+    for s in sockets {
+        let _ = std::fs::remove_file(s);
     }
 }

@@ -6,8 +6,9 @@
 //! once, and resumes at once. For one child that fork *is* the child. For N children it
 //! is a frozen "spawner" copy that forks the N children itself while the parent already
 //! runs again, so the parent's pause does not grow with N; the spawner then drops its
-//! guest memory and only reaps. A child dies with its spawner until it reports running
-//! (a failed branch is cleaned up with one kill), and outlives it (and the parent) after.
+//! guest memory and only reaps. The spawner leads a process group its children share, so
+//! a failed branch is cleaned up with one kill; a child that runs outlives the spawner and
+//! the parent (until then it dies with the spawner).
 //!
 //! Each child is single-threaded after fork: it unmaps the parent's kvm_run pages and
 //! closes every inherited fd (KVM objects, eventfds, sockets, listeners), builds a new
@@ -172,6 +173,11 @@ impl Vmm {
             resumed?;
             return Err(BranchError::Fork(err));
         }
+        if req.count > 1 {
+            // The spawner's own process group (it sets it too; whoever runs first wins).
+            // SAFETY: plain setpgid on our child.
+            unsafe { libc::setpgid(pid, pid) };
+        }
         self.children.push(pid);
 
         let waited = ready::wait_for(ready_r, req.count, started + req.ready_timeout);
@@ -181,22 +187,14 @@ impl Vmm {
         let records = match waited {
             Ok(r) => r,
             Err(e) => {
-                // Don't leave half-started children behind: the spawner's children die
-                // with it (PR_SET_PDEATHSIG), a direct child is the pid itself.
-                let received = match &e {
-                    WaitError::Timeout { received } | WaitError::Failed { received, .. } => {
-                        received
-                    }
-                };
-                for r in received {
-                    // SAFETY: signalling children we created.
-                    unsafe { libc::kill(r.pid, libc::SIGKILL) };
-                }
-                // SAFETY: as above.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // Don't leave half-started children behind: the spawner's children are
+                // in its process group, a direct child is the pid itself.
+                let target = if req.count > 1 { -pid } else { pid };
+                // SAFETY: signalling processes we created.
+                unsafe { libc::kill(target, libc::SIGKILL) };
                 self.reap_children(true);
                 return Err(match e {
-                    WaitError::Failed { record, .. } => BranchError::ChildFailed {
+                    WaitError::Failed { record } => BranchError::ChildFailed {
                         index: record.index as usize,
                         pid: record.pid,
                         status: record.status,
@@ -280,6 +278,14 @@ impl Vmm {
                 };
                 Vmm::restore(self.ram.clone(), state, cfg)
             });
+        if result.is_ok() {
+            // Running, the child is a VM of its own: it must outlive the spawner (killed
+            // with the parent's cgroup when the parent is deleted). Cleared before the
+            // report, so that nobody who has seen the report can still take it down by
+            // killing the spawner; a failed branch kills the spawner's process group.
+            // SAFETY: plain prctl on this process.
+            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
+        }
         let record = ReadyRecord {
             index: index as u32,
             status: if result.is_ok() { 0 } else { 1 },
@@ -291,12 +297,6 @@ impl Vmm {
         record.send(ready_w);
         // SAFETY: readiness is reported; the child main doesn't need the pipe.
         unsafe { libc::close(ready_w) };
-        if result.is_ok() {
-            // Reported and running, the child is a VM of its own: it must outlive the
-            // spawner (killed with the parent's cgroup when the parent is deleted).
-            // SAFETY: plain prctl on this process.
-            unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, 0) };
-        }
         match result {
             Ok(vmm) => (req.child_main)(ChildContext { index, vmm }),
             Err(e) => {
@@ -310,6 +310,10 @@ impl Vmm {
     fn become_spawner(&mut self, state: &VmState, ready_w: RawFd, req: &BranchRequest) -> ! {
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.release_parent_objects(ready_w, &req.keep_fds);
+            // Its own process group, inherited by the children: a failed branch ends
+            // them all with one kill(-spawner), whatever each has reported.
+            // SAFETY: plain setpgid on this process (the parent does the same, racing us).
+            unsafe { libc::setpgid(0, 0) };
             // SAFETY: getpid cannot fail.
             let spawner = unsafe { libc::getpid() };
             for index in 0..req.count {
@@ -342,8 +346,13 @@ impl Vmm {
                     break;
                 }
             }
-            // SAFETY: the spawner reports nothing itself.
+            // SAFETY: the spawner reports nothing itself, and the fds kept for the
+            // children (e.g. their listening sockets) must not stay open here.
             unsafe { libc::close(ready_w) };
+            for &fd in &req.keep_fds {
+                // SAFETY: as above; nothing in the spawner uses them.
+                unsafe { libc::close(fd) };
+            }
             // The children hold their own copy-on-write references; the spawner needs no
             // guest memory while it waits.
             self.ram.unmap_for_spawner();

@@ -65,10 +65,7 @@ pub enum WaitError {
     /// Not every child reported before the deadline (or all writers closed the pipe).
     Timeout { received: Vec<ReadyRecord> },
     /// A child reported failure.
-    Failed {
-        record: ReadyRecord,
-        received: Vec<ReadyRecord>,
-    },
+    Failed { record: ReadyRecord },
 }
 
 /// Read `count` records, failing fast on the first failure.
@@ -99,10 +96,7 @@ pub fn wait_for(fd: RawFd, count: usize, deadline: Instant) -> Result<Vec<ReadyR
         }
         let record = ReadyRecord::decode(&buf);
         if record.status != 0 {
-            return Err(WaitError::Failed {
-                record,
-                received: got,
-            });
+            return Err(WaitError::Failed { record });
         }
         got.push(record);
     }
@@ -150,7 +144,7 @@ mod tests {
         ReadyRecord { status: 3, ..ok(2) }.send(fds[1]);
         assert!(matches!(
             wait_for(fds[0], 1, deadline),
-            Err(WaitError::Failed { record, .. }) if record.status == 3
+            Err(WaitError::Failed { record }) if record.status == 3
         ));
         unsafe { libc::close(fds[1]) };
         assert!(matches!(
