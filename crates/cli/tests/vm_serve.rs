@@ -104,6 +104,20 @@ fn serve_pause_branch_snapshot_restore_stop() {
     assert_eq!((st.vcpus, st.mem_mib), (2, 256));
     assert_eq!(st.pid as u32, parent.child.id());
 
+    // A diagnosis describes both vCPUs and leaves the guest running.
+    let text: String = c.request(&Request::Diagnose).unwrap();
+    for needle in [
+        "vCPU 0: mp_state",
+        "vCPU 1: mp_state",
+        "rip=",
+        "lapic: tpr=",
+        "ioapic: irr=",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+    assert_eq!(status(&c).state, VmRunState::Running);
+    wait_spinning(&c);
+
     // Pause holds the guest still; resume lets it run.
     let paused: StatusInfo = c.request(&Request::Pause).unwrap();
     assert_eq!(paused.state, VmRunState::Paused);
@@ -123,13 +137,18 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_consoles: vec![],
             child_vsock: vec![],
             child_taps: vec![],
+            child_cgroups: vec![],
             ready_timeout_ms: 30_000,
         })
         .unwrap();
     assert_eq!(info.children.len(), 2);
     // Each child's socket is bound before the reply: usable at once, no waiting.
     for s in &sockets {
-        assert!(s.exists(), "{} not bound when the branch replied", s.display());
+        assert!(
+            s.exists(),
+            "{} not bound when the branch replied",
+            s.display()
+        );
     }
     let kids: Vec<ControlClient> = sockets.iter().map(ControlClient::new).collect();
     for (k, ci) in kids.iter().zip(&info.children) {
@@ -169,6 +188,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_consoles: vec![],
             child_vsock: vec![],
             child_taps: vec![],
+            child_cgroups: vec![],
             ready_timeout_ms: 1000,
         })
         .unwrap_err();

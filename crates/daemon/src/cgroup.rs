@@ -229,6 +229,23 @@ pub fn procs(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// `pid (comm) state S, threads N, wchan W: cmdline`, for reports on what survived.
+fn describe_pid(pid: u32) -> String {
+    let read = |f: &str| std::fs::read_to_string(format!("/proc/{pid}/{f}")).unwrap_or_default();
+    let stat = read("stat");
+    // comm may contain spaces and parentheses: the state follows the last ')'.
+    let (comm, rest) = stat.rsplit_once(')').unwrap_or(("?", ""));
+    let comm = comm.split_once('(').map_or("?", |(_, c)| c);
+    let state = rest.split_whitespace().next().unwrap_or("?");
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    let cmdline = read("cmdline").replace('\0', " ");
+    format!(
+        "{pid} ({comm}) state {state}, {threads} threads, wchan {}: {}",
+        read("wchan"),
+        cmdline.trim()
+    )
+}
+
 /// Kills every process in the cgroup and removes it. Returns an error
 /// message if something survived.
 pub fn destroy(dir: &Path) -> Result<(), String> {
@@ -250,11 +267,12 @@ pub fn destroy(dir: &Path) -> Result<(), String> {
                 Ok(()) => return Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 Err(e) if Instant::now() >= deadline => {
+                    let left: Vec<String> = procs(dir).into_iter().map(describe_pid).collect();
                     return Err(format!(
-                        "removing {}: {e} (pids {:?})",
+                        "removing {}: {e} (left: {})",
                         dir.display(),
-                        procs(dir)
-                    ))
+                        left.join("; ")
+                    ));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }

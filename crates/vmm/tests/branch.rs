@@ -97,6 +97,7 @@ fn branch(
         count,
         child_serial: &sink,
         child_devices: &|_| Default::default(),
+        child_cgroup: &|_| None,
         child_main,
         keep_fds,
         ready_timeout: Duration::from_secs(30),
@@ -292,4 +293,108 @@ fn children_outlive_the_parent_and_the_spawner() {
     for c in &report.children {
         unsafe { libc::kill(c.pid, libc::SIGKILL) };
     }
+}
+
+/// The cgroup v2 mount point, if this host has one we can write to.
+fn cgroup2_root() -> Option<std::path::PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts").ok()?;
+    let dir = mounts
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 2 && f[2] == "cgroup2")
+        .map(|f| std::path::PathBuf::from(f[1]))?;
+    let probe = dir.join(format!("zygote-probe-{}", std::process::id()));
+    std::fs::create_dir(&probe).ok()?;
+    std::fs::remove_dir(&probe).ok()?;
+    Some(dir)
+}
+
+/// The pid of KVM's `kvm-nx-lpage-recovery-<vmm>` kernel thread for the VM `vmm` made.
+fn kvm_worker_of(vmm: libc::pid_t) -> Option<String> {
+    let name = format!("(kvm-nx-lpage-recovery-{vmm})");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        stat.contains(&name)
+            .then(|| e.file_name().to_string_lossy().into_owned())
+    })
+}
+
+/// Removes the test's cgroups (once their processes are gone).
+struct Cgroups(Vec<std::path::PathBuf>);
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        for d in self.0.iter().rev() {
+            for _ in 0..250 {
+                if std::fs::remove_dir(d).is_ok() || !d.exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Each child joins its own cgroup before it builds its VM, so whatever the new VM
+/// creates is accounted there: KVM attaches its per-VM kernel threads (e.g.
+/// kvm-nx-lpage-recovery-<pid> on EPT/NPT hosts) to the creator's cgroups, and left in
+/// the parent's cgroup they would keep it from being removed while the child runs.
+#[test]
+fn children_join_their_cgroups_before_building_their_vm() {
+    let Some(root) = cgroup2_root() else {
+        eprintln!("skipping: no writable cgroup v2 hierarchy on this host");
+        return;
+    };
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
+    let base = root.join(format!("zygote-branch-test-{}", std::process::id()));
+    let dirs: Vec<_> = (0..2).map(|i| base.join(format!("c{i}"))).collect();
+    for d in &dirs {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let mut cleanup = Cgroups(vec![base.clone()]);
+    cleanup.0.extend(dirs.clone());
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 0);
+    let report = vm
+        .vmm
+        .branch(&BranchRequest {
+            count: 2,
+            child_serial: &sink,
+            child_devices: &|_| Default::default(),
+            child_cgroup: &|i| Some(dirs[i].clone()),
+            child_main: &child_main,
+            keep_fds: vec![reports.w],
+            ready_timeout: Duration::from_secs(30),
+        })
+        .unwrap();
+    for c in &report.children {
+        let procs = std::fs::read_to_string(dirs[c.index].join("cgroup.procs")).unwrap();
+        let pids: Vec<&str> = procs.split_whitespace().collect();
+        assert!(
+            pids.contains(&c.pid.to_string().as_str()),
+            "child {} (pid {}) is in {}: {pids:?}",
+            c.index,
+            c.pid,
+            dirs[c.index].display()
+        );
+        // Where KVM runs a kernel thread per VM (named after the VM's creator), the
+        // child's is in the child's cgroup.
+        match kvm_worker_of(c.pid) {
+            Some(worker) => assert!(
+                pids.contains(&worker.as_str()),
+                "KVM worker {worker} of child {} is not in its cgroup: {pids:?}",
+                c.index
+            ),
+            None => eprintln!("this host's KVM runs no per-VM worker thread to check"),
+        }
+    }
+    let [_, beat, _] = reports.recv(Duration::from_secs(20)).expect("children run");
+    assert!(beat > 0);
+    for c in &report.children {
+        unsafe { libc::kill(c.pid, libc::SIGKILL) };
+    }
+    vm.vmm.reap_children(true);
+    vm.vmm.shutdown();
 }

@@ -6,7 +6,7 @@ mod linux_support;
 
 use std::time::Duration;
 
-use linux_support::{agent, boot_minimal, sh_ok, ticks, KillOnDrop, TICKER};
+use linux_support::{agent, boot_minimal, child_agent, sh_ok, ticks, KillOnDrop, TICKER};
 use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
 use zygote_vmm::vmm::branch::{BranchRequest, ChildContext};
 
@@ -40,10 +40,11 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
         vsock_uds: Some(child_sock(i)),
         net_tap: None,
     };
-    // Each child keeps its VM running until the test kills it.
-    let child_main = |mut ctx: ChildContext| -> i32 {
-        ctx.vmm.wait(None);
-        0
+    // Each child serves its VM on a control socket (for a diagnosis, should its agent
+    // not answer) until the test kills it.
+    let child_ctl = |i: usize| dir.path().join(format!("child{i}.sock"));
+    let child_main = |ctx: ChildContext| -> i32 {
+        zygote_vmm::control::server::serve(ctx.vmm, &child_ctl(ctx.index))
     };
     let report = vm
         .vmm
@@ -51,6 +52,7 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
             count: CHILDREN,
             child_serial: &serial,
             child_devices: &devices,
+            child_cgroup: &|_| None,
             child_main: &child_main,
             keep_fds: Vec::new(),
             ready_timeout: Duration::from_secs(120),
@@ -70,7 +72,9 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
             .collect::<Vec<_>>()
     );
 
-    let children: Vec<_> = (0..CHILDREN).map(|i| agent(&child_sock(i))).collect();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|i| child_agent(&child_sock(i), &child_ctl(i), &consoles[i]))
+        .collect();
     for (i, c) in children.iter().enumerate() {
         // The child continues the parent's live state...
         assert_eq!(sh_ok(c, "cat /root/who /root/unsynced"), "parent\ncached");

@@ -6,8 +6,9 @@
 //!   is mapped copy-on-write inside the VMM, so no disk layer file exists. The
 //!   agent is PID 1 and answers on hybrid vsock (`CONNECT 1024`).
 //! * branch: the control `branch` op forks the VMM; each child serves its own
-//!   control socket, vsock socket and console in its sandbox's directory, is
-//!   moved into its sandbox's cgroup, then re-identified through its agent.
+//!   control socket, vsock socket and console in its sandbox's directory, joins
+//!   its sandbox's cgroup before building its VM, then is re-identified through
+//!   its agent.
 //! * snapshots: control `snapshot` full/diff/live into `<snapshot dir>/vm`;
 //!   restore is `vm serve --restore DIR --vsock NEW`, then re-identify.
 use std::path::{Path, PathBuf};
@@ -266,16 +267,6 @@ fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     ))
 }
 
-/// Moves a forked branch child into its sandbox's cgroup (it starts in the
-/// parent's). Pages it already shares stay charged to the parent's cgroup.
-fn move_to_cgroup(pid: u32, cgroup: Option<&Path>) {
-    if let Some(cg) = cgroup {
-        if let Err(e) = std::fs::write(cg.join("cgroup.procs"), pid.to_string()) {
-            tracing::warn!("moving VMM {pid} into {}: {e}", cg.display());
-        }
-    }
-}
-
 fn snapshot_data(dir: &Path, vm_dir: &Path) -> SnapshotData {
     SnapshotData {
         dir: dir.to_path_buf(),
@@ -370,6 +361,8 @@ impl Runtime for KvmRuntime {
             // Every VM of this runtime has a vsock device, so each child needs its own.
             child_vsock: files.iter().map(|f| f.vsock.clone()).collect(),
             child_taps: Vec::new(),
+            // Each child joins its own cgroup before building its VM.
+            child_cgroups: children.iter().map(|c| c.cgroup.clone()).collect(),
             ready_timeout_ms: BRANCH_READY_MS,
         };
         let info: BranchInfo = control(&parent.control)
@@ -445,7 +438,6 @@ impl KvmRuntime {
         let process = pid
             .and_then(|p| ProcId::of(p as u32))
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
-        move_to_cgroup(process.pid, spec.cgroup.as_deref());
         let rec = record(spec, files, process, None);
         // Its control socket was bound before the fork; only the guest needs waiting for.
         if let Err(e) = self.bring_up(&rec, &spec.hostname) {

@@ -26,6 +26,10 @@ pub enum Request {
         /// Per child, its own tap (required when the VM has a network device).
         #[serde(default)]
         child_taps: Vec<String>,
+        /// Per child, a cgroup v2 directory it joins before building its VM (null: stay
+        /// in the parent's).
+        #[serde(default)]
+        child_cgroups: Vec<Option<PathBuf>>,
         #[serde(default = "default_ready_timeout_ms")]
         ready_timeout_ms: u64,
     },
@@ -43,6 +47,9 @@ pub enum Request {
         gpa: u64,
         hex: String,
     },
+    /// A readable dump of the VM's vCPU, interrupt and virtio queue state (briefly
+    /// pausing it): for reports on a guest that stopped answering.
+    Diagnose,
     /// Stop the VM and the VMM process.
     Stop,
 }

@@ -176,6 +176,7 @@ impl Server {
                 child_consoles,
                 child_vsock,
                 child_taps,
+                child_cgroups,
                 ready_timeout_ms,
             } => branch(
                 vmm,
@@ -184,6 +185,7 @@ impl Server {
                     consoles: child_consoles,
                     vsock: child_vsock,
                     taps: child_taps,
+                    cgroups: child_cgroups,
                 },
                 ready_timeout_ms,
             ),
@@ -233,6 +235,9 @@ impl Server {
                 ),
                 Err(e) => Reply::err("bad_request", e),
             },
+            Request::Diagnose => vmm
+                .diagnose()
+                .map_or_else(|e| Reply::err("stopped", e), Reply::ok),
             Request::Stop => return (Reply::ok(status(vmm)), Flow::Stop),
         };
         (reply, Flow::Continue)
@@ -265,6 +270,7 @@ struct BranchPaths {
     consoles: Vec<PathBuf>,
     vsock: Vec<PathBuf>,
     taps: Vec<String>,
+    cgroups: Vec<Option<PathBuf>>,
 }
 
 fn validate_branch(p: &BranchPaths) -> Result<(), String> {
@@ -278,9 +284,15 @@ fn validate_branch(p: &BranchPaths) -> Result<(), String> {
         ("child_consoles", p.consoles.len()),
         ("child_vsock", p.vsock.len()),
         ("child_taps", p.taps.len()),
+        ("child_cgroups", p.cgroups.len()),
     ] {
         if len != 0 && len != sockets.len() {
             return Err(format!("{name} must be empty or match child_sockets"));
+        }
+    }
+    for cg in p.cgroups.iter().flatten() {
+        if !cg.join("cgroup.procs").is_file() {
+            return Err(format!("{} is not a cgroup directory", cg.display()));
         }
     }
     let mut seen = HashSet::new();
@@ -322,6 +334,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
         vsock_uds: paths.vsock.get(i).cloned(),
         net_tap: paths.taps.get(i).cloned(),
     };
+    let cgroup = |i: usize| paths.cgroups.get(i).cloned().flatten();
     let child_main = |ctx: ChildContext| -> i32 {
         for (i, &fd) in listener_fds.iter().enumerate() {
             if i != ctx.index {
@@ -338,6 +351,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
         count: sockets.len(),
         child_serial: &serial,
         child_devices: &devices,
+        child_cgroup: &cgroup,
         child_main: &child_main,
         keep_fds: listener_fds.clone(),
         ready_timeout: Duration::from_millis(timeout_ms),

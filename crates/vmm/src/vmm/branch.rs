@@ -15,6 +15,7 @@
 //! KVM VM over the inherited memory, restores the state, starts new threads, reports
 //! readiness over a pipe, then runs the caller's child main.
 use std::os::fd::RawFd;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::ready::{self, ReadyRecord, WaitError};
@@ -34,6 +35,10 @@ pub struct BranchRequest<'a> {
     /// Host resources for child `i`'s devices (its own vsock socket, tap). Only needed
     /// when the VM has such devices.
     pub child_devices: &'a dyn Fn(usize) -> DeviceHostConfig,
+    /// A cgroup (v2 directory) child `i` moves itself into before it builds its VM, so
+    /// that everything the new VM makes is accounted there: KVM attaches its per-VM
+    /// kernel threads to the creator's cgroups. None: it stays in the parent's.
+    pub child_cgroup: &'a dyn Fn(usize) -> Option<PathBuf>,
     /// Runs in each child after its VM is running; never returns to the caller.
     pub child_main: ChildMain<'a>,
     /// File descriptors children keep open besides stdin/stdout/stderr.
@@ -115,6 +120,15 @@ fn close_fds_except(keep: &mut [RawFd]) {
     }
     // SAFETY: as above.
     unsafe { libc::syscall(libc::SYS_close_range, start, u32::MAX, 0) };
+}
+
+/// Move this process into the cgroup `dir` (cgroup v2: write our pid to cgroup.procs).
+fn join_cgroup(dir: Option<PathBuf>) -> Result<(), VmmError> {
+    let Some(dir) = dir else { return Ok(()) };
+    // SAFETY: getpid cannot fail.
+    let pid = unsafe { libc::getpid() };
+    std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+        .map_err(|e| VmmError::Device(format!("joining cgroup {}: {e}", dir.display())))
 }
 
 /// Leave a forked process without running the parent's destructors or atexit handlers.
@@ -266,9 +280,11 @@ impl Vmm {
     ) -> i32 {
         // The parent's device objects are still in this process's memory: copy their
         // private data (e.g. a disk's CoW pages) into the child's new devices.
-        let result = self
-            .device_private_data()
-            .map_err(|e| VmmError::Device(format!("reading device data: {e}")))
+        let result = join_cgroup((req.child_cgroup)(index))
+            .and_then(|()| {
+                self.device_private_data()
+                    .map_err(|e| VmmError::Device(format!("reading device data: {e}")))
+            })
             .and_then(|device_data| {
                 let cfg = RestoreConfig {
                     serial_out: (req.child_serial)(index),

@@ -31,6 +31,7 @@ use crate::vstate::vcpu::{
 use crate::vstate::vm::{HostKvm, Vm, VmError};
 
 pub mod branch;
+pub mod diagnose;
 mod ready;
 pub mod snapshot;
 

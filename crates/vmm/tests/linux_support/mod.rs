@@ -162,9 +162,11 @@ pub fn boot_minimal(dir: &Path, vcpus: u8, mem_mib: u64) -> LinuxVm {
         vsock,
         devices,
     };
+    let mut vm = vm;
     if let Err(e) = try_agent(&vm.vsock, Instant::now() + AGENT_TIMEOUT) {
+        let state = vm.vmm.diagnose().unwrap_or_else(|e| e.to_string());
         panic!(
-            "the agent never answered on {}: {e}\nconsole:\n{}",
+            "the agent never answered on {}: {e}\nconsole:\n{}\nVM state:\n{state}",
             vm.vsock.display(),
             vm.console.tail(60)
         );
@@ -184,6 +186,28 @@ pub fn try_agent(uds: &Path, deadline: Instant) -> Result<AgentClient, String> {
 pub fn agent(uds: &Path) -> AgentClient {
     try_agent(uds, Instant::now() + AGENT_TIMEOUT)
         .unwrap_or_else(|e| panic!("agent on {}: {e}", uds.display()))
+}
+
+/// [`agent`] for a VM served on control socket `ctl` (a branch child): when the agent
+/// does not answer, the failure shows the guest's console and the VM's state.
+pub fn child_agent(uds: &Path, ctl: &Path, console: &Console) -> AgentClient {
+    try_agent(uds, Instant::now() + AGENT_TIMEOUT).unwrap_or_else(|e| {
+        let client = zygote_vmm::control::ControlClient::new(ctl);
+        let state = client
+            .wait_ready(Instant::now() + Duration::from_secs(10))
+            .map_err(|e| e.to_string())
+            .and_then(|_| {
+                client
+                    .request::<String>(&zygote_vmm::control::Request::Diagnose)
+                    .map_err(|e| e.to_string())
+            })
+            .unwrap_or_else(|e| format!("(no diagnosis: {e})"));
+        panic!(
+            "the agent on {} never answered: {e}\nconsole:\n{}\nVM state:\n{state}",
+            uds.display(),
+            console.tail(40)
+        )
+    })
 }
 
 /// Run `script` with `sh -c` in the guest; returns (exit code, stdout).
@@ -209,9 +233,10 @@ pub fn sh_ok(agent: &AgentClient, script: &str) -> String {
 }
 
 /// A guest shell loop that counts in memory and publishes the count to `/tmp/tick`
-/// every 50 ms: a running process whose state only lives in guest RAM.
-pub const TICKER: &str = "(i=0; while :; do i=$((i+1)); echo $i >/tmp/tick; sleep 0.05; done) \
-                          >/dev/null 2>&1 </dev/null &";
+/// every 50 ms (write + rename: a reader never sees a half-written file): a running
+/// process whose state only lives in guest RAM.
+pub const TICKER: &str = "(i=0; while :; do i=$((i+1)); echo $i >/tmp/tick.new; \
+                          mv /tmp/tick.new /tmp/tick; sleep 0.05; done) >/dev/null 2>&1 </dev/null &";
 
 /// Reads the ticker twice, `gap` apart; returns both values (the process must be
 /// alive and counting for the second to be larger).
