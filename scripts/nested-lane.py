@@ -330,7 +330,8 @@ def sdk_tree_search(port: int, token: str, log: list[str]) -> int:
     return p.returncode
 
 
-def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, outdir: Path):
+def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: str,
+            outdir: Path):
     port = free_port()
     cmd = [
         "qemu-system-x86_64", "-nodefaults", "-no-user-config",
@@ -341,7 +342,7 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, outdir: 
         # ttyS1: L1's kernel console.
         "-serial", "stdio", "-serial", f"file:{outdir / 'l1-kernel.log'}",
         "-kernel", str(bzimage),
-        "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5",
+        "-append", f"console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5 {append}",
         "-drive", f"file={disk},if=virtio,format=raw,snapshot=on",
         "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{L1_DAEMON_PORT}",
         "-device", "virtio-net-pci,netdev=n0",
@@ -500,6 +501,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the (selected) steps this many times in one L1 boot (flake hunting)")
     ap.add_argument("--l1-mem-mib", type=int, default=6144)
+    ap.add_argument("--l1-append", default="",
+                    help="extra L1 kernel parameters (e.g. kvm_amd.npt=0 for shadow paging)")
     args = ap.parse_args()
     if not shutil.which("qemu-system-x86_64"):
         die("qemu-system-x86_64 not found: run scripts/setup.sh")
@@ -520,7 +523,8 @@ def main() -> int:
     say(f"L1 kernel (guest/kernel/build.sh --flavor l1; cached in {CACHE}/kernel-l1)")
     bzimage = kernel_build("l1")
     disk = stage_l1(args.lane, steps, ROOT / "target" / "nested" / "work")
-    facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args.l1_mem_mib, outdir)
+    facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args.l1_mem_mib, args.l1_append,
+                                                        outdir)
     return report(args.lane, steps, facts, results, boot_log, trouble, broken, outdir)
 
 

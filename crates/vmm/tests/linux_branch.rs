@@ -72,6 +72,16 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
             .collect::<Vec<_>>()
     );
 
+    // The host's first connection to each child works: it is not lost to the transport
+    // reset that tells the guest its parent's connections are gone.
+    for i in 0..CHILDREN {
+        if let Err(e) = linux_support::first_connection(&child_sock(i)) {
+            panic!(
+                "child {i}: the first connection after the branch failed: {e}; console:\n{}",
+                consoles[i].tail(20)
+            );
+        }
+    }
     let children: Vec<_> = (0..CHILDREN)
         .map(|i| child_agent(&child_sock(i), &child_ctl(i), &consoles[i]))
         .collect();

@@ -183,6 +183,13 @@ pub fn try_agent(uds: &Path, deadline: Instant) -> Result<AgentClient, String> {
     .map_err(|e| e.to_string())
 }
 
+/// One connection attempt, no retry: connect, then one health request.
+pub fn first_connection(uds: &Path) -> Result<AgentClient, String> {
+    let c = AgentClient::connect_vsock_uds(uds, DEFAULT_VSOCK_PORT).map_err(|e| e.to_string())?;
+    c.health().map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
 pub fn agent(uds: &Path) -> AgentClient {
     try_agent(uds, Instant::now() + AGENT_TIMEOUT)
         .unwrap_or_else(|e| panic!("agent on {}: {e}", uds.display()))

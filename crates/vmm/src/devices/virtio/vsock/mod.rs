@@ -4,6 +4,14 @@
 //! the guest's CID (le64). The device can raise VIRTIO_VSOCK_EVENT_TRANSPORT_RESET
 //! ([`Vsock::send_transport_reset`]) so the guest drops connections that no longer
 //! exist on the host — after a restore or in a freshly branched VM.
+//!
+//! A host connection made while the guest has not yet handled that reset would be
+//! dropped with the old ones, so the muxer holds new host connections (their guest-side
+//! REQUEST) until the guest acknowledges: Linux handles the event, re-posts the event
+//! buffer and kicks the event queue. A guest that never does is given
+//! [`RESET_ACK_TIMEOUT`]. A restored device also numbers its host-side ports from a
+//! random point, so a new connection never reuses the 4-tuple of a connection the
+//! guest inherited and has not closed yet.
 pub mod conn;
 pub mod muxer;
 pub mod packet;
@@ -13,10 +21,12 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
 use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::timerfd::TimerFd;
 
 use self::muxer::{Muxer, Poller};
 use self::packet::{Header, EVENT_TRANSPORT_RESET, HEADER_LEN};
@@ -33,6 +43,8 @@ const TXQ: usize = 1;
 const EVQ: usize = 2;
 /// Largest TX packet payload accepted; bigger ones are malformed (Linux sends ≤ 64 KiB).
 const MAX_TX_PAYLOAD: u64 = 64 * 1024;
+/// How long host connections wait for the guest to acknowledge a transport reset.
+pub const RESET_ACK_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VsockConfig {
@@ -177,6 +189,11 @@ pub(crate) struct VsockWorker {
     pub(crate) muxer: Muxer,
     /// A transport reset is owed to the guest (no event buffer was available).
     reset_pending: bool,
+    /// A transport reset was delivered and the guest has not acknowledged it yet: new
+    /// host connections are held in the muxer meanwhile.
+    reset_unacknowledged: bool,
+    /// Bounds that wait ([`RESET_ACK_TIMEOUT`]); registered with the event loop.
+    reset_timer: Option<TimerFd>,
 }
 
 impl VsockWorker {
@@ -185,6 +202,10 @@ impl VsockWorker {
             q,
             muxer,
             reset_pending: false,
+            reset_unacknowledged: false,
+            reset_timer: TimerFd::new()
+                .map_err(|e| tracing::warn!("vsock: no reset timer: {e}"))
+                .ok(),
         }
     }
 
@@ -262,6 +283,7 @@ impl VsockWorker {
 
     pub(crate) fn transport_reset(&mut self) {
         self.muxer.reset_all();
+        self.muxer.hold_host_connections();
         self.reset_pending = true;
         self.process_events();
     }
@@ -284,8 +306,49 @@ impl VsockWorker {
         self.q.add_used(EVQ, head, if written { 4 } else { 0 });
         if written {
             self.reset_pending = false;
+            self.reset_unacknowledged = true;
+            if let Some(t) = &mut self.reset_timer {
+                if let Err(e) = t.reset(RESET_ACK_TIMEOUT, None) {
+                    tracing::warn!("vsock: arming the reset timer: {e}");
+                }
+            }
         }
         self.q.signal_used();
+    }
+
+    /// The guest kicked the event queue: it handles events before it re-posts their
+    /// buffers and kicks, so a delivered reset is now behind it.
+    pub(crate) fn on_event_queue_kick(&mut self) {
+        if self.reset_unacknowledged {
+            self.reset_done();
+        }
+        self.process_events();
+    }
+
+    /// The guest did not acknowledge the reset in time: stop holding connections.
+    pub(crate) fn on_reset_timeout(&mut self) {
+        if let Some(t) = &mut self.reset_timer {
+            let _ = t.wait();
+        }
+        if self.reset_unacknowledged {
+            tracing::debug!(
+                "vsock: the guest did not acknowledge the transport reset within \
+                 {RESET_ACK_TIMEOUT:?}; releasing held host connections"
+            );
+            self.reset_done();
+        }
+    }
+
+    fn reset_done(&mut self) {
+        self.reset_unacknowledged = false;
+        if let Some(t) = &mut self.reset_timer {
+            let _ = t.clear();
+        }
+        self.muxer.release_host_connections();
+    }
+
+    fn reset_timer_fd(&self) -> Option<RawFd> {
+        self.reset_timer.as_ref().map(AsRawFd::as_raw_fd)
     }
 }
 
@@ -293,8 +356,9 @@ impl EventHandler for VsockWorker {
     fn handle_event(&mut self, fd: RawFd, events: EventSet, _r: &EventRegistrar) {
         match self.q.queue_for_fd(fd) {
             Some(TXQ) => self.process_tx(),
-            Some(EVQ) => self.process_events(),
+            Some(EVQ) => self.on_event_queue_kick(),
             Some(_) => {} // RX buffers arrived: process_rx below
+            None if Some(fd) == self.reset_timer_fd() => self.on_reset_timeout(),
             None => self.muxer.on_fd_event(fd, events),
         }
         self.process_rx();
@@ -353,9 +417,15 @@ impl VirtioDevice for Vsock {
         for fd in evt_fds {
             reg.add(fd, EventSet::IN, worker.clone())?;
         }
+        let timer_fd = worker.lock().unwrap().reset_timer_fd();
+        if let Some(fd) = timer_fd {
+            reg.add(fd, EventSet::IN, worker.clone())?;
+        }
         {
             let mut w = worker.lock().unwrap();
             if std::mem::take(&mut self.reset_on_activate) {
+                // Ports the guest's inherited connections use must not come back.
+                w.muxer.randomize_local_ports();
                 w.transport_reset();
             }
             w.process_tx();

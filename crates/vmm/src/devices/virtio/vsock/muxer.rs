@@ -70,6 +70,9 @@ pub struct Muxer {
     /// Connections whose host socket may have data for the guest.
     rx_queue: VecDeque<ConnKey>,
     next_local_port: u32,
+    /// While the guest has not handled a transport reset: host connections whose
+    /// REQUEST waits (sent earlier, the reset would drop them too).
+    held: Option<Vec<ConnKey>>,
     /// Connection limit ([`MAX_CONNECTIONS`]; lowered by tests).
     pub max_connections: usize,
 }
@@ -87,8 +90,32 @@ impl Muxer {
             control: VecDeque::new(),
             rx_queue: VecDeque::new(),
             next_local_port: FIRST_LOCAL_PORT,
+            held: None,
             max_connections: MAX_CONNECTIONS,
         }
+    }
+
+    /// Hold new host connections (until [`Muxer::release_host_connections`]).
+    pub fn hold_host_connections(&mut self) {
+        self.held.get_or_insert_with(Vec::new);
+    }
+
+    /// Send the held connections' REQUESTs and stop holding.
+    pub fn release_host_connections(&mut self) {
+        for key in self.held.take().unwrap_or_default() {
+            if self.conns.contains_key(&key) {
+                self.control.push_back((key, op::REQUEST, 0));
+            }
+        }
+    }
+
+    /// Number host-side ports from a random point of their range: a restored guest may
+    /// still hold connections of its former self, numbered from the start.
+    pub fn randomize_local_ports(&mut self) {
+        let mut r = [0u8; 4];
+        // SAFETY: getrandom writes into our buffer.
+        unsafe { libc::getrandom(r.as_mut_ptr().cast(), r.len(), 0) };
+        self.next_local_port = FIRST_LOCAL_PORT + (u32::from_le_bytes(r) % (1 << 29));
     }
 
     /// Start accepting host connections on `l` (non-blocking).
@@ -171,6 +198,9 @@ impl Muxer {
         }
         self.control.clear();
         self.rx_queue.clear();
+        if let Some(held) = &mut self.held {
+            held.clear();
+        }
     }
 
     /// A packet the guest put on the TX queue.
@@ -449,7 +479,10 @@ impl Muxer {
         if let Some(c) = self.conns.get_mut(&key) {
             c.rx_prefix = p.line[nl + 1..].to_vec();
         }
-        self.control.push_back((key, op::REQUEST, 0));
+        match &mut self.held {
+            Some(held) => held.push(key),
+            None => self.control.push_back((key, op::REQUEST, 0)),
+        }
     }
 
     fn drop_pending(&mut self, fd: RawFd) {
@@ -459,7 +492,7 @@ impl Muxer {
         }
     }
 
-    fn alloc_local_port(&mut self, guest_port: u32) -> u32 {
+    pub(crate) fn alloc_local_port(&mut self, guest_port: u32) -> u32 {
         loop {
             let p = self.next_local_port;
             self.next_local_port = self

@@ -371,3 +371,70 @@ fn transport_reset_event_drops_connections_and_state_round_trips() {
     r.dev.reset();
     assert_eq!(r.dev.connection_count(), 0);
 }
+
+#[test]
+fn host_connections_wait_until_the_guest_has_handled_a_transport_reset() {
+    let mem = guest_mem(1);
+    let mut r = rig(&mem);
+    r.post_rx(16);
+    let connect = |r: &Rig| {
+        let mut host = UnixStream::connect(&r.dev.config().uds_path).unwrap();
+        host.write_all(b"CONNECT 1024\n").unwrap();
+        host
+    };
+    let requests = |r: &mut Rig| -> Vec<Header> {
+        // Let the muxer accept and read the CONNECT line.
+        for _ in 0..20 {
+            r.pump();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        r.received()
+            .into_iter()
+            .map(|(h, _)| h)
+            .filter(|h| h.op == op::REQUEST)
+            .collect()
+    };
+
+    // The guest has an event buffer: the reset is delivered at once...
+    r.ev.add(&[(0x9000, 4, true)]);
+    r.dev.send_transport_reset();
+    assert_eq!(r.ev.used(), vec![(0, 4)]);
+    // ...and a host connection made now is held: the guest would reset it too.
+    let _a = connect(&r);
+    assert!(
+        requests(&mut r).is_empty(),
+        "REQUEST sent before the guest handled the reset"
+    );
+    // The guest handles the event, re-posts the buffer and kicks: the REQUEST goes out.
+    r.ev.add(&[(0x9000, 4, true)]);
+    r.worker.lock().unwrap().on_event_queue_kick();
+    let got = requests(&mut r);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].dst_port, 1024);
+
+    // A guest that never acknowledges holds connections only until the timeout.
+    r.dev.send_transport_reset();
+    let _b = connect(&r);
+    assert!(requests(&mut r).is_empty());
+    r.worker.lock().unwrap().on_reset_timeout();
+    assert_eq!(requests(&mut r).len(), 1);
+
+    // Without a reset in flight, connections go through at once.
+    let _c = connect(&r);
+    assert_eq!(requests(&mut r).len(), 1);
+}
+
+#[test]
+fn a_restored_device_numbers_host_ports_anew() {
+    let mut a = Muxer::new(CID, "/nonexistent".into(), None);
+    let mut b = Muxer::new(CID, "/nonexistent".into(), None);
+    a.randomize_local_ports();
+    b.randomize_local_ports();
+    let (pa, pb) = (a.alloc_local_port(1024), b.alloc_local_port(1024));
+    assert!(pa >= 1 << 30 && pb >= 1 << 30);
+    assert_ne!(
+        (pa, pb),
+        (1 << 30, 1 << 30),
+        "both started at the first port"
+    );
+}
