@@ -74,11 +74,11 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
 
     // The host's first connection to each child works: it is not lost to the transport
     // reset that tells the guest its parent's connections are gone.
-    for i in 0..CHILDREN {
+    for (i, console) in consoles.iter().enumerate() {
         if let Err(e) = linux_support::first_connection(&child_sock(i)) {
             panic!(
                 "child {i}: the first connection after the branch failed: {e}; console:\n{}",
-                consoles[i].tail(20)
+                console.tail(20)
             );
         }
     }
