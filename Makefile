@@ -8,7 +8,7 @@ ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 
 .PHONY: all setup build probe agent guest lint test test-rust test-sdk test-fuzz demo clean \
-	test-kvm-nested test-kvm-nested-smoke
+	test-kvm-nested test-kvm-nested-smoke bench-nested
 
 all: build
 
@@ -53,6 +53,11 @@ test-kvm-nested: build guest
 
 test-kvm-nested-smoke: build guest
 	python3 scripts/nested-lane.py --lane smoke
+
+# Inside L1: `zygote bench linux` (branch of a Linux sandbox through the daemon on the kvm
+# runtime); the last line printed is its JSON summary. See bench/README.md.
+bench-nested: build guest
+	python3 scripts/nested-lane.py --lane bench
 
 test: lint test-rust test-fuzz test-sdk test-kvm-nested-smoke
 

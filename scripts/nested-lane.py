@@ -73,6 +73,8 @@ class Step:
     target: str = ""  # test target name; "" = the package's unit tests
     args: list[str] = field(default_factory=list)
     serve: bool = False
+    # A `zygote` subcommand instead of a test executable (e.g. ["bench", "linux"]).
+    zygote: list[str] = field(default_factory=list)
 
 
 SMOKE = [
@@ -101,9 +103,13 @@ FULL = SMOKE + [
     Step(
         "daemon/e2e_kvm", 1200, "zygote-daemon", "e2e", ["--exact", "kvm_runtime_end_to_end"]
     ),
+    Step("daemon/kvm_branch_stress", 1800, "zygote-daemon", "kvm_branch_stress"),
     Step("sdk/tree_search", 1200, serve=True),
+    Step("cli/doctor", 120, zygote=["doctor"]),
 ]
-LANES = {"smoke": SMOKE, "full": FULL}
+# `make bench-nested`: the Linux-guest figures of the kvm runtime (issue 22's targets).
+BENCH = [Step("bench/linux", 3600, zygote=["bench", "linux", "--rounds", "10"])]
+LANES = {"smoke": SMOKE, "full": FULL, "bench": BENCH}
 
 
 # --- building and locating what L1 needs ----------------------------------------
@@ -275,6 +281,9 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         if s.serve:
             cmd = f"ZYGOTE_LOG=info {RELEASE / 'zygoted'} --runtime kvm"
             plan.append(f"{s.name}\t{s.limit_s}\tserve\t{cmd}")
+        elif s.zygote:
+            cmd = " ".join([str(RELEASE / "zygote"), *s.zygote])
+            plan.append(f"{s.name}\t{s.limit_s}\trun\t{cmd}")
         else:
             exe = exes[(s.package, s.target)]
             threads = [] if any("test-threads" in a for a in s.args) else ["--test-threads=1"]
@@ -330,24 +339,55 @@ def sdk_tree_search(port: int, token: str, log: list[str]) -> int:
     return p.returncode
 
 
-def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: str,
+def l1_registers(sock: Path) -> str:
+    """L1's vCPU registers through QEMU's monitor (QMP), for a report on a wedged L1."""
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(str(sock))
+            f = s.makefile("rw")
+            f.readline()  # greeting
+            for cmd in [{"execute": "qmp_capabilities"},
+                        {"execute": "human-monitor-command",
+                         "arguments": {"command-line": "info registers -a"}}]:
+                f.write(json.dumps(cmd) + "\n")
+                f.flush()
+                while True:
+                    reply = json.loads(f.readline())
+                    if "return" in reply or "error" in reply:
+                        break
+            return str(reply.get("return", reply))
+    except (OSError, ValueError) as e:
+        return f"(no registers: {e})"
+
+
+# Time L1 gets to come up, and beyond a step's own limit (which L1 enforces) before the
+# host declares L1 wedged.
+BOOT_GRACE_S = 300
+STEP_GRACE_S = 90
+
+
+def boot_l1(bzimage: Path, disk: Path, steps: list[Step], opts: argparse.Namespace,
             outdir: Path):
     port = free_port()
     cmd = [
         "qemu-system-x86_64", "-nodefaults", "-no-user-config",
-        "-machine", "pc", "-accel", "tcg,thread=multi", "-cpu", "max",
-        "-smp", "2", "-m", str(mem_mib),
+        "-machine", "pc", "-accel", f"tcg,thread={opts.tcg_thread}", "-cpu", "max",
+        "-smp", str(opts.l1_smp), "-m", str(opts.l1_mem_mib),
         "-display", "none", "-no-reboot", "-monitor", "none",
+        # For a report on L1's CPUs should it wedge.
+        "-qmp", f"unix:{outdir / 'qmp.sock'},server=on,wait=off",
         # ttyS0: the lane's channel (init.sh's output, the host's replies);
         # ttyS1: L1's kernel console.
         "-serial", "stdio", "-serial", f"file:{outdir / 'l1-kernel.log'}",
         "-kernel", str(bzimage),
-        "-append", f"console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5 {append}",
+        "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5 "
+                   + ("" if opts.l1_npt else "kvm_amd.npt=0 ") + opts.l1_append,
         "-drive", f"file={disk},if=virtio,format=raw,snapshot=on",
         "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{L1_DAEMON_PORT}",
         "-device", "virtio-net-pci,netdev=n0",
     ]
-    budget = 300 + sum(s.limit_s for s in steps)
+    budget = BOOT_GRACE_S + sum(s.limit_s + STEP_GRACE_S for s in steps)
     say(f"booting L1 (QEMU TCG, -cpu max with SVM; time limit {budget}s)")
     console = open(outdir / "lane.log", "w")
     qemu = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -361,6 +401,9 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: 
 
     threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + budget
+    # Until L1 shows a sign of life for the current phase (boot, or the step running).
+    watchdog = time.monotonic() + BOOT_GRACE_S
+    phase = "boot"
     facts: dict[str, str] = {}
     results: list[StepResult] = []
     current: StepResult | None = None
@@ -370,9 +413,12 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: 
     ended = "L1 ended before the lane finished"
     while True:
         try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            line = lines.get(timeout=max(0.1, min(deadline, watchdog) - time.monotonic()))
         except queue.Empty:
-            ended = f"time limit ({budget}s) reached"
+            if time.monotonic() >= deadline:
+                ended = f"time limit ({budget}s) reached"
+            else:
+                ended = f"L1 stopped responding during {phase} (its own time limit passed)"
             break
         if line is None:
             break
@@ -387,6 +433,9 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: 
             elif kind == "begin":
                 pending = None
                 current = StepResult(words[2])
+                limit = next((st.limit_s for st in steps if st.name == current.name), 600)
+                watchdog = time.monotonic() + limit + STEP_GRACE_S
+                phase = current.name
                 results.append(current)
                 print(f"   {current.name} ...", end="", flush=True)
             elif kind == "end" and current is not None:
@@ -407,6 +456,8 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: 
                 qemu.stdin.flush()
             elif kind == "lane-done":
                 done = True
+                watchdog = time.monotonic() + STEP_GRACE_S
+                phase = "power-off"
             continue
         if current is not None:
             current.log.append(line)
@@ -422,6 +473,8 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], mem_mib: int, append: 
                 pending = None
         else:
             boot_log.append(line)
+    if qemu.poll() is None and not done:
+        (outdir / "l1-registers.txt").write_text(l1_registers(outdir / "qmp.sock"))
     if qemu.poll() is None:
         try:
             qemu.wait(timeout=30 if done else 1)
@@ -464,7 +517,7 @@ def report(lane: str, steps: list[Step], facts, results, boot_log, trouble, brok
             for line in tail:
                 print(f"  | {line}")
     if not facts.get("kvm") == "yes":
-        print("  L1 has no /dev/kvm: the lane cannot run (see console.log)")
+        print("  L1 has no /dev/kvm: the lane cannot run (see l1-kernel.log)")
         failed += 1
     if trouble:
         print("  the L1 kernel reported trouble (an infrastructure failure, not a test's):")
@@ -476,7 +529,18 @@ def report(lane: str, steps: list[Step], facts, results, boot_log, trouble, brok
         tail = (results[-1].log if results else boot_log)[-40:]
         for line in tail:
             print(f"  | {line}")
+        if (outdir / "l1-registers.txt").exists():
+            print(f"  L1's registers at that moment: {outdir / 'l1-registers.txt'}")
         failed += 1
+    # A benchmark step's last line is its JSON summary: it ends the report too.
+    bench = {}
+    for r in results:
+        last = next((line for line in reversed(r.log) if line.startswith("{")), None)
+        if r.name.startswith("bench/") and last:
+            try:
+                bench[r.name] = json.loads(last)
+            except json.JSONDecodeError:
+                pass
     summary = {
         "lane": lane,
         "l1": facts,
@@ -488,8 +552,11 @@ def report(lane: str, steps: list[Step], facts, results, boot_log, trouble, brok
             for r in results
         ],
     }
+    summary["bench"] = bench
     (outdir / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     say(f"{'PASSED' if failed == 0 else 'FAILED'}: logs and report.json in {outdir}")
+    for figures in bench.values():
+        print(json.dumps(figures))
     return 0 if failed == 0 else 1
 
 
@@ -501,8 +568,13 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="run the (selected) steps this many times in one L1 boot (flake hunting)")
     ap.add_argument("--l1-mem-mib", type=int, default=6144)
-    ap.add_argument("--l1-append", default="",
-                    help="extra L1 kernel parameters (e.g. kvm_amd.npt=0 for shadow paging)")
+    ap.add_argument("--l1-npt", action="store_true",
+                    help="let L1's kvm_amd use nested paging (emulated by TCG); by default it "
+                         "uses shadow paging, see guest/nested/README.md")
+    ap.add_argument("--l1-append", default="", help="extra L1 kernel parameters")
+    ap.add_argument("--l1-smp", type=int, default=2, help="L1 vCPUs")
+    ap.add_argument("--tcg-thread", choices=["multi", "single"], default="multi",
+                    help="QEMU TCG: one host thread per L1 vCPU (multi) or one for all")
     args = ap.parse_args()
     if not shutil.which("qemu-system-x86_64"):
         die("qemu-system-x86_64 not found: run scripts/setup.sh")
@@ -523,8 +595,7 @@ def main() -> int:
     say(f"L1 kernel (guest/kernel/build.sh --flavor l1; cached in {CACHE}/kernel-l1)")
     bzimage = kernel_build("l1")
     disk = stage_l1(args.lane, steps, ROOT / "target" / "nested" / "work")
-    facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args.l1_mem_mib, args.l1_append,
-                                                        outdir)
+    facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args, outdir)
     return report(args.lane, steps, facts, results, boot_log, trouble, broken, outdir)
 
 

@@ -54,7 +54,11 @@ grep -qw npt /proc/cpuinfo && npt=yes
 kvm=no
 [ -c /dev/kvm ] && kvm=yes
 mem=$(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo)
-echo "@@zy l1 kernel=$(uname -r) cpus=$(nproc) mem_mib=$mem svm=$svm npt=$npt kvm=$kvm"
+# What kvm_amd actually uses (the CPU flag above only says it could).
+kvm_npt=$(cat /sys/module/kvm_amd/parameters/npt 2>/dev/null || echo -)
+model=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo | tr ' ' '_')
+echo "@@zy l1 kernel=$(uname -r) cpus=$(nproc) mem_mib=$mem svm=$svm npt=$npt kvm=$kvm" \
+  "kvm_amd.npt=$kvm_npt cpu=$model"
 
 uptime_ms() { awk '{print int($1 * 1000)}' /proc/uptime; }
 

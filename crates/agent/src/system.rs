@@ -19,6 +19,8 @@ pub const DEFAULT_HOSTNAME: &str = "zygote";
 /// `_IOW('R', 0x03, int[2])`: add bytes to the pool and credit entropy.
 /// Not exported by the libc crate.
 const RNDADDENTROPY: u64 = 0x4008_5203;
+/// `_IO('R', 0x07)`: reseed the CRNG from the input pool (linux/random.h).
+const RNDRESEEDCRNG: u64 = 0x5207;
 
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -70,6 +72,7 @@ pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyRe
     }
     if !req.entropy.is_empty() {
         report.entropy_credited = add_entropy(&req.entropy)?;
+        report.crng_reseeded = report.entropy_credited && reseed_crng();
     }
     if let Some(h) = &req.hostname {
         set_hostname(h)?;
@@ -112,6 +115,17 @@ fn add_entropy(data: &[u8]) -> Result<bool, ErrorBody> {
     // Credit refused (e.g. no CAP_SYS_ADMIN in a container): still mix it in.
     f.write_all(data).map_err(err)?;
     Ok(false)
+}
+
+/// Reseed the kernel's CRNG from its input pool now (RNDRESEEDCRNG, root only). After a
+/// fork every sibling has the same CRNG state; crediting entropy alone changes what it
+/// returns only at the kernel's next periodic reseed.
+fn reseed_crng() -> bool {
+    let Ok(f) = OpenOptions::new().write(true).open("/dev/urandom") else {
+        return false;
+    };
+    // SAFETY: an argument-less ioctl on a descriptor we own.
+    unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG as _) == 0 }
 }
 
 pub fn set_hostname(name: &str) -> Result<(), ErrorBody> {

@@ -58,6 +58,16 @@ pub struct Metrics {
     pub boot: Histogram,
     /// Sandboxes the reaper deleted because their TTL ran out.
     pub expired: AtomicU64,
+    /// Branch children that did not come up (their siblings did, or the branch failed).
+    pub branch_children_failed: AtomicU64,
+}
+
+fn render_counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        value.load(Ordering::Relaxed)
+    );
 }
 
 impl Metrics {
@@ -80,11 +90,17 @@ impl Metrics {
             out,
             "# HELP zygote_snapshots Snapshots (incl. branch points).\n# TYPE zygote_snapshots gauge\nzygote_snapshots {snapshots}"
         );
-        let _ = writeln!(
-            out,
-            "# HELP zygote_sandboxes_expired_total Sandboxes deleted because their TTL ran out.\n\
-             # TYPE zygote_sandboxes_expired_total counter\nzygote_sandboxes_expired_total {}",
-            self.expired.load(Ordering::Relaxed)
+        render_counter(
+            &mut out,
+            "zygote_sandboxes_expired_total",
+            "Sandboxes deleted because their TTL ran out.",
+            &self.expired,
+        );
+        render_counter(
+            &mut out,
+            "zygote_branch_children_failed_total",
+            "Branch children that did not come up.",
+            &self.branch_children_failed,
         );
         self.branch.render(
             &mut out,
@@ -163,5 +179,9 @@ mod tests {
             out.contains("\nzygote_sandboxes_expired_total 2\n"),
             "{out}"
         );
+        m.branch_children_failed.fetch_add(1, Ordering::Relaxed);
+        assert!(m
+            .render(&[], 0)
+            .contains("# TYPE zygote_branch_children_failed_total counter\nzygote_branch_children_failed_total 1\n"));
     }
 }

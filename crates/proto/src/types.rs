@@ -358,6 +358,11 @@ pub struct ReidentifyReport {
     pub entropy_bytes: usize,
     /// The entropy was credited to the kernel pool (RNDADDENTROPY, root only).
     pub entropy_credited: bool,
+    /// The kernel's CRNG was reseeded from the pool right away (RNDRESEEDCRNG, root
+    /// only): the next /dev/urandom and getrandom() bytes already depend on the new
+    /// entropy, instead of after the kernel's next periodic reseed.
+    #[serde(default)]
+    pub crng_reseeded: bool,
     pub hostname_set: bool,
     pub clock_set: bool,
     /// Nothing was changed: the agent runs with `--no-system-changes`.

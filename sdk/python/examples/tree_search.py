@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from zygote import Client, Sandbox
+from zygote import BranchIncomplete, Client, Sandbox
 
 # One continuation per child: a shell step that updates the in-guest state.
 MOVES = {
@@ -63,7 +63,11 @@ def search(client: Client, start: int, target: int, depth: int, width: int, memo
         for level in range(1, depth + 1):
             if best.value == target:
                 break
-            children = best.sandbox.branch(n=len(moves))
+            try:
+                children = best.sandbox.branch(n=len(moves))
+            except BranchIncomplete as e:
+                alive.update(c.id for c in e.children)  # the children that did come up die below too
+                raise
             alive.update(c.id for c in children)
             # The children are independent VMs: try the continuations concurrently.
             with ThreadPoolExecutor(max_workers=len(children)) as pool:

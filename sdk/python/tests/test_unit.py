@@ -150,6 +150,73 @@ async def test_async_context_manager_and_coroutine_callbacks(fake: FakeDaemon) -
     assert fake.requests[-1].method == "DELETE"
 
 
+PARENT = "sb-aaaaaaaaaaaa"
+
+
+def branch_answer(failed: list[dict[str, Any]]) -> dict[str, Any]:
+    """A 201 branch answer: children 0 and 2 run; ``failed`` as given."""
+    return {
+        "status": 201,
+        "json": {
+            "parent": PARENT,
+            "branch_point": "snap-bbbbbbbbbbbb",
+            "children": ["sb-c00000000001", "sb-c00000000003"],
+            "failed": failed,
+            "duration_ms": 900,
+            "pause_ms": 7.5,
+        },
+    }
+
+
+LOST_CHILD = [{"index": 1, "error": "the agent did not answer"}]
+
+
+def test_branch_with_a_lost_child_raises_branch_incomplete_with_the_running_ones(fake: FakeDaemon) -> None:
+    fake.load([branch_answer(LOST_CHILD)])
+    with Client(fake.url, "t") as c:
+        with pytest.raises(zygote.BranchIncomplete) as e:
+            Sandbox(PARENT, client=c).branch(n=3)
+    err = e.value
+    assert isinstance(err, zygote.ZygoteError) and err.code == "branch_incomplete"
+    assert all(type(k) is Sandbox and k.client is c for k in err.children)
+    assert [k.id for k in err.children] == ["sb-c00000000001", "sb-c00000000003"]
+    assert err.failures == [zygote.BranchFailure(index=1, error="the agent did not answer")]
+    assert err.parent == PARENT
+    assert "2 of 3" in str(err) and "child 1 failed: the agent did not answer" in str(err)
+
+
+def test_branch_allow_partial_returns_the_running_children(fake: FakeDaemon) -> None:
+    fake.load([branch_answer(LOST_CHILD)])
+    with Client(fake.url, "t") as c:
+        kids = Sandbox(PARENT, client=c).branch(n=3, allow_partial=True)
+    assert [k.id for k in kids] == ["sb-c00000000001", "sb-c00000000003"]
+    # allow_partial is the SDK's choice: the request is the same.
+    assert json.loads(fake.requests[0].body) == {"count": 3}
+
+
+def test_branch_without_failures_returns_the_children(fake: FakeDaemon) -> None:
+    fake.load([branch_answer([])])
+    with Client(fake.url, "t") as c:
+        kids = Sandbox(PARENT, client=c).branch(n=2)
+    assert [k.id for k in kids] == ["sb-c00000000001", "sb-c00000000003"]
+
+
+@pytest.mark.anyio
+async def test_async_branch_with_a_lost_child_raises_branch_incomplete(fake: FakeDaemon) -> None:
+    fake.load([branch_answer(LOST_CHILD), branch_answer(LOST_CHILD), branch_answer([])])
+    async with AsyncClient(fake.url, "t") as c:
+        sb = AsyncSandbox(PARENT, client=c)
+        with pytest.raises(zygote.BranchIncomplete) as e:
+            await sb.branch(n=3)
+        partial = await sb.branch(n=3, allow_partial=True)
+        complete = await sb.branch(n=2)
+    assert all(type(k) is AsyncSandbox and k.client is c for k in e.value.children)
+    assert [k.id for k in e.value.children] == ["sb-c00000000001", "sb-c00000000003"]
+    assert [(f.index, f.error) for f in e.value.failures] == [(1, "the agent did not answer")]
+    assert e.value.parent == PARENT
+    assert [k.id for k in partial] == [k.id for k in complete] == ["sb-c00000000001", "sb-c00000000003"]
+
+
 def test_stream_without_exit_event_is_an_error(fake: FakeDaemon) -> None:
     fake.load([{"status": 200, "ndjson": [{"type": "started", "pid": 1}]}])
     with Client(fake.url, "t") as c:

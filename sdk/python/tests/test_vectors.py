@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import zygote
-from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
+from zygote import AsyncClient, AsyncSandbox, Client, Sandbox, _api
 
 from .fake_daemon import FakeDaemon
 
@@ -75,7 +75,14 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         "write": lambda: sb.files.write(a["path"], a["data"], mode=a.get("mode")),
         "read": lambda: {"text": sb.files.read(a["path"])},
         "list_files": lambda: {"entries": sb.files.list(a["path"])},
-        "branch": lambda: {"ids": [c.id for c in sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"))]},
+        "branch": lambda: {
+            "ids": [
+                c.id
+                for c in sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"), allow_partial=a.get("allow_partial", False))
+            ]
+        },
+        # The SDK has no public call for the whole answer: check what branch parses.
+        "branch_detailed": lambda: client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs"))),
         "set_ttl": lambda: sb.set_ttl(a["ttl_secs"]),
         "snapshot": lambda: sb.snapshot(a["mode"], name=a.get("name")),
         "rollback": lambda: sb.rollback(a["snapshot"]),
@@ -110,7 +117,10 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
     if op == "list_files":
         return {"entries": await sb.files.list(a["path"])}
     if op == "branch":
-        return {"ids": [c.id for c in await sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"))]}
+        children = await sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"), allow_partial=a.get("allow_partial", False))
+        return {"ids": [c.id for c in children]}
+    if op == "branch_detailed":
+        return await client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs")))
     if op == "set_ttl":
         return await sb.set_ttl(a["ttl_secs"])
     if op == "snapshot":

@@ -4,7 +4,8 @@
  * can use `instanceof SandboxNotFound` instead of comparing strings. Every
  * error keeps the original `code` (and HTTP `status` when there was one).
  */
-import type { CommandResult } from "./models.js";
+import type { BranchFailure, CommandResult } from "./models.js";
+import type { Sandbox } from "./sandbox.js";
 
 export class ZygoteError extends Error {
   static readonly defaultCode: string = "error";
@@ -93,6 +94,24 @@ export class CommandFailed extends ZygoteError {
   constructor(
     message: string,
     readonly result: CommandResult,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * `branch()` brought up only some of the requested children. `children` are
+ * the ones that run (use or kill them), `failures` say which did not and why
+ * (the daemon left nothing of those), `parent` is the branched sandbox's id.
+ * `branch({ allowPartial: true })` returns the running children instead.
+ */
+export class BranchIncompleteError extends ZygoteError {
+  static override readonly defaultCode: string = "branch_incomplete";
+  constructor(
+    message: string,
+    readonly parent: string,
+    readonly children: Sandbox[],
+    readonly failures: BranchFailure[],
   ) {
     super(message);
   }

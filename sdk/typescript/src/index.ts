@@ -19,7 +19,15 @@ export {
 } from "./client.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
-export type { BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult } from "./models.js";
+export type {
+  BranchFailure,
+  BranchResult,
+  CommandResult,
+  FileEntry,
+  SandboxInfo,
+  Snapshot,
+  WriteResult,
+} from "./models.js";
 export {
   type BranchOptions,
   Commands,

@@ -62,15 +62,30 @@ export interface Snapshot {
   sizeBytes: number;
   dependsOn: string[];
   dependents: string[];
+  /** How long taking it stopped the sandbox's vCPUs, in ms (null: not measured). */
+  pauseMs: number | null;
   raw: Json;
+}
+
+/** A requested child of a branch that did not come up (the daemon left nothing of it). */
+export interface BranchFailure {
+  /** Its position among the requested children (0-based). */
+  index: number;
+  /** Why it failed. */
+  error: string;
 }
 
 export interface BranchResult {
   parent: string;
   /** Id of the (implicit) snapshot the children share. */
   branchPoint: string;
+  /** The children that run. */
   children: string[];
+  /** Requested children that did not come up (empty when all did, and from older daemons). */
+  failed: BranchFailure[];
   durationMs: number;
+  /** How long the parent's vCPUs were stopped, in ms (null: not measured). */
+  pauseMs: number | null;
 }
 
 const str = (v: unknown, dflt = ""): string => (typeof v === "string" ? v : dflt);
@@ -112,6 +127,7 @@ export function snapshotFromJson(d: Json): Snapshot {
     sizeBytes: num(d.size_bytes),
     dependsOn: strs(d.depends_on),
     dependents: strs(d.dependents),
+    pauseMs: optNum(d.pause_ms),
     raw: d,
   };
 }
@@ -121,10 +137,13 @@ export function fileEntryFromJson(d: Json): FileEntry {
 }
 
 export function branchFromJson(d: Json): BranchResult {
+  const failed = Array.isArray(d.failed) ? (d.failed as Json[]) : [];
   return {
     parent: str(d.parent),
     branchPoint: str(d.branch_point),
     children: strs(d.children),
+    failed: failed.map((f) => ({ index: num(f.index), error: str(f.error) })),
     durationMs: num(d.duration_ms),
+    pauseMs: optNum(d.pause_ms),
   };
 }

@@ -1,6 +1,6 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
 import { Client, type ClientOptions, type Command, type RunOptions, seg } from "./client.js";
-import { SandboxNotFound } from "./errors.js";
+import { BranchIncompleteError, SandboxNotFound } from "./errors.js";
 import {
   type BranchResult,
   type CommandResult,
@@ -47,6 +47,11 @@ export interface BranchOptions {
   n?: number;
   /** Children's time-to-live; by default the parent's (counted from their start). */
   ttlSecs?: number;
+  /**
+   * {@link Sandbox.branch} resolves to the children that came up even when
+   * some did not, instead of throwing {@link BranchIncompleteError}.
+   */
+  allowPartial?: boolean;
 }
 
 export type SnapshotMode = "full" | "diff" | "live";
@@ -187,13 +192,29 @@ export class Sandbox {
   /**
    * Forks this sandbox's live state (memory, processes, files) into `n`
    * copy-on-write children that then diverge independently; this sandbox
-   * keeps running.
+   * keeps running. When only some children came up it throws
+   * {@link BranchIncompleteError} (carrying the running ones and the causes),
+   * unless `allowPartial`; when none did, the daemon's error.
    */
   async branch(opts: BranchOptions = {}): Promise<Sandbox[]> {
-    return (await this.branchDetailed(opts)).children.map((id) => new Sandbox(id, this.client));
+    const res = await this.branchDetailed(opts);
+    const children = res.children.map((id) => new Sandbox(id, this.client));
+    if (res.failed.length > 0 && !opts.allowPartial) {
+      const causes = res.failed.map((f) => `child ${f.index} failed: ${f.error}`).join("; ");
+      throw new BranchIncompleteError(
+        `only ${children.length} of ${opts.n ?? 1} children of ${res.parent} came up; ${causes}`,
+        res.parent,
+        children,
+        res.failed,
+      );
+    }
+    return children;
   }
 
-  /** As {@link branch}, with the branch point and timing. */
+  /**
+   * As {@link branch}, with the branch point, timing and the children that
+   * did not come up (`failed`); it does not throw for those.
+   */
   async branchDetailed(opts: BranchOptions = {}): Promise<BranchResult> {
     const body: Json = { count: opts.n ?? 1 };
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;

@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import {
+  BranchIncompleteError,
   Client,
   ConnectionFailed,
   DEFAULT_URL,
@@ -151,6 +152,53 @@ describe("sandbox handles", () => {
       }),
       (e) => e === boom,
     );
+  });
+
+  /** A 201 branch answer: children 0 and 2 run; `failed` as given. */
+  const branchAnswer = (failed: { index: number; error: string }[]) => ({
+    status: 201,
+    json: {
+      parent: SANDBOX.id,
+      branch_point: "snap-bbbbbbbbbbbb",
+      children: ["sb-c00000000001", "sb-c00000000003"],
+      failed,
+      duration_ms: 900,
+      pause_ms: 7.5,
+    },
+  });
+  const lostChild = [{ index: 1, error: "the agent did not answer" }];
+
+  test("a branch with a lost child throws BranchIncompleteError with the running ones", async () => {
+    fake.load([branchAnswer(lostChild)]);
+    const client = new Client({ url: fake.url, token: "t" });
+    await assert.rejects(new Sandbox(SANDBOX.id, client).branch({ n: 3 }), (e: unknown) => {
+      assert.ok(e instanceof BranchIncompleteError && e instanceof ZygoteError);
+      assert.deepEqual([e.name, e.code, e.parent], ["BranchIncompleteError", "branch_incomplete", SANDBOX.id]);
+      assert.ok(e.children.every((k) => k instanceof Sandbox && k.client === client));
+      assert.deepEqual(e.children.map((k) => k.id), ["sb-c00000000001", "sb-c00000000003"]);
+      assert.deepEqual(e.failures, lostChild);
+      assert.match(e.message, /2 of 3/);
+      assert.match(e.message, /child 1 failed: the agent did not answer/);
+      return true;
+    });
+  });
+
+  test("allowPartial resolves to the running children; branchDetailed does not throw", async () => {
+    fake.load([branchAnswer(lostChild), branchAnswer(lostChild)]);
+    const sb = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+    const kids = await sb.branch({ n: 3, allowPartial: true });
+    assert.deepEqual(kids.map((k) => k.id), ["sb-c00000000001", "sb-c00000000003"]);
+    const res = await sb.branchDetailed({ n: 3 });
+    assert.deepEqual([res.failed, res.pauseMs], [lostChild, 7.5]);
+    // allowPartial is the SDK's choice: the request is the same.
+    assert.deepEqual(JSON.parse(fake.requests[0]!.body.toString("utf8")), { count: 3 });
+  });
+
+  test("a branch without failures resolves to the children", async () => {
+    fake.load([branchAnswer([])]);
+    const sb = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+    const kids = await sb.branch({ n: 2 });
+    assert.deepEqual(kids.map((k) => k.id), ["sb-c00000000001", "sb-c00000000003"]);
   });
 
   test("a stream without an exit event is a ServerError", async () => {

@@ -120,7 +120,11 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
     case "list_files":
       return { entries: await sb.files.list(a.path) };
     case "branch":
-      return { ids: (await sb.branch({ n: a.n, ttlSecs: a.ttl_secs })).map((s) => s.id) };
+      return {
+        ids: (await sb.branch({ n: a.n, ttlSecs: a.ttl_secs, allowPartial: a.allow_partial })).map((s) => s.id),
+      };
+    case "branch_detailed":
+      return sb.branchDetailed({ n: a.n, ttlSecs: a.ttl_secs });
     case "set_ttl":
       return sb.setTtl(a.ttl_secs);
     case "snapshot":

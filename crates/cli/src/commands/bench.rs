@@ -11,6 +11,9 @@ pub enum BenchCommand {
     Fanout(super::bench_fanout::FanoutBenchArgs),
     /// KSM density: memory saved across VMs with identical pages.
     Ksm(super::bench_ksm::KsmBenchArgs),
+    /// BRANCH of a real Linux sandbox through a private daemon: pause, until 1 and 4
+    /// children answer, snapshot pauses (medians and p90; the last line is JSON).
+    Linux(super::bench_linux::LinuxBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -19,5 +22,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Branch(args) => super::bench_branch::run(args),
         BenchCommand::Fanout(args) => super::bench_fanout::run(args),
         BenchCommand::Ksm(args) => super::bench_ksm::run(args),
+        BenchCommand::Linux(args) => super::bench_linux::run(args),
     }
 }

@@ -65,7 +65,9 @@ pub async fn set_ttl(
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes",
     params(("id" = String, Path, description = "Parent sandbox id")),
     request_body = BranchRequest,
-    responses((status = 201, description = "Children running", body = BranchResponse),
+    responses((status = 201, description = "At least one child running; `failed` lists the \
+                children that did not come up, with the cause", body = BranchResponse),
+              (status = 500, description = "No child came up (the causes)", body = ErrorBody),
               (status = 400, description = "Invalid count", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody)))]

@@ -201,6 +201,7 @@ impl Manager {
             created_at: s.created_at,
             size_bytes: s.size_bytes,
             implicit: s.implicit,
+            pause_ms: s.data.pause_ms,
         })
     }
 

@@ -6,10 +6,10 @@ use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STAT
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::model::{
-    BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind, SnapshotRequest,
-    Validate,
+    BranchFailure, BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind,
+    SnapshotRequest, Validate,
 };
-use crate::runtime::{BootSource, RuntimeError};
+use crate::runtime::BootSource;
 
 impl Manager {
     fn check_kind(&self, kind: SnapshotKind) -> Result<()> {
@@ -172,39 +172,52 @@ impl Manager {
         };
         parent.depends_on.push(point_id.clone());
         parent.vm = Some(vm);
-        let mut failure: Option<RuntimeError> = None;
-        for (child, res) in children.iter_mut().zip(results) {
+        // Per child: it runs, or it goes (the runtime left nothing of it running) and the
+        // reply says why. One child failing does not take its siblings down.
+        let mut running = Vec::new();
+        let mut failed = Vec::new();
+        let mut first_error = None;
+        for (index, (mut child, res)) in children.into_iter().zip(results).enumerate() {
             match res {
                 Ok(vm) => {
                     child.vm = Some(vm);
                     child.state = STATE_RUNNING.into();
                     child.expires_at = child.ttl_secs.map(super::ttl::deadline_after);
+                    running.push(child);
                 }
-                Err(e) => failure = failure.or(Some(e)),
+                Err(e) => {
+                    tracing::warn!(
+                        "branch of {}: child {index} ({}) failed: {e}",
+                        parent.id,
+                        child.id
+                    );
+                    self.discard(&child);
+                    failed.push(BranchFailure {
+                        index: index as u32,
+                        error: e.to_string(),
+                    });
+                    first_error.get_or_insert(e);
+                }
             }
         }
-        if let Some(e) = failure {
-            // All or nothing: the parent keeps its new layer (recorded with
-            // the branch point), the children go.
-            self.db.commit(&[&parent], &[&point])?;
-            for c in &children {
-                if let Some(vm) = c.vm.clone() {
-                    let rt = self.runtime.clone();
-                    self.blocking(move || rt.destroy(&vm)).await?;
-                }
-                self.discard(c);
-            }
-            return Err(e.into());
-        }
+        self.metrics
+            .branch_children_failed
+            .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let mut rows: Vec<&SandboxRow> = vec![&parent];
-        rows.extend(children.iter());
+        rows.extend(running.iter());
+        // The parent's new layer is recorded with the branch point either way.
         self.db.commit(&rows, &[&point])?;
+        if running.is_empty() {
+            return Err(first_error.expect("no child ran, so one failed").into());
+        }
         self.metrics.branch.observe(started.elapsed());
         Ok(BranchResponse {
             parent: parent.id.clone(),
             branch_point: point_id,
-            children: children.iter().map(|c| c.id.clone()).collect(),
+            children: running.iter().map(|c| c.id.clone()).collect(),
+            failed,
             duration_ms: started.elapsed().as_millis() as u64,
+            pause_ms: point.data.pause_ms,
         })
     }
 

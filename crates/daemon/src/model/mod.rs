@@ -320,8 +320,24 @@ pub struct BranchResponse {
     pub parent: String,
     /// The snapshot the children (and the parent's new disk layer) share.
     pub branch_point: String,
+    /// The children that run, each answering through its agent.
     pub children: Vec<String>,
+    /// The requested children that could not be brought up (nothing of theirs is
+    /// left). The request succeeds when at least one child runs; it fails with the
+    /// causes when none does.
+    #[serde(default)]
+    pub failed: Vec<BranchFailure>,
     pub duration_ms: u64,
+    /// How long the parent's vCPUs were stopped for the branch.
+    pub pause_ms: Option<f64>,
+}
+
+/// One child of a branch that did not come up, and why.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BranchFailure {
+    /// Its position among the requested children (0-based).
+    pub index: u32,
+    pub error: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -402,6 +418,8 @@ pub struct Snapshot {
     pub size_bytes: u64,
     /// Made implicitly (by a branch); removed automatically once nothing depends on it.
     pub implicit: bool,
+    /// How long taking it stopped the sandbox's vCPUs (null if not measured).
+    pub pause_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

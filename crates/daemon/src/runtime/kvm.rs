@@ -15,15 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use zygote_proto::client::{wait_healthy_with, AgentClient};
+use zygote_proto::client::AgentClient;
 use zygote_proto::DEFAULT_VSOCK_PORT;
 use zygote_vmm::control::protocol::{BranchInfo, SnapshotInfo, StatusInfo, VmRunState};
 use zygote_vmm::control::{ControlClient, Request};
 use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY_FILE};
 
 use super::kvm_cmd::{self, Boot, VmFiles};
-use super::{qemu::reidentify, VmRecord};
-use super::{supervisor, BootSource, Exit, Runtime, RuntimeError, SnapshotData, StartSpec};
+use super::{guest_agent, supervisor, BootSource, Exit, Runtime, RuntimeError};
+use super::{SnapshotData, StartSpec, VmRecord};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
 
@@ -151,25 +151,14 @@ impl KvmRuntime {
             }
             return Ok(());
         }
-        let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client = loop {
-            if !rec.process.is_alive() {
-                return Err(RuntimeError::Boot("zygote's VMM exited".into()));
-            }
-            let slice = (Instant::now() + Duration::from_secs(2)).min(deadline);
-            match wait_healthy_with(slice, |_| {
-                AgentClient::connect_vsock_uds(&rec.agent_addr, DEFAULT_VSOCK_PORT)
-            }) {
-                Ok(c) => break c,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(RuntimeError::Boot(format!(
-                        "the agent did not answer on vsock within {BOOT_TIMEOUT:?}: {e}"
-                    )))
-                }
-                Err(_) => {}
-            }
+        let connect = || AgentClient::connect_vsock_uds(&rec.agent_addr, DEFAULT_VSOCK_PORT);
+        let alive = || rec.process.is_alive();
+        let target = guest_agent::AgentTarget {
+            connect: &connect,
+            alive: &alive,
+            what: "zygote's VMM",
         };
-        reidentify(&client, hostname)
+        guest_agent::bring_up(&target, hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
     }
 }
 
@@ -267,8 +256,9 @@ fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     ))
 }
 
-fn snapshot_data(dir: &Path, vm_dir: &Path) -> SnapshotData {
+fn snapshot_data(dir: &Path, vm_dir: &Path, pause_ms: f64) -> SnapshotData {
     SnapshotData {
+        pause_ms: Some(pause_ms),
         dir: dir.to_path_buf(),
         state_file: vm_dir.join(MEMORY_FILE),
         // The root disk is virtio device 0; its file holds the CoW pages.
@@ -324,14 +314,17 @@ impl Runtime for KvmRuntime {
             mode,
             path: vm_dir.clone(),
         };
-        match control(&vm.control).request::<SnapshotInfo>(&req) {
-            Ok(info) => tracing::debug!(
-                "snapshot {}: {:?}, paused {:.1} ms, {} pages",
-                vm_dir.display(),
-                info.mode,
-                info.pause_ms,
-                info.pages_written
-            ),
+        let info = match control(&vm.control).request::<SnapshotInfo>(&req) {
+            Ok(info) => {
+                tracing::debug!(
+                    "snapshot {}: {:?}, paused {:.1} ms, {} pages",
+                    vm_dir.display(),
+                    info.mode,
+                    info.pause_ms,
+                    info.pages_written
+                );
+                info
+            }
             Err(e) if e.code() == Some("bad_request") => {
                 return Err(RuntimeError::Unsupported(format!(
                     "{} snapshot: {e}",
@@ -339,9 +332,9 @@ impl Runtime for KvmRuntime {
                 )))
             }
             Err(e) => return Err(ctl_err(e)),
-        }
+        };
         vm.disk = next_disk.to_path_buf();
-        Ok(snapshot_data(snap_dir, &vm_dir))
+        Ok(snapshot_data(snap_dir, &vm_dir, info.pause_ms))
     }
 
     fn branch(
@@ -370,7 +363,7 @@ impl Runtime for KvmRuntime {
             .map_err(|e| RuntimeError::Boot(format!("branching {}: {e}", parent.dir.display())))?;
         parent.disk = next_disk.to_path_buf();
         // Fork-based: no state file; the point records lineage only.
-        let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT));
+        let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT), info.pause_ms);
         let results = supervisor::start_children(children, |i, spec| {
             let child = info.children.iter().find(|c| c.index == i);
             self.adopt_child(spec, &files[i], child.map(|c| c.pid))

@@ -2,6 +2,7 @@
 //! stopped. The daemon talks to one [`Runtime`] trait object, picked at
 //! start-up ([`select`]); everything runtime-specific that must survive a
 //! daemon restart lives in the serialized [`VmRecord`] / [`SnapshotData`].
+pub mod guest_agent;
 pub mod kvm;
 pub mod kvm_cmd;
 pub mod qemu;
@@ -84,6 +85,10 @@ pub struct SnapshotData {
     /// every VM started from it, and of the source VM's next layer).
     pub disk_layer: PathBuf,
     pub accel: String,
+    /// How long taking it stopped the source VM's vCPUs (absent in records of daemons
+    /// that did not measure it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_ms: Option<f64>,
 }
 
 impl SnapshotData {

@@ -9,13 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use zygote_proto::client::{wait_healthy, AgentClient};
-use zygote_proto::{ReidentifyRequest, UnixTime};
+use zygote_proto::client::AgentClient;
 use zygote_qemu::migrate::{create_overlay_on, detached_args, DetachedVm};
 use zygote_qemu::{Accel, QemuConfig};
 
 use super::qmp::Qmp;
-use super::supervisor;
+use super::{guest_agent, supervisor};
 use super::{BootSource, Exit, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord};
 use crate::model::SnapshotKind;
 
@@ -128,24 +127,14 @@ impl QemuRuntime {
             // The state was saved from a stopped VM, so it arrives stopped.
             qmp.cont()?;
         }
-        let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client = loop {
-            if !rec.process.is_alive() {
-                return Err(RuntimeError::Boot("QEMU exited".into()));
-            }
-            let slice = (Instant::now() + Duration::from_secs(2)).min(deadline);
-            match wait_healthy(&rec.agent_addr, slice) {
-                Ok(c) => break c,
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(RuntimeError::Boot(format!(
-                        "the agent did not answer within {BOOT_TIMEOUT:?}: {e}"
-                    )))
-                }
-                Err(_) => {}
-            }
+        let connect = || AgentClient::connect_tcp(&rec.agent_addr, Duration::from_secs(2));
+        let alive = || rec.process.is_alive();
+        let target = guest_agent::AgentTarget {
+            connect: &connect,
+            alive: &alive,
+            what: "QEMU",
         };
-        reidentify(&client, &spec.hostname)?;
-        Ok(())
+        guest_agent::bring_up(&target, &spec.hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
     }
 
     /// stop → migrate to `<snap_dir>/state` → freeze the disk layer → cont.
@@ -158,6 +147,7 @@ impl QemuRuntime {
     ) -> Result<SnapshotData, RuntimeError> {
         let state_file = snap_dir.join("state");
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        let stopped = Instant::now();
         qmp.stop()?;
         let uri = format!(
             "exec:cat > '{}'",
@@ -167,6 +157,7 @@ impl QemuRuntime {
             .migrate(&uri, MIGRATION_TIMEOUT)
             .and_then(|_| qmp.snapshot_disk("root", next_disk));
         let resumed = qmp.cont();
+        let pause = stopped.elapsed();
         if let Err(e) = captured {
             let _ = std::fs::remove_file(&state_file);
             let _ = std::fs::remove_file(next_disk);
@@ -178,6 +169,7 @@ impl QemuRuntime {
             state_file,
             disk_layer: vm.disk.clone(),
             accel: vm.accel.clone(),
+            pause_ms: Some(pause.as_secs_f64() * 1e3),
         };
         vm.disk = next_disk.to_path_buf();
         Ok(data)
@@ -194,29 +186,6 @@ fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
         stderr.trim(),
         tail.join("\n")
     ))
-}
-
-/// Fresh entropy, hostname and clock, so siblings never share RNG state.
-pub(super) fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), RuntimeError> {
-    let mut entropy = vec![0u8; 64];
-    {
-        use std::io::Read;
-        File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut entropy))
-            .map_err(RuntimeError::io("reading /dev/urandom"))?;
-    }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    client.reidentify(ReidentifyRequest {
-        entropy,
-        hostname: Some(hostname.to_string()),
-        time: Some(UnixTime {
-            secs: now.as_secs() as i64,
-            nanos: now.subsec_nanos(),
-        }),
-    })?;
-    Ok(())
 }
 
 fn free_port() -> Result<u16, RuntimeError> {

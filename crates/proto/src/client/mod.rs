@@ -63,6 +63,19 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// The transport failed before the agent answered (not listening yet, connection
+    /// dropped or closed before any reply): trying again on a new connection may work.
+    /// An answer the agent gave (an error, a protocol violation) is final.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Connect { .. }
+                | ClientError::Handshake(_)
+                | ClientError::Io(_)
+                | ClientError::Closed(_)
+        )
+    }
 }
 
 /// Routing table shared with the reader thread.

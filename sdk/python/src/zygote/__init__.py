@@ -11,6 +11,7 @@ from ._client import AsyncClient, Client
 from ._version import __version__
 from .aio import AsyncCommands, AsyncFiles, AsyncSandbox
 from .errors import (
+    BranchIncomplete,
     CommandFailed,
     CommandTimeout,
     ConflictError,
@@ -32,7 +33,7 @@ from .errors import (
     Unsupported,
     ZygoteError,
 )
-from .models import BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .models import BranchFailure, BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
 from .sandbox import Commands, Files, Sandbox
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "SandboxInfo",
     "Snapshot",
     "BranchResult",
+    "BranchFailure",
     "ZygoteError",
     "ConnectionFailed",
     "RequestTimeout",
@@ -70,5 +72,6 @@ __all__ = [
     "SpawnFailed",
     "CommandTimeout",
     "CommandFailed",
+    "BranchIncomplete",
     "ServerError",
 ]

@@ -19,10 +19,11 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import CommandFailed, CommandTimeout, ServerError, ZygoteError, error_for
+from .errors import BranchIncomplete, CommandFailed, CommandTimeout, ServerError, ZygoteError, error_for
 from .models import BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 # An output callback gets decoded text; an async sandbox may also pass a
 # coroutine function.
@@ -134,6 +135,22 @@ def branch(sid: str, count: int, ttl_secs: Optional[int] = None) -> Call[BranchR
     if ttl_secs is not None:
         body["ttl_secs"] = ttl_secs
     return Call("POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json=body)
+
+
+def branch_children(res: BranchResult, n: int, children: list[S], *, allow_partial: bool) -> list[S]:
+    """The handles on a branch's running ``children``, or, when some of the
+    ``n`` requested did not come up and ``allow_partial`` is false,
+    :class:`~zygote.errors.BranchIncomplete` carrying them (so no running
+    child is lost) and the causes."""
+    if res.failed and not allow_partial:
+        causes = "; ".join(f"child {f.index} failed: {f.error}" for f in res.failed)
+        raise BranchIncomplete(
+            f"only {len(res.children)} of {n} children of {res.parent} came up; {causes}",
+            parent=res.parent,
+            children=children,
+            failures=list(res.failed),
+        )
+    return children
 
 
 def set_ttl(sid: str, ttl_secs: Optional[int]) -> Call[SandboxInfo]:

@@ -158,9 +158,14 @@ class AsyncSandbox:
         except SandboxNotFound:
             return False
 
-    async def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None) -> List["AsyncSandbox"]:
+    async def branch(
+        self, n: int = 1, *, ttl_secs: Optional[int] = None, allow_partial: bool = False
+    ) -> List["AsyncSandbox"]:
+        """See :meth:`zygote.Sandbox.branch` (raises
+        :class:`~zygote.errors.BranchIncomplete` unless ``allow_partial``)."""
         res = await self.client.call(_api.branch(self.id, n, ttl_secs))
-        return [type(self)(child, client=self.client) for child in res.children]
+        children = [type(self)(child, client=self.client) for child in res.children]
+        return _api.branch_children(res, n, children, allow_partial=allow_partial)
 
     async def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
         return await self.client.call(_api.create_snapshot(self.id, mode, name))

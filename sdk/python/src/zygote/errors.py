@@ -10,10 +10,13 @@ with its code intact.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Generic, Optional, TypeVar
 
 if TYPE_CHECKING:
-    from .models import CommandResult
+    from .models import BranchFailure, CommandResult
+
+# The kind of sandbox handle a BranchIncomplete carries (Sandbox or AsyncSandbox).
+_S = TypeVar("_S")
 
 __all__ = [
     "ZygoteError",
@@ -35,6 +38,7 @@ __all__ = [
     "SpawnFailed",
     "CommandTimeout",
     "CommandFailed",
+    "BranchIncomplete",
     "ServerError",
     "error_for",
 ]
@@ -165,6 +169,30 @@ class CommandFailed(ZygoteError):
     def __init__(self, message: str, *, result: "CommandResult") -> None:
         super().__init__(message)
         self.result = result
+
+
+class BranchIncomplete(ZygoteError, Generic[_S]):
+    """``branch(n)`` brought up only some of the ``n`` children. ``children``
+    are the ones that run (handles like those ``branch`` returns: use or kill
+    them), ``failures`` the :class:`~zygote.models.BranchFailure` of each one
+    that did not (the daemon left nothing of those), ``parent`` the branched
+    sandbox's id. ``branch(n, allow_partial=True)`` returns the running
+    children instead of raising this."""
+
+    default_code = "branch_incomplete"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        parent: str,
+        children: "list[_S]",
+        failures: "list[BranchFailure]",
+    ) -> None:
+        super().__init__(message)
+        self.parent = parent
+        self.children = children
+        self.failures = failures
 
 
 class ServerError(ZygoteError):

@@ -22,7 +22,7 @@ from . import _api
 from ._client import AsyncClient
 from ._version import __version__
 from .aio import AsyncSandbox
-from .errors import CommandTimeout, ZygoteError
+from .errors import BranchIncomplete, CommandTimeout, ZygoteError
 
 __all__ = ["build_server", "main"]
 
@@ -133,12 +133,19 @@ def build_server(
     @server.tool()
     async def branch_sandbox(sandbox_id: str, n: int = 2) -> dict[str, Any]:
         """Fork a running sandbox into n copy-on-write children that start from its exact
-        current state and then diverge independently; returns their sandbox ids."""
+        current state and then diverge independently; returns their sandbox ids, and in
+        "failed" the children that could not be brought up (index among the n, error)."""
+        failed: list[dict[str, Any]] = []
         try:
             children = await session.sandbox(sandbox_id).branch(n)
+        except BranchIncomplete as e:
+            # Some children run: hand them over (and kill them with the session) and
+            # say which ones are missing, rather than losing the running ones.
+            children = e.children
+            failed = [{"index": f.index, "error": f.error} for f in e.failures]
         except ZygoteError as e:
             raise _tool_error(e) from e
-        return {"parent": sandbox_id, "children": [session.adopt(c.id) for c in children]}
+        return {"parent": sandbox_id, "children": [session.adopt(c.id) for c in children], "failed": failed}
 
     @server.tool()
     async def snapshot_sandbox(sandbox_id: str, name: Optional[str] = None) -> dict[str, Any]:

@@ -9,11 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-__all__ = ["SandboxInfo", "CommandResult", "FileEntry", "WriteResult", "Snapshot", "BranchResult"]
+__all__ = ["SandboxInfo", "CommandResult", "FileEntry", "WriteResult", "Snapshot", "BranchResult", "BranchFailure"]
 
 
 def _opt_int(v: Any) -> Optional[int]:
     return None if v is None else int(v)
+
+
+def _opt_float(v: Any) -> Optional[float]:
+    return None if v is None else float(v)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,9 @@ class Snapshot:
     depends_on: tuple[str, ...]
     dependents: tuple[str, ...]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    pause_ms: Optional[float] = None
+    """How long taking it stopped the sandbox's vCPUs, in milliseconds (None:
+    not measured, e.g. recorded by an older daemon)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Snapshot":
@@ -136,7 +143,23 @@ class Snapshot:
             depends_on=tuple(d.get("depends_on") or ()),
             dependents=tuple(d.get("dependents") or ()),
             raw=d,
+            pause_ms=_opt_float(d.get("pause_ms")),
         )
+
+
+@dataclass(frozen=True)
+class BranchFailure:
+    """A requested child of a branch that did not come up (the daemon left
+    nothing of it)."""
+
+    index: int
+    """Its position among the requested children (0-based)."""
+    error: str
+    """Why it failed."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "BranchFailure":
+        return cls(index=int(d["index"]), error=str(d.get("error", "")))
 
 
 @dataclass(frozen=True)
@@ -145,7 +168,14 @@ class BranchResult:
     branch_point: str
     """Id of the (implicit) snapshot the children share."""
     children: tuple[str, ...]
+    """The children that run."""
     duration_ms: int
+    failed: list[BranchFailure] = field(default_factory=list, hash=False)
+    """Requested children that did not come up (empty when all did, and from
+    daemons that predate partial branches)."""
+    pause_ms: Optional[float] = None
+    """How long the parent's vCPUs were stopped, in milliseconds (None: not
+    measured)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "BranchResult":
@@ -154,4 +184,6 @@ class BranchResult:
             branch_point=d["branch_point"],
             children=tuple(d["children"]),
             duration_ms=int(d.get("duration_ms", 0)),
+            failed=[BranchFailure.from_json(f) for f in d.get("failed") or ()],
+            pause_ms=_opt_float(d.get("pause_ms")),
         )

@@ -194,13 +194,20 @@ class Sandbox:
         except SandboxNotFound:
             return False
 
-    def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None) -> List["Sandbox"]:
+    def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None, allow_partial: bool = False) -> List["Sandbox"]:
         """Forks this sandbox's live state into ``n`` children (memory,
         processes and files, copy-on-write). Each child then diverges
         independently; this sandbox keeps running. Children get ``ttl_secs``,
-        or without it this sandbox's TTL (counted from their start)."""
+        or without it this sandbox's TTL (counted from their start).
+
+        When only some of the children came up it raises
+        :class:`~zygote.errors.BranchIncomplete`, which carries the running
+        ones (``.children``) and the causes (``.failures``); with
+        ``allow_partial=True`` it returns the running children instead.
+        When none came up the daemon's error is raised."""
         res = self.client.call(_api.branch(self.id, n, ttl_secs))
-        return [type(self)(child, client=self.client) for child in res.children]
+        children = [type(self)(child, client=self.client) for child in res.children]
+        return _api.branch_children(res, n, children, allow_partial=allow_partial)
 
     def snapshot(self, mode: str = "full", *, name: Optional[str] = None) -> Snapshot:
         """Saves this sandbox's state; ``mode`` is a snapshot kind the runtime

@@ -216,6 +216,9 @@ fn kvm_findings(facts: &Facts, flavor: Flavor, out: &mut Out) {
         flavor_status(flavor),
         flavor_detail(flavor, cpu),
     );
+    if flavor.hardware() && cpu.hypervisor {
+        nested_finding(cpu, out);
+    }
     if let Some(v) = kvm.api_version {
         let ok = v == 12;
         out.ok_or_warn(
@@ -227,6 +230,32 @@ fn kvm_findings(facts: &Facts, flavor: Flavor, out: &mut Out) {
     }
     if let Some(caps) = &kvm.caps {
         caps_findings(caps, out);
+    }
+}
+
+/// Whether this host's VMX/SVM is itself emulated in software: QEMU's TCG CPU models
+/// name themselves so ("QEMU TCG CPU version ...").
+pub fn emulated_virtualization(cpu: &CpuFacts) -> bool {
+    cpu.hypervisor && (cpu.vmx || cpu.svm) && cpu.model.contains("TCG")
+}
+
+/// This host is a VM running guests of its own: what that means for speed.
+fn nested_finding(cpu: &CpuFacts, out: &mut Out) {
+    if emulated_virtualization(cpu) {
+        out.add(
+            "kvm.nested",
+            Status::Warn,
+            format!(
+                "nested, and the virtualization extensions are emulated in software (CPU                  \"{}\", QEMU TCG): guests run correctly, but everything is roughly 15x                  slower than on hardware virtualization, so report ratios rather than times                  (this is how zygote's nested test lane runs; not for production)",
+                cpu.model
+            ),
+        );
+    } else {
+        out.add(
+            "kvm.nested",
+            Status::Ok,
+            "nested: this host is a VM with hardware virtualization passed through; guests              run at close to native speed, with VM exits (I/O, interrupts) costing more",
+        );
     }
 }
 

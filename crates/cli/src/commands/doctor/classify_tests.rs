@@ -275,3 +275,32 @@ fn json_enums_are_lowercase() {
     assert_eq!(serde_json::to_string(&Flavor::Pvm).unwrap(), "\"pvm\"");
     assert_eq!(serde_json::to_string(&Status::Warn).unwrap(), "\"warn\"");
 }
+
+#[test]
+fn nested_hosts_say_whether_virtualization_is_emulated() {
+    let mut f = Facts::default();
+    f.kvm.present = true;
+    f.kvm.modules = vec!["kvm_amd".into()];
+    f.host.cpu.svm = true;
+    // Bare metal: no nested finding at all.
+    assert!(classify(&f)
+        .findings
+        .iter()
+        .all(|x| x.check != "kvm.nested"));
+    // A cloud VM with SVM passed through.
+    f.host.cpu.hypervisor = true;
+    f.host.cpu.model = "AMD EPYC 7B13".into();
+    let n = finding(&classify(&f), "kvm.nested").clone();
+    assert_eq!(n.status, Status::Ok);
+    assert!(
+        n.detail.contains("hardware virtualization passed through"),
+        "{}",
+        n.detail
+    );
+    // QEMU TCG exposing SVM: correct but slow, and said so.
+    f.host.cpu.model = "QEMU TCG CPU version 2.5+".into();
+    let n = finding(&classify(&f), "kvm.nested").clone();
+    assert_eq!(n.status, Status::Warn);
+    assert!(n.detail.contains("emulated in software"), "{}", n.detail);
+    assert!(n.detail.contains("15x"), "{}", n.detail);
+}

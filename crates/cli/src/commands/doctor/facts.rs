@@ -93,6 +93,8 @@ pub struct CpuFacts {
     pub svm: bool,
     /// We are ourselves a guest (nested virtualization needed for VMX/SVM).
     pub hypervisor: bool,
+    /// `model name` of the first CPU (QEMU's software CPU names itself "QEMU TCG CPU").
+    pub model: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -292,6 +294,7 @@ fn gather_host() -> HostFacts {
             vmx: flags.contains(&"vmx"),
             svm: flags.contains(&"svm"),
             hypervisor: flags.contains(&"hypervisor"),
+            model: parse::cpu_model(&cpuinfo).unwrap_or_default().to_string(),
         },
     }
 }

@@ -24,6 +24,14 @@ pub fn cpu_flags(cpuinfo: &str) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// The first CPU's `model name` from /proc/cpuinfo.
+pub fn cpu_model(cpuinfo: &str) -> Option<&str> {
+    cpuinfo.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == "model name").then_some(value.trim())
+    })
+}
+
 /// A `Key:   123 kB` value from /proc/meminfo, in KiB.
 pub fn meminfo_kib(meminfo: &str, key: &str) -> Option<u64> {
     meminfo.lines().find_map(|line| {
@@ -144,6 +152,14 @@ pub fn fs_reflink(magic: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_model_name() {
+        let info = "processor\t: 0\nvendor_id\t: AuthenticAMD\n\
+                    model name\t: QEMU TCG CPU version 2.5+\nflags\t\t: fpu svm\n";
+        assert_eq!(cpu_model(info), Some("QEMU TCG CPU version 2.5+"));
+        assert_eq!(cpu_model("flags : fpu\n"), None);
+    }
 
     #[test]
     fn bracket_picks_selected_value() {

@@ -1,0 +1,327 @@
+//! `zygote bench linux`: BRANCH of a real Linux sandbox through the daemon, timed as a
+//! user sees it. A private daemon (`zygote serve` on a temporary state directory) runs a
+//! parent sandbox with part of its memory filled; then, per round:
+//!
+//! - branch 1 child, until the child's agent has answered an exec (`answer1`);
+//! - full, then diff snapshot of that child (their pauses), and the child goes;
+//! - branch 4 children, until all four have answered an exec (`answer4`).
+//!
+//! Pauses are what the VMM (or QEMU) reports: how long the source's vCPUs stood still.
+//! Failures (a child that did not come up or answer, a request that failed) are counted,
+//! never retried. Medians and p90 over the rounds; the last line printed is one JSON
+//! object, so scripts (`make bench-nested`) can take it as is.
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::{json, Value};
+use zygote_daemon::client::{block_on, Client, Method};
+use zygote_daemon::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
+
+use super::bench_stats::{ms, Summary};
+
+#[derive(clap::Args)]
+pub struct LinuxBenchArgs {
+    /// Rounds (each: a 1-child branch, full + diff snapshots, a 4-child branch).
+    #[arg(long, default_value_t = 10)]
+    rounds: usize,
+    /// Guest memory of the parent sandbox in MiB.
+    #[arg(long, default_value_t = 512)]
+    mem_mib: u32,
+    /// MiB of the parent's memory filled (tmpfs) before the rounds.
+    #[arg(long, default_value_t = 128)]
+    fill_mib: u32,
+    /// Runtime of the private daemon: kvm (zygote's VMM) or qemu.
+    #[arg(long, default_value = "kvm")]
+    runtime: String,
+    /// Print only the JSON summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct LinuxBench {
+    runtime: String,
+    mem_mib: u32,
+    fill_mib: u32,
+    rounds: usize,
+    /// Children that did not come up or answer, plus requests that failed.
+    failures: usize,
+    pause_ms_p50: f64,
+    pause_ms_p90: f64,
+    answer1_ms_p50: f64,
+    answer1_ms_p90: f64,
+    answer4_ms_p50: f64,
+    answer4_ms_p90: f64,
+    full_pause_ms_p50: f64,
+    diff_pause_ms_p50: f64,
+    diff_pause_ms_p90: f64,
+    /// Full-snapshot pause p50 / branch pause p50.
+    full_over_fork: f64,
+    /// Every failure, in words.
+    errors: Vec<String>,
+}
+
+/// A `zygote serve` on a private state directory, stopped on drop.
+struct Daemon {
+    child: Child,
+    client: Client,
+    _state: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start(runtime: &str) -> anyhow::Result<Daemon> {
+        let state = tempfile::Builder::new().prefix("zygote-bench-").tempdir()?;
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg("serve")
+            .arg("--state-dir")
+            .arg(state.path())
+            .args(["--listen", "127.0.0.1:0", "--runtime", runtime])
+            .env(
+                "ZYGOTE_LOG",
+                std::env::var("ZYGOTE_LOG").unwrap_or("warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting zygote serve")?;
+        let stdout = child.stdout.take().expect("piped");
+        let url = BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .find_map(|l| l.strip_prefix("zygoted listening on ").map(str::to_string));
+        let Some(url) = url else {
+            let status = child.wait()?;
+            anyhow::bail!("the daemon did not start ({status})");
+        };
+        let token = std::fs::read_to_string(state.path().join("token"))?;
+        let client = Client::new(&url, Some(token.trim().to_string()))?;
+        Ok(Daemon {
+            child,
+            client,
+            _state: state,
+        })
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn call<T: serde::de::DeserializeOwned>(
+    c: &Client,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<T> {
+    Ok(block_on(c.json(method, path, body.as_ref()))?)
+}
+
+fn delete(c: &Client, path: &str) {
+    if let Err(e) = block_on(c.raw(Method::DELETE, path, None)) {
+        eprintln!("bench: DELETE {path}: {e}");
+    }
+}
+
+fn exec(c: &Client, id: &str, script: &str) -> anyhow::Result<String> {
+    let r: ExecResponse = call(
+        c,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"argv": ["sh", "-c", script]})),
+    )?;
+    anyhow::ensure!(
+        r.exit_code == Some(0),
+        "exec in {id} exited {:?}: {}",
+        r.exit_code,
+        r.stderr
+    );
+    Ok(r.stdout)
+}
+
+/// Branch `count` children of `parent` and wait until each answered `echo ok`; returns
+/// the time from the request until the last answer, the VMM's pause, and the children.
+fn branch_and_answer(
+    c: &Client,
+    parent: &str,
+    count: usize,
+    errors: &mut Vec<String>,
+) -> (Option<Duration>, Option<f64>, Vec<String>) {
+    let t0 = Instant::now();
+    let resp: BranchResponse = match call(
+        c,
+        Method::POST,
+        &format!("/v1/sandboxes/{parent}/branch"),
+        Some(json!({"count": count})),
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            errors.push(format!("branch -c {count}: {e}"));
+            return (None, None, Vec::new());
+        }
+    };
+    for f in &resp.failed {
+        errors.push(format!(
+            "branch -c {count}: child {} did not come up: {}",
+            f.index, f.error
+        ));
+    }
+    let answers: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = resp
+            .children
+            .iter()
+            .map(|id| s.spawn(move || exec(c, id, "echo ok").map(drop)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("exec thread"))
+            .collect()
+    });
+    let elapsed = t0.elapsed();
+    let mut all_ok = resp.failed.is_empty();
+    for (id, a) in resp.children.iter().zip(answers) {
+        if let Err(e) = a {
+            errors.push(format!("branch -c {count}: child {id} did not answer: {e}"));
+            all_ok = false;
+        }
+    }
+    (all_ok.then_some(elapsed), resp.pause_ms, resp.children)
+}
+
+fn snapshot(c: &Client, id: &str, kind: &str, errors: &mut Vec<String>) -> Option<Snapshot> {
+    call(
+        c,
+        Method::POST,
+        "/v1/snapshots",
+        Some(json!({"sandbox": id, "kind": kind})),
+    )
+    .map_err(|e| errors.push(format!("{kind} snapshot of {id}: {e}")))
+    .ok()
+}
+
+fn ms_of(v: Option<f64>) -> Option<Duration> {
+    v.map(|m| Duration::from_secs_f64(m / 1e3))
+}
+
+pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
+    anyhow::ensure!(args.rounds > 0, "--rounds must be at least 1");
+    anyhow::ensure!(
+        args.fill_mib < args.mem_mib,
+        "--fill-mib must be below --mem-mib"
+    );
+    let say = |m: String| {
+        if !args.json {
+            eprintln!("{m}");
+        }
+    };
+    let d = Daemon::start(&args.runtime)?;
+    let c = &d.client;
+    let made: SandboxList = call(
+        c,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"image": "minimal", "mem_mib": args.mem_mib, "name": "bench-parent"})),
+    )
+    .context("creating the parent sandbox")?;
+    let parent: Sandbox = made.sandboxes.into_iter().next().context("no sandbox")?;
+    // Non-zero pages in guest RAM (tmpfs): what a branch shares and a snapshot writes.
+    exec(
+        c,
+        &parent.id,
+        &format!("yes zygote | head -c {}M >/dev/shm/fill", args.fill_mib),
+    )?;
+    say(format!(
+        "parent {} ({} MiB, {} MiB filled) on the {} runtime; {} rounds",
+        parent.id, args.mem_mib, args.fill_mib, args.runtime, args.rounds
+    ));
+
+    let mut errors = Vec::new();
+    let (mut pause, mut answer1, mut answer4) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut full_pause, mut diff_pause) = (Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        let (t1, p1, kids) = branch_and_answer(c, &parent.id, 1, &mut errors);
+        answer1.extend(t1);
+        pause.extend(ms_of(p1));
+        if let Some(kid) = kids.first() {
+            let full = snapshot(c, kid, "full", &mut errors);
+            full_pause.extend(ms_of(full.as_ref().and_then(|s| s.pause_ms)));
+            let diff = if args.runtime == "kvm" {
+                let _ = exec(c, kid, "yes diff | head -c 8M >/dev/shm/diff");
+                snapshot(c, kid, "diff", &mut errors)
+            } else {
+                None
+            };
+            diff_pause.extend(ms_of(diff.as_ref().and_then(|s| s.pause_ms)));
+            for id in &kids {
+                delete(c, &format!("/v1/sandboxes/{id}"));
+            }
+            for s in [diff, full].into_iter().flatten() {
+                delete(c, &format!("/v1/snapshots/{}", s.id));
+            }
+        }
+        let (t4, p4, kids) = branch_and_answer(c, &parent.id, 4, &mut errors);
+        answer4.extend(t4);
+        pause.extend(ms_of(p4));
+        for id in &kids {
+            delete(c, &format!("/v1/sandboxes/{id}"));
+        }
+        say(format!(
+            "round {round}: answer1 {} ms, answer4 {} ms, failures so far {}",
+            t1.map_or("-".into(), |t| ms(t.as_secs_f64() * 1e3)),
+            t4.map_or("-".into(), |t| ms(t.as_secs_f64() * 1e3)),
+            errors.len()
+        ));
+    }
+    delete(c, &format!("/v1/sandboxes/{}", parent.id));
+
+    let (p, a1, a4) = (
+        Summary::of(&pause),
+        Summary::of(&answer1),
+        Summary::of(&answer4),
+    );
+    let (fp, dp) = (Summary::of(&full_pause), Summary::of(&diff_pause));
+    let result = LinuxBench {
+        runtime: args.runtime.clone(),
+        mem_mib: args.mem_mib,
+        fill_mib: args.fill_mib,
+        rounds: args.rounds,
+        failures: errors.len(),
+        pause_ms_p50: p.p50,
+        pause_ms_p90: p.p90,
+        answer1_ms_p50: a1.p50,
+        answer1_ms_p90: a1.p90,
+        answer4_ms_p50: a4.p50,
+        answer4_ms_p90: a4.p90,
+        full_pause_ms_p50: fp.p50,
+        diff_pause_ms_p50: dp.p50,
+        diff_pause_ms_p90: dp.p90,
+        full_over_fork: fp.p50 / p.p50,
+        errors,
+    };
+    if !args.json {
+        super::daemon_client::print_table(
+            &["figure", "p50 ms", "p90 ms", "n"],
+            &[
+                ("parent pause (branch)", &p),
+                ("branch -> 1 child answers", &a1),
+                ("branch -> 4 children answer", &a4),
+                ("full snapshot pause", &fp),
+                ("diff snapshot pause", &dp),
+            ]
+            .iter()
+            .map(|(name, s)| vec![name.to_string(), ms(s.p50), ms(s.p90), s.n.to_string()])
+            .collect::<Vec<_>>(),
+        );
+        for e in &result.errors {
+            eprintln!("failure: {e}");
+        }
+    }
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(if result.failures == 0 { 0 } else { 1 })
+}

@@ -1,0 +1,156 @@
+//! What both runtimes do with a VM that just started, was restored or branched: reach
+//! its agent and give the guest an identity of its own (fresh entropy with an immediate
+//! CRNG reseed, its hostname, the host's clock), in one request that also proves the
+//! agent answers.
+use std::fs::File;
+use std::time::{Duration, Instant};
+
+use zygote_proto::client::{AgentClient, ClientError};
+use zygote_proto::{ReidentifyRequest, UnixTime};
+
+use super::RuntimeError;
+
+/// Pause between attempts while the guest is not answering yet.
+const RETRY_PAUSE: Duration = Duration::from_millis(25);
+/// Longest one attempt's request may wait for its answer.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Fresh entropy, hostname and clock, so that siblings never share RNG state.
+pub fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), ClientError> {
+    let mut entropy = vec![0u8; 64];
+    {
+        use std::io::Read;
+        File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut entropy))?;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    client.reidentify(ReidentifyRequest {
+        entropy,
+        hostname: Some(hostname.to_string()),
+        time: Some(UnixTime {
+            secs: now.as_secs() as i64,
+            nanos: now.subsec_nanos(),
+        }),
+    })?;
+    Ok(())
+}
+
+/// Where a VM's agent is and how to tell that the VM is gone.
+pub struct AgentTarget<'a> {
+    /// A new connection to the agent (each attempt uses its own).
+    pub connect: &'a dyn Fn() -> Result<AgentClient, ClientError>,
+    /// False once the VM process is gone (no point in waiting).
+    pub alive: &'a dyn Fn() -> bool,
+    /// The VM process, for messages ("QEMU", "zygote's VMM").
+    pub what: &'a str,
+}
+
+/// Reach the agent and reidentify the guest, retrying while the transport fails before
+/// the agent answers (the guest is still booting, or a connection was closed before any
+/// reply) until `deadline`. An answer from the agent, even an error, is final.
+pub fn bring_up(
+    target: &AgentTarget,
+    hostname: &str,
+    deadline: Instant,
+) -> Result<AgentClient, RuntimeError> {
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        if !(target.alive)() {
+            return Err(RuntimeError::Boot(format!("{} exited", target.what)));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt = (target.connect)().and_then(|c| {
+            let c = c.with_request_timeout(Some(left.min(ATTEMPT_TIMEOUT)));
+            reidentify(&c, hostname).map(|()| c)
+        });
+        match attempt {
+            Ok(c) => {
+                if attempts > 1 {
+                    tracing::debug!("agent answered on attempt {attempts}");
+                }
+                return Ok(
+                    c.with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT))
+                );
+            }
+            Err(e) if e.is_transient() && Instant::now() + RETRY_PAUSE < deadline => {
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) if e.is_transient() => {
+                return Err(RuntimeError::Boot(format!(
+                    "the agent did not answer within the time limit ({attempts} attempts): {e}"
+                )))
+            }
+            Err(e) => {
+                return Err(RuntimeError::Boot(format!(
+                    "the agent refused to reidentify the guest: {e}"
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    fn refused() -> ClientError {
+        ClientError::Connect {
+            target: "test".into(),
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        }
+    }
+
+    #[test]
+    fn transient_failures_are_retried_until_the_deadline() {
+        let tries = Cell::new(0);
+        let connect = || {
+            tries.set(tries.get() + 1);
+            Err(refused())
+        };
+        let err = bring_up(
+            &AgentTarget {
+                connect: &connect,
+                alive: &|| true,
+                what: "test VM",
+            },
+            "h",
+            Instant::now() + Duration::from_millis(300),
+        )
+        .err()
+        .expect("fails");
+        assert!(tries.get() >= 3, "retried: {}", tries.get());
+        assert!(err.to_string().contains("did not answer"), "{err}");
+    }
+
+    #[test]
+    fn a_dead_vm_ends_the_wait_at_once() {
+        let connect = || Err(refused());
+        let err = bring_up(
+            &AgentTarget {
+                connect: &connect,
+                alive: &|| false,
+                what: "QEMU",
+            },
+            "h",
+            Instant::now() + Duration::from_secs(60),
+        )
+        .err()
+        .expect("fails");
+        assert_eq!(err.to_string(), "VM failed to start: QEMU exited");
+    }
+
+    #[test]
+    fn transient_means_no_answer_from_the_agent() {
+        assert!(refused().is_transient());
+        assert!(ClientError::Closed("agent closed the connection".into()).is_transient());
+        assert!(!ClientError::Protocol("bad frame".into()).is_transient());
+        assert!(!ClientError::Timeout {
+            what: "reidentify",
+            after: Duration::from_secs(1)
+        }
+        .is_transient());
+    }
+}
