@@ -96,6 +96,7 @@ FULL = SMOKE + [
             "devices_rng",
             "devices_vsock",
             "kernel_images",
+            "pause_io",
         ]
     ],
     Step("cli/vm_serve", 600, "zygote-cli", "vm_serve"),

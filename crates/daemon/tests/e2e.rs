@@ -228,6 +228,20 @@ async fn suite(runtime: &str) {
             child.as_str()
         );
     }
+    // Fork safety: the kernel's random bytes differ in every child right away (the
+    // children start with the parent's CRNG state; reidentify reseeds it).
+    let rand = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'";
+    let mut seen = vec![exec(&c, &a.id, rand).await.stdout];
+    for child in [&b, &cc] {
+        seen.push(exec(&c, child, rand).await.stdout);
+    }
+    for (i, x) in seen.iter().enumerate() {
+        assert_eq!(x.len(), 32, "{seen:?}");
+        assert!(
+            seen[..i].iter().all(|y| y != x),
+            "identical /dev/urandom bytes after a branch: {seen:?}"
+        );
+    }
     write(&c, &b, "/root/child.txt", "only in b").await;
     assert_eq!(read(&c, &b, "/root/child.txt").await.unwrap(), "only in b");
     for other in [&cc, &a.id] {

@@ -81,6 +81,11 @@ pub const SPIN_MARKER: u64 = 0x5350_494e;
 /// the pages, KVM's dirty log sees them: snapshot tests use this to build diff chains.
 pub const SCRATCH_DIRTY_CMD: usize = 2;
 pub const SCRATCH_DIRTY_ACK: usize = 3;
+/// `spin` also writes [`CHATTER_BYTE`] to COM1 on every turn while
+/// scratch[SCRATCH_CHATTER] is non-zero: a guest in a loop of port I/O exits, for
+/// tests that pause a vCPU while it is in the middle of one.
+pub const SCRATCH_CHATTER: usize = 4;
+pub const CHATTER_BYTE: u8 = b'.';
 // Off any 2 MiB boundary: the boot memory check writes the ends of every 2 MiB page.
 pub const DIRTY_AREA_GPA: u64 = 0x401_0000;
 pub const DIRTY_AREA_PAGES: u64 = 16;

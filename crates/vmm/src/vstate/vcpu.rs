@@ -444,6 +444,11 @@ pub(crate) mod thread_side {
         }
     }
 
+    /// The controller wants this vCPU parked (or stopped).
+    pub fn pause_wanted(ctl: &VcpuControl) -> bool {
+        ctl.state.lock().unwrap().want != Want::Run
+    }
+
     pub fn mark_exited(ctl: &VcpuControl) {
         let mut st = ctl.state.lock().unwrap();
         st.exited = true;

@@ -50,6 +50,8 @@ pub fn register_dump(vcpu: &Vcpu) -> String {
 
 enum Step {
     Continue,
+    /// An I/O exit was handled; KVM completes it on the next KVM_RUN.
+    IoHandled,
     Interrupted,
     End(ExitReason),
 }
@@ -63,21 +65,21 @@ fn run_once(vcpu: &mut Vcpu, buses: &IoBuses) -> Step {
                     // Nothing there: a floating ISA bus reads all ones.
                     data.fill(0xff);
                 }
-                Step::Continue
+                Step::IoHandled
             }
             VcpuExit::IoOut(port, data) => {
                 buses.pio.write(u64::from(port), data);
-                Step::Continue
+                Step::IoHandled
             }
             VcpuExit::MmioRead(addr, data) => {
                 if !buses.mmio.read(addr, data) {
                     data.fill(0);
                 }
-                Step::Continue
+                Step::IoHandled
             }
             VcpuExit::MmioWrite(addr, data) => {
                 buses.mmio.write(addr, data);
-                Step::Continue
+                Step::IoHandled
             }
             // With the in-kernel irqchip KVM handles HLT itself; if one reaches us, the
             // vCPU simply runs again and blocks in the kernel.
@@ -126,6 +128,29 @@ fn run_once(vcpu: &mut Vcpu, buses: &IoBuses) -> Step {
     }
 }
 
+/// Finish the I/O exit just handled without running guest code. KVM completes an I/O
+/// exit (stores an IN's data, advances RIP past an OUT or an MMIO read) only when
+/// KVM_RUN is entered again, and that pending part is in no state userspace can save:
+/// a vCPU captured before it would make a snapshot or a branch child execute the
+/// instruction a second time. With `immediate_exit` set, KVM_RUN completes pending
+/// operations and returns EINTR (KVM API, "KVM_RUN"); a string I/O may first exit again.
+fn finish_pending_io(vcpu: &mut Vcpu, buses: &IoBuses) -> Option<ExitReason> {
+    vcpu.fd.set_kvm_immediate_exit(1);
+    let mut end = None;
+    for _ in 0..1024 {
+        match run_once(vcpu, buses) {
+            Step::IoHandled | Step::Continue => {}
+            Step::Interrupted => break,
+            Step::End(reason) => {
+                end = Some(reason);
+                break;
+            }
+        }
+    }
+    vcpu.fd.set_kvm_immediate_exit(0);
+    end
+}
+
 pub fn run(
     mut vcpu: Vcpu,
     buses: IoBuses,
@@ -153,8 +178,16 @@ pub fn run(
         )
         .map_err(|e| e.to_string())
     }) {
-        match run_once(&mut vcpu, &buses) {
-            Step::Continue => {}
+        let step = match run_once(&mut vcpu, &buses) {
+            // About to park (and be captured, perhaps): complete the I/O first.
+            Step::IoHandled if pause_wanted(&ctl) => match finish_pending_io(&mut vcpu, &buses) {
+                Some(reason) => Step::End(reason),
+                None => Step::Continue,
+            },
+            step => step,
+        };
+        match step {
+            Step::Continue | Step::IoHandled => {}
             Step::Interrupted => vcpu.fd.set_kvm_immediate_exit(0),
             Step::End(reason) => {
                 tracing::debug!(vcpu = vcpu.index, %reason, "vCPU ends the VM");

@@ -3,13 +3,15 @@
 //! counter move (or not) in guest memory.
 //! Mailbox: scratch[SCRATCH_SPIN_MARKER] = SPIN_MARKER once the checks passed.
 //! It also obeys the dirty-page command (see `SCRATCH_DIRTY_CMD` in probe-abi): the
-//! guest itself rewrites a small area so that KVM's dirty log records it.
+//! guest itself rewrites a small area so that KVM's dirty log records it; and the
+//! chatter command (`SCRATCH_CHATTER`): one byte to COM1 per turn.
 
 use crate::checks::{BootInfo, Fail};
 use crate::{mailbox, say};
 use zygote_probe_abi::{
-    dirty_word, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WORD_OFFSETS, REPORT_READY,
-    SCRATCH_DIRTY_ACK, SCRATCH_DIRTY_CMD, SCRATCH_SPIN_MARKER, SPIN_MARKER,
+    dirty_word, CHATTER_BYTE, COM1_PORT, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WORD_OFFSETS,
+    REPORT_READY, SCRATCH_CHATTER, SCRATCH_DIRTY_ACK, SCRATCH_DIRTY_CMD, SCRATCH_SPIN_MARKER,
+    SPIN_MARKER,
 };
 
 fn fill_dirty_area(cmd: u64) {
@@ -41,6 +43,9 @@ pub fn run(_info: &BootInfo) -> Result<(), Fail> {
         if cmd != done {
             fill_dirty_area(cmd);
             done = cmd;
+        }
+        if mailbox::scratch(SCRATCH_CHATTER) != 0 {
+            crate::arch::outb(COM1_PORT, CHATTER_BYTE);
         }
     }
 }
