@@ -75,12 +75,16 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
     // The host's first connection to each child works: it is not lost to the transport
     // reset that tells the guest its parent's connections are gone.
     for (i, console) in consoles.iter().enumerate() {
+        let t = std::time::Instant::now();
         if let Err(e) = linux_support::first_connection(&child_sock(i)) {
             panic!(
-                "child {i}: the first connection after the branch failed: {e}; console:\n{}",
+                "child {i}: the first connection after the branch failed after {:?}: {e}; \
+                 console:\n{}",
+                t.elapsed(),
                 console.tail(20)
             );
         }
+        eprintln!("child {i}: first connection answered in {:?}", t.elapsed());
     }
     let children: Vec<_> = (0..CHILDREN)
         .map(|i| child_agent(&child_sock(i), &child_ctl(i), &consoles[i]))

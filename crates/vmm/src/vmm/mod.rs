@@ -169,10 +169,10 @@ fn build_platform(
     let mut mmio = Bus::new();
     let mut full_cmdline = cmdline.to_string();
     let mut transports = Vec::new();
-    for (i, (device, saved)) in virtio_devices.iter().enumerate() {
+    for (i, (device, _)) in virtio_devices.iter().enumerate() {
         let base = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_WINDOW;
         let gsi = VIRTIO_FIRST_IRQ + i as u32;
-        let mut transport = MmioTransport::new(
+        let transport = MmioTransport::new(
             device.clone(),
             ram.memory().clone(),
             event_loop.registrar().clone(),
@@ -181,11 +181,6 @@ fn build_platform(
         transport
             .register(&vm.fd, base, gsi)
             .map_err(|e| VmmError::Device(e.to_string()))?;
-        if let Some(st) = saved {
-            transport
-                .restore_state(&st.transport, &st.device.virtio().queues)
-                .map_err(|e| VmmError::Device(format!("virtio device {i}: {e}")))?;
-        }
         let transport = Arc::new(Mutex::new(transport));
         mmio.insert(base, VIRTIO_MMIO_WINDOW, transport.clone())?;
         transports.push(transport);
@@ -346,6 +341,19 @@ impl Vmm {
             let vcpu = Vcpu::new(&platform.vm, st.index)?;
             capture::restore_vcpu(&vcpu.fd, st, xsave)?;
             vcpus.push(vcpu);
+        }
+        // Devices come back last: a restored device may raise its interrupt at once (a
+        // pending status, vsock's transport reset), and KVM delivers it asynchronously
+        // into the irqchip and LAPICs, which must already hold their restored state or
+        // the interrupt is overwritten and lost.
+        for (i, (transport, (_, saved))) in platform.transports.iter().zip(&slots).enumerate() {
+            if let Some(st) = saved {
+                transport
+                    .lock()
+                    .unwrap()
+                    .restore_state(&st.transport, &st.device.virtio().queues)
+                    .map_err(|e| VmmError::Device(format!("virtio device {i}: {e}")))?;
+            }
         }
         let capture = Arc::new(CaptureParams {
             msr_indices: state.vcpus[0].msrs.iter().map(|m| m.index).collect(),
