@@ -27,9 +27,17 @@ mount -t devtmpfs devtmpfs /dev 2>/dev/null
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs tmpfs /run
-mount -t tmpfs -o mode=0700 tmpfs /root
+# Scratch space is tmpfs, except where the host staged the checkout (one under /tmp or
+# /root): a tmpfs there would hide it, so that directory stays on the disk and temporary
+# files go to a tmpfs on /var/tmp instead.
+scratch() {
+  [ -z "$(ls -A "$1" 2>/dev/null)" ] && mount -t tmpfs -o "mode=$2" tmpfs "$1"
+}
+TMPDIR=/tmp
+scratch /tmp 1777 || { mount -t tmpfs -o mode=1777 tmpfs /var/tmp; TMPDIR=/var/tmp; }
+export TMPDIR
+scratch /root 0700 || true
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
@@ -75,7 +83,7 @@ run_serve() {
   limit=$2
   cmd=$3
   token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  state=/tmp/serve-$name
+  state=$TMPDIR/serve-$name
   mkdir -p "$state"
   umask 077
   echo "$token" >"$state/token"
