@@ -201,6 +201,15 @@ async fn suite(runtime: &str) {
     );
     let missing = read(&c, &a.id, "/root/nope").await.unwrap_err();
     assert_eq!(missing.code(), Some("guest_not_found"));
+    // A device file is refused unless asked for; asked for, the read stops at the size
+    // limit (the daemon used to buffer /dev/zero until it ran out of memory).
+    let device = read(&c, &a.id, "/dev/zero").await.unwrap_err();
+    assert_eq!(device.code(), Some("invalid_argument"), "{device}");
+    let endless = read(&c, &a.id, "/dev/zero&special=true").await.unwrap_err();
+    assert_eq!(endless.code(), Some("payload_too_large"), "{endless}");
+    // Files in /proc report size 0 and are still read whole.
+    let status = read(&c, &a.id, "/proc/self/status").await.unwrap();
+    assert!(status.contains("Name:"), "{status}");
 
     // Branch into two children: isolated from each other and the parent.
     let br: BranchResponse = c

@@ -44,15 +44,16 @@ pub async fn exec_stream(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses((status = 200, description = "File contents", content_type = "application/octet-stream", body = Vec<u8>),
-              (status = 400, description = "Relative or bad path", body = ErrorBody),
+              (status = 400, description = "Relative or bad path, or not a regular file without special=true", body = ErrorBody),
               (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
-              (status = 413, description = "File larger than 64 MiB", body = ErrorBody)))]
+              (status = 413, description = "More than 64 MiB read", body = ErrorBody)))]
 pub async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response> {
-    let data = st.manager.read_file(&id, q.path).await?;
+    let special = q.special.unwrap_or(false);
+    let data = st.manager.read_file(&id, q.path, special).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 

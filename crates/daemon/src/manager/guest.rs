@@ -7,7 +7,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use zygote_proto::b64;
 use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{ExecRequest as AgentExec, Stream, WriteFileRequest};
+use zygote_proto::{ExecRequest as AgentExec, FileKind, Stream, WriteFileRequest};
 
 use super::Manager;
 use crate::error::{Error, Result};
@@ -157,20 +157,43 @@ impl Manager {
         Ok(rx)
     }
 
-    pub async fn read_file(self: &Arc<Self>, id: &str, path: String) -> Result<Vec<u8>> {
+    /// A file's contents, at most [`MAX_FILE_BYTES`] of them: the bound holds for the
+    /// bytes actually read, so a guest file that reports size 0 or never ends (/proc,
+    /// /dev/zero with `special`) cannot make the daemon buffer more.
+    pub async fn read_file(
+        self: &Arc<Self>,
+        id: &str,
+        path: String,
+        special: bool,
+    ) -> Result<Vec<u8>> {
         validate_guest_path(&path)?;
-        self.agent_call(id, move |c| {
-            let meta = c.stat(&path)?;
-            if meta.size > MAX_FILE_BYTES as u64 {
-                // Reported as a 413 below.
-                return Ok(None);
-            }
-            c.read_file(&path).map(Some)
-        })
-        .await?
-        .ok_or(Error::PayloadTooLarge {
-            limit: MAX_FILE_BYTES,
-        })
+        let shown = path.clone();
+        let read = self
+            .agent_call(id, move |c| {
+                let meta = c.stat(&path)?;
+                if meta.kind == FileKind::Other && !special {
+                    return Ok(ReadOutcome::NotRegular);
+                }
+                if meta.size > MAX_FILE_BYTES as u64 {
+                    return Ok(ReadOutcome::TooLarge);
+                }
+                Ok(match c.read_file_up_to(&path, MAX_FILE_BYTES as u64)? {
+                    Some(data) => ReadOutcome::Data(data),
+                    None => ReadOutcome::TooLarge,
+                })
+            })
+            .await?;
+        match read {
+            ReadOutcome::Data(data) => Ok(data),
+            ReadOutcome::TooLarge => Err(Error::PayloadTooLarge {
+                limit: MAX_FILE_BYTES,
+            }),
+            ReadOutcome::NotRegular => Err(Error::invalid(format!(
+                "{shown} is not a regular file (a device, FIFO or socket); add special=true \
+                 to read it anyway (at most {} MiB)",
+                MAX_FILE_BYTES >> 20
+            ))),
+        }
     }
 
     pub async fn write_file(
@@ -229,4 +252,11 @@ impl Manager {
                 .collect(),
         })
     }
+}
+
+/// What reading a guest file came to (decided in the agent call, answered after it).
+enum ReadOutcome {
+    Data(Vec<u8>),
+    TooLarge,
+    NotRegular,
 }

@@ -273,6 +273,10 @@ pub struct PathQuery {
     /// Permission bits for written files, octal digits (e.g. `644`).
     #[serde(default)]
     pub mode: Option<String>,
+    /// Reading: also read a file that is not a regular file (a device or FIFO), up to
+    /// the size limit. Without it such a read is refused.
+    #[serde(default)]
+    pub special: Option<bool>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -31,9 +31,20 @@ impl AgentClient {
     /// A whole file, fetched chunk by chunk. A file that changes meanwhile
     /// may be read inconsistently.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, ClientError> {
+        self.read_file_up_to(path, u64::MAX)?
+            .ok_or_else(|| ClientError::Protocol("file larger than memory".into()))
+    }
+
+    /// A whole file of at most `limit` bytes, or `None` once more than `limit` bytes
+    /// arrived. The bound is on bytes actually read, not on the size the guest reports
+    /// (0 for /proc files, nothing for a device that never ends).
+    pub fn read_file_up_to(&self, path: &str, limit: u64) -> Result<Option<Vec<u8>>, ClientError> {
         let mut data = Vec::new();
         loop {
-            let chunk = self.read_file_range(path, data.len() as u64, None)?;
+            // One byte past the limit tells "exactly limit" from "more".
+            let left = limit.saturating_add(1).saturating_sub(data.len() as u64);
+            let want = (crate::MAX_DATA_CHUNK as u64).min(left);
+            let chunk = self.read_file_range(path, data.len() as u64, Some(want))?;
             if chunk.offset != data.len() as u64 {
                 return Err(ClientError::Protocol(format!(
                     "asked for offset {}, got {}",
@@ -47,8 +58,11 @@ impl AgentClient {
                 ));
             }
             data.extend_from_slice(&chunk.data);
+            if data.len() as u64 > limit {
+                return Ok(None);
+            }
             if chunk.eof {
-                return Ok(data);
+                return Ok(Some(data));
             }
         }
     }
