@@ -6,6 +6,10 @@
 //! - full, then diff snapshot of that child (their pauses), and the child goes;
 //! - branch 4 children, until all four have answered an exec (`answer4`).
 //!
+//! Then one fan-out (`--fanout N`, the API's maximum by default): N children at once,
+//! until all have answered, and the host memory each idle child holds of its own
+//! (private pages of its VM process, from the daemon's `/metrics`), against the parent's.
+//!
 //! Pauses are what the VMM (or QEMU) reports: how long the source's vCPUs stood still.
 //! Failures (a child that did not come up or answer, a request that failed) are counted,
 //! never retried. Medians and p90 over the rounds; the last line printed is one JSON
@@ -36,6 +40,9 @@ pub struct LinuxBenchArgs {
     /// Runtime of the private daemon: kvm (zygote's VMM) or qemu.
     #[arg(long, default_value = "kvm")]
     runtime: String,
+    /// Children of the final fan-out branch (0: skip it).
+    #[arg(long, default_value_t = 16)]
+    fanout: usize,
     /// Print only the JSON summary.
     #[arg(long)]
     json: bool,
@@ -60,6 +67,14 @@ struct LinuxBench {
     diff_pause_ms_p90: f64,
     /// Full-snapshot pause p50 / branch pause p50.
     full_over_fork: f64,
+    /// Children of the fan-out branch (0: not measured).
+    fanout: usize,
+    /// Branch request until all fan-out children answered.
+    fanout_answer_ms: Option<f64>,
+    /// Median private host memory of one idle fan-out child (KiB).
+    fanout_child_private_kib_p50: Option<f64>,
+    /// The parent's private host memory at the same moment (KiB).
+    parent_private_kib: Option<f64>,
     /// Every failure, in words.
     errors: Vec<String>,
 }
@@ -205,6 +220,54 @@ fn snapshot(c: &Client, id: &str, kind: &str, errors: &mut Vec<String>) -> Optio
     .ok()
 }
 
+/// Private host memory (KiB) per sandbox, from the daemon's Prometheus metrics.
+fn private_kib(c: &Client) -> anyhow::Result<std::collections::HashMap<String, f64>> {
+    let text = block_on(c.raw(Method::GET, "/metrics", None))?;
+    let text = String::from_utf8_lossy(&text);
+    let mut out = std::collections::HashMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("zygote_vm_memory_bytes{sandbox=\"") else {
+            continue;
+        };
+        let Some((id, rest)) = rest.split_once('"') else {
+            continue;
+        };
+        if let Some(value) = rest.strip_prefix(",kind=\"private\"} ") {
+            if let Ok(bytes) = value.trim().parse::<f64>() {
+                out.insert(id.to_string(), bytes / 1024.0);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The fan-out: `count` children at once; (time until all answered, median private
+/// KiB of a child, the parent's private KiB).
+fn fanout(
+    c: &Client,
+    parent: &str,
+    count: usize,
+    errors: &mut Vec<String>,
+) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let (t, _, kids) = branch_and_answer(c, parent, count, errors);
+    // Let the children settle (their agents answered; the guests go idle).
+    std::thread::sleep(Duration::from_secs(2));
+    let (mut child_kib, mut parent_kib) = (Vec::new(), None);
+    match private_kib(c) {
+        Ok(m) => {
+            child_kib = kids.iter().filter_map(|k| m.get(k).copied()).collect();
+            parent_kib = m.get(parent).copied();
+        }
+        Err(e) => errors.push(format!("reading /metrics: {e}")),
+    }
+    for id in &kids {
+        delete(c, &format!("/v1/sandboxes/{id}"));
+    }
+    child_kib.sort_by(f64::total_cmp);
+    let median = (!child_kib.is_empty()).then(|| child_kib[child_kib.len() / 2]);
+    (t.map(|t| t.as_secs_f64() * 1e3), median, parent_kib)
+}
+
 fn ms_of(v: Option<f64>) -> Option<Duration> {
     v.map(|m| Duration::from_secs_f64(m / 1e3))
 }
@@ -278,6 +341,19 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
             errors.len()
         ));
     }
+    let (fanout_answer_ms, fanout_child_kib, parent_kib) = if args.fanout > 0 {
+        let r = fanout(c, &parent.id, args.fanout, &mut errors);
+        say(format!(
+            "fan-out of {}: all answered in {} ms; private memory per child {} KiB, parent {} KiB",
+            args.fanout,
+            r.0.map_or("-".into(), ms),
+            r.1.map_or("-".into(), |k| format!("{k:.0}")),
+            r.2.map_or("-".into(), |k| format!("{k:.0}")),
+        ));
+        r
+    } else {
+        (None, None, None)
+    };
     delete(c, &format!("/v1/sandboxes/{}", parent.id));
 
     let (p, a1, a4) = (
@@ -302,6 +378,10 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         diff_pause_ms_p50: dp.p50,
         diff_pause_ms_p90: dp.p90,
         full_over_fork: fp.p50 / p.p50,
+        fanout: args.fanout,
+        fanout_answer_ms,
+        fanout_child_private_kib_p50: fanout_child_kib,
+        parent_private_kib: parent_kib,
         errors,
     };
     if !args.json {
