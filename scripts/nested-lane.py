@@ -80,10 +80,11 @@ class Step:
 SMOKE = [
     Step("vmm/linux_boot", 300, "zygote-vmm", "linux_boot"),
     Step("vmm/devices_linux", 420, "zygote-vmm", "devices_linux"),
-    Step("vmm/linux_branch", 600, "zygote-vmm", "linux_branch"),
+    # --nocapture: their timings (pauses, first answers) end up in the step logs.
+    Step("vmm/linux_branch", 600, "zygote-vmm", "linux_branch", ["--nocapture"]),
 ]
 FULL = SMOKE + [
-    Step("vmm/linux_snapshot", 900, "zygote-vmm", "linux_snapshot"),
+    Step("vmm/linux_snapshot", 900, "zygote-vmm", "linux_snapshot", ["--nocapture"]),
     Step("vmm/unit", 600, "zygote-vmm", "", ["--test-threads=2"]),
     *[
         Step(f"vmm/{t}", 600, "zygote-vmm", t)

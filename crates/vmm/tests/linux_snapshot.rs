@@ -82,6 +82,12 @@ fn full_diff_and_live_snapshots_of_a_linux_guest_restore() {
         "paused: full {:?}, diff {:?}, live {:?}",
         full.pause, diff.pause, live.pause
     );
+    for (name, r) in [("full", &full), ("diff", &diff), ("live", &live)] {
+        eprintln!(
+            "{name}: pause {:?} = capture {:?} + dirty log {:?} + write {:?} ({} pages) + rest",
+            r.pause, r.phases.capture, r.phases.dirty_log, r.phases.write, r.pages_written
+        );
+    }
     // The source keeps running after all three.
     sh_ok(&a, "echo four >/root/generation");
     let (x, y) = ticks(&a);

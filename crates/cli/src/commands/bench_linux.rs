@@ -297,7 +297,10 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
     exec(
         c,
         &parent.id,
-        &format!("yes zygote | head -c {}M >/dev/shm/fill", args.fill_mib),
+        &format!(
+            "yes zygote | head -c {} >/dev/shm/fill",
+            u64::from(args.fill_mib) << 20
+        ),
     )?;
     say(format!(
         "parent {} ({} MiB, {} MiB filled) on the {} runtime; {} rounds",
@@ -315,7 +318,7 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
             let full = snapshot(c, kid, "full", &mut errors);
             full_pause.extend(ms_of(full.as_ref().and_then(|s| s.pause_ms)));
             let diff = if args.runtime == "kvm" {
-                let _ = exec(c, kid, "yes diff | head -c 8M >/dev/shm/diff");
+                let _ = exec(c, kid, "yes diff | head -c 8388608 >/dev/shm/diff");
                 snapshot(c, kid, "diff", &mut errors)
             } else {
                 None

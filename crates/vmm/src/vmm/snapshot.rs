@@ -44,6 +44,19 @@ pub struct SnapshotReport {
     /// Until the snapshot was complete on disk.
     pub total: Duration,
     pub pages_written: u64,
+    /// Where the pause went.
+    pub phases: SnapshotPhases,
+}
+
+/// The parts of a snapshot's pause (zero where a mode has no such part).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SnapshotPhases {
+    /// Stopping the vCPUs and reading vCPU, platform and device state.
+    pub capture: Duration,
+    /// Reading (and re-arming) KVM's dirty log: diff only.
+    pub dirty_log: Duration,
+    /// Writing memory and state files while paused: full and diff.
+    pub write: Duration,
 }
 
 fn now_unix() -> u64 {
@@ -123,8 +136,18 @@ impl Vmm {
             _ => None,
         };
         let state = self.pause_and_capture()?;
-        let result =
-            self.snapshot_paused(mode, &dest, &state, parent.as_deref(), started, was_paused);
+        let mut phases = SnapshotPhases {
+            capture: started.elapsed(),
+            ..Default::default()
+        };
+        let result = self.snapshot_paused(
+            mode,
+            &dest,
+            &state,
+            parent.as_deref(),
+            (started, &mut phases),
+            was_paused,
+        );
         if result.is_err() && !was_paused && self.paused && self.exit.is_none() {
             let _ = self.resume();
         }
@@ -136,6 +159,7 @@ impl Vmm {
             pause,
             total: started.elapsed(),
             pages_written: pages,
+            phases,
         })
     }
 
@@ -145,7 +169,7 @@ impl Vmm {
         dest: &Path,
         state: &VmState,
         parent: Option<&Path>,
-        started: Instant,
+        (started, phases): (Instant, &mut SnapshotPhases),
         was_paused: bool,
     ) -> Result<(u64, Duration), SnapshotError> {
         let resume = |vmm: &mut Vmm| -> Result<Duration, SnapshotError> {
@@ -156,6 +180,7 @@ impl Vmm {
         };
         match mode {
             SnapshotMode::Full | SnapshotMode::Diff => {
+                let t = Instant::now();
                 let bitmap = match parent {
                     // Pages the guest wrote (KVM's log) or the VMM wrote for it (devices
                     // filling buffers and rings, tracked by vm-memory).
@@ -168,6 +193,8 @@ impl Vmm {
                     }
                     None => None,
                 };
+                phases.dirty_log = t.elapsed();
+                let t = Instant::now();
                 // SAFETY: the VM is paused: no vCPU or device writes guest memory now.
                 let mem = MemoryView {
                     bytes: unsafe { self.ram.host_slice() },
@@ -182,6 +209,7 @@ impl Vmm {
                     parent.zip(bitmap.as_deref()),
                     &device_data,
                 )?;
+                phases.write = t.elapsed();
                 if mode == SnapshotMode::Full {
                     self.start_dirty_log()?;
                 }
