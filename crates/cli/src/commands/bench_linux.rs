@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use zygote_daemon::client::{block_on, Client, Method};
 use zygote_daemon::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
 
-use super::bench_stats::{ms, Summary};
+use super::bench_stats::{ms, percentile, Summary};
 
 #[derive(clap::Args)]
 pub struct LinuxBenchArgs {
@@ -264,7 +264,7 @@ fn fanout(
         delete(c, &format!("/v1/sandboxes/{id}"));
     }
     child_kib.sort_by(f64::total_cmp);
-    let median = (!child_kib.is_empty()).then(|| child_kib[child_kib.len() / 2]);
+    let median = (!child_kib.is_empty()).then(|| percentile(&child_kib, 50.0));
     (t.map(|t| t.as_secs_f64() * 1e3), median, parent_kib)
 }
 
