@@ -240,3 +240,41 @@ fn refuses_diff_without_base_corrupt_state_and_foreign_cpu() {
     assert!(err.to_string().contains("incompatible CPU"), "{err}");
     assert!(err.to_string().contains("OtherVendorCPU"), "{err}");
 }
+
+#[test]
+fn a_failed_diff_or_live_snapshot_loses_no_pages_for_the_next_diff() {
+    // A diff reads (and thereby clears) KVM's dirty log before its writer runs; a live
+    // snapshot restarts the log. If the writer then fails (here: the destination's parent
+    // is a file; on a host, a full disk), the next diff still layers on the last
+    // snapshot that exists, so it must also write the pages the failed one took.
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, b"").unwrap();
+    let base = dir.path().join("base");
+    vm.vmm.snapshot(SnapshotMode::Full, &base).unwrap();
+
+    guest_dirties(&vm.vmm, 21);
+    let err = vm
+        .vmm
+        .snapshot(SnapshotMode::Diff, &blocker.join("diff"))
+        .unwrap_err();
+    assert!(matches!(err, SnapshotError::Writer { .. }), "{err}");
+    assert!(err.to_string().contains("diff snapshot"), "{err}");
+    assert!(!vm.vmm.is_paused(), "a failed diff leaves the VM running");
+    let err = vm
+        .vmm
+        .snapshot(SnapshotMode::Live, &blocker.join("live"))
+        .unwrap_err();
+    assert!(matches!(err, SnapshotError::Writer { .. }), "{err}");
+
+    let diff = dir.path().join("diff");
+    let r = vm.vmm.snapshot(SnapshotMode::Diff, &diff).unwrap();
+    assert!(r.pages_written >= abi::DIRTY_AREA_PAGES, "{r:?}");
+    vm.vmm.shutdown();
+    let restored = paused_restore(&diff);
+    assert_dirty_area(&restored, 21);
+    restored.shutdown();
+}

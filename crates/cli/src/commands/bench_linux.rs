@@ -62,6 +62,9 @@ struct LinuxBench {
     answer1_ms_p90: f64,
     answer4_ms_p50: f64,
     answer4_ms_p90: f64,
+    /// Branch request -> the daemon's reply (children running and reidentified).
+    reply1_ms_p50: f64,
+    reply4_ms_p50: f64,
     full_pause_ms_p50: f64,
     diff_pause_ms_p50: f64,
     diff_pause_ms_p90: f64,
@@ -160,14 +163,25 @@ fn exec(c: &Client, id: &str, script: &str) -> anyhow::Result<String> {
     Ok(r.stdout)
 }
 
-/// Branch `count` children of `parent` and wait until each answered `echo ok`; returns
-/// the time from the request until the last answer, the VMM's pause, and the children.
+/// One branch as the bench saw it.
+struct BranchRun {
+    /// From the request until every child answered `echo ok` (None: a child failed).
+    answered: Option<Duration>,
+    /// From the request until the daemon's reply: each child's VM runs and its agent
+    /// has already answered once (the daemon reidentifies every child before replying).
+    replied: Option<Duration>,
+    /// The VMM's pause of the parent.
+    pause_ms: Option<f64>,
+    children: Vec<String>,
+}
+
+/// Branch `count` children of `parent` and wait until each answered `echo ok`.
 fn branch_and_answer(
     c: &Client,
     parent: &str,
     count: usize,
     errors: &mut Vec<String>,
-) -> (Option<Duration>, Option<f64>, Vec<String>) {
+) -> BranchRun {
     let t0 = Instant::now();
     let resp: BranchResponse = match call(
         c,
@@ -178,9 +192,15 @@ fn branch_and_answer(
         Ok(r) => r,
         Err(e) => {
             errors.push(format!("branch -c {count}: {e}"));
-            return (None, None, Vec::new());
+            return BranchRun {
+                answered: None,
+                replied: None,
+                pause_ms: None,
+                children: Vec::new(),
+            };
         }
     };
+    let replied = t0.elapsed();
     for f in &resp.failed {
         errors.push(format!(
             "branch -c {count}: child {} did not come up: {}",
@@ -206,7 +226,12 @@ fn branch_and_answer(
             all_ok = false;
         }
     }
-    (all_ok.then_some(elapsed), resp.pause_ms, resp.children)
+    BranchRun {
+        answered: all_ok.then_some(elapsed),
+        replied: all_ok.then_some(replied),
+        pause_ms: resp.pause_ms,
+        children: resp.children,
+    }
 }
 
 fn snapshot(c: &Client, id: &str, kind: &str, errors: &mut Vec<String>) -> Option<Snapshot> {
@@ -249,7 +274,8 @@ fn fanout(
     count: usize,
     errors: &mut Vec<String>,
 ) -> (Option<f64>, Option<f64>, Option<f64>) {
-    let (t, _, kids) = branch_and_answer(c, parent, count, errors);
+    let run = branch_and_answer(c, parent, count, errors);
+    let (t, kids) = (run.answered, run.children);
     // Let the children settle (their agents answered; the guests go idle).
     std::thread::sleep(Duration::from_secs(2));
     let (mut child_kib, mut parent_kib) = (Vec::new(), None);
@@ -309,11 +335,14 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
 
     let mut errors = Vec::new();
     let (mut pause, mut answer1, mut answer4) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut reply1, mut reply4) = (Vec::new(), Vec::new());
     let (mut full_pause, mut diff_pause) = (Vec::new(), Vec::new());
     for round in 1..=args.rounds {
-        let (t1, p1, kids) = branch_and_answer(c, &parent.id, 1, &mut errors);
+        let one = branch_and_answer(c, &parent.id, 1, &mut errors);
+        let (t1, kids) = (one.answered, one.children);
         answer1.extend(t1);
-        pause.extend(ms_of(p1));
+        reply1.extend(one.replied);
+        pause.extend(ms_of(one.pause_ms));
         if let Some(kid) = kids.first() {
             let full = snapshot(c, kid, "full", &mut errors);
             full_pause.extend(ms_of(full.as_ref().and_then(|s| s.pause_ms)));
@@ -331,9 +360,11 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
                 delete(c, &format!("/v1/snapshots/{}", s.id));
             }
         }
-        let (t4, p4, kids) = branch_and_answer(c, &parent.id, 4, &mut errors);
+        let four = branch_and_answer(c, &parent.id, 4, &mut errors);
+        let (t4, kids) = (four.answered, four.children);
         answer4.extend(t4);
-        pause.extend(ms_of(p4));
+        reply4.extend(four.replied);
+        pause.extend(ms_of(four.pause_ms));
         for id in &kids {
             delete(c, &format!("/v1/sandboxes/{id}"));
         }
@@ -365,6 +396,7 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         Summary::of(&answer4),
     );
     let (fp, dp) = (Summary::of(&full_pause), Summary::of(&diff_pause));
+    let (r1, r4) = (Summary::of(&reply1), Summary::of(&reply4));
     let result = LinuxBench {
         runtime: args.runtime.clone(),
         mem_mib: args.mem_mib,
@@ -377,6 +409,8 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         answer1_ms_p90: a1.p90,
         answer4_ms_p50: a4.p50,
         answer4_ms_p90: a4.p90,
+        reply1_ms_p50: r1.p50,
+        reply4_ms_p50: r4.p50,
         full_pause_ms_p50: fp.p50,
         diff_pause_ms_p50: dp.p50,
         diff_pause_ms_p90: dp.p90,
@@ -394,6 +428,8 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
                 ("parent pause (branch)", &p),
                 ("branch -> 1 child answers", &a1),
                 ("branch -> 4 children answer", &a4),
+                ("branch -> reply (1 child)", &r1),
+                ("branch -> reply (4 children)", &r4),
                 ("full snapshot pause", &fp),
                 ("diff snapshot pause", &dp),
             ]

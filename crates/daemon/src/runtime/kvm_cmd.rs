@@ -103,6 +103,7 @@ pub fn serve_argv(files: &VmFiles, boot: &Boot, mem_mib: u32, vcpus: u32) -> Vec
 pub fn guest_cmdline() -> String {
     [
         "console=ttyS0",
+        "quiet",
         "reboot=k",
         // A panic (e.g. the agent dying as PID 1) resets at once: the VMM
         // records the end and exits instead of leaving a hung guest.

@@ -36,10 +36,21 @@ pub fn device_data_file(i: usize) -> String {
 pub enum SnapshotMode {
     /// All memory, written while the VM is paused.
     Full,
-    /// Pages dirtied since the previous snapshot, layered on it.
+    /// Pages dirtied since the previous snapshot, layered on it (written by a forked
+    /// frozen copy while the VM keeps running).
     Diff,
     /// All memory, written by a forked frozen copy while the VM keeps running.
     Live,
+}
+
+impl std::fmt::Display for SnapshotMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Full => "full",
+            Self::Diff => "diff",
+            Self::Live => "live",
+        })
+    }
 }
 
 impl std::str::FromStr for SnapshotMode {

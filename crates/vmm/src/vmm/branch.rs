@@ -106,7 +106,7 @@ pub enum BranchError {
 const STATUS_FORK_FAILED: i32 = 2;
 
 /// Close every fd ≥ 3 except `keep`, with close_range(2) over the gaps.
-fn close_fds_except(keep: &mut [RawFd]) {
+pub(super) fn close_fds_except(keep: &mut [RawFd]) {
     keep.sort_unstable();
     let mut start: u32 = 3;
     for &fd in keep.iter().filter(|&&fd| fd >= 3) {

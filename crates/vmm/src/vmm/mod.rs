@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vmm_sys_util::eventfd::EventFd;
 
@@ -138,9 +138,14 @@ fn build_platform(
     virtio_devices: &[DeviceSlot],
     cmdline: &str,
 ) -> Result<Platform, VmmError> {
+    // Where a new VM's time goes (KVM_CREATE_VM dominates under nested emulation).
+    let t = Instant::now();
     let vm = Vm::new(host)?;
+    let create_vm = t.elapsed();
     vm.register_memory(ram)?;
+    let memory = t.elapsed() - create_vm;
     vm.create_platform()?;
+    tracing::debug!(?create_vm, ?memory, irqchip = ?(t.elapsed() - create_vm - memory), "VM created");
 
     let (events_tx, events_rx) = channel();
     let serial_irq =
@@ -225,6 +230,9 @@ pub struct Vmm {
     dirty_logging: bool,
     /// The snapshot a `diff` layers on.
     last_snapshot: Option<PathBuf>,
+    /// Pages a failed diff snapshot took out of KVM's dirty log: the next diff must
+    /// still write them (bitmap over all RAM; empty when none).
+    unsaved_dirty: Vec<u64>,
 }
 
 impl Vmm {
@@ -310,6 +318,7 @@ impl Vmm {
                 ram: layout.ranges,
             });
         }
+        let t = Instant::now();
         let host = HostKvm::open()?;
         if state.vcpus.is_empty() || state.vcpus.len() > host.max_vcpus {
             return Err(VmmError::TooManyVcpus {
@@ -330,7 +339,9 @@ impl Vmm {
                 Some(saved),
             ));
         }
+        let devices = t.elapsed();
         let mut platform = build_platform(&host, &ram, cfg.serial_out, &slots, "")?;
+        let platform_built = t.elapsed();
         platform.cmdline = state.cmdline.clone();
         capture::restore_platform(&platform.vm.fd, &state.platform)?;
         let xsave = XsaveFormat {
@@ -342,6 +353,7 @@ impl Vmm {
             capture::restore_vcpu(&vcpu.fd, st, xsave)?;
             vcpus.push(vcpu);
         }
+        let vcpus_restored = t.elapsed();
         // Devices come back last: a restored device may raise its interrupt at once (a
         // pending status, vsock's transport reset), and KVM delivers it asynchronously
         // into the irqchip and LAPICs, which must already hold their restored state or
@@ -355,6 +367,13 @@ impl Vmm {
                     .map_err(|e| VmmError::Device(format!("virtio device {i}: {e}")))?;
             }
         }
+        tracing::debug!(
+            ?devices,
+            platform = ?(platform_built - devices),
+            vcpus = ?(vcpus_restored - platform_built),
+            transports = ?(t.elapsed() - vcpus_restored),
+            "VM state restored"
+        );
         let capture = Arc::new(CaptureParams {
             msr_indices: state.vcpus[0].msrs.iter().map(|m| m.index).collect(),
             xsave,
@@ -400,6 +419,7 @@ impl Vmm {
             children: Vec::new(),
             dirty_logging: false,
             last_snapshot: None,
+            unsaved_dirty: Vec::new(),
         })
     }
 

@@ -91,7 +91,7 @@ pub fn assert_image_intact(image: &Path) {
 /// `kvm_cmd::guest_cmdline`): the agent is PID 1 and listens on vsock only.
 pub fn agent_cmdline(root: &str) -> String {
     format!(
-        "console=ttyS0 reboot=k panic=-1 pci=off nomodule rootfstype=ext4 \
+        "console=ttyS0 quiet reboot=k panic=-1 pci=off nomodule rootfstype=ext4 \
          init=/sbin/zygote-agent random.trust_cpu=on {CMDLINE_TCP_KEY}=off \
          {CMDLINE_VSOCK_KEY}={DEFAULT_VSOCK_PORT} {root}"
     )
