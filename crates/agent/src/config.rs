@@ -7,7 +7,9 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
-use zygote_proto::{CMDLINE_TCP_KEY, CMDLINE_VSOCK_KEY, DEFAULT_TCP_PORT, DEFAULT_VSOCK_PORT};
+use zygote_proto::{
+    CMDLINE_PORT_KEY, CMDLINE_TCP_KEY, CMDLINE_VSOCK_KEY, DEFAULT_TCP_PORT, DEFAULT_VSOCK_PORT,
+};
 
 pub const USAGE: &str = "\
 usage: zygote-agent [OPTIONS]
@@ -16,10 +18,13 @@ Serves the zygote agent protocol (see zygote-proto's PROTOCOL.md).
 
 Listeners (any combination, each repeatable; without any, the defaults apply:
 vsock port 1024 and TCP 0.0.0.0:10240, adjustable on the kernel command line
-with zygote.agent.tcp=PORT|ADDR:PORT|off and zygote.agent.vsock=PORT|off):
+with zygote.agent.tcp=PORT|ADDR:PORT|off, zygote.agent.vsock=PORT|off and
+zygote.agent.port=NAME):
   --tcp [ADDR:]PORT     listen on TCP (a bare port means 0.0.0.0:PORT)
   --unix PATH           listen on a Unix socket (a stale socket file is replaced)
   --vsock PORT          listen on AF_VSOCK, any CID
+  --port NAME           serve the virtio-serial port NAME (one host connection
+                        at a time; served again after the host reconnects)
 
 Behaviour:
   --no-system-changes   reidentify only validates and reports (no entropy,
@@ -36,11 +41,16 @@ pub struct Listeners {
     pub tcp: Vec<SocketAddr>,
     pub unix: Vec<PathBuf>,
     pub vsock: Vec<u32>,
+    /// virtio-serial port names.
+    pub ports: Vec<String>,
 }
 
 impl Listeners {
     pub fn is_empty(&self) -> bool {
-        self.tcp.is_empty() && self.unix.is_empty() && self.vsock.is_empty()
+        self.tcp.is_empty()
+            && self.unix.is_empty()
+            && self.vsock.is_empty()
+            && self.ports.is_empty()
     }
 
     /// The defaults, adjusted by `zygote.agent.*` keys in `cmdline`.
@@ -49,6 +59,7 @@ impl Listeners {
             tcp: vec![any_addr(DEFAULT_TCP_PORT)],
             unix: Vec::new(),
             vsock: vec![DEFAULT_VSOCK_PORT],
+            ports: Vec::new(),
         };
         for word in cmdline.split_ascii_whitespace() {
             let Some((key, value)) = word.split_once('=') else {
@@ -60,6 +71,8 @@ impl Listeners {
                 } else {
                     vec![parse_tcp(key, value)?]
                 };
+            } else if key == CMDLINE_PORT_KEY {
+                l.ports = vec![parse_port_name(key, value)?];
             } else if key == CMDLINE_VSOCK_KEY {
                 l.vsock = if value == "off" {
                     Vec::new()
@@ -107,6 +120,21 @@ fn parse_num<T: std::str::FromStr>(option: &str, value: &str) -> Result<T, Confi
     value.parse().map_err(|_| bad(option, value))
 }
 
+/// A virtio-serial port name: what QEMU's `virtserialport,name=` accepts and
+/// the guest lists in /sys/class/virtio-ports/*/name.
+fn parse_port_name(option: &str, value: &str) -> Result<String, ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 64
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(value.to_string())
+    } else {
+        Err(bad(option, value))
+    }
+}
+
 fn parse_tcp(option: &str, value: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(port) = value.parse::<u16>() {
         return Ok(any_addr(port));
@@ -138,6 +166,10 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Args, Confi
             "--vsock" => {
                 let v = value(inline)?;
                 out.listeners.vsock.push(parse_num("--vsock", &v)?);
+            }
+            "--port" => {
+                let v = value(inline)?;
+                out.listeners.ports.push(parse_port_name("--port", &v)?);
             }
             "--no-system-changes" if inline.is_none() => out.no_system_changes = true,
             "--subreaper" if inline.is_none() => out.subreaper = true,
@@ -225,7 +257,14 @@ mod tests {
         assert_eq!(l.tcp, vec!["10.0.2.15:80".parse().unwrap()]);
         assert_eq!(l.vsock, vec![99]);
 
+        let l = Listeners::from_cmdline("zygote.agent.tcp=off zygote.agent.port=org.zygote.agent")
+            .unwrap();
+        assert!(l.tcp.is_empty());
+        assert_eq!(l.ports, vec!["org.zygote.agent".to_string()]);
+
         assert!(Listeners::from_cmdline("zygote.agent.vsock=nope").is_err());
+        assert!(Listeners::from_cmdline("zygote.agent.port=../../dev/sda").is_err());
+        assert!(args(&["--port", ""]).is_err());
     }
 
     #[test]

@@ -29,6 +29,7 @@ mod conn;
 mod dispatch;
 mod exec;
 mod files;
+mod port;
 pub mod reaper;
 pub mod system;
 mod vsock;
@@ -176,6 +177,32 @@ impl Agent {
                     }
                 }
             })?;
+        Ok(())
+    }
+
+    /// Serve the virtio-serial port `name` in a background thread, forever: each time
+    /// the host side connects, its stream is served as one connection (see `port`).
+    pub fn serve_port(&self, name: &str) -> io::Result<()> {
+        let state = self.0.clone();
+        let name = name.to_string();
+        thread::Builder::new().name("port".into()).spawn(move || {
+            let port = port::open_when_present(&name);
+            loop {
+                port::wait_for_host(&port);
+                let stream = match port::dup(&port) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        log!("port {name}: {e}");
+                        thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
+                let conn_name = format!("port:{name}");
+                if let Err(e) = conn::serve(state.clone(), stream, conn_name) {
+                    log!("port {name}: {e}");
+                }
+            }
+        })?;
         Ok(())
     }
 

@@ -135,6 +135,12 @@ fn start(args: &Args, pid1: bool) {
             Err(e) => log!("cannot listen on {what}: {e}"),
         }
     }
+    for name in &listeners.ports {
+        match agent.serve_port(name) {
+            Ok(()) => bound.push(format!("virtio-serial port {name}")),
+            Err(e) => log!("cannot serve port {name}: {e}"),
+        }
+    }
     if bound.is_empty() {
         fatal(pid1, "no listener could be started");
     }

@@ -98,12 +98,25 @@ pub fn load_or_create_token(state: &Path) -> Result<String> {
     Ok(token)
 }
 
+/// Restrict `path` to the daemon's user.
+fn private(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(Error::io(
+        format!("restricting {} to its owner", path.display()),
+    ))
+}
+
 /// Opens state, picks the runtime, re-attaches to VMs of a previous run.
 pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     let state = state_dir(args.state_dir.as_deref());
     std::fs::create_dir_all(&state).map_err(Error::io(format!("creating {}", state.display())))?;
+    // Only the daemon's user may enter: the state holds the API token, the database and
+    // every VM's control and agent sockets (the agent channel's protection).
+    private(&state, 0o700)?;
     let token = load_or_create_token(&state)?;
-    let db = Db::open(&state.join("zygote.db"))?;
+    let db_path = state.join("zygote.db");
+    let db = Db::open(&db_path)?;
+    private(&db_path, 0o600)?;
     let dirs = Dirs::new(state.clone())?;
     let forced = args.runtime.as_deref();
     let selected = runtime::select(forced)?;

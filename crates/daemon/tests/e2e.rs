@@ -4,6 +4,8 @@
 mod common;
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hyper::Method;
@@ -176,6 +178,8 @@ async fn suite(runtime: &str) {
         (Some(3), "out\n", "err\n")
     );
     step(t0, "exec streamed and collected");
+    assert_agent_channel_private(&c, &a, &state).await;
+    step(t0, "agent channel private");
 
     // Files.
     write(&c, &a.id, "/root/data.txt", "parent data").await;
@@ -459,4 +463,63 @@ async fn kvm_runtime_end_to_end() {
         return;
     }
     suite("kvm").await;
+}
+
+/// Issue 19, defect 1: nothing but the daemon can reach a sandbox's agent. The VM
+/// process listens on no host TCP port (a forwarded agent port let any sandbox run root
+/// commands in any other through the host's loopback), the guest's agent listens on no
+/// TCP port either, and the directory holding the agent's socket is the daemon's alone.
+async fn assert_agent_channel_private(c: &Client, sb: &Sandbox, state: &Path) {
+    let pid = sb.pid.expect("a running sandbox has a VM process");
+    let ours = socket_inodes(pid);
+    let listening: Vec<(u16, u64)> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .flat_map(|f| tcp_listeners(&std::fs::read_to_string(f).unwrap_or_default()))
+        .filter(|(_, inode)| ours.contains(inode))
+        .collect();
+    assert!(
+        listening.is_empty(),
+        "VM process {pid} listens on host TCP ports {listening:?}"
+    );
+    let in_guest = exec(c, &sb.id, "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null").await;
+    let guest_listeners = tcp_listeners(&in_guest.stdout);
+    assert!(
+        guest_listeners.is_empty(),
+        "the guest listens on TCP ports {guest_listeners:?}"
+    );
+    for (path, mode) in [
+        (state.to_path_buf(), 0o700),
+        (state.join("zygote.db"), 0o600),
+    ] {
+        let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(got, mode, "{} is {got:o}", path.display());
+    }
+}
+
+/// Inodes of the sockets process `pid` holds.
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the VM process's fds");
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy().into_owned();
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// (local port, inode) of each listening socket in /proc/net/tcp{,6} format.
+fn tcp_listeners(table: &str) -> Vec<(u16, u64)> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() < 10 || f[3] != "0A" {
+                return None;
+            }
+            let port = u16::from_str_radix(f[1].rsplit(':').next()?, 16).ok()?;
+            Some((port, f[9].parse().ok()?))
+        })
+        .collect()
 }

@@ -81,3 +81,11 @@ pub const CMDLINE_TCP_KEY: &str = "zygote.agent.tcp";
 
 /// Kernel command-line key overriding the agent's vsock port (`off` disables).
 pub const CMDLINE_VSOCK_KEY: &str = "zygote.agent.vsock";
+
+/// Kernel command-line key naming a virtio-serial port the agent serves
+/// (`zygote.agent.port=NAME`). Its host end is a Unix socket (a QEMU chardev)
+/// that carries one connection at a time: the qemu runtime's agent channel.
+pub const CMDLINE_PORT_KEY: &str = "zygote.agent.port";
+
+/// The name of the agent's virtio-serial port.
+pub const AGENT_PORT_NAME: &str = "org.zygote.agent";

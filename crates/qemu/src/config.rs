@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use zygote_images::{Progress, AGENT_GUEST_PATH};
-use zygote_proto::DEFAULT_TCP_PORT;
+use zygote_proto::{AGENT_PORT_NAME, CMDLINE_PORT_KEY, CMDLINE_TCP_KEY, CMDLINE_VSOCK_KEY};
 
 use crate::error::QemuError;
 
@@ -141,9 +141,12 @@ impl QemuConfig {
             "reboot=t",
             // Seed the RNG from RDRAND instead of waiting for jitter entropy.
             "random.trust_cpu=on",
-            // No vsock device under QEMU here: only the TCP listener.
-            &format!("zygote.agent.tcp={DEFAULT_TCP_PORT}"),
-            "zygote.agent.vsock=off",
+            // The agent serves a virtio-serial port whose host end is a Unix
+            // socket in the VM's directory: no TCP port in the guest or on the
+            // host that another sandbox (or host user) could reach.
+            &format!("{CMDLINE_PORT_KEY}={AGENT_PORT_NAME}"),
+            &format!("{CMDLINE_TCP_KEY}=off"),
+            &format!("{CMDLINE_VSOCK_KEY}=off"),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -167,13 +170,14 @@ impl QemuConfig {
         }
     }
 
-    /// The full QEMU argv (without the binary).
+    /// The full QEMU argv (without the binary). `agent_socket`: where QEMU listens
+    /// for the host end of the agent's virtio-serial port (one client at a time).
     pub(crate) fn qemu_args(
         &self,
         accel: Accel,
         overlay: &Path,
         serial_log: &Path,
-        host_port: u16,
+        agent_socket: &Path,
     ) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
         let mut push = |items: &[&str]| args.extend(items.iter().map(|s| s.to_string()));
@@ -203,15 +207,33 @@ impl QemuConfig {
             "-device",
             "virtio-blk-device,drive=root",
         ]);
+        // User networking for the guest's own traffic, with no port forwarded from
+        // the host: the agent is reached over virtio-serial only.
         push(&[
             "-netdev",
-            &format!("user,id=net0,hostfwd=tcp:127.0.0.1:{host_port}-:{DEFAULT_TCP_PORT}"),
+            "user,id=net0",
             "-device",
             "virtio-net-device,netdev=net0",
+        ]);
+        push(&[
+            "-chardev",
+            &format!(
+                "socket,id=agent,path={},server=on,wait=off",
+                chardev_path(agent_socket)
+            ),
+            "-device",
+            "virtio-serial-device,max_ports=2",
+            "-device",
+            &format!("virtserialport,chardev=agent,name={AGENT_PORT_NAME}"),
         ]);
         push(&["-device", "virtio-rng-device"]);
         args
     }
+}
+
+/// A path as a QEMU option value: commas are doubled (QEMU's escape for them).
+fn chardev_path(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
 }
 
 /// The host TSC frequency in kHz, if the TSC is usable as a clock (constant
@@ -272,7 +294,7 @@ mod tests {
             Accel::Tcg,
             Path::new("/w/overlay.qcow2"),
             Path::new("/w/serial.log"),
-            4242,
+            Path::new("/w/a,b/agent.sock"),
         );
         let joined = args.join(" ");
         for needle in [
@@ -284,22 +306,33 @@ mod tests {
             "-serial file:/w/serial.log",
             "-kernel /k/vmlinux",
             "file=/w/overlay.qcow2,format=qcow2",
-            "hostfwd=tcp:127.0.0.1:4242-:10240",
+            "-netdev user,id=net0 ",
             "virtio-net-device",
+            "-chardev socket,id=agent,path=/w/a,,b/agent.sock,server=on,wait=off",
+            "virtserialport,chardev=agent,name=org.zygote.agent",
         ] {
             assert!(joined.contains(needle), "missing {needle:?} in {joined}");
         }
         // The base image is only ever a backing file, never a drive.
         assert!(!joined.contains("/i/base.ext4"));
+        // No host port leads to the guest (issue 19: any sandbox could reach it).
+        assert!(!joined.contains("hostfwd"), "{joined}");
         let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
         assert!(append.contains("init=/sbin/zygote-agent"));
         assert!(append.contains("ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off"));
+        assert!(append.contains("zygote.agent.port=org.zygote.agent"));
+        assert!(append.contains("zygote.agent.tcp=off"));
         assert!(append.ends_with(" quiet"), "user words come last: {append}");
         if host_tsc_khz().is_some() {
             assert!(append.contains("tsc_early_khz="), "{append}");
         }
         let kvm = cfg
-            .qemu_args(Accel::Kvm, Path::new("/o"), Path::new("/s"), 1)
+            .qemu_args(
+                Accel::Kvm,
+                Path::new("/o"),
+                Path::new("/s"),
+                Path::new("/a"),
+            )
             .join(" ");
         assert!(kvm.contains("-accel kvm -cpu host"));
         assert!(!kvm.contains("tsc_early_khz"), "kvmclock needs no help");

@@ -22,27 +22,24 @@ pub mod migrate;
 mod process;
 
 use std::io::{Read, Seek, SeekFrom};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use zygote_proto::client::{wait_healthy, AgentClient};
+use zygote_proto::client::{AgentClient, ClientError};
 
 pub use config::{detect_accel, kvm_unavailable_reason, Accel, QemuConfig};
 pub use error::QemuError;
 
 /// Serial console lines included in boot errors.
 const SERIAL_TAIL_LINES: usize = 40;
-/// Attempts with a fresh host port when QEMU cannot bind the one we picked
-/// (another process may grab it between our probe and QEMU's bind).
-const PORT_ATTEMPTS: usize = 3;
+/// The agent channel's socket in the VM's directory (see [`QemuVm::agent_socket`]).
+const AGENT_SOCKET: &str = "agent.sock";
 
 /// A running QEMU guest with a healthy agent.
 pub struct QemuVm {
     child: Option<Child>,
     workdir: PathBuf,
-    host_port: u16,
     accel: Accel,
     client: AgentClient,
     boot_duration: Duration,
@@ -61,18 +58,7 @@ impl QemuVm {
             Some(a) => a,
             None => detect_accel(),
         };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match Self::boot_once(cfg, accel) {
-                Err(QemuError::Exited { stderr, .. })
-                    if attempt < PORT_ATTEMPTS && stderr.contains("host forwarding") =>
-                {
-                    tracing::debug!("host port taken, retrying: {stderr}");
-                }
-                other => return other,
-            }
-        }
+        Self::boot_once(cfg, accel)
     }
 
     fn boot_once(cfg: &QemuConfig, accel: Accel) -> Result<QemuVm, QemuError> {
@@ -90,13 +76,13 @@ impl QemuVm {
         create_overlay(&cfg.image, &overlay)?;
         let serial = workdir.join("serial.log");
         let stderr_path = workdir.join("qemu.stderr");
-        let host_port = free_port()?;
+        let agent_socket = workdir.join(AGENT_SOCKET);
         let stderr_file = std::fs::File::create(&stderr_path).map_err(|source| QemuError::Io {
             context: format!("creating {}", stderr_path.display()),
             source,
         })?;
         let mut cmd = Command::new(&cfg.qemu_binary);
-        cmd.args(cfg.qemu_args(accel, &overlay, &serial, host_port))
+        cmd.args(cfg.qemu_args(accel, &overlay, &serial, &agent_socket))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr_file);
@@ -109,7 +95,7 @@ impl QemuVm {
         let client = wait_for_agent(
             &mut guard,
             cfg.boot_timeout,
-            host_port,
+            &agent_socket,
             &serial,
             &stderr_path,
         )?;
@@ -118,29 +104,23 @@ impl QemuVm {
         Ok(QemuVm {
             child,
             workdir,
-            host_port,
             accel,
             client,
             boot_duration: started.elapsed(),
         })
     }
 
-    /// The agent connection (cheap to clone; requests may run concurrently).
+    /// The agent connection (cheap to clone; requests may run concurrently). It is
+    /// the only one: the agent's channel is a virtio-serial port, whose host end
+    /// (a Unix socket in the VM's directory) serves one connection at a time.
     pub fn client(&self) -> &AgentClient {
         &self.client
     }
 
-    /// A new, independent connection to the agent.
-    pub fn connect(&self) -> Result<AgentClient, QemuError> {
-        Ok(AgentClient::connect_tcp(
-            &self.agent_addr(),
-            Duration::from_secs(5),
-        )?)
-    }
-
-    /// `127.0.0.1:<port>`, forwarded to the agent's TCP port in the guest.
-    pub fn agent_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.host_port)
+    /// The Unix socket QEMU serves the agent's virtio-serial port on (in the VM's
+    /// private directory; no TCP port leads to the agent).
+    pub fn agent_socket(&self) -> PathBuf {
+        self.workdir.join(AGENT_SOCKET)
     }
 
     pub fn accel(&self) -> Accel {
@@ -242,28 +222,21 @@ fn create_overlay(base: &Path, overlay: &Path) -> Result<(), QemuError> {
     Ok(())
 }
 
-/// A port that was free a moment ago (QEMU binds it itself; see PORT_ATTEMPTS).
-fn free_port() -> Result<u16, QemuError> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|source| QemuError::Io {
-            context: "finding a free local port".into(),
-            source,
-        })
-}
-
-/// Polls the agent until it answers, failing early if QEMU exits.
+/// Waits until the agent answers `health`, failing early if QEMU exits.
+///
+/// QEMU accepts the channel's connection long before the guest serves the port;
+/// what the host writes meanwhile waits in the channel, so one connection and
+/// repeated `health` requests on it (no reconnects) see the agent as soon as it runs.
 fn wait_for_agent(
     guard: &mut Cleanup,
     timeout: Duration,
-    port: u16,
+    socket: &Path,
     serial: &Path,
     stderr: &Path,
 ) -> Result<AgentClient, QemuError> {
     let deadline = Instant::now() + timeout;
-    let addr = format!("127.0.0.1:{port}");
     let mut last_error = String::from("none yet");
+    let mut client: Option<AgentClient> = None;
     loop {
         let child = guard.child.as_mut().expect("child is set");
         if let Ok(Some(status)) = child.try_wait() {
@@ -284,11 +257,28 @@ fn wait_for_agent(
                 serial_tail: tail(serial, SERIAL_TAIL_LINES),
             });
         }
+        if client.as_ref().is_none_or(AgentClient::is_closed) {
+            match AgentClient::connect_unix(socket) {
+                Ok(c) => client = Some(c),
+                Err(e) => {
+                    // QEMU has not created the socket yet.
+                    last_error = e.to_string();
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+        }
+        let c = client.clone().expect("connected above");
         // Short slices so a dead QEMU is noticed quickly.
-        let slice_end = (now + Duration::from_secs(2)).min(deadline);
-        match wait_healthy(&addr, slice_end) {
-            Ok(client) => return Ok(client),
-            Err(e) => last_error = e.to_string(),
+        let slice = (deadline - now).min(Duration::from_secs(2));
+        match c.clone().with_request_timeout(Some(slice)).health() {
+            Ok(_) => return Ok(c),
+            Err(e @ ClientError::Timeout { .. }) => last_error = e.to_string(),
+            Err(e) => {
+                last_error = e.to_string();
+                client = None;
+                std::thread::sleep(Duration::from_millis(100));
+            }
         }
     }
 }

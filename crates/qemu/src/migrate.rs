@@ -25,8 +25,8 @@ pub struct DetachedVm {
     pub qmp_socket: PathBuf,
     /// QEMU writes its pid here once it runs.
     pub pid_file: PathBuf,
-    /// Host port forwarded to the agent's TCP port.
-    pub host_port: u16,
+    /// Unix socket QEMU listens on for the agent's virtio-serial port.
+    pub agent_socket: PathBuf,
     /// Start paused, loading RAM and device state from this file (written by
     /// an outgoing `migrate` of a VM with the same machine configuration).
     pub incoming: Option<PathBuf>,
@@ -36,7 +36,7 @@ pub struct DetachedVm {
 /// exactly [`QemuConfig`]'s, so VMs started here and by [`crate::QemuVm`]
 /// behave alike; the block device is named `root` for QMP.
 pub fn detached_args(cfg: &QemuConfig, accel: Accel, vm: &DetachedVm) -> Vec<String> {
-    let mut args = cfg.qemu_args(accel, &vm.overlay, &vm.serial_log, vm.host_port);
+    let mut args = cfg.qemu_args(accel, &vm.overlay, &vm.serial_log, &vm.agent_socket);
     args.extend([
         "-qmp".to_string(),
         format!("unix:{},server=on,wait=off", vm.qmp_socket.display()),
@@ -101,7 +101,7 @@ mod tests {
             serial_log: "/v/serial.log".into(),
             qmp_socket: "/v/qmp.sock".into(),
             pid_file: "/v/qemu.pid".into(),
-            host_port: 4242,
+            agent_socket: PathBuf::from("/w/agent.sock"),
             incoming: Some("/s/it's.state".into()),
         };
         let joined = detached_args(&cfg, Accel::Tcg, &vm).join(" ");
@@ -109,6 +109,6 @@ mod tests {
         assert!(joined.contains("-pidfile /v/qemu.pid"));
         assert!(joined.contains(r"-incoming exec:cat '/s/it'\''s.state'"));
         assert!(joined.contains("file=/v/disk.qcow2,format=qcow2"));
-        assert!(joined.contains("hostfwd=tcp:127.0.0.1:4242-:10240"));
+        assert!(joined.contains("path=/w/agent.sock,server=on"));
     }
 }

@@ -38,15 +38,16 @@ fn boot_failures_are_reported_with_the_serial_log() {
     assert!(took < Duration::from_secs(30), "noticed after {took:?}");
     eprintln!("missing init reported in {took:?}");
 
-    // An agent that listens elsewhere: the timeout error shows the console.
+    // An agent that serves another channel: the timeout error shows the console.
     let mut cfg = common::config(&kernel, &image);
-    cfg.extra_cmdline.push("zygote.agent.tcp=10999".into());
+    cfg.extra_cmdline
+        .push("zygote.agent.port=org.example.elsewhere".into());
     cfg.boot_timeout = Duration::from_secs(15);
     let err = QemuVm::boot(&cfg).err().expect("boot must time out");
     match &err {
         QemuError::BootTimeout { serial_tail, .. } => {
             // The agent did start, and said where it listens.
-            assert!(serial_tail.contains("10999"), "{err}");
+            assert!(serial_tail.contains("org.example.elsewhere"), "{err}");
         }
         other => panic!("expected BootTimeout, got {other}"),
     }

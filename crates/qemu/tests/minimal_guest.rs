@@ -173,60 +173,57 @@ fn minimal_guest() {
         assert_eq!(guest_sum.split_whitespace().next(), Some(host_sum.as_str()));
     });
 
-    checks.run(
-        "two concurrent execs (one connection and a second one)",
-        || {
-            let second = vm.connect().unwrap();
-            let (tx, rx) = mpsc::channel();
-            let t = Instant::now();
-            for (c, tag) in [(client.clone(), "A"), (second, "B")] {
-                let tx = tx.clone();
-                std::thread::spawn(move || {
-                    let out = c.exec_output(ExecRequest::shell(format!("sleep 2; echo {tag}")));
-                    tx.send(out.map(|o| o.stdout)).unwrap();
-                });
-            }
-            let mut got: Vec<Vec<u8>> = (0..2).map(|_| rx.recv().unwrap().unwrap()).collect();
-            got.sort();
-            assert_eq!(got, vec![b"A\n".to_vec(), b"B\n".to_vec()]);
-            // Serial execution would take at least 4 s.
-            assert!(
-                t.elapsed() < Duration::from_millis(3800),
-                "{:?}",
-                t.elapsed()
-            );
-            // Concurrent output chunks are attributed to the right exec.
-            let h1 = client
-                .spawn_exec(ExecRequest::shell(
-                    "for i in 1 2 3; do echo x$i; sleep 0.3; done",
-                ))
-                .unwrap();
-            let h2 = client
-                .spawn_exec(ExecRequest::shell(
-                    "for i in 1 2 3; do echo y$i >&2; sleep 0.3; done",
-                ))
-                .unwrap();
-            let collect = |h: zygote_proto::client::ExecHandle| {
-                let mut text = Vec::new();
-                let mut streams = Vec::new();
-                h.wait(|s, d| {
-                    text.extend_from_slice(d);
-                    streams.push(s);
-                })
-                .unwrap();
-                (String::from_utf8(text).unwrap(), streams)
-            };
-            let (t2, s2) = std::thread::scope(|s| {
-                let j = s.spawn(|| collect(h2));
-                let (t1, s1) = collect(h1);
-                assert_eq!(t1, "x1\nx2\nx3\n");
-                assert!(s1.iter().all(|s| *s == Stream::Stdout));
-                j.join().unwrap()
+    checks.run("two concurrent execs over the one agent channel", || {
+        let second = client.clone();
+        let (tx, rx) = mpsc::channel();
+        let t = Instant::now();
+        for (c, tag) in [(client.clone(), "A"), (second, "B")] {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let out = c.exec_output(ExecRequest::shell(format!("sleep 2; echo {tag}")));
+                tx.send(out.map(|o| o.stdout)).unwrap();
             });
-            assert_eq!(t2, "y1\ny2\ny3\n");
-            assert!(s2.iter().all(|s| *s == Stream::Stderr));
-        },
-    );
+        }
+        let mut got: Vec<Vec<u8>> = (0..2).map(|_| rx.recv().unwrap().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, vec![b"A\n".to_vec(), b"B\n".to_vec()]);
+        // Serial execution would take at least 4 s.
+        assert!(
+            t.elapsed() < Duration::from_millis(3800),
+            "{:?}",
+            t.elapsed()
+        );
+        // Concurrent output chunks are attributed to the right exec.
+        let h1 = client
+            .spawn_exec(ExecRequest::shell(
+                "for i in 1 2 3; do echo x$i; sleep 0.3; done",
+            ))
+            .unwrap();
+        let h2 = client
+            .spawn_exec(ExecRequest::shell(
+                "for i in 1 2 3; do echo y$i >&2; sleep 0.3; done",
+            ))
+            .unwrap();
+        let collect = |h: zygote_proto::client::ExecHandle| {
+            let mut text = Vec::new();
+            let mut streams = Vec::new();
+            h.wait(|s, d| {
+                text.extend_from_slice(d);
+                streams.push(s);
+            })
+            .unwrap();
+            (String::from_utf8(text).unwrap(), streams)
+        };
+        let (t2, s2) = std::thread::scope(|s| {
+            let j = s.spawn(|| collect(h2));
+            let (t1, s1) = collect(h1);
+            assert_eq!(t1, "x1\nx2\nx3\n");
+            assert!(s1.iter().all(|s| *s == Stream::Stdout));
+            j.join().unwrap()
+        });
+        assert_eq!(t2, "y1\ny2\ny3\n");
+        assert!(s2.iter().all(|s| *s == Stream::Stderr));
+    });
 
     checks.run("reidentify: hostname, clock, credited entropy", || {
         let before = sh(&client, "hostname; date +%s");

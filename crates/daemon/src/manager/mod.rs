@@ -73,6 +73,10 @@ pub struct Manager {
     pub metrics: Metrics,
     locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
     agents: Mutex<HashMap<String, AgentClient>>,
+    /// Held while a sandbox's agent connection is made: an agent channel may take one
+    /// connection at a time (the qemu runtime's virtio-serial port), so two requests
+    /// must never both connect; the second waits and takes the first one's client.
+    connecting: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
 
 pub fn now() -> u64 {
@@ -112,6 +116,7 @@ impl Manager {
             metrics: Metrics::default(),
             locks: Mutex::new(HashMap::new()),
             agents: Mutex::new(HashMap::new()),
+            connecting: Mutex::new(HashMap::new()),
         }
     }
 
@@ -127,6 +132,10 @@ impl Manager {
 
     fn forget(&self, id: &str) {
         self.locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        self.connecting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
@@ -443,16 +452,30 @@ impl Manager {
     pub(crate) async fn agent(&self, id: &str) -> Result<AgentClient> {
         let row = self.sandbox_row(id)?;
         let vm = self.running_vm(&row)?;
-        if let Some(c) = self
-            .agents
+        let cached = || {
+            self.agents
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(id)
+                .filter(|c| !c.is_closed())
+                .cloned()
+        };
+        if let Some(c) = cached() {
+            return Ok(c);
+        }
+        let slot = self
+            .connecting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(id)
-        {
-            if !c.is_closed() {
-                return Ok(c.clone());
-            }
+            .entry(id.to_string())
+            .or_default()
+            .clone();
+        let _connecting = slot.lock().await;
+        if let Some(c) = cached() {
+            return Ok(c);
         }
+        // A closed client may still hold its end of the channel: let it go first.
+        self.forget_agent(id);
         let rt = self.runtime.clone();
         let client = self
             .blocking(move || rt.connect(&vm, Duration::from_secs(5)))

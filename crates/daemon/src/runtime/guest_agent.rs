@@ -12,8 +12,6 @@ use super::RuntimeError;
 
 /// Pause between attempts while the guest is not answering yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
-/// Longest one attempt's request may wait for its answer.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Fresh entropy, hostname and clock, so that siblings never share RNG state.
 pub fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), ClientError> {
@@ -44,6 +42,11 @@ pub struct AgentTarget<'a> {
     pub alive: &'a dyn Fn() -> bool,
     /// The VM process, for messages ("QEMU", "zygote's VMM").
     pub what: &'a str,
+    /// Longest one attempt's request may wait for its answer: short where a
+    /// connection fails fast until the guest listens (vsock), the whole boot where the
+    /// channel accepts at once and holds the request until the agent runs
+    /// (virtio-serial).
+    pub attempt_limit: Duration,
 }
 
 /// Reach the agent and reidentify the guest, retrying while the transport fails before
@@ -62,7 +65,7 @@ pub fn bring_up(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
-            let c = c.with_request_timeout(Some(left.min(ATTEMPT_TIMEOUT)));
+            let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
             reidentify(&c, hostname).map(|()| c)
         });
         match attempt {
@@ -115,6 +118,7 @@ mod tests {
                 connect: &connect,
                 alive: &|| true,
                 what: "test VM",
+                attempt_limit: Duration::from_secs(1),
             },
             "h",
             Instant::now() + Duration::from_millis(300),
@@ -133,6 +137,7 @@ mod tests {
                 connect: &connect,
                 alive: &|| false,
                 what: "QEMU",
+                attempt_limit: Duration::from_secs(1),
             },
             "h",
             Instant::now() + Duration::from_secs(60),

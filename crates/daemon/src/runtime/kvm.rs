@@ -157,6 +157,8 @@ impl KvmRuntime {
             connect: &connect,
             alive: &alive,
             what: "zygote's VMM",
+            // A vsock connection is refused until the guest listens: retry often.
+            attempt_limit: Duration::from_secs(10),
         };
         guest_agent::bring_up(&target, hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
     }

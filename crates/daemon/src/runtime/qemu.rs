@@ -4,7 +4,6 @@
 //! to freeze the disk layer, `cont`; new VMs start with `-incoming` from the
 //! file on an overlay of the frozen layer, then are re-identified.
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -22,7 +21,10 @@ const QEMU: &str = "qemu-system-x86_64";
 /// Generous: several TCG guests may boot at once on two busy cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
-const PORT_ATTEMPTS: usize = 3;
+/// The agent channel: QEMU serves the guest agent's virtio-serial port on this Unix
+/// socket in the sandbox's directory (one connection at a time; only the daemon's
+/// user can open the directory). No TCP port on the host leads to an agent.
+const AGENT_SOCKET: &str = "agent.sock";
 
 pub struct QemuRuntime {
     /// The guest kernel, located (or built) on first use.
@@ -80,13 +82,18 @@ impl QemuRuntime {
             serial_log: dir.join("serial.log"),
             qmp_socket: dir.join("qmp.sock"),
             pid_file: dir.join("qemu.pid"),
-            host_port: free_port()?,
+            agent_socket: dir.join(AGENT_SOCKET),
             incoming: match &spec.source {
                 BootSource::Snapshot(s) => Some(s.state_file.clone()),
                 BootSource::Image(_) => None,
             },
         };
-        for f in [&vm.qmp_socket, &vm.pid_file, &dir.join("exit")] {
+        for f in [
+            &vm.qmp_socket,
+            &vm.pid_file,
+            &vm.agent_socket,
+            &dir.join("exit"),
+        ] {
             let _ = std::fs::remove_file(f);
         }
         let stderr_path = dir.join("qemu.stderr");
@@ -98,7 +105,7 @@ impl QemuRuntime {
             dir: dir.clone(),
             process,
             supervisor: Some(supervisor),
-            agent_addr: format!("127.0.0.1:{}", vm.host_port),
+            agent_addr: vm.agent_socket.display().to_string(),
             control: vm.qmp_socket.clone(),
             disk: spec.disk.clone(),
             accel: accel.as_str().to_string(),
@@ -127,12 +134,15 @@ impl QemuRuntime {
             // The state was saved from a stopped VM, so it arrives stopped.
             qmp.cont()?;
         }
-        let connect = || AgentClient::connect_tcp(&rec.agent_addr, Duration::from_secs(2));
+        let connect = || AgentClient::connect_unix(&rec.agent_addr);
         let alive = || rec.process.is_alive();
         let target = guest_agent::AgentTarget {
             connect: &connect,
             alive: &alive,
             what: "QEMU",
+            // QEMU accepts the channel before the guest serves it; the request waits
+            // in the channel until the agent runs, however long the boot takes.
+            attempt_limit: BOOT_TIMEOUT,
         };
         guest_agent::bring_up(&target, &spec.hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
     }
@@ -188,13 +198,6 @@ fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     ))
 }
 
-fn free_port() -> Result<u16, RuntimeError> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(RuntimeError::io("finding a free local port"))
-}
-
 impl Runtime for QemuRuntime {
     fn name(&self) -> &'static str {
         "qemu"
@@ -220,28 +223,15 @@ impl Runtime for QemuRuntime {
             BootSource::Image(base) => create_overlay_on(base, "raw", &spec.disk)?,
             BootSource::Snapshot(s) => create_overlay_on(&s.disk_layer, "qcow2", &spec.disk)?,
         }
-        let mut attempt = 0;
-        let result = loop {
-            attempt += 1;
-            match self.start_once(spec, &cfg, accel) {
-                // QEMU could not bind the forwarded port we picked: someone
-                // else took it between our probe and QEMU's bind.
-                Err(RuntimeError::Boot(msg))
-                    if attempt < PORT_ATTEMPTS && msg.contains("host forwarding") =>
-                {
-                    tracing::debug!("host port taken, retrying: {msg}");
-                }
-                other => break other,
-            }
-        };
+        let result = self.start_once(spec, &cfg, accel);
         if result.is_err() {
             let _ = std::fs::remove_file(&spec.disk);
         }
         result
     }
 
-    fn connect(&self, vm: &VmRecord, timeout: Duration) -> Result<AgentClient, RuntimeError> {
-        Ok(AgentClient::connect_tcp(&vm.agent_addr, timeout)?)
+    fn connect(&self, vm: &VmRecord, _timeout: Duration) -> Result<AgentClient, RuntimeError> {
+        Ok(AgentClient::connect_unix(&vm.agent_addr)?)
     }
 
     fn snapshot(

@@ -1,0 +1,123 @@
+//! virtio-serial ports as a transport: the qemu runtime's agent channel.
+//!
+//! QEMU connects a `virtserialport` to a chardev whose host end is a Unix socket in
+//! the daemon's own directory, so only the daemon can reach the agent (no TCP port on
+//! the host that other sandboxes or users could connect to). A port is one byte stream,
+//! not a listener: the host connects and disconnects, and the guest sees that as the
+//! port's host side opening and closing. While the host is away, `poll` reports POLLHUP
+//! and `read` returns end-of-file, so serving a port is a loop: wait until the host is
+//! there, serve the stream as one connection until end-of-file (which ends that
+//! connection's execs, as a closed socket does), and wait again.
+//!
+//! The guest kernel announces ports asynchronously after the device probes, so a port
+//! may appear only after the agent starts: finding it is retried.
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::Duration;
+
+/// Where the kernel lists virtio-serial ports (one directory per port, with `name`).
+const PORTS_DIR: &str = "/sys/class/virtio-ports";
+/// How often to look again while the host side is not connected.
+const HOST_POLL: Duration = Duration::from_millis(10);
+
+/// The device node of the port called `name`, if the kernel has announced it.
+pub(crate) fn find(name: &str) -> Option<PathBuf> {
+    find_in(Path::new(PORTS_DIR), Path::new("/dev"), name)
+}
+
+fn find_in(ports_dir: &Path, dev_dir: &Path, name: &str) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(ports_dir).ok()?;
+    for entry in entries.flatten() {
+        let given = std::fs::read_to_string(entry.path().join("name")).unwrap_or_default();
+        if given.trim_end() == name {
+            return Some(dev_dir.join(entry.file_name()));
+        }
+    }
+    None
+}
+
+/// Open the port called `name`, waiting (with growing pauses) until it exists.
+pub(crate) fn open_when_present(name: &str) -> File {
+    let mut pause = Duration::from_millis(5);
+    let mut waited = Duration::ZERO;
+    let mut told = false;
+    loop {
+        if let Some(path) = find(name) {
+            match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(&path)
+            {
+                Ok(f) => return f,
+                Err(e) if !told => {
+                    crate::log!("port {name}: opening {}: {e}; retrying", path.display());
+                    told = true;
+                }
+                Err(_) => {}
+            }
+        } else if waited >= Duration::from_secs(5) && !told {
+            crate::log!("port {name}: not present yet; still waiting");
+            told = true;
+        }
+        thread::sleep(pause);
+        waited += pause;
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+}
+
+/// Block until the host side of `port` is connected (or has data for us).
+pub(crate) fn wait_for_host(port: &File) {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: port.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling one valid descriptor we own.
+        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if r > 0 && pfd.revents & libc::POLLIN != 0 {
+            return;
+        }
+        if r > 0 && pfd.revents & libc::POLLHUP == 0 {
+            // Anything else (POLLOUT, POLLERR): let the connection find out.
+            return;
+        }
+        // POLLHUP: nobody on the host side yet. The port has no event for "host
+        // connected", so look again shortly.
+        thread::sleep(HOST_POLL);
+    }
+}
+
+/// A second descriptor for the same port (each connection owns its own).
+pub(crate) fn dup(port: &File) -> io::Result<OwnedFd> {
+    Ok(port.try_clone()?.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_port_by_its_name() {
+        let sys = tempfile::tempdir().unwrap();
+        for (dir, name) in [
+            ("vport0p1", "org.other\n"),
+            ("vport1p1", "org.zygote.agent\n"),
+        ] {
+            std::fs::create_dir(sys.path().join(dir)).unwrap();
+            std::fs::write(sys.path().join(dir).join("name"), name).unwrap();
+        }
+        let dev = Path::new("/dev");
+        assert_eq!(
+            find_in(sys.path(), dev, "org.zygote.agent"),
+            Some(PathBuf::from("/dev/vport1p1"))
+        );
+        assert_eq!(find_in(sys.path(), dev, "org.zygote"), None);
+        assert_eq!(find_in(Path::new("/nonexistent"), dev, "x"), None);
+    }
+}
