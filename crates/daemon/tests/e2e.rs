@@ -143,7 +143,7 @@ async fn suite(runtime: &str) {
     let first_output = events
         .iter()
         .find(|(_, e)| matches!(e, ExecEvent::Output { .. }))
-        .expect("output events")
+        .unwrap_or_else(|| panic!("no output events: {events:?}"))
         .0;
     let (end, last) = events.last().unwrap();
     assert!(
@@ -180,6 +180,8 @@ async fn suite(runtime: &str) {
     step(t0, "exec streamed and collected");
     assert_agent_channel_private(&c, &a, &state).await;
     step(t0, "agent channel private");
+    assert_abandoned_execs_end(&c, &a.id).await;
+    step(t0, "execs end with their clients");
 
     // Files.
     write(&c, &a.id, "/root/data.txt", "parent data").await;
@@ -522,4 +524,38 @@ fn tcp_listeners(table: &str) -> Vec<(u16, u64)> {
             Some((port, f[9].parse().ok()?))
         })
         .collect()
+}
+
+/// Issue 19, defect 5: an exec ends when its HTTP client goes away, collected or
+/// streamed, without waiting for the program to end or to print.
+async fn assert_abandoned_execs_end(c: &Client, id: &str) {
+    let running = |tag: &'static str| {
+        // /proc/N/cmdline of `sleep <tag>` reads "sleep<NUL><tag>"; grep's own line
+        // starts with "grep", so the anchor leaves it out.
+        format!(
+            "for p in /proc/[0-9]*; do tr '\\0' ' ' <$p/cmdline 2>/dev/null; echo; done \
+             | grep -c '^sleep {tag}' || true"
+        )
+    };
+    for (tag, route) in [("4242", "exec"), ("4343", "exec/stream")] {
+        let argv = json!({"argv": ["sh", "-c", format!("exec sleep {tag}")]});
+        let path = format!("/v1/sandboxes/{id}/{route}");
+        let body = (argv.to_string().into(), "application/json");
+        let call = c.raw(Method::POST, &path, Some(body));
+        // Give up after 2 s: the request future (and its connection) is dropped.
+        let gave_up = tokio::time::timeout(Duration::from_secs(2), call).await;
+        assert!(gave_up.is_err(), "{route}: answered early: {gave_up:?}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let n = exec(c, id, &running(tag)).await.stdout.trim().to_string();
+            if n == "0" {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{route}: `sleep {tag}` still runs in the guest 20 s after its client left ({n})"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 }

@@ -9,6 +9,7 @@ use zygote_proto::b64;
 use zygote_proto::client::{AgentClient, ClientError};
 use zygote_proto::{ExecRequest as AgentExec, FileKind, Stream, WriteFileRequest};
 
+use super::exec_cancel::ExecGuard;
 use super::Manager;
 use crate::error::{Error, Result};
 use crate::model::{
@@ -65,10 +66,17 @@ impl Manager {
         let started = Instant::now();
         let agent_req = to_agent(req);
         let client = self.agent(id).await?;
+        // Dropped with this future when the HTTP client goes away: kills the program.
+        let guard = ExecGuard::new(client.clone(), id);
+        let shared = guard.shared();
         let res = self
             .blocking(move || {
+                let handle = client.spawn_exec(agent_req)?;
+                if !shared.started(handle.id()) {
+                    return Err(ClientError::Closed("the request was abandoned".into()));
+                }
                 let (mut out, mut err) = (Vec::new(), Vec::new());
-                let r = client.exec(agent_req, |stream, data| {
+                let r = handle.wait(|stream, data| {
                     let buf = match stream {
                         Stream::Stdout => &mut out,
                         Stream::Stderr => &mut err,
@@ -78,8 +86,9 @@ impl Manager {
                 });
                 r.map(|r| (r, out, err))
             })
-            .await?;
-        let (r, out, err) = res.map_err(Error::agent)?;
+            .await;
+        guard.finish();
+        let (r, out, err) = res?.map_err(Error::agent)?;
         self.metrics.exec.observe(started.elapsed());
         Ok(ExecResponse {
             exit_code: r.exit_code,
@@ -106,8 +115,21 @@ impl Manager {
         let client = self.agent(id).await?;
         let (tx, rx) = mpsc::channel(64);
         let (started_tx, started_rx) = oneshot::channel();
+        let (ended_tx, ended_rx) = oneshot::channel::<()>();
+        // The receiver goes with the HTTP response body: when the client disconnects it
+        // is dropped, and the program is killed at once (not when it next prints).
+        let guard = ExecGuard::new(client.clone(), id);
+        let shared = guard.shared();
+        let watched = tx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = watched.closed() => drop(guard),
+                _ = ended_rx => guard.finish(),
+            }
+        });
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
+            let _ended = ended_tx;
             let handle = match client.spawn_exec(agent_req) {
                 Ok(h) => h,
                 Err(e) => {
@@ -115,6 +137,7 @@ impl Manager {
                     return;
                 }
             };
+            shared.started(handle.id());
             let _ = tx.blocking_send(ExecEvent::Started { pid: handle.pid() });
             let _ = started_tx.send(Ok(()));
             let exec_id = handle.id();
