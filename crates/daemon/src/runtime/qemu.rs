@@ -29,6 +29,11 @@ const AGENT_SOCKET: &str = "agent.sock";
 pub struct QemuRuntime {
     /// The guest kernel, located (or built) on first use.
     kernel: Mutex<Option<PathBuf>>,
+    /// The connection that brought each VM up, by agent socket, until the daemon asks
+    /// for one: the channel takes one connection at a time, and closing it only to
+    /// reconnect races the guest (it may see the close after the new connection's first
+    /// request and end that request with the old session).
+    brought_up: Mutex<std::collections::HashMap<String, AgentClient>>,
 }
 
 impl QemuRuntime {
@@ -45,6 +50,7 @@ impl QemuRuntime {
         }
         Ok(QemuRuntime {
             kernel: Mutex::new(None),
+            brought_up: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -144,7 +150,12 @@ impl QemuRuntime {
             // in the channel until the agent runs, however long the boot takes.
             attempt_limit: BOOT_TIMEOUT,
         };
-        guest_agent::bring_up(&target, &spec.hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
+        let client = guest_agent::bring_up(&target, &spec.hostname, Instant::now() + BOOT_TIMEOUT)?;
+        self.brought_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(rec.agent_addr.clone(), client);
+        Ok(())
     }
 
     /// stop → migrate to `<snap_dir>/state` → freeze the disk layer → cont.
@@ -231,7 +242,15 @@ impl Runtime for QemuRuntime {
     }
 
     fn connect(&self, vm: &VmRecord, _timeout: Duration) -> Result<AgentClient, RuntimeError> {
-        Ok(AgentClient::connect_unix(&vm.agent_addr)?)
+        let handed = self
+            .brought_up
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&vm.agent_addr);
+        match handed {
+            Some(c) if !c.is_closed() => Ok(c),
+            _ => Ok(AgentClient::connect_unix(&vm.agent_addr)?),
+        }
     }
 
     fn snapshot(
