@@ -1,6 +1,5 @@
 //! Work inside a sandbox through its agent: exec (collected or streamed)
 //! and files.
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -137,20 +136,20 @@ impl Manager {
                     return;
                 }
             };
-            shared.started(handle.id());
+            if !shared.started(handle.id()) {
+                // The request was abandoned while the program started: dropping the
+                // handle kills it.
+                return;
+            }
             let _ = tx.blocking_send(ExecEvent::Started { pid: handle.pid() });
             let _ = started_tx.send(Ok(()));
-            let exec_id = handle.id();
-            let gone = AtomicBool::new(false);
+            // A send fails only once the receiver is gone, and then the guard has
+            // already killed the program: its exit ends this wait.
             let result = handle.wait(|stream, data| {
-                let ev = ExecEvent::Output {
+                let _ = tx.blocking_send(ExecEvent::Output {
                     stream: stream_name(stream).into(),
                     data: b64::encode(data),
-                };
-                if tx.blocking_send(ev).is_err() && !gone.swap(true, Ordering::Relaxed) {
-                    // Nobody listens any more: stop the program.
-                    let _ = client.kill(exec_id, libc::SIGKILL);
-                }
+                });
             });
             let last = match result {
                 Ok(r) => {

@@ -14,7 +14,7 @@ mod ttl;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use zygote_proto::client::AgentClient;
@@ -478,9 +478,7 @@ impl Manager {
         // A closed client may still hold its end of the channel: let it go first.
         self.forget_agent(id);
         let rt = self.runtime.clone();
-        let client = self
-            .blocking(move || rt.connect(&vm, Duration::from_secs(5)))
-            .await??;
+        let client = self.blocking(move || rt.connect(&vm)).await??;
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -292,7 +292,7 @@ impl Runtime for KvmRuntime {
         Ok(rec)
     }
 
-    fn connect(&self, vm: &VmRecord, _timeout: Duration) -> Result<AgentClient, RuntimeError> {
+    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError> {
         Ok(AgentClient::connect_vsock_uds(
             &vm.agent_addr,
             DEFAULT_VSOCK_PORT,

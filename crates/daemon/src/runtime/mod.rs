@@ -11,7 +11,6 @@ pub mod supervisor;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use zygote_proto::client::{AgentClient, ClientError};
@@ -147,8 +146,10 @@ pub trait Runtime: Send + Sync {
     /// sources, once it was re-identified). On error nothing is left running.
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError>;
 
-    /// A fresh connection to the VM's agent.
-    fn connect(&self, vm: &VmRecord, timeout: Duration) -> Result<AgentClient, RuntimeError>;
+    /// A connection to the VM's agent (a fresh one, or the one that brought it up and
+    /// that nobody has taken yet). Both channels are local Unix sockets: connecting does
+    /// not wait on the guest.
+    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError>;
 
     /// Captures the VM into `snap_dir`. The VM keeps running afterwards on a
     /// new disk layer at `next_disk` (its record is updated); the returned

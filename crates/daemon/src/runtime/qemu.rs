@@ -241,7 +241,7 @@ impl Runtime for QemuRuntime {
         result
     }
 
-    fn connect(&self, vm: &VmRecord, _timeout: Duration) -> Result<AgentClient, RuntimeError> {
+    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError> {
         let handed = self
             .brought_up
             .lock()
