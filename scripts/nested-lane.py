@@ -105,6 +105,10 @@ FULL = SMOKE + [
     Step(
         "daemon/e2e_kvm", 1200, "zygote-daemon", "e2e", ["--exact", "kvm_runtime_end_to_end"]
     ),
+    Step(
+        "daemon/crash_kvm", 1200, "zygote-daemon", "crash",
+        ["--exact", "kvm_runtime_survives_a_crash_at_every_step", "--nocapture"],
+    ),
     Step("daemon/kvm_branch_stress", 1800, "zygote-daemon", "kvm_branch_stress"),
     Step("sdk/tree_search", 1200, serve=True),
     Step("cli/doctor", 120, zygote=["doctor"]),

@@ -5,7 +5,7 @@
 //! whole rows and the schema stays small. Every change is committed before
 //! the API answers (WAL, synchronous=FULL), so a daemon killed at any point
 //! restarts knowing every VM it started and every snapshot it reported.
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::model::{CgroupReport, Limits, Origin, SnapshotKind};
 use crate::runtime::{SnapshotData, VmRecord};
 
-/// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`.
-const SCHEMA_VERSION: i64 = 2;
+/// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`.
+const SCHEMA_VERSION: i64 = 3;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     exit_reason TEXT,
     exited_at INTEGER,
     ttl_secs INTEGER,
-    expires_at INTEGER
+    expires_at INTEGER,
+    pending TEXT
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -87,6 +88,26 @@ pub struct SandboxRow {
     pub ttl_secs: Option<u64>,
     /// Unix seconds after which the reaper deletes the sandbox.
     pub expires_at: Option<u64>,
+    /// A snapshot or branch of this sandbox that was started and not yet recorded.
+    pub pending: Option<PendingCapture>,
+}
+
+/// The intent record of a snapshot or branch: written before the runtime changes the
+/// VM's disk chain, cleared in the same transaction that records the result. A daemon
+/// that finds one at start-up was killed in between; it asks the runtime whether the
+/// capture completed (the VM runs on `next_disk`) and then records it, or undoes it
+/// (`crate::manager::recovery`).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct PendingCapture {
+    /// The id the snapshot (or branch point) gets.
+    pub snapshot: String,
+    pub kind: SnapshotKind,
+    /// The name the client asked for.
+    pub name: Option<String>,
+    /// The snapshot's directory.
+    pub dir: PathBuf,
+    /// The writable layer the VM moves to; its current layer becomes the snapshot's.
+    pub next_disk: PathBuf,
 }
 
 /// A snapshot as stored.
@@ -106,6 +127,35 @@ pub struct SnapshotRow {
     pub data: SnapshotData,
 }
 
+impl SnapshotRow {
+    /// The record of a capture of `source` taken at `created_at`, before the capture
+    /// joins the source's chain. Branch points are implicit (collected with their last
+    /// dependant).
+    pub fn captured(
+        source: &SandboxRow,
+        id: String,
+        name: Option<String>,
+        kind: SnapshotKind,
+        data: SnapshotData,
+        created_at: u64,
+    ) -> SnapshotRow {
+        SnapshotRow {
+            id,
+            name,
+            kind,
+            runtime: source.runtime.clone(),
+            source_sandbox: source.id.clone(),
+            depends_on: source.depends_on.clone(),
+            mem_mib: source.mem_mib,
+            vcpus: source.vcpus,
+            created_at,
+            size_bytes: data.size_bytes(),
+            implicit: kind == SnapshotKind::Branch,
+            data,
+        }
+    }
+}
+
 pub struct Db {
     conn: Mutex<Connection>,
 }
@@ -121,9 +171,12 @@ fn from_json<T: DeserializeOwned>(idx: usize, text: String) -> rusqlite::Result<
 }
 
 /// Columns added after version 1, with their types (all nullable, so old
-/// rows read back as "no TTL").
-const SANDBOX_COLUMNS_SINCE_V2: &[(&str, &str)] =
-    &[("ttl_secs", "INTEGER"), ("expires_at", "INTEGER")];
+/// rows read back as "no TTL", "nothing pending").
+const SANDBOX_COLUMNS_SINCE_V1: &[(&str, &str)] = &[
+    ("ttl_secs", "INTEGER"),
+    ("expires_at", "INTEGER"),
+    ("pending", "TEXT"),
+];
 
 fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
     let existing: Vec<String> = conn
@@ -159,7 +212,7 @@ impl Db {
         // A database from before TTLs gets the new columns before SCHEMA
         // runs: CREATE TABLE IF NOT EXISTS leaves an existing table as it
         // was, and SCHEMA's index needs the columns.
-        add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V2)?;
+        add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V1)?;
         conn.execute_batch(SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Db {
@@ -201,8 +254,9 @@ impl Db {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
                 vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
-                ttl_secs, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                ttl_secs, expires_at, pending)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                ?18)",
             params![
                 s.id,
                 s.name,
@@ -221,6 +275,7 @@ impl Db {
                 s.exited_at.map(|t| t as i64),
                 s.ttl_secs.map(|t| t as i64),
                 s.expires_at.map(|t| t as i64),
+                s.pending.as_ref().map(to_json),
             ],
         )?;
         Ok(())
@@ -248,11 +303,16 @@ impl Db {
             exited_at: r.get::<_, Option<i64>>(14)?.map(|t| t as u64),
             ttl_secs: r.get::<_, Option<i64>>(15)?.map(|t| t as u64),
             expires_at: r.get::<_, Option<i64>>(16)?.map(|t| t as u64),
+            pending: match r.get::<_, Option<String>>(17)? {
+                Some(t) => Some(from_json(17, t)?),
+                None => None,
+            },
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
-        created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at";
+        created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at,
+        pending";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);
@@ -425,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn a_version_1_database_gains_the_ttl_columns_and_keeps_its_rows() {
+    fn a_version_1_database_gains_the_new_columns_and_keeps_its_rows() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("zygote.db");
         Connection::open(&path)
@@ -435,20 +495,20 @@ mod tests {
 
         let db = Db::open(&path).unwrap();
         let cols = columns(&db);
-        assert!(
-            cols.iter().any(|c| c == "ttl_secs") && cols.iter().any(|c| c == "expires_at"),
-            "{cols:?}"
-        );
+        for col in ["ttl_secs", "expires_at", "pending"] {
+            assert!(cols.iter().any(|c| c == col), "{col}: {cols:?}");
+        }
         let mut old = db.sandbox("sb-old").unwrap().expect("the old row");
         assert_eq!((old.name.as_deref(), old.created_at), (Some("old"), 100));
         assert_eq!((old.ttl_secs, old.expires_at), (None, None));
+        assert_eq!(old.pending, None);
         assert!(db.expired_sandboxes(u64::MAX).unwrap().is_empty());
 
         old.ttl_secs = Some(30);
         old.expires_at = Some(130);
         db.put_sandbox(&old).unwrap();
         drop(db);
-        // Reopening (now version 2) changes nothing and keeps the deadline.
+        // Reopening (now the current version) changes nothing and keeps the deadline.
         let db = Db::open(&path).unwrap();
         assert_eq!(columns(&db).len(), cols.len());
         assert!(db.expired_sandboxes(129).unwrap().is_empty());

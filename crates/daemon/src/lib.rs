@@ -12,6 +12,7 @@ pub mod cgroup;
 pub mod client;
 pub mod db;
 pub mod error;
+pub mod fault;
 pub mod manager;
 pub mod metrics;
 pub mod model;

@@ -1,5 +1,7 @@
 //! Facts about host processes from /proc: identity (pid + start time, so a
 //! recycled pid is never mistaken for our VM) and memory sharing.
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 /// A process identified robustly: pids are recycled, but (pid, start time
@@ -88,9 +90,58 @@ pub fn parse_smaps_rollup(text: &str) -> MemoryUse {
     m
 }
 
+/// The files `pid` has open (the targets of /proc/<pid>/fd; sockets, pipes and
+/// anonymous files, which have no path, are left out).
+pub fn open_files(pid: u32) -> Vec<PathBuf> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter(|target| target.is_absolute())
+        .collect()
+}
+
+/// Processes (other than this one) with a file under `dir` open.
+pub fn holding_files_under(dir: &Path) -> Vec<ProcId> {
+    let me = std::process::id();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|&pid| open_files(pid).iter().any(|f| f.starts_with(dir)))
+        .filter_map(ProcId::of)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_files_are_seen_with_their_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("held");
+        let held = std::fs::File::create(&path).unwrap();
+        assert!(open_files(std::process::id()).contains(&path));
+        // This process is never reported as a holder: nothing may kill the daemon.
+        assert!(holding_files_under(dir.path()).is_empty());
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdout(held.try_clone().unwrap())
+            .spawn()
+            .unwrap();
+        let holders = holding_files_under(dir.path());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            holders.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            [child.id()]
+        );
+    }
 
     #[test]
     fn stat_with_odd_command_name() {

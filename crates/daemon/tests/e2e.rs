@@ -3,7 +3,6 @@
 //! (only where the host has hardware virtualization; skipped otherwise).
 mod common;
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,15 +14,7 @@ use zygote_daemon::model::{
     BranchResponse, ExecEvent, ExecResponse, Sandbox, SandboxList, Snapshot, SnapshotList,
 };
 
-use common::{eventually, files_under, processes_using, start_daemon, Cleanup};
-
-fn step(t0: Instant, what: &str) {
-    let _ = writeln!(
-        std::io::stderr(),
-        "[{:6.1}s] {what}",
-        t0.elapsed().as_secs_f64()
-    );
-}
+use common::{eventually, files_under, processes_using, start_daemon, step, Cleanup};
 
 async fn exec(c: &Client, id: &str, script: &str) -> ExecResponse {
     c.json(

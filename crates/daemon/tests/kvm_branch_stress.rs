@@ -14,26 +14,14 @@ use std::time::Instant;
 use hyper::Method;
 use serde_json::json;
 use zygote_daemon::client::Client;
-use zygote_daemon::model::{BranchResponse, ExecResponse, SandboxList};
+use zygote_daemon::model::{BranchResponse, SandboxList};
 
 use common::{start_daemon, Cleanup};
 
 async fn sh(c: &Client, id: &str, script: &str) -> Result<String, String> {
-    let r: ExecResponse = c
-        .json(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/exec"),
-            Some(&json!({"argv": ["sh", "-c", script]})),
-        )
+    common::sh(c, id, script)
         .await
-        .map_err(|e| format!("exec in {id}: {e}"))?;
-    if r.exit_code != Some(0) {
-        return Err(format!(
-            "exec in {id} exited {:?}: {}",
-            r.exit_code, r.stderr
-        ));
-    }
-    Ok(r.stdout.trim_end().to_string())
+        .map(|out| out.trim_end().to_string())
 }
 
 async fn create(c: &Client, name: &str) -> String {

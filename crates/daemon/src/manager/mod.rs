@@ -8,6 +8,7 @@
 mod exec_cancel;
 mod guest;
 mod ops;
+mod recovery;
 mod startup;
 mod ttl;
 
@@ -22,6 +23,7 @@ use zygote_proto::client::AgentClient;
 use crate::cgroup::{self, Cgroups};
 use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
+use crate::fault;
 use crate::metrics::Metrics;
 use crate::model::{
     CreateSandboxRequest, Origin, RuntimeInfo, Sandbox, Snapshot, Validate, DEFAULT_MEM_MIB,
@@ -32,6 +34,8 @@ pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
 pub const STATE_PAUSED: &str = "paused";
 pub const STATE_DEAD: &str = "dead";
+/// Being deleted: a daemon restarted after a crash finishes the deletion.
+pub const STATE_DELETING: &str = "deleting";
 
 /// Where the daemon keeps VM files.
 #[derive(Debug, Clone)]
@@ -300,6 +304,7 @@ impl Manager {
                 ttl_secs: req.ttl_secs,
                 // Set once running, so a slow boot does not eat into the TTL.
                 expires_at: None,
+                pending: None,
             };
             let this = self.clone();
             let source = source.clone();
@@ -433,20 +438,31 @@ impl Manager {
         condition: impl FnOnce(&SandboxRow) -> bool,
     ) -> Result<bool> {
         let _guard = self.lock(id).await;
-        let row = self.sandbox_row(id)?;
+        let mut row = self.sandbox_row(id)?;
         if !condition(&row) {
             return Ok(false);
         }
+        row.state = STATE_DELETING.into();
+        self.db.put_sandbox(&row)?;
+        fault::point("delete.recorded");
+        self.finish_delete(&row).await?;
+        Ok(true)
+    }
+
+    /// The deletion of a sandbox recorded as `deleting`: VM, files, cgroup, record, and
+    /// the branch points only it still needed. Also run by start-up for a deletion a
+    /// crash interrupted.
+    pub(crate) async fn finish_delete(&self, row: &SandboxRow) -> Result<()> {
         if let Some(vm) = row.vm.clone() {
             let rt = self.runtime.clone();
             self.blocking(move || rt.destroy(&vm)).await?;
         }
-        self.cleanup_files(&row);
-        self.db.delete_sandbox(id)?;
-        self.forget(id);
-        tracing::info!("sandbox {id} deleted");
-        self.collect_garbage()?;
-        Ok(true)
+        fault::point("delete.destroyed");
+        self.cleanup_files(row);
+        self.db.delete_sandbox(&row.id)?;
+        self.forget(&row.id);
+        tracing::info!("sandbox {} deleted", row.id);
+        self.collect_garbage()
     }
 
     /// A connected agent client for a running sandbox (cached).
@@ -511,8 +527,8 @@ impl Manager {
             let mut removed = false;
             for s in self.db.snapshots()? {
                 if s.implicit && self.db.dependents(&s.id)?.is_empty() {
-                    self.remove_snapshot_files(&s);
                     self.db.delete_snapshot(&s.id)?;
+                    self.remove_snapshot_files(&s);
                     tracing::info!("branch point {} collected", s.id);
                     removed = true;
                 }

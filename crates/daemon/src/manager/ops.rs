@@ -3,8 +3,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
-use crate::db::{SandboxRow, SnapshotRow};
+use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
+use crate::fault;
 use crate::model::{
     BranchFailure, BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind,
     SnapshotRequest, Validate,
@@ -29,10 +30,12 @@ impl Manager {
         Ok(())
     }
 
-    /// Marks a sandbox paused for the duration of an operation that stops
-    /// its vCPUs (visible in the API; a restarted daemon resumes it).
-    fn set_state(&self, row: &mut SandboxRow, state: &str) -> Result<()> {
-        row.state = state.into();
+    /// Records a capture (snapshot or branch) about to start: the sandbox shows `paused`
+    /// while its vCPUs may be stopped, and the intent record tells a daemon restarted
+    /// after a crash to finish or undo it (`recovery`).
+    fn begin_capture(&self, row: &mut SandboxRow, pending: PendingCapture) -> Result<()> {
+        row.state = STATE_PAUSED.into();
+        row.pending = Some(pending);
         self.db.put_sandbox(row)
     }
 
@@ -47,7 +50,15 @@ impl Manager {
         let dir = self.dirs.snapshots.join(&id);
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         let next_disk = self.dirs.new_layer(&row.id);
-        self.set_state(&mut row, STATE_PAUSED)?;
+        let pending = PendingCapture {
+            snapshot: id.clone(),
+            kind,
+            name: req.name.clone(),
+            dir: dir.clone(),
+            next_disk: next_disk.clone(),
+        };
+        self.begin_capture(&mut row, pending)?;
+        fault::point("snapshot.recorded");
         let rt = self.runtime.clone();
         let (result, vm) = self
             .blocking(move || {
@@ -56,6 +67,7 @@ impl Manager {
             })
             .await?;
         row.state = STATE_RUNNING.into();
+        row.pending = None;
         let data = match result {
             Ok(d) => d,
             Err(e) => {
@@ -64,20 +76,8 @@ impl Manager {
                 return Err(e.into());
             }
         };
-        let snap = SnapshotRow {
-            id: id.clone(),
-            name: req.name,
-            kind,
-            runtime: row.runtime.clone(),
-            source_sandbox: row.id.clone(),
-            depends_on: row.depends_on.clone(),
-            mem_mib: row.mem_mib,
-            vcpus: row.vcpus,
-            created_at: now(),
-            size_bytes: data.size_bytes(),
-            implicit: false,
-            data,
-        };
+        let snap = SnapshotRow::captured(&row, id.clone(), req.name, kind, data, now());
+        fault::point("snapshot.captured");
         // The sandbox's disk now reads the snapshot's frozen layer.
         row.depends_on.push(id);
         row.vm = Some(vm);
@@ -129,6 +129,7 @@ impl Manager {
                 // from its own start), so a fan-out cannot leak.
                 ttl_secs: req.ttl_secs.or(parent.ttl_secs),
                 expires_at: None,
+                pending: None,
             };
             // Placeholder source: the runtime substitutes the branch point.
             let spec = self.prepare(&mut child, BootSource::Image(Default::default()))?;
@@ -136,7 +137,15 @@ impl Manager {
             children.push(child);
         }
         let next_disk = self.dirs.new_layer(&parent.id);
-        self.set_state(&mut parent, STATE_PAUSED)?;
+        let pending = PendingCapture {
+            snapshot: point_id.clone(),
+            kind: SnapshotKind::Branch,
+            name: None,
+            dir: point_dir.clone(),
+            next_disk: next_disk.clone(),
+        };
+        self.begin_capture(&mut parent, pending)?;
+        fault::point("branch.recorded");
         let rt = self.runtime.clone();
         let (result, vm) = self
             .blocking(move || {
@@ -145,6 +154,7 @@ impl Manager {
             })
             .await?;
         parent.state = STATE_RUNNING.into();
+        parent.pending = None;
         let (data, results) = match result {
             Ok(r) => r,
             Err(e) => {
@@ -156,20 +166,15 @@ impl Manager {
                 return Err(e.into());
             }
         };
-        let point = SnapshotRow {
-            id: point_id.clone(),
-            name: None,
-            kind: SnapshotKind::Branch,
-            runtime: parent.runtime.clone(),
-            source_sandbox: parent.id.clone(),
-            depends_on: parent.depends_on.clone(),
-            mem_mib: parent.mem_mib,
-            vcpus: parent.vcpus,
-            created_at: now(),
-            size_bytes: data.size_bytes(),
-            implicit: true,
+        let point = SnapshotRow::captured(
+            &parent,
+            point_id.clone(),
+            None,
+            SnapshotKind::Branch,
             data,
-        };
+            now(),
+        );
+        fault::point("branch.started");
         parent.depends_on.push(point_id.clone());
         parent.vm = Some(vm);
         // Per child: it runs, or it goes (the runtime left nothing of it running) and the
@@ -231,11 +236,16 @@ impl Manager {
         let mut row = self.sandbox_row(id)?;
         let snap = self.snapshot_row(snapshot_id)?;
         self.check_runtime(&snap)?;
+        // Recorded first: a daemon killed from here on finds the sandbox "creating" at
+        // start-up, kills whatever VM its directory names and reports it dead with the
+        // reason (restoring again then works as on any dead sandbox).
+        row.state = STATE_CREATING.into();
+        self.db.put_sandbox(&row)?;
+        fault::point("restore.recorded");
         if let Some(vm) = row.vm.take() {
             let rt = self.runtime.clone();
             self.blocking(move || rt.destroy(&vm)).await?;
         }
-        row.state = STATE_CREATING.into();
         row.mem_mib = snap.mem_mib;
         row.vcpus = snap.vcpus;
         row.depends_on = snap.depends_on.clone();
@@ -246,6 +256,7 @@ impl Manager {
         self.forget_agent(id);
         let rt = self.runtime.clone();
         let result = self.blocking(move || rt.start(&spec)).await?;
+        fault::point("restore.started");
         match result {
             Ok(vm) => {
                 row.vm = Some(vm);
@@ -286,8 +297,11 @@ impl Manager {
                 dependents: dependents.join(", "),
             });
         }
-        self.remove_snapshot_files(&snap);
+        // Forgotten first, then removed: a crash in between leaves orphan files, which
+        // start-up removes, never a record whose files are gone.
         self.db.delete_snapshot(id)?;
+        fault::point("snapshot-delete.forgotten");
+        self.remove_snapshot_files(&snap);
         tracing::info!("snapshot {id} deleted");
         self.collect_garbage()
     }

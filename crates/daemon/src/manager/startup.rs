@@ -1,10 +1,12 @@
 //! Start-up re-attachment and the watch on VM processes.
-use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
+use super::recovery::kill_unrecorded;
+use super::{
+    now, Manager, STATE_CREATING, STATE_DEAD, STATE_DELETING, STATE_PAUSED, STATE_RUNNING,
+};
 use crate::cgroup;
 use crate::db::SandboxRow;
 use crate::error::Result;
@@ -20,8 +22,16 @@ impl Manager {
     /// the previous daemon did not finish are killed, and files nothing
     /// refers to are removed.
     pub async fn reattach_all(self: &Arc<Self>) -> Result<()> {
-        for mut row in self.db.sandboxes()? {
+        let rows = self.db.sandboxes()?;
+        for mut row in rows.clone() {
             match (row.state.as_str(), row.vm.clone()) {
+                (STATE_DELETING, _) => {
+                    tracing::warn!(
+                        "sandbox {}: finishing a deletion a crash interrupted",
+                        row.id
+                    );
+                    self.finish_delete(&row).await?;
+                }
                 (STATE_RUNNING | STATE_PAUSED, Some(vm)) => {
                     let rt = self.runtime.clone();
                     let (exit, resumed) = self
@@ -31,6 +41,8 @@ impl Manager {
                         })
                         .await?;
                     if let Some(exit) = exit {
+                        // Whatever it was capturing died with it; its files are orphans.
+                        row.pending = None;
                         self.mark_dead(
                             &mut row,
                             format!("while the daemon was down: {}", exit.reason),
@@ -38,6 +50,7 @@ impl Manager {
                     } else if let Err(e) = resumed {
                         tracing::warn!("sandbox {}: re-attach: {e}", row.id);
                     } else {
+                        self.finish_capture(&mut row).await?;
                         row.state = STATE_RUNNING.into();
                         self.db.put_sandbox(&row)?;
                         tracing::info!(
@@ -49,7 +62,17 @@ impl Manager {
                 }
                 (STATE_CREATING, _) | (STATE_RUNNING | STATE_PAUSED, None) => {
                     let dir = self.dirs.vms.join(&row.id);
-                    self.blocking(move || kill_unrecorded(&dir)).await?;
+                    // Never a VM that another sandbox's record names (a branch child's
+                    // parent VMM may hold files of the child's directory open).
+                    let others: Vec<ProcId> = rows
+                        .iter()
+                        .filter(|r| r.id != row.id)
+                        .filter_map(|r| r.vm.as_ref())
+                        .flat_map(|vm| [Some(vm.process), vm.supervisor])
+                        .flatten()
+                        .collect();
+                    self.blocking(move || kill_unrecorded(&dir, &others))
+                        .await?;
                     self.cleanup_files(&row);
                     self.mark_dead(
                         &mut row,
@@ -76,43 +99,6 @@ impl Manager {
             }
         }
         self.db.put_sandbox(row)
-    }
-
-    /// Layer files and snapshot directories no record mentions (left by a
-    /// daemon killed in the middle of an operation).
-    fn remove_orphans(&self) -> Result<()> {
-        let mut keep: HashSet<PathBuf> = HashSet::new();
-        for s in self.db.sandboxes()? {
-            if let Some(vm) = s.vm {
-                keep.insert(vm.disk);
-            }
-            keep.insert(self.dirs.vms.join(&s.id));
-        }
-        for s in self.db.snapshots()? {
-            keep.insert(s.data.disk_layer);
-            keep.insert(s.data.dir);
-        }
-        for dir in [&self.dirs.layers, &self.dirs.snapshots, &self.dirs.vms] {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let path = e.path();
-                if keep.contains(&path) {
-                    continue;
-                }
-                tracing::info!("removing orphan {}", path.display());
-                let res = if path.is_dir() {
-                    std::fs::remove_dir_all(&path)
-                } else {
-                    std::fs::remove_file(&path)
-                };
-                if let Err(e) = res {
-                    tracing::warn!("removing {}: {e}", path.display());
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Watches running VMs; a VM that exits without being asked to is
@@ -152,25 +138,5 @@ impl Manager {
             }
         }
         Ok(())
-    }
-}
-
-/// Kills a VM whose pid was never recorded (the daemon died while it
-/// booted): the pid file in its directory names it, and its command line
-/// must mention that directory, so a recycled pid is never hit.
-fn kill_unrecorded(dir: &Path) {
-    for name in ["qemu.pid", "vmm.pid"] {
-        let Some(pid) = std::fs::read_to_string(dir.join(name))
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let ours = String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy());
-        if let (true, Some(id)) = (ours, ProcId::of(pid)) {
-            tracing::info!("killing VM process {pid} of an unfinished creation");
-            id.signal(libc::SIGKILL);
-        }
     }
 }

@@ -151,7 +151,7 @@ pub struct CgroupReport {
 pub struct Sandbox {
     pub id: String,
     pub name: Option<String>,
-    /// `creating`, `running`, `paused` (during branch/snapshot), `dead`.
+    /// `creating`, `running`, `paused` (during branch/snapshot), `dead`, `deleting`.
     pub state: String,
     /// `qemu` or `kvm`.
     pub runtime: String,

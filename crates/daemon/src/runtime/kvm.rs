@@ -373,6 +373,52 @@ impl Runtime for KvmRuntime {
         Ok((point, results))
     }
 
+    fn finished_capture(
+        &self,
+        _vm: &VmRecord,
+        kind: SnapshotKind,
+        snap_dir: &Path,
+        _next_disk: &Path,
+    ) -> Result<Option<SnapshotData>, RuntimeError> {
+        // A branch point here is lineage only: no files, and the VM's disk lives in its
+        // memory, so there is nothing to keep (the children go with their records).
+        if kind == SnapshotKind::Branch {
+            return Ok(None);
+        }
+        // The VMM writes `<vm>.tmp-<pid>` and renames it into place once every file is
+        // synced; a diff or live writer (a frozen copy of the VMM) may still be at it.
+        let deadline = Instant::now() + CONTROL_REQUEST_TIMEOUT;
+        let tmp_prefix = format!("{VM_SNAPSHOT}.tmp-");
+        let writing = || {
+            std::fs::read_dir(snap_dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.strip_prefix(&tmp_prefix)
+                        .and_then(|pid| pid.parse::<u32>().ok())
+                        .is_some_and(|pid| ProcId::of(pid).is_some())
+                })
+        };
+        while writing() {
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::Boot(format!(
+                    "a snapshot writer in {} is still at work",
+                    snap_dir.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let vm_dir = snap_dir.join(VM_SNAPSHOT);
+        if !vm_dir.is_dir() {
+            return Ok(None);
+        }
+        let mut data = snapshot_data(snap_dir, &vm_dir, 0.0);
+        data.pause_ms = None;
+        Ok(Some(data))
+    }
+
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {
         let st = status(&vm.control)?;
         // Left paused by an operation the previous daemon did not finish.

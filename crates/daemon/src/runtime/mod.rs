@@ -173,6 +173,19 @@ pub trait Runtime: Send + Sync {
         children: &[StartSpec],
     ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError>;
 
+    /// After a daemon restart, for a capture ([`Runtime::snapshot`] or
+    /// [`Runtime::branch`]) of the live `vm` whose result was never recorded: the
+    /// snapshot if the runtime completed it (the VM then runs on `next_disk`, and its
+    /// former layer, still `vm.disk`, is the snapshot's), or None if nothing of it is
+    /// in use (its files may go). An error means it cannot tell.
+    fn finished_capture(
+        &self,
+        vm: &VmRecord,
+        kind: SnapshotKind,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<Option<SnapshotData>, RuntimeError>;
+
     /// After a daemon restart: makes sure an alive VM is usable again
     /// (e.g. resumes one left paused by an interrupted snapshot).
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError>;

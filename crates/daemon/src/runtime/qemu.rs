@@ -25,6 +25,8 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 /// socket in the sandbox's directory (one connection at a time; only the daemon's
 /// user can open the directory). No TCP port on the host leads to an agent.
 const AGENT_SOCKET: &str = "agent.sock";
+/// RAM and device state in a snapshot's directory.
+const STATE_FILE: &str = "state";
 
 pub struct QemuRuntime {
     /// The guest kernel, located (or built) on first use.
@@ -166,7 +168,7 @@ impl QemuRuntime {
         snap_dir: &Path,
         next_disk: &Path,
     ) -> Result<SnapshotData, RuntimeError> {
-        let state_file = snap_dir.join("state");
+        let state_file = snap_dir.join(STATE_FILE);
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
         let stopped = Instant::now();
         qmp.stop()?;
@@ -174,9 +176,11 @@ impl QemuRuntime {
             "exec:cat > '{}'",
             state_file.display().to_string().replace('\'', r"'\''")
         );
-        let captured = qmp
-            .migrate(&uri, MIGRATION_TIMEOUT)
-            .and_then(|_| qmp.snapshot_disk("root", next_disk));
+        let captured = qmp.migrate(&uri, MIGRATION_TIMEOUT).and_then(|_| {
+            crate::fault::point("capture.migrated");
+            qmp.snapshot_disk("root", next_disk)
+        });
+        crate::fault::point("capture.disk-switched");
         let resumed = qmp.cont();
         let pause = stopped.elapsed();
         if let Err(e) = captured {
@@ -284,6 +288,28 @@ impl Runtime for QemuRuntime {
             self.start(&spec)
         });
         Ok((point, results))
+    }
+
+    fn finished_capture(
+        &self,
+        vm: &VmRecord,
+        _kind: SnapshotKind,
+        snap_dir: &Path,
+        next_disk: &Path,
+    ) -> Result<Option<SnapshotData>, RuntimeError> {
+        // The layer switch is the capture's last step, after the state file is complete:
+        // QEMU writing to `next_disk` means the snapshot is whole.
+        let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        if qmp.active_image("root")?.as_deref() != Some(next_disk) {
+            return Ok(None);
+        }
+        Ok(Some(SnapshotData {
+            dir: snap_dir.to_path_buf(),
+            state_file: snap_dir.join(STATE_FILE),
+            disk_layer: vm.disk.clone(),
+            accel: vm.accel.clone(),
+            pause_ms: None,
+        }))
     }
 
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {

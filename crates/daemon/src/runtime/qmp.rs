@@ -7,7 +7,7 @@
 //! asynchronous `event` objects may arrive in between (they are skipped).
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -141,6 +141,22 @@ impl Qmp {
             json!({"device": device, "snapshot-file": overlay.display().to_string(), "format": "qcow2"}),
         )
         .map(drop)
+    }
+
+    /// The file at the top of a block device's chain (the layer the guest writes).
+    pub fn active_image(&mut self, device: &str) -> Result<Option<PathBuf>, QmpError> {
+        let devices = self.execute("query-block", json!({}))?;
+        let top = devices.as_array().into_iter().flatten().find_map(|d| {
+            if d["device"] != device {
+                return None;
+            }
+            let inserted = &d["inserted"];
+            inserted["image"]["filename"]
+                .as_str()
+                .or(inserted["file"].as_str())
+                .map(PathBuf::from)
+        });
+        Ok(top)
     }
 
     /// Starts an outgoing migration to `uri` and waits for it to complete.

@@ -18,10 +18,16 @@ pub struct Daemon {
 
 /// Starts `zygoted` with `args` on `state` and waits for its URL line.
 pub fn start_daemon(state: &Path, args: &[&str]) -> Daemon {
+    start_daemon_with_env(state, args, &[])
+}
+
+/// [`start_daemon`] with extra environment variables.
+pub fn start_daemon_with_env(state: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
     let mut child = Command::new(env!("CARGO_BIN_EXE_zygoted"))
         .arg("--state-dir")
         .arg(state)
         .args(args)
+        .envs(env.iter().copied())
         // Quiet unless asked: libtest cannot capture a child process's output.
         .env(
             "ZYGOTE_LOG",
@@ -166,4 +172,61 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// A timestamped progress line on stderr (libtest shows it with --nocapture).
+pub fn step(t0: Instant, what: &str) {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "[{:6.1}s] {what}",
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+/// Runs `sh -c script` in a sandbox; its stdout, or why it failed or exited non-zero.
+pub async fn sh(c: &Client, id: &str, script: &str) -> Result<String, String> {
+    let r: zygote_daemon::model::ExecResponse = c
+        .json(
+            hyper::Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&serde_json::json!({"argv": ["sh", "-c", script]})),
+        )
+        .await
+        .map_err(|e| format!("exec in {id}: {e}"))?;
+    if r.exit_code != Some(0) {
+        return Err(format!(
+            "exec in {id} exited {:?}: {}",
+            r.exit_code, r.stderr
+        ));
+    }
+    Ok(r.stdout)
+}
+
+/// The guest kernel and the `minimal` image, built (or found cached).
+pub fn guest_assets() {
+    zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
+    zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("minimal image");
+}
+
+/// A private daemon state directory, and the clean-up of what daemons on it start.
+pub struct Scratch {
+    pub state: PathBuf,
+    pub cleanup: Cleanup,
+    _dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        Scratch {
+            cleanup: Cleanup {
+                state: state.clone(),
+                cgroups: Default::default(),
+            },
+            state,
+            _dir: dir,
+        }
+    }
 }

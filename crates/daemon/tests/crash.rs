@@ -1,0 +1,414 @@
+//! Issue 19, defect 3: a daemon killed in the middle of a multi-step operation leaves
+//! nothing broken. Each fault point (`ZYGOTE_FAULT`, crates/daemon/src/fault.rs) kills the
+//! daemon with SIGKILL at one step of a snapshot, branch, restore, snapshot deletion or
+//! sandbox deletion; a clean daemon on the same state then has to show the sandbox
+//! running with every write its guest made, its VM holding no deleted file, later
+//! snapshots and branches working, half-made children gone, and no file or process left
+//! that no record explains. Before the fix, a kill after the disk-layer switch made the
+//! restarted daemon delete the parent's active layer.
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use serde_json::{json, Value};
+use zygote_daemon::client::Client;
+use zygote_daemon::model::{BranchResponse, Sandbox, SandboxList, SnapshotList};
+
+use common::{processes_using, start_daemon, start_daemon_with_env, step, Daemon, Scratch};
+
+async fn sh(c: &Client, id: &str, script: &str) -> String {
+    common::sh(c, id, script)
+        .await
+        .unwrap_or_else(|e| panic!("{script:?}: {e}"))
+}
+
+/// Branches `id` into one child.
+async fn branch1(c: &Client, id: &str) -> Result<BranchResponse, String> {
+    c.json(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/branch"),
+        Some(&json!({"count": 1})),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn get(c: &Client, id: &str) -> Sandbox {
+    c.json(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
+        .await
+        .unwrap_or_else(|e| panic!("GET {id}: {e}"))
+}
+
+async fn snapshot(c: &Client, id: &str, name: &str) -> Result<Value, String> {
+    c.json(
+        Method::POST,
+        "/v1/snapshots",
+        Some(&json!({"sandbox": id, "name": name})),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn snapshots(c: &Client) -> SnapshotList {
+    c.json(Method::GET, "/v1/snapshots", None::<&()>)
+        .await
+        .expect("list snapshots")
+}
+
+/// A snapshot name for a fault point (names take no dots).
+fn name_at(what: &str, point: &str) -> String {
+    format!("{what}-{}", point.replace('.', "-"))
+}
+
+/// The daemon dies at its fault point: the request fails and the process ends by SIGKILL.
+async fn expect_killed<T: std::fmt::Debug>(
+    mut d: Daemon,
+    point: &str,
+    result: Result<T, impl std::fmt::Display>,
+) {
+    let error = match &result {
+        Ok(v) => panic!("{point}: the request succeeded ({v:?}) instead of killing the daemon"),
+        Err(e) => e.to_string(),
+    };
+    // The request ended because the daemon died: it is gone (or going) by now.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.child.try_wait().expect("waiting for zygoted") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{point}: zygoted still runs; the request said: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{point}: {status:?}");
+}
+
+/// No file descriptor of the sandbox's VM names a deleted file: its disk chain is whole.
+fn assert_no_deleted_files_open(sb: &Sandbox, what: &str) {
+    let pid = sb.pid.expect("a running sandbox has a VM process");
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        assert!(
+            !target.to_string_lossy().ends_with(" (deleted)"),
+            "{what}: the VM of {} has a deleted file open: {}",
+            sb.id,
+            target.display()
+        );
+    }
+}
+
+/// Every file in `layers/` and `snapshots/` is named by a record, or held by a VM.
+async fn assert_no_orphans(c: &Client, state: &Path, what: &str) {
+    let snaps = snapshots(c).await;
+    let list: SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .unwrap();
+    let named: Vec<String> = snaps.snapshots.iter().map(|s| s.id.clone()).collect();
+    for e in std::fs::read_dir(state.join("snapshots"))
+        .unwrap()
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(named.contains(&name), "{what}: orphan snapshot dir {name}");
+    }
+    let vms: Vec<String> = list.sandboxes.iter().map(|s| s.id.clone()).collect();
+    for e in std::fs::read_dir(state.join("vms")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        assert!(vms.contains(&name), "{what}: orphan VM dir {name}");
+    }
+}
+
+/// Sandbox ids and the daemon's live VM processes match: no leftover VM of a half-made
+/// child or restore runs.
+async fn assert_vm_processes(c: &Client, state: &Path, what: &str) {
+    let list: SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .unwrap();
+    let recorded: Vec<u32> = list.sandboxes.iter().filter_map(|s| s.pid).collect();
+    let daemon_children: Vec<u32> = processes_using(state)
+        .into_iter()
+        .filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            comm.trim().starts_with("qemu") || comm.trim().starts_with("zygote")
+        })
+        .filter(|pid| !is_daemon(*pid))
+        .collect();
+    for pid in &daemon_children {
+        assert!(
+            recorded.contains(pid),
+            "{what}: VM process {pid} runs but no sandbox records it ({recorded:?})"
+        );
+    }
+}
+
+fn is_daemon(pid: u32) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.to_string_lossy().contains("zygoted"))
+        .unwrap_or(false)
+}
+
+/// Waits for the child state of a sandbox a crash interrupted.
+async fn dead_with_reason(c: &Client, id: &str) -> String {
+    let sb = get(c, id).await;
+    assert_eq!(sb.state, "dead", "{sb:?}");
+    sb.exit_reason.expect("a dead sandbox says why")
+}
+
+async fn suite(runtime: &str) {
+    let t0 = Instant::now();
+    common::guest_assets();
+    let scratch = Scratch::new();
+    let (state, cleanup) = (&scratch.state, &scratch.cleanup);
+    let args = ["--listen", "127.0.0.1:0", "--runtime", runtime];
+    let faulty = |point: &str| start_daemon_with_env(state, &args, &[("ZYGOTE_FAULT", point)]);
+
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    let made: SandboxList = c
+        .json(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"image": "minimal", "name": "crash", "n": 2})),
+        )
+        .await
+        .expect("create");
+    let (a, b) = (made.sandboxes[0].id.clone(), made.sandboxes[1].id.clone());
+    for sb in &made.sandboxes {
+        if let Some(cg) = &sb.cgroup.path {
+            cleanup.cgroups.lock().unwrap().push(cg.into());
+        }
+    }
+    step(t0, &format!("created {a} and {b} on the {runtime} runtime"));
+    drop(d);
+
+    // Captures: the guest writes a mark, the daemon dies at the point, a clean daemon
+    // must show every mark, a whole disk chain, and take snapshots and branches again.
+    let mut capture_points = vec!["snapshot.recorded", "snapshot.captured"];
+    if runtime == "qemu" {
+        // Inside the qemu runtime's capture: after the state file, after the layer switch.
+        capture_points.extend(["capture.migrated", "capture.disk-switched"]);
+    }
+    capture_points.extend(["branch.recorded", "branch.started"]);
+    let mut marks = 0;
+    for point in capture_points {
+        let d = faulty(point);
+        let c = d.client();
+        marks += 1;
+        sh(&c, &a, &format!("echo {marks} > /root/mark-{marks}; sync")).await;
+        let before: Vec<String> = (snapshots(&c).await.snapshots)
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let sandboxes_before: SandboxList = c
+            .json(Method::GET, "/v1/sandboxes", None::<&()>)
+            .await
+            .unwrap();
+        if point.starts_with("branch.") {
+            let r = branch1(&c, &a).await;
+            expect_killed(d, point, r).await;
+        } else {
+            let r = snapshot(&c, &a, &name_at("at", point)).await;
+            expect_killed(d, point, r).await;
+        }
+        step(t0, &format!("{point}: daemon killed there"));
+
+        let d = start_daemon(state, &args);
+        let c = d.client();
+        let sb = get(&c, &a).await;
+        assert_eq!(sb.state, "running", "{point}: {sb:?}");
+        assert_no_deleted_files_open(&sb, point);
+        let seen = sh(&c, &a, "cat /root/mark-*").await;
+        let want: String = (1..=marks).map(|m| format!("{m}\n")).collect();
+        assert_eq!(seen, want, "{point}: the guest's writes");
+        // The capture is recorded if the runtime had finished it, else gone entirely.
+        let after = snapshots(&c).await.snapshots;
+        let new: Vec<_> = after.iter().filter(|s| !before.contains(&s.id)).collect();
+        let completed = matches!(point, "snapshot.captured" | "capture.disk-switched")
+            || (point == "branch.started" && runtime == "qemu");
+        assert_eq!(new.len(), usize::from(completed), "{point}: {new:?}");
+        if let Some(s) = new.first() {
+            assert!(sb.depends_on.contains(&s.id), "{point}: {sb:?} / {s:?}");
+            if !point.starts_with("branch.") {
+                assert_eq!(s.name.as_deref(), Some(&*name_at("at", point)), "{s:?}");
+            }
+        }
+        // A half-made branch child is reported dead with the reason, nothing of it runs.
+        let list: SandboxList = c
+            .json(Method::GET, "/v1/sandboxes", None::<&()>)
+            .await
+            .unwrap();
+        for child in list
+            .sandboxes
+            .iter()
+            .filter(|s| !sandboxes_before.sandboxes.iter().any(|o| o.id == s.id))
+        {
+            let reason = dead_with_reason(&c, &child.id).await;
+            assert!(reason.contains("daemon stopped"), "{point}: {reason}");
+            c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
+                .await
+                .expect("delete the dead child");
+        }
+        assert_vm_processes(&c, state, point).await;
+        assert_no_orphans(&c, state, point).await;
+        // The parent's chain works: a snapshot now succeeds and keeps the guest's data.
+        snapshot(&c, &a, &name_at("after", point))
+            .await
+            .unwrap_or_else(|e| panic!("{point}: snapshot after recovery: {e}"));
+        step(
+            t0,
+            &format!("{point}: recovered, marks intact, snapshot works"),
+        );
+        drop(d);
+    }
+
+    // A branch after all that: the child sees every mark.
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    let br = branch1(&c, &a).await.expect("branch after the crashes");
+    let child = br.children[0].clone();
+    let want: String = (1..=marks).map(|m| format!("{m}\n")).collect();
+    assert_eq!(sh(&c, &child, "cat /root/mark-*").await, want);
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{child}"), None)
+        .await
+        .unwrap();
+    step(t0, "a branch child sees every mark");
+    drop(d);
+
+    // Snapshot deletion: the record goes first, the files follow at the next start.
+    // (Of a branch child that is deleted first: a live sandbox's snapshots back its disk.)
+    let d = faulty("snapshot-delete.forgotten");
+    let c = d.client();
+    let br = branch1(&c, &a).await.expect("branch");
+    let victim = snapshot(&c, &br.children[0], "doomed")
+        .await
+        .expect("snapshot");
+    c.raw(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{}", br.children[0]),
+        None,
+    )
+    .await
+    .expect("delete the child");
+    let victim = victim["id"].as_str().unwrap().to_string();
+    let r = c
+        .raw(Method::DELETE, &format!("/v1/snapshots/{victim}"), None)
+        .await;
+    expect_killed(d, "snapshot-delete.forgotten", r).await;
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    assert!(!snapshots(&c).await.snapshots.iter().any(|s| s.id == victim));
+    assert!(!state.join("snapshots").join(&victim).exists());
+    assert_no_orphans(&c, state, "snapshot-delete.forgotten").await;
+    step(t0, "snapshot-delete.forgotten: record and files gone");
+    drop(d);
+
+    // Restore: interrupted before or after the new VM started, the sandbox is dead with
+    // the reason and its VMs gone; restoring again works.
+    for point in ["restore.recorded", "restore.started"] {
+        let d = faulty(point);
+        let c = d.client();
+        let snap = snapshot(&c, &a, &name_at("restore", point))
+            .await
+            .expect("snapshot");
+        let r = c
+            .json::<Sandbox>(
+                Method::POST,
+                &format!("/v1/sandboxes/{a}/restore"),
+                Some(&json!({"snapshot": snap["id"]})),
+            )
+            .await;
+        expect_killed(d, point, r).await;
+        let d = start_daemon(state, &args);
+        let c = d.client();
+        let reason = dead_with_reason(&c, &a).await;
+        step(t0, &format!("{point}: sandbox reported dead: {reason}"));
+        assert_vm_processes(&c, state, point).await;
+        let restored: Sandbox = c
+            .json(
+                Method::POST,
+                &format!("/v1/sandboxes/{a}/restore"),
+                Some(&json!({"snapshot": snap["id"]})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{point}: restore again: {e}"));
+        assert_eq!(restored.state, "running");
+        assert_eq!(sh(&c, &a, "cat /root/mark-*").await, want, "{point}");
+        assert_no_orphans(&c, state, point).await;
+        step(t0, &format!("{point}: restored again, marks intact"));
+        drop(d);
+    }
+
+    // Deletion: finished by the next start, whether the VM was killed yet or not.
+    for (point, id) in [("delete.recorded", &a), ("delete.destroyed", &b)] {
+        let d = faulty(point);
+        let c = d.client();
+        let r = c
+            .raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        expect_killed(d, point, r).await;
+        let d = start_daemon(state, &args);
+        let c = d.client();
+        let gone = c
+            .json::<Value>(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
+            .await
+            .unwrap_err();
+        assert_eq!(gone.code(), Some("not_found"), "{point}: {gone}");
+        assert_vm_processes(&c, state, point).await;
+        assert_no_orphans(&c, state, point).await;
+        step(t0, &format!("{point}: deletion finished at start-up"));
+        drop(d);
+    }
+
+    // Nothing of either sandbox is left but the snapshots taken on the way.
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    // Leaves first: a snapshot others build on cannot go before them.
+    loop {
+        let all = snapshots(&c).await.snapshots;
+        let Some(leaf) = all.iter().find(|s| s.dependents.is_empty()) else {
+            assert!(
+                all.is_empty(),
+                "snapshots that all have dependents: {all:?}"
+            );
+            break;
+        };
+        c.raw(Method::DELETE, &format!("/v1/snapshots/{}", leaf.id), None)
+            .await
+            .unwrap_or_else(|e| panic!("deleting {}: {e}", leaf.id));
+    }
+    drop(d);
+    let left: Vec<_> = ["vms", "layers", "snapshots"]
+        .iter()
+        .flat_map(|d| common::files_under(&state.join(d)))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let procs: Vec<u32> = processes_using(state)
+        .into_iter()
+        .filter(|p| !is_daemon(*p))
+        .collect();
+    assert!(procs.is_empty(), "processes left: {procs:?}");
+    step(t0, "everything deleted, nothing left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_runtime_survives_a_crash_at_every_step() {
+    suite("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kvm_runtime_survives_a_crash_at_every_step() {
+    if !zygote_vmm::host::linux_guests_or_skip("the kvm runtime crash suite") {
+        return;
+    }
+    suite("kvm").await;
+}
