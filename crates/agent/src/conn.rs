@@ -1,9 +1,16 @@
 //! One client connection: read frames, validate them, run each request on
 //! its own thread, and serialise responses onto the shared socket.
+//!
+//! Once the agent has a token (`auth`), a connection must open with `hello`; every
+//! `hello` starts a new session: the earlier session's execs are killed, its unfinished
+//! requests forgotten and anything they still send dropped. On a socket that changes
+//! nothing (one connection, one session); on a virtio-serial port, whose one stream
+//! carries one host connection after another, it is what keeps a new daemon connection
+//! from receiving (or being blamed for) the previous one's output.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,7 +19,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use zygote_proto::frame::{self, FrameError};
-use zygote_proto::{ErrorBody, ErrorCode, Request, Response, ResponseFrame, MAX_FRAME_LEN};
+use zygote_proto::{
+    ErrorBody, ErrorCode, HelloRequest, Request, Response, ResponseFrame, MAX_FRAME_LEN,
+};
 
 use crate::{dispatch, log, AgentState};
 
@@ -29,6 +38,10 @@ struct State {
     /// Running execs of this connection: request id → process group id.
     execs: HashMap<u64, libc::pid_t>,
     closed: bool,
+    /// A `hello` with the right token opened the current session.
+    authenticated: bool,
+    /// The current session (bumped by each `hello`); replies of older ones are dropped.
+    session: u64,
 }
 
 pub(crate) struct Conn {
@@ -46,10 +59,11 @@ impl Conn {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Send one frame. False when the peer is gone (and then the connection
-    /// is shut down, which also ends its reader loop).
-    fn write(&self, id: u64, response: Response) -> bool {
-        if self.broken.load(Ordering::Relaxed) {
+    /// Send one frame for a request of `session`. False when the peer is gone (and then
+    /// the connection is shut down, which also ends its reader loop) or the session is
+    /// over (its client is gone: the frame is dropped).
+    fn write(&self, session: u64, id: u64, response: Response) -> bool {
+        if self.broken.load(Ordering::Relaxed) || self.state().session != session {
             return false;
         }
         let mut bytes = serde_json::to_vec(&ResponseFrame { id, response }).unwrap_or_else(|e| {
@@ -75,8 +89,32 @@ impl Conn {
         true
     }
 
+    /// An error frame in the current session.
     fn error(&self, id: u64, code: ErrorCode, message: impl Into<String>) {
-        self.write(id, Response::Error(ErrorBody::new(code, message)));
+        let session = self.state().session;
+        self.write(session, id, Response::Error(ErrorBody::new(code, message)));
+    }
+
+    /// `hello`: on the right token, end the current session (kill its execs, forget its
+    /// requests) and start an authenticated one.
+    fn hello(&self, id: u64, req: &HelloRequest) {
+        if let Err(e) = self.agent.token.hello(req) {
+            log!("connection {}: hello refused: {}", self.name, e.message);
+            return self.error(id, e.code, e.message);
+        }
+        let session = {
+            let mut st = self.state();
+            for &pgid in st.execs.values() {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            }
+            st.execs.clear();
+            st.inflight.clear();
+            st.session += 1;
+            st.authenticated = true;
+            st.session
+        };
+        self.write(session, id, Response::Ok);
     }
 
     /// The reader is done: kill this connection's running execs (their output
@@ -103,6 +141,8 @@ fn error_bytes(id: u64, body: ErrorBody) -> Vec<u8> {
 /// with an `internal` error, so the client is never left waiting.
 pub(crate) struct Reply {
     conn: Arc<Conn>,
+    /// The session the request came in.
+    session: u64,
     id: u64,
     done: bool,
 }
@@ -114,28 +154,41 @@ impl Reply {
 
     /// A non-terminal event; false if the client is gone.
     pub(crate) fn event(&self, r: Response) -> bool {
-        self.conn.write(self.id, r)
+        self.conn.write(self.session, self.id, r)
+    }
+
+    /// Forget this request's id, if its session is still the current one.
+    fn release(&self) {
+        let mut st = self.conn.state();
+        if st.session == self.session {
+            st.inflight.remove(&self.id);
+        }
     }
 
     /// The terminal response.
     pub(crate) fn finish(mut self, r: Response) {
         self.done = true;
         // Free the id first: once the client sees this frame it may reuse it.
-        self.conn.state().inflight.remove(&self.id);
-        self.conn.write(self.id, r);
+        self.release();
+        self.conn.write(self.session, self.id, r);
     }
 
     pub(crate) fn register_exec(&self, pgid: libc::pid_t) {
         let mut st = self.conn.state();
-        st.execs.insert(self.id, pgid);
-        if st.closed {
-            // The client left while we were spawning.
+        if st.closed || st.session != self.session {
+            // The client left (or a new session began) while we were spawning.
+            // SAFETY: kill(2) has no memory-safety preconditions.
             unsafe { libc::kill(-pgid, libc::SIGKILL) };
+            return;
         }
+        st.execs.insert(self.id, pgid);
     }
 
     pub(crate) fn unregister_exec(&self) {
-        self.conn.state().execs.remove(&self.id);
+        let mut st = self.conn.state();
+        if st.session == self.session {
+            st.execs.remove(&self.id);
+        }
     }
 
     /// Signal another exec of the same connection.
@@ -158,12 +211,13 @@ impl Reply {
 impl Drop for Reply {
     fn drop(&mut self) {
         if !self.done {
-            self.conn.state().inflight.remove(&self.id);
-            self.conn.error(
-                self.id,
+            self.release();
+            let body = ErrorBody::new(
                 ErrorCode::Internal,
                 "request handler ended without answering",
             );
+            self.conn
+                .write(self.session, self.id, Response::Error(body));
         }
     }
 }
@@ -187,8 +241,18 @@ fn set_send_timeout(fd: &OwnedFd, t: Duration) {
 
 /// Serve one connection until the peer closes it. Runs on the caller's thread.
 pub(crate) fn serve(agent: Arc<AgentState>, stream: OwnedFd, name: String) -> io::Result<()> {
+    let reader = File::from(stream.try_clone()?);
+    serve_from(agent, stream, reader, name)
+}
+
+/// [`serve`], reading frames from `reader` (which decides when the stream has ended).
+pub(crate) fn serve_from(
+    agent: Arc<AgentState>,
+    stream: OwnedFd,
+    mut reader: impl Read,
+    name: String,
+) -> io::Result<()> {
     set_send_timeout(&stream, SEND_TIMEOUT);
-    let mut reader = File::from(stream.try_clone()?);
     let writer = File::from(stream.try_clone()?);
     let conn = Arc::new(Conn {
         agent,
@@ -262,8 +326,19 @@ fn handle_frame(conn: &Arc<Conn>, bytes: &[u8]) {
     if id == 0 {
         return conn.error(0, ErrorCode::BadRequest, "id 0 is reserved");
     }
-    {
+    if let Request::Hello(hello) = &request {
+        return conn.hello(id, hello);
+    }
+    let session = {
         let mut st = conn.state();
+        if !st.authenticated && conn.agent.token.is_set() {
+            drop(st);
+            return conn.error(
+                id,
+                ErrorCode::Unauthorized,
+                "this connection has not said hello with the sandbox's token",
+            );
+        }
         if st.inflight.contains(&id) {
             drop(st);
             return conn.error(
@@ -281,9 +356,11 @@ fn handle_frame(conn: &Arc<Conn>, bytes: &[u8]) {
             );
         }
         st.inflight.insert(id);
-    }
+        st.session
+    };
     let reply = Reply {
         conn: conn.clone(),
+        session,
         id,
         done: false,
     };

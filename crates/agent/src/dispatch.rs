@@ -36,6 +36,11 @@ pub(crate) fn handle(reply: Reply, request: Request) {
             system::reidentify(&r, reply.agent().options.dry_run).map(Response::Reidentified)
         }
         Request::Shutdown => return shutdown(reply),
+        // The connection answers it before dispatch (it changes the session).
+        Request::Hello(_) => Err(ErrorBody::new(
+            ErrorCode::Internal,
+            "hello reached the dispatcher",
+        )),
     };
     reply.finish(response.unwrap_or_else(Response::Error));
 }

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod auth;
 pub mod config;
 mod conn;
 mod dispatch;
@@ -84,6 +85,7 @@ pub(crate) struct AgentState {
     pub(crate) options: AgentOptions,
     pub(crate) started: Instant,
     pub(crate) reaper: Arc<reaper::Reaper>,
+    pub(crate) token: auth::Token,
 }
 
 /// A socket the agent accepts connections on.
@@ -159,6 +161,7 @@ impl Agent {
             options,
             started: Instant::now(),
             reaper,
+            token: auth::Token::default(),
         })))
     }
 
@@ -197,8 +200,16 @@ impl Agent {
                         continue;
                     }
                 };
+                let reader = match port.try_clone() {
+                    Ok(port) => port::PortReader { port },
+                    Err(e) => {
+                        log!("port {name}: {e}");
+                        thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                };
                 let conn_name = format!("port:{name}");
-                if let Err(e) = conn::serve(state.clone(), stream, conn_name) {
+                if let Err(e) = conn::serve_from(state.clone(), stream, reader, conn_name) {
                     log!("port {name}: {e}");
                 }
             }

@@ -9,20 +9,29 @@
 //! there, serve the stream as one connection until end-of-file (which ends that
 //! connection's execs, as a closed socket does), and wait again.
 //!
+//! The host's close and its next connection reach the guest as control messages on a
+//! virtqueue of their own, unordered with the data: after a quick reconnect the guest
+//! can read the new connection's first request and only then see the old close as
+//! end-of-file. So an end-of-file followed by a host connection within [`RECONNECT_GRACE`]
+//! does not end the stream ([`PortReader`]); sessions are told apart in-band instead
+//! (every daemon connection opens with `hello`, see `conn`).
+//!
 //! The guest kernel announces ports asynchronously after the device probes, so a port
 //! may appear only after the agent starts: finding it is retried.
 use std::fs::{File, OpenOptions};
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where the kernel lists virtio-serial ports (one directory per port, with `name`).
 const PORTS_DIR: &str = "/sys/class/virtio-ports";
 /// How often to look again while the host side is not connected.
 const HOST_POLL: Duration = Duration::from_millis(10);
+/// An end-of-file is the end of the stream only if no host connects within this.
+const RECONNECT_GRACE: Duration = Duration::from_millis(500);
 
 /// The device node of the port called `name`, if the kernel has announced it.
 pub(crate) fn find(name: &str) -> Option<PathBuf> {
@@ -90,6 +99,42 @@ pub(crate) fn wait_for_host(port: &File) {
         // POLLHUP: nobody on the host side yet. The port has no event for "host
         // connected", so look again shortly.
         thread::sleep(HOST_POLL);
+    }
+}
+
+/// Whether the host side of `port` is connected (or has data for us) now.
+fn host_present(port: &File) -> bool {
+    let mut pfd = libc::pollfd {
+        fd: port.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polling one valid descriptor we own, without waiting.
+    let r = unsafe { libc::poll(&mut pfd, 1, 0) };
+    r > 0 && (pfd.revents & libc::POLLIN != 0 || pfd.revents & libc::POLLHUP == 0)
+}
+
+/// Reads a port as one stream across host reconnections that follow within
+/// [`RECONNECT_GRACE`] (see the module doc); end-of-file only when none does.
+pub(crate) struct PortReader {
+    pub(crate) port: File,
+}
+
+impl Read for PortReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let n = self.port.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let deadline = Instant::now() + RECONNECT_GRACE;
+            while !host_present(&self.port) {
+                if Instant::now() >= deadline {
+                    return Ok(0);
+                }
+                thread::sleep(HOST_POLL);
+            }
+        }
     }
 }
 

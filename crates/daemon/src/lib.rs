@@ -7,6 +7,7 @@
 //! SQLite so a restarted daemon re-attaches to its VMs; each VM is a
 //! supervised process in its own cgroup. [`client`] is the matching HTTP
 //! client used by the CLI and the tests.
+pub mod agent_key;
 pub mod api;
 pub mod cgroup;
 pub mod client;

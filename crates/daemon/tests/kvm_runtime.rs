@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use zygote_daemon::model::SnapshotKind;
+use zygote_daemon::runtime::guest_agent::AgentAuth;
 use zygote_daemon::runtime::kvm::KvmRuntime;
 use zygote_daemon::runtime::{
     BootSource, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord,
@@ -83,6 +84,11 @@ fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
         source,
         cgroup: None,
         hostname: name.into(),
+        // Probe guests have no agent: tokens are never shown to anyone.
+        auth: AgentAuth {
+            token: format!("token-of-{name}"),
+            boot_token: None,
+        },
     }
 }
 

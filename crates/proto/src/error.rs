@@ -39,6 +39,9 @@ pub enum ErrorCode {
     Io,
     /// A bug in the agent.
     Internal,
+    /// The connection has not presented the agent's token (`hello`), or presented a
+    /// wrong one.
+    Unauthorized,
     /// A code this version does not know (a newer agent).
     #[serde(other)]
     Unknown,
@@ -62,6 +65,7 @@ impl ErrorCode {
             ErrorCode::Unsupported => "unsupported",
             ErrorCode::Io => "io",
             ErrorCode::Internal => "internal",
+            ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Unknown => "unknown",
         }
     }

@@ -21,6 +21,7 @@ pub struct RequestFrame {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Request {
+    Hello(HelloRequest),
     Health,
     Exec(ExecRequest),
     Kill(KillRequest),
@@ -38,6 +39,7 @@ impl Request {
     /// Every `"type"` value the agent understands, so it can tell an unknown
     /// request (`unknown_request`) from a known one with bad fields (`bad_request`).
     pub const TYPES: &'static [&'static str] = &[
+        "hello",
         "health",
         "exec",
         "kill",
@@ -50,6 +52,29 @@ impl Request {
         "reidentify",
         "shutdown",
     ];
+}
+
+/// The first request of every connection once the agent has a token: it proves the
+/// peer is the daemon that owns this sandbox, and starts a new session (on a
+/// virtio-serial port, whose one byte stream outlives each host connection, the previous
+/// session's execs are killed and their output dropped). An agent that has no token yet
+/// (a fresh boot) takes this one; `new_token` replaces it (each branch child or restored
+/// sandbox gets its own). Answered with `ok`, or `unauthorized`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloRequest {
+    pub token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_token: Option<String>,
+}
+
+impl std::fmt::Debug for HelloRequest {
+    // Secrets stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HelloRequest")
+            .field("token", &"<redacted>")
+            .field("new_token", &self.new_token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// Run a program. The agent answers with `exec_started`, then any number of

@@ -20,6 +20,7 @@ use std::time::Instant;
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use zygote_proto::client::AgentClient;
 
+use crate::agent_key::AgentKey;
 use crate::cgroup::{self, Cgroups};
 use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
@@ -28,7 +29,8 @@ use crate::metrics::Metrics;
 use crate::model::{
     CreateSandboxRequest, Origin, RuntimeInfo, Sandbox, Snapshot, Validate, DEFAULT_MEM_MIB,
 };
-use crate::runtime::{BootSource, Runtime, StartSpec, VmRecord};
+use crate::runtime::guest_agent::AgentAuth;
+use crate::runtime::{BootSource, Runtime, RuntimeError, StartSpec, VmRecord};
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -47,6 +49,8 @@ pub struct Dirs {
     pub layers: PathBuf,
     /// `snapshots/<snapshot>/`: memory and device state.
     pub snapshots: PathBuf,
+    /// `agent.key`: derives each sandbox's agent token.
+    pub agent_key: AgentKey,
 }
 
 impl Dirs {
@@ -55,6 +59,7 @@ impl Dirs {
             vms: state.join("vms"),
             layers: state.join("layers"),
             snapshots: state.join("snapshots"),
+            agent_key: AgentKey::load_or_create(&state)?,
             state,
         };
         for dir in [&d.vms, &d.layers, &d.snapshots] {
@@ -243,41 +248,44 @@ impl Manager {
                 return Err(Error::Conflict(format!("a sandbox named {name:?} exists")));
             }
         }
-        let (source, origin, depends_on, mem_mib, vcpus) = if let Some(image) = &req.image {
-            let info = tokio::task::spawn_blocking({
-                let image = image.clone();
-                move || zygote_images::locate_image(&image)
-            })
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))??;
-            self.db
-                .note_image(&info.name, &info.sha256, &info.path, now())?;
-            (
-                BootSource::Image(info.path.clone()),
-                Origin::Image {
-                    name: info.name.clone(),
-                    sha256: info.sha256.clone(),
-                },
-                Vec::new(),
-                req.mem_mib.unwrap_or(DEFAULT_MEM_MIB),
-                req.vcpus.unwrap_or(1),
-            )
-        } else {
-            let id = req.snapshot.as_deref().unwrap_or_default();
-            let snap = self.snapshot_row(id)?;
-            self.check_runtime(&snap)?;
-            let mut deps = snap.depends_on.clone();
-            deps.push(snap.id.clone());
-            (
-                BootSource::Snapshot(snap.data.clone()),
-                Origin::Snapshot {
-                    id: snap.id.clone(),
-                },
-                deps,
-                snap.mem_mib,
-                snap.vcpus,
-            )
-        };
+        let (source, boot_token, origin, depends_on, mem_mib, vcpus) =
+            if let Some(image) = &req.image {
+                let info = tokio::task::spawn_blocking({
+                    let image = image.clone();
+                    move || zygote_images::locate_image(&image)
+                })
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+                self.db
+                    .note_image(&info.name, &info.sha256, &info.path, now())?;
+                (
+                    BootSource::Image(info.path.clone()),
+                    None,
+                    Origin::Image {
+                        name: info.name.clone(),
+                        sha256: info.sha256.clone(),
+                    },
+                    Vec::new(),
+                    req.mem_mib.unwrap_or(DEFAULT_MEM_MIB),
+                    req.vcpus.unwrap_or(1),
+                )
+            } else {
+                let id = req.snapshot.as_deref().unwrap_or_default();
+                let snap = self.snapshot_row(id)?;
+                self.check_runtime(&snap)?;
+                let mut deps = snap.depends_on.clone();
+                deps.push(snap.id.clone());
+                (
+                    BootSource::Snapshot(snap.data.clone()),
+                    Some(self.dirs.agent_key.token(&snap.source_sandbox)),
+                    Origin::Snapshot {
+                        id: snap.id.clone(),
+                    },
+                    deps,
+                    snap.mem_mib,
+                    snap.vcpus,
+                )
+            };
         let mut tasks = Vec::new();
         for i in 0..n {
             let id = new_id("sb");
@@ -308,9 +316,10 @@ impl Manager {
             };
             let this = self.clone();
             let source = source.clone();
-            tasks.push(tokio::spawn(
-                async move { this.create_one(row, source).await },
-            ));
+            let boot_token = boot_token.clone();
+            tasks.push(tokio::spawn(async move {
+                this.create_one(row, source, boot_token).await
+            }));
         }
         let mut made = Vec::new();
         let mut failure = None;
@@ -343,7 +352,13 @@ impl Manager {
     }
 
     /// Prepares directory and cgroup for a new VM of `row` (recorded as creating).
-    fn prepare(&self, row: &mut SandboxRow, source: BootSource) -> Result<StartSpec> {
+    /// `boot_token`: the agent token the source guest holds (None for a fresh boot).
+    fn prepare(
+        &self,
+        row: &mut SandboxRow,
+        source: BootSource,
+        boot_token: Option<String>,
+    ) -> Result<StartSpec> {
         let dir = self.dirs.vms.join(&row.id);
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         if row.cgroup.path.is_none() {
@@ -361,6 +376,10 @@ impl Manager {
             source,
             cgroup: row.cgroup.path.as_ref().map(PathBuf::from),
             hostname: row.hostname.clone(),
+            auth: AgentAuth {
+                token: self.dirs.agent_key.token(&row.id),
+                boot_token,
+            },
         })
     }
 
@@ -368,9 +387,10 @@ impl Manager {
         self: Arc<Self>,
         mut row: SandboxRow,
         source: BootSource,
+        boot_token: Option<String>,
     ) -> Result<Sandbox> {
         let _guard = self.lock(&row.id).await;
-        let spec = match self.prepare(&mut row, source) {
+        let spec = match self.prepare(&mut row, source, boot_token) {
             Ok(s) => s,
             Err(e) => {
                 self.discard(&row);
@@ -494,7 +514,15 @@ impl Manager {
         // A closed client may still hold its end of the channel: let it go first.
         self.forget_agent(id);
         let rt = self.runtime.clone();
-        let client = self.blocking(move || rt.connect(&vm)).await??;
+        let token = self.dirs.agent_key.token(id);
+        let client = self
+            .blocking(move || {
+                let client = rt.connect(&vm)?;
+                // Every connection opens with the sandbox's token (a new session).
+                client.hello(&token, None).map_err(RuntimeError::from)?;
+                Ok::<_, RuntimeError>(client)
+            })
+            .await??;
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -131,8 +131,14 @@ impl Manager {
                 expires_at: None,
                 pending: None,
             };
-            // Placeholder source: the runtime substitutes the branch point.
-            let spec = self.prepare(&mut child, BootSource::Image(Default::default()))?;
+            // Placeholder source: the runtime substitutes the branch point. The child
+            // wakes up with its parent's agent token.
+            let boot_token = Some(self.dirs.agent_key.token(&parent.id));
+            let spec = self.prepare(
+                &mut child,
+                BootSource::Image(Default::default()),
+                boot_token,
+            )?;
             specs.push(spec);
             children.push(child);
         }
@@ -252,7 +258,12 @@ impl Manager {
         row.depends_on.push(snap.id.clone());
         row.exit_reason = None;
         row.exited_at = None;
-        let spec = self.prepare(&mut row, BootSource::Snapshot(snap.data.clone()))?;
+        let boot_token = Some(self.dirs.agent_key.token(&snap.source_sandbox));
+        let spec = self.prepare(
+            &mut row,
+            BootSource::Snapshot(snap.data.clone()),
+            boot_token,
+        )?;
         self.forget_agent(id);
         let rt = self.runtime.clone();
         let result = self.blocking(move || rt.start(&spec)).await?;

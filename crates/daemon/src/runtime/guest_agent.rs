@@ -1,7 +1,7 @@
 //! What both runtimes do with a VM that just started, was restored or branched: reach
-//! its agent and give the guest an identity of its own (fresh entropy with an immediate
-//! CRNG reseed, its hostname, the host's clock), in one request that also proves the
-//! agent answers.
+//! its agent, authenticate (and give the agent the sandbox's own token: a child or a
+//! restored snapshot wakes up holding its source's), and give the guest an identity of
+//! its own (fresh entropy with an immediate CRNG reseed, its hostname, the host's clock).
 use std::fs::File;
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,29 @@ use super::RuntimeError;
 
 /// Pause between attempts while the guest is not answering yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// The agent tokens of a VM being brought up (`crate::agent_key`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct AgentAuth {
+    /// The sandbox's own token: what the agent holds once up.
+    pub token: String,
+    /// The token the guest holds as it starts: its source sandbox's for a snapshot or
+    /// branch; None for a fresh boot (the agent takes the first token it is shown).
+    pub boot_token: Option<String>,
+}
+
+impl std::fmt::Debug for AgentAuth {
+    // Secrets stay out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AgentAuth { .. }")
+    }
+}
+
+/// Authenticates a new connection and moves the agent to the sandbox's own token.
+pub fn authenticate(client: &AgentClient, auth: &AgentAuth) -> Result<(), ClientError> {
+    let shown = auth.boot_token.as_deref().unwrap_or(&auth.token);
+    client.hello(shown, Some(&auth.token))
+}
 
 /// Fresh entropy, hostname and clock, so that siblings never share RNG state.
 pub fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), ClientError> {
@@ -55,6 +78,7 @@ pub struct AgentTarget<'a> {
 pub fn bring_up(
     target: &AgentTarget,
     hostname: &str,
+    auth: &AgentAuth,
     deadline: Instant,
 ) -> Result<AgentClient, RuntimeError> {
     let mut attempts = 0u32;
@@ -66,6 +90,7 @@ pub fn bring_up(
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
             let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
+            authenticate(&c, auth)?;
             reidentify(&c, hostname).map(|()| c)
         });
         match attempt {
@@ -87,7 +112,7 @@ pub fn bring_up(
             }
             Err(e) => {
                 return Err(RuntimeError::Boot(format!(
-                    "the agent refused to reidentify the guest: {e}"
+                    "the agent refused to authenticate or reidentify the guest: {e}"
                 )))
             }
         }
@@ -121,6 +146,10 @@ mod tests {
                 attempt_limit: Duration::from_secs(1),
             },
             "h",
+            &AgentAuth {
+                token: "t".into(),
+                boot_token: None,
+            },
             Instant::now() + Duration::from_millis(300),
         )
         .err()
@@ -140,6 +169,10 @@ mod tests {
                 attempt_limit: Duration::from_secs(1),
             },
             "h",
+            &AgentAuth {
+                token: "t".into(),
+                boot_token: None,
+            },
             Instant::now() + Duration::from_secs(60),
         )
         .err()

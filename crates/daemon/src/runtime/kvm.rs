@@ -142,7 +142,7 @@ impl KvmRuntime {
     }
 
     /// From a VMM serving its socket to a guest answering with its identity.
-    fn bring_up(&self, rec: &VmRecord, hostname: &str) -> Result<(), RuntimeError> {
+    fn bring_up(&self, rec: &VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
         if !self.has_agent() {
             // Probe guests: the VMM answering `status` with a live VM is "up".
             let st = status(&rec.control)?;
@@ -160,7 +160,8 @@ impl KvmRuntime {
             // A vsock connection is refused until the guest listens: retry often.
             attempt_limit: Duration::from_secs(10),
         };
-        guest_agent::bring_up(&target, hostname, Instant::now() + BOOT_TIMEOUT).map(drop)
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline).map(drop)
     }
 }
 
@@ -285,7 +286,7 @@ impl Runtime for KvmRuntime {
 
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
         let rec = self.spawn_vmm(spec)?;
-        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
+        if let Err(e) = self.bring_up(&rec, spec) {
             supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
             return Err(boot_error(e, &spec.dir));
         }
@@ -481,7 +482,7 @@ impl KvmRuntime {
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
         let rec = record(spec, files, process, None);
         // Its control socket was bound before the fork; only the guest needs waiting for.
-        if let Err(e) = self.bring_up(&rec, &spec.hostname) {
+        if let Err(e) = self.bring_up(&rec, spec) {
             supervisor::kill_and_wait(&rec.process, None);
             return Err(boot_error(e, &spec.dir));
         }

@@ -127,6 +127,8 @@ pub struct StartSpec {
     pub cgroup: Option<PathBuf>,
     /// Given to the guest after a snapshot/branch start (reidentify).
     pub hostname: String,
+    /// The agent's tokens (the sandbox's own, and the one the guest starts with).
+    pub auth: guest_agent::AgentAuth,
 }
 
 /// A VM that is gone, and why.

@@ -152,7 +152,8 @@ impl QemuRuntime {
             // in the channel until the agent runs, however long the boot takes.
             attempt_limit: BOOT_TIMEOUT,
         };
-        let client = guest_agent::bring_up(&target, &spec.hostname, Instant::now() + BOOT_TIMEOUT)?;
+        let deadline = Instant::now() + BOOT_TIMEOUT;
+        let client = guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline)?;
         self.brought_up
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -25,8 +25,8 @@ pub use transport::ReadWrite;
 
 use crate::frame::{self, FrameError, MAX_FRAME_LEN};
 use crate::{
-    ErrorBody, ErrorCode, ExecRequest, ExecResult, HealthInfo, KillRequest, ReidentifyReport,
-    ReidentifyRequest, Request, RequestFrame, Response, ResponseFrame, Stream,
+    ErrorBody, ErrorCode, ExecRequest, ExecResult, HealthInfo, HelloRequest, KillRequest,
+    ReidentifyReport, ReidentifyRequest, Request, RequestFrame, Response, ResponseFrame, Stream,
 };
 
 /// Default limit on how long a non-exec request waits for its response.
@@ -286,6 +286,19 @@ impl AgentClient {
     fn call(&self, request: Request, what: &'static str) -> Result<Response, ClientError> {
         let (id, rx) = self.send(request)?;
         self.recv(id, &rx, self.request_timeout, what)
+    }
+
+    /// Authenticate this connection with `token` (and replace the agent's token with
+    /// `new_token`); see [`crate::HelloRequest`].
+    pub fn hello(&self, token: &str, new_token: Option<&str>) -> Result<(), ClientError> {
+        let req = HelloRequest {
+            token: token.to_string(),
+            new_token: new_token.map(str::to_string),
+        };
+        match self.call(Request::Hello(req), "hello")? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected("hello", &other)),
+        }
     }
 
     pub fn health(&self) -> Result<HealthInfo, ClientError> {
