@@ -3,7 +3,8 @@
 //! forks it, and each child serves its own socket.
 use std::path::PathBuf;
 
-use zygote_vmm::control::server::{console_sink, serve};
+use zygote_vmm::control::checks::SnapshotConfinement;
+use zygote_vmm::control::server::{bind, console_sink, serve_listener, ServeOptions};
 use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
 use zygote_vmm::devices::virtio::setup::{GuestDeviceConfig, GuestDevices};
 use zygote_vmm::devices::virtio::vsock::{VsockConfig, DEFAULT_GUEST_CID};
@@ -68,9 +69,34 @@ pub struct VmServeArgs {
     /// Let KSM merge this VM's identical pages with other VMs' (needs KSM running).
     #[arg(long)]
     ksm: bool,
+    /// Accept `snapshot` requests only for paths under this existing directory (after
+    /// resolving symlinks); branch children inherit the limit.
+    #[arg(long, value_name = "DIR")]
+    snapshot_root: Option<PathBuf>,
 }
 
 pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
+    let opts = ServeOptions {
+        snapshots: match &args.snapshot_root {
+            Some(dir) => SnapshotConfinement::under(dir)?,
+            None => SnapshotConfinement::default(),
+        },
+    };
+    // The socket first: a VMM already serving this path is found before a VM is built
+    // for nothing, and a stale file is replaced. Requests that arrive while the VM
+    // boots wait in the listen backlog.
+    let listener = bind(&args.api_sock)?;
+    let vmm = match build(&args) {
+        Ok(vmm) => vmm,
+        Err(e) => {
+            let _ = std::fs::remove_file(&args.api_sock);
+            return Err(e);
+        }
+    };
+    Ok(serve_listener(vmm, listener, &args.api_sock, opts))
+}
+
+fn build(args: &VmServeArgs) -> anyhow::Result<Vmm> {
     let console = console_sink(args.console_log.as_deref());
     let vmm = if let Some(dir) = &args.restore {
         Vmm::restore_snapshot(
@@ -131,5 +157,5 @@ pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
     if args.ksm {
         vmm.guest_ram().enable_ksm()?;
     }
-    Ok(serve(vmm, &args.api_sock))
+    Ok(vmm)
 }

@@ -1,5 +1,5 @@
-//! Blocking client for a VMM control socket (one connection per request keeps a
-//! supervisor from ever blocking the VMM's single control loop for long).
+//! Blocking client for a VMM control socket, one connection per request (so no reply
+//! can be taken for an earlier request's, and no connection idles out between uses).
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

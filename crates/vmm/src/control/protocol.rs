@@ -107,7 +107,7 @@ pub struct SnapshotInfo {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// Stable machine-readable code: bad_request, stopped, branch_failed, snapshot_failed,
-    /// memory, internal.
+    /// memory, busy (too many connections), internal.
     pub code: String,
     pub message: String,
 }

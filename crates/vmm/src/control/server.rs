@@ -1,25 +1,38 @@
 //! The VMM process's control loop. It runs on the process's main thread, which is also
 //! the thread that forks for branch and live snapshots: the vCPU and event threads are
-//! parked by then and this loop holds no locks across the fork.
-use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Write};
+//! parked by then and this loop holds no locks across the fork. Connections are
+//! multiplexed on this thread (`conn`), so a slow or stuck client holds only its own
+//! connection; requests are handled one at a time.
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
+pub use super::checks::{bind, BindError, MAX_BRANCH_COUNT};
+use super::checks::{check_branch, BranchPaths, SnapshotConfinement};
+use super::conn::{ConnId, Connections, Line};
+pub use super::conn::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_LINE};
 use super::protocol::*;
 use crate::devices::serial::{CallbackWriter, SerialOut};
 use crate::devices::virtio::persist::DeviceHostConfig;
 use crate::vmm::branch::{BranchRequest, ChildContext};
-use crate::vmm::snapshot::SnapshotError;
+use crate::vmm::snapshot::{SnapshotError, SnapshotMode};
 use crate::Vmm;
 
-/// Most children one branch request may ask for.
-pub const MAX_BRANCH_COUNT: usize = 1024;
-const IDLE_CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the loop looks at the guest (ended?) and reaps children while no client
+/// asks anything.
+const GUEST_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How long the reply to `stop` may take to leave before the process goes anyway.
+const LAST_REPLY_LIMIT: Duration = Duration::from_secs(1);
+
+/// How a VMM process serves its socket beyond the defaults. Branch children inherit it.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions {
+    /// Where `snapshot` may write (see `CONTROL.md`).
+    pub snapshots: SnapshotConfinement,
+}
 
 /// Where a VMM process writes why its VM ended: `<socket>.exit`.
 pub fn exit_file(socket: &Path) -> PathBuf {
@@ -42,39 +55,26 @@ pub fn console_sink(path: Option<&Path>) -> SerialOut {
     }
 }
 
-fn bind(socket: &Path) -> std::io::Result<UnixListener> {
-    match UnixListener::bind(socket) {
-        Ok(l) => Ok(l),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            // A stale socket file (nobody listening) from a crashed VMM may be replaced;
-            // a live one may not.
-            if UnixStream::connect(socket).is_ok() {
-                return Err(e);
-            }
-            std::fs::remove_file(socket)?;
-            UnixListener::bind(socket)
-        }
-        Err(e) => Err(e),
-    }
-}
-
 /// Serve `vmm` on `socket` until it is stopped or the guest ends. Returns the process
-/// exit code: 0 after a clean end or `stop`, 2 when the guest ended with an error.
+/// exit code: 0 after a clean end or `stop`, 2 when the guest ended with an error, 1
+/// when the socket cannot be bound (another process serves it, say).
 pub fn serve(vmm: Vmm, socket: &Path) -> i32 {
     match bind(socket) {
-        Ok(listener) => serve_on(vmm, listener, socket),
+        Ok(listener) => serve_listener(vmm, listener, socket, ServeOptions::default()),
         Err(e) => {
-            eprintln!("zygote: cannot listen on {}: {e}", socket.display());
+            eprintln!("zygote: {e}");
             1
         }
     }
 }
 
-/// [`serve`] on a listener already bound to `socket`.
-fn serve_on(vmm: Vmm, listener: UnixListener, socket: &Path) -> i32 {
+/// [`serve`] on a listener already bound to `socket` (by [`bind`]); `socket` is
+/// removed when serving ends.
+pub fn serve_listener(vmm: Vmm, listener: UnixListener, socket: &Path, opts: ServeOptions) -> i32 {
     let mut server = Server {
         vmm: Some(vmm),
         socket: socket.to_path_buf(),
+        opts,
     };
     let code = server.run(&listener);
     let _ = std::fs::remove_file(socket);
@@ -84,6 +84,7 @@ fn serve_on(vmm: Vmm, listener: UnixListener, socket: &Path) -> i32 {
 struct Server {
     vmm: Option<Vmm>,
     socket: PathBuf,
+    opts: ServeOptions,
 }
 
 enum Flow {
@@ -93,29 +94,64 @@ enum Flow {
 
 impl Server {
     fn run(&mut self, listener: &UnixListener) -> i32 {
+        let mut conns = match Connections::new(listener) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("zygote: control socket {}: {e}", self.socket.display());
+                return 1;
+            }
+        };
         loop {
             if let Some(code) = self.check_guest_ended() {
                 return code;
             }
-            let mut pfd = libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: polling one fd we own.
-            if unsafe { libc::poll(&mut pfd, 1, 100) } <= 0 {
-                continue;
-            }
-            let Ok((stream, _)) = listener.accept() else {
-                continue;
-            };
-            if let Flow::Stop = self.handle_connection(stream) {
-                if let Some(vmm) = self.vmm.take() {
-                    vmm.shutdown();
+            conns.poll(listener, GUEST_CHECK_INTERVAL);
+            for id in conns.ready() {
+                let Some(line) = conns.take_line(id) else {
+                    continue;
+                };
+                let started = Instant::now();
+                let flow = self.answer(&mut conns, id, line);
+                conns.credit(started.elapsed());
+                if let Flow::Stop = flow {
+                    conns.finish_reply(id, LAST_REPLY_LIMIT);
+                    if let Some(vmm) = self.vmm.take() {
+                        vmm.shutdown();
+                    }
+                    return 0;
                 }
-                return 0;
             }
+            conns.reap();
         }
+    }
+
+    /// Handle one line from `id` and queue its reply there.
+    fn answer(&mut self, conns: &mut Connections, id: ConnId, line: Line) -> Flow {
+        let (reply, flow) = match line {
+            Line::TooLong => (
+                Reply::err(
+                    "bad_request",
+                    format!(
+                        "request line exceeds {MAX_REQUEST_LINE} bytes without a newline; \
+                         closing the connection"
+                    ),
+                ),
+                Flow::Continue,
+            ),
+            // Blank lines (keep-alives, a trailing CRLF) get no reply.
+            Line::Request(bytes) if bytes.trim_ascii().is_empty() => return Flow::Continue,
+            Line::Request(bytes) => match serde_json::from_slice::<Request>(&bytes) {
+                Ok(req) => self.handle(req),
+                Err(e) => (
+                    Reply::err("bad_request", format!("invalid request: {e}")),
+                    Flow::Continue,
+                ),
+            },
+        };
+        let mut out = serde_json::to_vec(&reply).unwrap_or_default();
+        out.push(b'\n');
+        conns.reply(id, out);
+        flow
     }
 
     /// Reap children; when the guest has ended, record why and give the exit code.
@@ -127,36 +163,6 @@ impl Server {
         let _ = std::fs::write(exit_file(&self.socket), body.to_string());
         eprintln!("zygote: VM ended: {exit}");
         Some(if exit.is_clean() { 0 } else { 2 })
-    }
-
-    fn handle_connection(&mut self, stream: UnixStream) -> Flow {
-        let _ = stream.set_read_timeout(Some(IDLE_CONNECTION_TIMEOUT));
-        let mut writer = match stream.try_clone() {
-            Ok(w) => w,
-            Err(_) => return Flow::Continue,
-        };
-        for line in BufReader::new(stream).lines() {
-            let Ok(line) = line else { break };
-            if line.trim().is_empty() {
-                continue;
-            }
-            let (reply, flow) = match serde_json::from_str::<Request>(&line) {
-                Ok(req) => self.handle(req),
-                Err(e) => (
-                    Reply::err("bad_request", format!("invalid request: {e}")),
-                    Flow::Continue,
-                ),
-            };
-            let mut out = serde_json::to_vec(&reply).unwrap_or_default();
-            out.push(b'\n');
-            if writer.write_all(&out).is_err() {
-                break;
-            }
-            if let Flow::Stop = flow {
-                return Flow::Stop;
-            }
-        }
-        Flow::Continue
     }
 
     fn handle(&mut self, req: Request) -> (Reply, Flow) {
@@ -188,21 +194,9 @@ impl Server {
                     cgroups: child_cgroups,
                 },
                 ready_timeout_ms,
+                &self.opts,
             ),
-            Request::Snapshot { mode, path } => match vmm.snapshot(mode, &path) {
-                Ok(r) => Reply::ok(SnapshotInfo {
-                    path: r.path,
-                    mode: r.mode,
-                    pause_ms: r.pause.as_secs_f64() * 1e3,
-                    total_ms: r.total.as_secs_f64() * 1e3,
-                    pages_written: r.pages_written,
-                }),
-                Err(e @ SnapshotError::NoBase) => Reply::err("bad_request", e),
-                Err(SnapshotError::Persist(e)) if e.to_string().contains("already exists") => {
-                    Reply::err("bad_request", e)
-                }
-                Err(e) => Reply::err("snapshot_failed", e),
-            },
+            Request::Snapshot { mode, path } => snapshot(vmm, mode, &path, &self.opts),
             Request::ReadMemory { gpa, len } => {
                 if len > MAX_MEMORY_IO {
                     Reply::err("bad_request", format!("len {len} exceeds {MAX_MEMORY_IO}"))
@@ -264,55 +258,8 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
     }
 }
 
-/// Per-child host paths of one branch request.
-struct BranchPaths {
-    sockets: Vec<PathBuf>,
-    consoles: Vec<PathBuf>,
-    vsock: Vec<PathBuf>,
-    taps: Vec<String>,
-    cgroups: Vec<Option<PathBuf>>,
-}
-
-fn validate_branch(p: &BranchPaths) -> Result<(), String> {
-    let sockets = &p.sockets;
-    if sockets.is_empty() || sockets.len() > MAX_BRANCH_COUNT {
-        return Err(format!(
-            "child_sockets must name 1..={MAX_BRANCH_COUNT} sockets"
-        ));
-    }
-    for (name, len) in [
-        ("child_consoles", p.consoles.len()),
-        ("child_vsock", p.vsock.len()),
-        ("child_taps", p.taps.len()),
-        ("child_cgroups", p.cgroups.len()),
-    ] {
-        if len != 0 && len != sockets.len() {
-            return Err(format!("{name} must be empty or match child_sockets"));
-        }
-    }
-    for cg in p.cgroups.iter().flatten() {
-        if !cg.join("cgroup.procs").is_file() {
-            return Err(format!("{} is not a cgroup directory", cg.display()));
-        }
-    }
-    let mut seen = HashSet::new();
-    for s in sockets {
-        if !seen.insert(s) {
-            return Err(format!("duplicate child socket {}", s.display()));
-        }
-        if s.exists() {
-            return Err(format!("child socket {} already exists", s.display()));
-        }
-        match s.parent() {
-            Some(dir) if dir.as_os_str().is_empty() || dir.is_dir() => {}
-            _ => return Err(format!("directory of {} does not exist", s.display())),
-        }
-    }
-    Ok(())
-}
-
-fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
-    if let Err(e) = validate_branch(&paths) {
+fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64, opts: &ServeOptions) -> Reply {
+    if let Err(e) = check_branch(&paths) {
         return Reply::err("bad_request", e);
     }
     let sockets = &paths.sockets;
@@ -324,7 +271,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
             Ok(l) => listeners.push(l),
             Err(e) => {
                 remove_sockets(&sockets[..listeners.len()]);
-                return Reply::err("branch_failed", format!("binding {}: {e}", s.display()));
+                return Reply::err("branch_failed", e);
             }
         }
     }
@@ -345,7 +292,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
         // SAFETY: this child's own listener fd, kept open across the fork; the parent's
         // `UnixListener` objects are never dropped in this process (it never returns).
         let listener = unsafe { UnixListener::from_raw_fd(listener_fds[ctx.index]) };
-        serve_on(ctx.vmm, listener, &sockets[ctx.index])
+        serve_listener(ctx.vmm, listener, &sockets[ctx.index], opts.clone())
     };
     let req = BranchRequest {
         count: sockets.len(),
@@ -380,6 +327,27 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64) -> Reply {
                 e => Reply::err("branch_failed", e),
             }
         }
+    }
+}
+
+fn snapshot(vmm: &mut Vmm, mode: SnapshotMode, path: &Path, opts: &ServeOptions) -> Reply {
+    if let Err(e) = opts.snapshots.check(path) {
+        return Reply::err("bad_request", e);
+    }
+    match vmm.snapshot(mode, path) {
+        Ok(r) => Reply::ok(SnapshotInfo {
+            path: r.path,
+            mode: r.mode,
+            pause_ms: r.pause.as_secs_f64() * 1e3,
+            total_ms: r.total.as_secs_f64() * 1e3,
+            pages_written: r.pages_written,
+        }),
+        Err(e @ SnapshotError::NoBase) => Reply::err("bad_request", e),
+        // The destination appeared after the check.
+        Err(SnapshotError::Persist(e)) if e.to_string().contains("already exists") => {
+            Reply::err("bad_request", e)
+        }
+        Err(e) => Reply::err("snapshot_failed", e),
     }
 }
 
