@@ -35,6 +35,13 @@ pub enum Error {
     SnapshotInUse { id: String, dependents: String },
     #[error("{0}")]
     Conflict(String),
+    /// Checked before writing a snapshot: better than a failed write half-way.
+    #[error("no space left on {dir} ({free_mib} MiB free, up to {needed_mib} MiB needed)")]
+    NoSpace {
+        dir: String,
+        free_mib: u64,
+        needed_mib: u64,
+    },
     #[error("{0}")]
     Unsupported(String),
     #[error("guest: {0}")]
@@ -99,6 +106,7 @@ impl Error {
             Error::Busy(_) => (S::CONFLICT, "sandbox_busy"),
             Error::SnapshotInUse { .. } => (S::CONFLICT, "snapshot_in_use"),
             Error::Conflict(_) => (S::CONFLICT, "conflict"),
+            Error::NoSpace { .. } => (S::INSUFFICIENT_STORAGE, "no_space"),
             Error::Unsupported(_) => (S::UNPROCESSABLE_ENTITY, "unsupported"),
             Error::Guest(e) => match e.code() {
                 Some(ErrorCode::NotFound) => (S::NOT_FOUND, "guest_not_found"),

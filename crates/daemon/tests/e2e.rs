@@ -483,9 +483,29 @@ async fn assert_agent_channel_private(c: &Client, sb: &Sandbox, state: &Path) {
     for (path, mode) in [
         (state.to_path_buf(), 0o700),
         (state.join("zygote.db"), 0o600),
+        (state.join("agent.key"), 0o600),
     ] {
         let got = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(got, mode, "{} is {got:o}", path.display());
+    }
+    // Reaching the channel is not enough: the agent wants the sandbox's token. (The
+    // kvm runtime's hybrid-vsock socket takes more than one connection; QEMU's chardev
+    // serves only the daemon's, so the qemu runtime is covered by the agent's tests.)
+    if sb.runtime == "kvm" {
+        let sock = state.join("vms").join(&sb.id).join("vsock.sock");
+        let stranger = zygote_proto::client::AgentClient::connect_vsock_uds(
+            &sock,
+            zygote_proto::DEFAULT_VSOCK_PORT,
+        )
+        .unwrap_or_else(|e| panic!("connecting to {}: {e}", sock.display()));
+        let refused = stranger.health().expect_err("no hello");
+        assert_eq!(
+            refused.code(),
+            Some(zygote_proto::ErrorCode::Unauthorized),
+            "{refused}"
+        );
+        let refused = stranger.hello("guessed", None).expect_err("a wrong token");
+        assert_eq!(refused.code(), Some(zygote_proto::ErrorCode::Unauthorized));
     }
 }
 

@@ -76,6 +76,7 @@ impl Drop for Reaper {
 fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
     let dir = root.join("vms").join(name);
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(root.join("snapshots")).unwrap();
     StartSpec {
         dir,
         disk: root.join("layers").join(format!("{name}.qcow2")),
@@ -89,6 +90,8 @@ fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
             token: format!("token-of-{name}"),
             boot_token: None,
         },
+        // Confined as the daemon does it: every snapshot of this test goes under here.
+        snapshot_root: Some(root.join("snapshots")),
     }
 }
 

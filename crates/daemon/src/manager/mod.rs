@@ -11,6 +11,7 @@ mod ops;
 mod recovery;
 mod startup;
 mod ttl;
+mod watch;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,6 +37,9 @@ pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
 pub const STATE_PAUSED: &str = "paused";
 pub const STATE_DEAD: &str = "dead";
+/// Shown (never stored) while a running sandbox's VM lives but has stopped running its
+/// guest (`exit_reason` says why, e.g. a full host disk): see `watch`.
+pub const STATE_ERROR: &str = "error";
 /// Being deleted: a daemon restarted after a crash finishes the deletion.
 pub const STATE_DELETING: &str = "deleting";
 
@@ -55,6 +59,13 @@ pub struct Dirs {
 
 impl Dirs {
     pub fn new(state: PathBuf) -> Result<Dirs> {
+        // Absolute: paths under it go into VM command lines and records, and the VMM
+        // refuses relative snapshot paths.
+        std::fs::create_dir_all(&state)
+            .map_err(Error::io(format!("creating {}", state.display())))?;
+        let state = state
+            .canonicalize()
+            .map_err(Error::io(format!("resolving {}", state.display())))?;
         let d = Dirs {
             vms: state.join("vms"),
             layers: state.join("layers"),
@@ -87,6 +98,10 @@ pub struct Manager {
     /// connection at a time (the qemu runtime's virtio-serial port), so two requests
     /// must never both connect; the second waits and takes the first one's client.
     connecting: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Running sandboxes whose VM stopped on its own, with the reason (`watch`). Kept in
+    /// memory, not in the database: the fault is often a full disk, the database's too,
+    /// and the watcher finds it again within seconds of a restart.
+    faults: Mutex<HashMap<String, String>>,
 }
 
 pub fn now() -> u64 {
@@ -127,6 +142,7 @@ impl Manager {
             locks: Mutex::new(HashMap::new()),
             agents: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
+            faults: Mutex::new(HashMap::new()),
         }
     }
 
@@ -149,7 +165,17 @@ impl Manager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        self.set_fault(id, None);
         self.forget_agent(id);
+    }
+
+    /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.
+    pub(crate) fn set_fault(&self, id: &str, reason: Option<String>) {
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        match reason {
+            Some(r) => faults.insert(id.to_string(), r),
+            None => faults.remove(id),
+        };
     }
 
     /// Drops the cached agent connection (the VM changed or went away).
@@ -184,11 +210,26 @@ impl Manager {
         Ok(self.db.sandboxes()?.iter().map(|r| self.view(r)).collect())
     }
 
+    /// Why a running sandbox's VM stopped on its own, if it did.
+    pub(crate) fn fault(&self, id: &str) -> Option<String> {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
     fn view(&self, r: &SandboxRow) -> Sandbox {
+        let fault = (r.state == STATE_RUNNING)
+            .then(|| self.fault(&r.id))
+            .flatten();
         Sandbox {
             id: r.id.clone(),
             name: r.name.clone(),
-            state: r.state.clone(),
+            state: match fault {
+                Some(_) => STATE_ERROR.into(),
+                None => r.state.clone(),
+            },
             runtime: r.runtime.clone(),
             origin: r.origin.clone(),
             hostname: r.hostname.clone(),
@@ -199,7 +240,7 @@ impl Manager {
             limits: r.limits.clone(),
             cgroup: r.cgroup.clone(),
             depends_on: r.depends_on.clone(),
-            exit_reason: r.exit_reason.clone(),
+            exit_reason: fault.or_else(|| r.exit_reason.clone()),
             exited_at: r.exited_at,
             ttl_secs: r.ttl_secs,
             expires_at: r.expires_at,
@@ -380,6 +421,7 @@ impl Manager {
                 token: self.dirs.agent_key.token(&row.id),
                 boot_token,
             },
+            snapshot_root: Some(self.dirs.snapshots.clone()),
         })
     }
 
@@ -532,10 +574,19 @@ impl Manager {
 
     pub(crate) fn running_vm(&self, row: &SandboxRow) -> Result<VmRecord> {
         match (&row.vm, row.state.as_str()) {
-            (Some(vm), STATE_RUNNING | STATE_PAUSED) => Ok(vm.clone()),
+            (Some(vm), STATE_RUNNING | STATE_PAUSED) => match self.fault(&row.id) {
+                None => Ok(vm.clone()),
+                Some(why) => Err(Error::NotRunning {
+                    id: row.id.clone(),
+                    state: format!("{STATE_ERROR} ({why})"),
+                }),
+            },
             _ => Err(Error::NotRunning {
                 id: row.id.clone(),
-                state: row.state.clone(),
+                state: match &row.exit_reason {
+                    Some(why) if row.state == STATE_DEAD => format!("{} ({why})", row.state),
+                    _ => row.state.clone(),
+                },
             }),
         }
     }

@@ -30,6 +30,22 @@ impl Manager {
         Ok(())
     }
 
+    /// Refuses a capture the snapshot directory's filesystem has no room for.
+    fn check_space(&self, kind: SnapshotKind, mem_mib: u32) -> Result<()> {
+        let Some(needed) = self.runtime.capture_bytes(kind, mem_mib) else {
+            return Ok(());
+        };
+        let dir = &self.dirs.snapshots;
+        match super::watch::free_bytes(dir) {
+            Some(free) if free < needed => Err(Error::NoSpace {
+                dir: dir.display().to_string(),
+                free_mib: free >> 20,
+                needed_mib: needed.div_ceil(1 << 20),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Records a capture (snapshot or branch) about to start: the sandbox shows `paused`
     /// while its vCPUs may be stopped, and the intent record tells a daemon restarted
     /// after a crash to finish or undo it (`recovery`).
@@ -46,6 +62,7 @@ impl Manager {
         let mut row = self.sandbox_row(&req.sandbox)?;
         let mut vm = self.running_vm(&row)?;
         self.check_kind(kind)?;
+        self.check_space(kind, row.mem_mib)?;
         let id = new_id("snap");
         let dir = self.dirs.snapshots.join(&id);
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
@@ -96,6 +113,7 @@ impl Manager {
         let _guard = self.lock(parent_id).await;
         let mut parent = self.sandbox_row(parent_id)?;
         let mut vm = self.running_vm(&parent)?;
+        self.check_space(SnapshotKind::Branch, parent.mem_mib)?;
         let point_id = new_id("snap");
         let point_dir = self.dirs.snapshots.join(&point_id);
         std::fs::create_dir_all(&point_dir)

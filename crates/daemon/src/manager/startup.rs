@@ -1,7 +1,6 @@
-//! Start-up re-attachment and the watch on VM processes.
+//! Start-up: re-attachment, and finishing or undoing what a crash interrupted.
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::recovery::kill_unrecorded;
 use super::{
@@ -11,9 +10,6 @@ use crate::cgroup;
 use crate::db::SandboxRow;
 use crate::error::Result;
 use crate::procs::ProcId;
-
-/// How often VM processes are checked for unexpected exits.
-const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Manager {
     /// Brings the database and the host back in agreement after a (re)start:
@@ -99,44 +95,5 @@ impl Manager {
             }
         }
         self.db.put_sandbox(row)
-    }
-
-    /// Watches running VMs; a VM that exits without being asked to is
-    /// recorded as dead with the reason.
-    pub async fn watch(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(WATCH_INTERVAL);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Err(e) = self.check_all().await {
-                tracing::warn!("watching VMs: {e}");
-            }
-        }
-    }
-
-    async fn check_all(self: &Arc<Self>) -> Result<()> {
-        for row in self.db.sandboxes()? {
-            if row.state != STATE_RUNNING || row.vm.is_none() {
-                continue;
-            }
-            // Busy sandboxes are being changed on purpose; look next time.
-            let Ok(_guard) = self.lock_for(&row.id).try_lock_owned() else {
-                continue;
-            };
-            // Re-read under the lock: a delete may have just finished.
-            let Some(mut row) = self.db.sandbox(&row.id)? else {
-                continue;
-            };
-            let Some(vm) = row.vm.clone() else { continue };
-            if vm.process.is_alive() || row.state != STATE_RUNNING {
-                continue;
-            }
-            let rt = self.runtime.clone();
-            if let Some(exit) = self.blocking(move || rt.exit_status(&vm)).await? {
-                self.mark_dead(&mut row, exit.reason)?;
-                self.forget_agent(&row.id);
-            }
-        }
-        Ok(())
     }
 }

@@ -151,7 +151,9 @@ pub struct CgroupReport {
 pub struct Sandbox {
     pub id: String,
     pub name: Option<String>,
-    /// `creating`, `running`, `paused` (during branch/snapshot), `dead`, `deleting`.
+    /// `creating`, `running`, `paused` (during branch/snapshot), `error` (the VM lives
+    /// but stopped running its guest, e.g. on a full host disk: `exit_reason` says why;
+    /// it goes on by itself once that is fixed), `dead`, `deleting`.
     pub state: String,
     /// `qemu` or `kvm`.
     pub runtime: String,

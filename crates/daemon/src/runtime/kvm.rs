@@ -22,7 +22,7 @@ use zygote_vmm::control::{ControlClient, Request};
 use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY_FILE};
 
 use super::kvm_cmd::{self, Boot, VmFiles};
-use super::{guest_agent, supervisor, BootSource, Exit, Runtime, RuntimeError};
+use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
 use super::{SnapshotData, StartSpec, VmRecord};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
@@ -114,7 +114,12 @@ impl KvmRuntime {
             }
             (BootSource::Image(_), Guest::Probe { scenario }) => Boot::Probe { scenario },
         };
-        Ok(kvm_cmd::serve_argv(files, &boot, spec.mem_mib, spec.vcpus))
+        let mut argv = kvm_cmd::serve_argv(files, &boot, spec.mem_mib, spec.vcpus);
+        if let Some(root) = &spec.snapshot_root {
+            argv.push("--snapshot-root".into());
+            argv.push(root.display().to_string());
+        }
+        Ok(argv)
     }
 
     /// Spawns `vm serve` under the supervisor and waits for its control socket.
@@ -340,6 +345,15 @@ impl Runtime for KvmRuntime {
         Ok(snapshot_data(snap_dir, &vm_dir, info.pause_ms))
     }
 
+    fn capture_bytes(&self, kind: SnapshotKind, mem_mib: u32) -> Option<u64> {
+        match kind {
+            // A sparse memory file of the touched pages, at most all of RAM.
+            SnapshotKind::Full => Some(u64::from(mem_mib) << 20),
+            // Dirty pages only (unknown until taken); a branch writes no files.
+            SnapshotKind::Diff | SnapshotKind::Live | SnapshotKind::Branch => None,
+        }
+    }
+
     fn branch(
         &self,
         parent: &mut VmRecord,
@@ -418,6 +432,26 @@ impl Runtime for KvmRuntime {
         let mut data = snapshot_data(snap_dir, &vm_dir, 0.0);
         data.pause_ms = None;
         Ok(Some(data))
+    }
+
+    fn run_state(&self, vm: &VmRecord) -> Result<RunState, RuntimeError> {
+        // Guest RAM and the root disk live in the VMM's memory: no host disk can fill
+        // under a running guest. What remains is the VM having stopped.
+        let st = status(&vm.control)?;
+        Ok(match st.state {
+            VmRunState::Stopped => RunState::Faulted {
+                reason: format!("the VM stopped: {:?}", st.exit),
+                resumable: false,
+            },
+            _ => RunState::Running,
+        })
+    }
+
+    fn resume(&self, vm: &VmRecord) -> Result<(), RuntimeError> {
+        control(&vm.control)
+            .request::<StatusInfo>(&Request::Resume)
+            .map(drop)
+            .map_err(ctl_err)
     }
 
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {

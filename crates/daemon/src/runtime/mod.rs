@@ -129,6 +129,18 @@ pub struct StartSpec {
     pub hostname: String,
     /// The agent's tokens (the sandbox's own, and the one the guest starts with).
     pub auth: guest_agent::AgentAuth,
+    /// Where the VM may write snapshots (the kvm runtime's VMM refuses other paths).
+    pub snapshot_root: Option<PathBuf>,
+}
+
+/// What a live VM is doing, as the VM itself reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunState {
+    /// Running guest code (or paused by the daemon's own operation).
+    Running,
+    /// Stopped on its own: an I/O error (a full host disk), a guest panic, an internal
+    /// error. `resumable`: it can go on once the cause is gone (see [`Runtime::resume`]).
+    Faulted { reason: String, resumable: bool },
 }
 
 /// A VM that is gone, and why.
@@ -164,6 +176,11 @@ pub trait Runtime: Send + Sync {
         next_disk: &Path,
     ) -> Result<SnapshotData, RuntimeError>;
 
+    /// The most bytes [`Runtime::snapshot`] of a `mem_mib` VM writes into the
+    /// snapshot directory (checked against the free space first), if it writes any
+    /// whose size is known up front.
+    fn capture_bytes(&self, kind: SnapshotKind, mem_mib: u32) -> Option<u64>;
+
     /// Branches `parent` into `children.len()` new VMs sharing its state at
     /// one instant; `point_dir`/`next_disk` as for [`Runtime::snapshot`].
     /// Returns the branch point and one result per child.
@@ -191,6 +208,13 @@ pub trait Runtime: Send + Sync {
     /// After a daemon restart: makes sure an alive VM is usable again
     /// (e.g. resumes one left paused by an interrupted snapshot).
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError>;
+
+    /// The live VM's own run state (the watcher asks: a process that lives may still
+    /// have stopped running its guest).
+    fn run_state(&self, vm: &VmRecord) -> Result<RunState, RuntimeError>;
+
+    /// Lets a VM that stopped on its own ([`RunState::Faulted`] with `resumable`) go on.
+    fn resume(&self, vm: &VmRecord) -> Result<(), RuntimeError>;
 
     /// None while the VM process lives; otherwise why it ended.
     fn exit_status(&self, vm: &VmRecord) -> Option<Exit>;

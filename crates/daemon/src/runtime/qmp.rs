@@ -143,6 +143,16 @@ impl Qmp {
         .map(drop)
     }
 
+    /// The I/O status of a block device (`ok`, `failed`, `nospace`), if it reports one.
+    pub fn io_status(&mut self, device: &str) -> Result<Option<String>, QmpError> {
+        let devices = self.execute("query-block", json!({}))?;
+        Ok(devices.as_array().into_iter().flatten().find_map(|d| {
+            (d["device"] == device)
+                .then(|| d["io-status"].as_str().map(str::to_string))
+                .flatten()
+        }))
+    }
+
     /// The file at the top of a block device's chain (the layer the guest writes).
     pub fn active_image(&mut self, device: &str) -> Result<Option<PathBuf>, QmpError> {
         let devices = self.execute("query-block", json!({}))?;
