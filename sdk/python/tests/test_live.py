@@ -95,6 +95,11 @@ def test_files_write_read_list(sb: Sandbox) -> None:
     # Files written through the API are visible to programs and vice versa.
     sb.commands.run("echo from-shell > /root/work/shell.txt", check=True)
     assert sb.files.read("/root/work/shell.txt") == "from-shell\n"
+    # A device file is refused unless asked for (reading /dev/zero used to buffer
+    # without end); asked for, it is read, bounded by the daemon.
+    with pytest.raises(zygote.InvalidArgument):
+        sb.files.read_bytes("/dev/null")
+    assert sb.files.read_bytes("/dev/null", special=True) == b""
 
 
 def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> None:

@@ -90,13 +90,18 @@ export class Files {
     return `/v1/sandboxes/${seg(this.sb.id)}/files${suffix}`;
   }
 
-  /** The file as UTF-8 text; throws {@link FileNotFound}. */
-  async read(path: string): Promise<string> {
-    return new TextDecoder().decode(await this.readBytes(path));
+  /**
+   * The file as UTF-8 text; throws {@link FileNotFound}. A device, FIFO or socket is
+   * refused unless `special: true` (then read up to the daemon's 64 MiB limit).
+   */
+  async read(path: string, opts: { special?: boolean } = {}): Promise<string> {
+    return new TextDecoder().decode(await this.readBytes(path, opts));
   }
 
-  async readBytes(path: string): Promise<Uint8Array> {
-    const resp = await this.sb.client.request("GET", this.path(), { query: { path } });
+  async readBytes(path: string, opts: { special?: boolean } = {}): Promise<Uint8Array> {
+    const query: Record<string, string> = { path };
+    if (opts.special) query.special = "true";
+    const resp = await this.sb.client.request("GET", this.path(), { query });
     return new Uint8Array(await resp.arrayBuffer());
   }
 

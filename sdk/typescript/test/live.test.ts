@@ -86,6 +86,9 @@ describe("live zygoted", { skip }, () => {
     assert.equal(entries.find((e) => e.name === "blob.bin")?.size, 1024);
     await sb.files.write("/root/ts/run.sh", "#!/bin/sh\necho ran\n", { mode: 0o755 });
     assert.equal((await sb.commands.run(["/root/ts/run.sh"])).stdout, "ran\n");
+    // A device file is refused unless asked for; asked for, it is read.
+    await assert.rejects(sb.files.readBytes("/dev/null"));
+    assert.equal((await sb.files.readBytes("/dev/null", { special: true })).length, 0);
   });
 
   test("error cases: timeout, missing file/sandbox, bad program, bad token", async () => {

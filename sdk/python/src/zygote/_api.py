@@ -176,8 +176,11 @@ def logs(sid: str) -> Call[str]:
     return Call("GET", f"/v1/sandboxes/{seg(sid)}/logs", lambda r: r.text)
 
 
-def read_file(sid: str, path: str) -> Call[bytes]:
-    return Call("GET", f"/v1/sandboxes/{seg(sid)}/files", lambda r: r.content, params={"path": path})
+def read_file(sid: str, path: str, special: bool = False) -> Call[bytes]:
+    params = {"path": path}
+    if special:
+        params["special"] = "true"
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}/files", lambda r: r.content, params=params)
 
 
 def write_file(sid: str, path: str, data: Union[str, bytes], mode: Optional[int] = None) -> Call[WriteResult]:

@@ -63,11 +63,11 @@ class AsyncFiles:
     def __init__(self, sandbox: "AsyncSandbox") -> None:
         self._sb = sandbox
 
-    async def read(self, path: str) -> str:
-        return (await self.read_bytes(path)).decode("utf-8")
+    async def read(self, path: str, *, special: bool = False) -> str:
+        return (await self.read_bytes(path, special=special)).decode("utf-8")
 
-    async def read_bytes(self, path: str) -> bytes:
-        return await self._sb.client.call(_api.read_file(self._sb.id, path))
+    async def read_bytes(self, path: str, *, special: bool = False) -> bytes:
+        return await self._sb.client.call(_api.read_file(self._sb.id, path, special))
 
     async def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> WriteResult:
         return await self._sb.client.call(_api.write_file(self._sb.id, path, data, mode))

@@ -75,13 +75,14 @@ class Files:
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
 
-    def read(self, path: str) -> str:
+    def read(self, path: str, *, special: bool = False) -> str:
         """The file as UTF-8 text (use :meth:`read_bytes` for binary files).
-        Raises :class:`~zygote.errors.FileNotFound`."""
-        return self.read_bytes(path).decode("utf-8")
+        Raises :class:`~zygote.errors.FileNotFound`. A device, FIFO or socket is
+        refused unless ``special=True`` (then read up to the daemon's 64 MiB limit)."""
+        return self.read_bytes(path, special=special).decode("utf-8")
 
-    def read_bytes(self, path: str) -> bytes:
-        return self._sb.client.call(_api.read_file(self._sb.id, path))
+    def read_bytes(self, path: str, *, special: bool = False) -> bytes:
+        return self._sb.client.call(_api.read_file(self._sb.id, path, special))
 
     def write(self, path: str, data: Union[str, bytes], *, mode: Optional[int] = None) -> WriteResult:
         """Atomically replaces ``path`` (parent directories are created);
