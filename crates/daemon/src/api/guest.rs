@@ -3,10 +3,12 @@ use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::system::ndjson;
 use super::{ApiBytes, ApiJson, ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
+use crate::manager::FileBody;
 use crate::model::{DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, WriteResult};
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
@@ -46,15 +48,22 @@ pub async fn exec_stream(
     responses((status = 200, description = "File contents", content_type = "application/octet-stream", body = Vec<u8>),
               (status = 400, description = "Relative or bad path, or not a regular file without special=true", body = ErrorBody),
               (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
-              (status = 413, description = "More than 64 MiB read", body = ErrorBody)))]
+              (status = 413, description = "A device or FIFO (special=true) gave more than 64 MiB; regular files are streamed whatever their size", body = ErrorBody)))]
 pub async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response> {
     let special = q.special.unwrap_or(false);
-    let data = st.manager.read_file(&id, q.path, special).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+    let octets = [(header::CONTENT_TYPE, "application/octet-stream")];
+    Ok(match st.manager.read_file(&id, q.path, special).await? {
+        FileBody::Whole(data) => (octets, data).into_response(),
+        // Chunked: the file may change size while it is read.
+        FileBody::Stream { chunks, .. } => {
+            let body = axum::body::Body::from_stream(ReceiverStream::new(chunks));
+            (octets, body).into_response()
+        }
+    })
 }
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",

@@ -179,43 +179,46 @@ impl Manager {
         Ok(rx)
     }
 
-    /// A file's contents, at most [`MAX_FILE_BYTES`] of them: the bound holds for the
-    /// bytes actually read, so a guest file that reports size 0 or never ends (/proc,
-    /// /dev/zero with `special`) cannot make the daemon buffer more.
+    /// A guest file for the API. A regular file is streamed chunk by chunk as the client
+    /// takes them ([`FileBody::Stream`]): the daemon holds at most a couple of chunks,
+    /// whatever the file's size, and stops reading in the guest when the client goes
+    /// away. Anything else (a device, FIFO or socket) only with `special`, read whole up
+    /// to [`MAX_FILE_BYTES`]: the bound holds for the bytes actually read, so /dev/zero
+    /// cannot make the daemon buffer more. The first chunk is read before answering, so
+    /// a missing or unreadable file is an error status, not a broken body.
     pub async fn read_file(
         self: &Arc<Self>,
         id: &str,
         path: String,
         special: bool,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<FileBody> {
         validate_guest_path(&path)?;
-        let shown = path.clone();
-        let read = self
-            .agent_call(id, move |c| {
-                let meta = c.stat(&path)?;
-                if meta.kind == FileKind::Other && !special {
-                    return Ok(ReadOutcome::NotRegular);
-                }
-                if meta.size > MAX_FILE_BYTES as u64 {
-                    return Ok(ReadOutcome::TooLarge);
-                }
-                Ok(match c.read_file_up_to(&path, MAX_FILE_BYTES as u64)? {
-                    Some(data) => ReadOutcome::Data(data),
-                    None => ReadOutcome::TooLarge,
-                })
-            })
-            .await?;
-        match read {
-            ReadOutcome::Data(data) => Ok(data),
-            ReadOutcome::TooLarge => Err(Error::PayloadTooLarge {
+        let p = path.clone();
+        let meta = self.agent_call(id, move |c| c.stat(&p)).await?;
+        if meta.kind == FileKind::Other {
+            if !special {
+                return Err(Error::invalid(format!(
+                    "{path} is not a regular file (a device, FIFO or socket); add \
+                     special=true to read it anyway (at most {} MiB)",
+                    MAX_FILE_BYTES >> 20
+                )));
+            }
+            let read = self
+                .agent_call(id, move |c| c.read_file_up_to(&path, MAX_FILE_BYTES as u64))
+                .await?;
+            return read.map(FileBody::Whole).ok_or(Error::PayloadTooLarge {
                 limit: MAX_FILE_BYTES,
-            }),
-            ReadOutcome::NotRegular => Err(Error::invalid(format!(
-                "{shown} is not a regular file (a device, FIFO or socket); add special=true \
-                 to read it anyway (at most {} MiB)",
-                MAX_FILE_BYTES >> 20
-            ))),
+            });
         }
+        let p = path.clone();
+        let first = self
+            .agent_call(id, move |c| c.read_file_range(&p, 0, Some(STREAM_CHUNK)))
+            .await?;
+        let size = first.size;
+        let (tx, chunks) = mpsc::channel(1);
+        let client = self.agent(id).await?;
+        tokio::task::spawn_blocking(move || stream_file(&client, &path, first, &tx));
+        Ok(FileBody::Stream { size, chunks })
     }
 
     pub async fn write_file(
@@ -277,8 +280,56 @@ impl Manager {
 }
 
 /// What reading a guest file came to (decided in the agent call, answered after it).
-enum ReadOutcome {
-    Data(Vec<u8>),
-    TooLarge,
-    NotRegular,
+/// Bytes asked of the agent per request while streaming a file.
+const STREAM_CHUNK: u64 = 1 << 20;
+
+/// A guest file's contents, as [`Manager::read_file`] hands them to the API.
+pub enum FileBody {
+    Whole(Vec<u8>),
+    /// Chunks in order; an error ends the stream early (the client sees a cut body).
+    Stream {
+        /// The size the guest reported when the read began.
+        size: u64,
+        chunks: mpsc::Receiver<std::io::Result<bytes::Bytes>>,
+    },
+}
+
+/// Sends `first` and the rest of the file down `tx`, one chunk at a time; stops as soon
+/// as the receiver is gone (the HTTP client left), so the guest reads no further.
+fn stream_file(
+    client: &AgentClient,
+    path: &str,
+    first: zygote_proto::FileChunk,
+    tx: &mpsc::Sender<std::io::Result<bytes::Bytes>>,
+) {
+    let mut chunk = first;
+    let mut offset = 0u64;
+    loop {
+        if chunk.offset != offset {
+            let e = format!("{path}: asked for offset {offset}, got {}", chunk.offset);
+            let _ = tx.blocking_send(Err(std::io::Error::other(e)));
+            return;
+        }
+        if chunk.data.is_empty() && !chunk.eof {
+            let e = format!("{path}: empty chunk before the end of the file");
+            let _ = tx.blocking_send(Err(std::io::Error::other(e)));
+            return;
+        }
+        offset += chunk.data.len() as u64;
+        let eof = chunk.eof;
+        if !chunk.data.is_empty() && tx.blocking_send(Ok(chunk.data.into())).is_err() {
+            tracing::debug!("reading {path}: the client left at byte {offset}");
+            return;
+        }
+        if eof {
+            return;
+        }
+        chunk = match client.read_file_range(path, offset, Some(STREAM_CHUNK)) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = tx.blocking_send(Err(std::io::Error::other(format!("{path}: {e}"))));
+                return;
+            }
+        };
+    }
 }

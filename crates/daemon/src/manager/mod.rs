@@ -7,6 +7,7 @@
 //! access do not, so a long exec never delays a delete.
 mod exec_cancel;
 mod guest;
+pub use guest::FileBody;
 mod ops;
 mod recovery;
 mod startup;
