@@ -19,8 +19,19 @@ pub enum Error {
     MalformedBody(String),
     #[error("{0}")]
     InvalidArgument(String),
-    #[error("request body exceeds {limit} bytes")]
+    /// Data over the size limit of one request (a guest file read).
+    #[error("more than {limit} bytes, the limit for one request")]
     PayloadTooLarge { limit: usize },
+    /// A request body over its route's limit; `what` names the kind of body.
+    #[error("{what} may be at most {limit} bytes; this one is larger")]
+    BodyTooLarge { what: &'static str, limit: usize },
+    /// A request the guest agent could not take in one frame (an exec's argv, env
+    /// and stdin): the client's to shrink (a 413), not a broken agent channel (a 502).
+    #[error(
+        "the request is {len} bytes as the guest agent receives it (for an exec: argv, \
+         env, cwd and stdin in base64), over the agent's limit of {limit} bytes"
+    )]
+    AgentRequestTooLarge { len: usize, limit: usize },
     #[error("{what} {id:?} not found")]
     NotFound { what: &'static str, id: String },
     #[error("no route {method} {path}")]
@@ -82,11 +93,15 @@ impl Error {
     }
 
     /// An agent error: failures the guest reports about the request
-    /// (missing file, bad path, ...) are the caller's 4xx; a broken
-    /// connection is the daemon's 502.
+    /// (missing file, bad path, ...) are the caller's 4xx, and so is a request
+    /// too large for one agent frame (validation refuses those first; this is
+    /// the backstop); a broken connection is the daemon's 502.
     pub fn agent(e: ClientError) -> Error {
-        match &e {
+        match e {
             ClientError::Agent(_) => Error::Guest(e),
+            ClientError::RequestTooLarge { len, max } => {
+                Error::AgentRequestTooLarge { len, limit: max }
+            }
             _ => Error::AgentUnreachable(e),
         }
     }
@@ -98,7 +113,9 @@ impl Error {
             Error::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
             Error::MalformedBody(_) => (S::BAD_REQUEST, "malformed_body"),
             Error::InvalidArgument(_) => (S::BAD_REQUEST, "invalid_argument"),
-            Error::PayloadTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Error::PayloadTooLarge { .. }
+            | Error::BodyTooLarge { .. }
+            | Error::AgentRequestTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Error::NotFound { .. } => (S::NOT_FOUND, "not_found"),
             Error::RouteNotFound { .. } => (S::NOT_FOUND, "route_not_found"),
             Error::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),

@@ -1,25 +1,35 @@
 //! The API without booting VMs: auth, input validation (always 4xx with the
-//! JSON error shape), listeners (TCP, TLS, Unix socket), the served OpenAPI
-//! document and info.
+//! JSON error shape), oversize requests (413 before any sandbox is involved),
+//! listeners (TCP, TLS, Unix socket), the served OpenAPI document and info.
 mod common;
 
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 
 use bytes::Bytes;
 use hyper::Method;
 use serde_json::{json, Value};
 use zygote_daemon::client::{Client, ClientError};
+use zygote_daemon::model::{MAX_FILE_BYTES, MAX_JSON_BODY_BYTES};
+use zygote_proto::MAX_FRAME_LEN;
 
-use common::start_daemon;
+use common::{start_daemon, Daemon};
 
-fn fake_cgroups(dir: &std::path::Path) -> String {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("cgroup.controllers"), "").unwrap();
-    dir.display().to_string()
+/// A daemon on `tmp` with `args` and a cgroup root without controllers.
+fn daemon(tmp: &tempfile::TempDir, args: &[&str]) -> Daemon {
+    let cg = tmp.path().join("cg");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "").unwrap();
+    let cg = cg.display().to_string();
+    let args = [args, &["--cgroup-root", &cg]].concat();
+    start_daemon(&tmp.path().join("state"), &args)
 }
 
-async fn status_code(c: &Client, method: Method, path: &str, body: Option<&str>) -> (u16, String) {
-    let body = body.map(|b| (Bytes::from(b.to_string()), "application/json"));
+const LOOPBACK: [&str; 2] = ["--listen", "127.0.0.1:0"];
+
+/// Status and JSON body of a request; an error has a non-empty message.
+async fn request(c: &Client, method: Method, path: &str, body: Option<Bytes>) -> (u16, Value) {
+    let body = body.map(|b| (b, "application/json"));
     let resp = c.send(method, path, body).await.expect("request");
     let status = resp.status().as_u16();
     let bytes = http_body_util::BodyExt::collect(resp.into_body())
@@ -28,7 +38,6 @@ async fn status_code(c: &Client, method: Method, path: &str, body: Option<&str>)
         .to_bytes();
     let v: Value = serde_json::from_slice(&bytes)
         .unwrap_or_else(|_| panic!("{path}: not JSON: {}", String::from_utf8_lossy(&bytes)));
-    let code = v["error"]["code"].as_str().unwrap_or("").to_string();
     if status >= 400 {
         assert!(
             v["error"]["message"]
@@ -37,17 +46,39 @@ async fn status_code(c: &Client, method: Method, path: &str, body: Option<&str>)
             "{v}"
         );
     }
-    (status, code)
+    (status, v)
+}
+
+async fn status_code(c: &Client, method: Method, path: &str, body: Option<&str>) -> (u16, String) {
+    let body = body.map(|b| Bytes::from(b.to_string()));
+    let (status, v) = request(c, method, path, body).await;
+    (
+        status,
+        v["error"]["code"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// One HTTP/1.1 exchange written by hand (for what the client never sends): the
+/// status and the JSON body.
+fn raw_http(url: &str, head: &str) -> (u16, Value) {
+    let addr = url.strip_prefix("http://").expect("an http:// daemon");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!("{head}Host: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp.split(' ').nth(1).and_then(|c| c.parse().ok());
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (
+        status.unwrap_or_else(|| panic!("no status line: {resp:?}")),
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {resp:?}")),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_validation_and_documents() {
     let tmp = tempfile::tempdir().unwrap();
-    let cg = fake_cgroups(&tmp.path().join("cg"));
-    let d = start_daemon(
-        &tmp.path().join("state"),
-        &["--listen", "127.0.0.1:0", "--cgroup-root", &cg],
-    );
+    let d = daemon(&tmp, &LOOPBACK);
     let mode = std::fs::metadata(d.state.join("token"))
         .unwrap()
         .permissions()
@@ -410,25 +441,100 @@ async fn auth_validation_and_documents() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = daemon(&tmp, &LOOPBACK);
+    let token = d.token();
+    for scheme in ["Bearer", "bearer", "BEARER", "bEaReR"] {
+        let head = format!("GET /v1/info HTTP/1.1\r\nAuthorization: {scheme} {token}\r\n");
+        let (status, info) = raw_http(&d.url, &head);
+        assert_eq!(status, 200, "{scheme}: {info}");
+        assert!(info["runtime"]["name"].is_string(), "{info}");
+    }
+    for value in [
+        format!("Basic {token}"),
+        format!("Bearer{token}"),
+        "bearer nope".into(),
+    ] {
+        let head = format!("GET /v1/info HTTP/1.1\r\nAuthorization: {value}\r\n");
+        let (status, body) = raw_http(&d.url, &head);
+        assert_eq!(
+            (status, &body["error"]["code"]),
+            (401, &json!("unauthorized")),
+            "{value}"
+        );
+    }
+}
+
+/// A 413 whose message states `limit`.
+fn assert_too_large(status: u16, v: &Value, limit: usize) {
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (413, &json!("payload_too_large")),
+        "{v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&limit.to_string()),
+        "limit {limit} not stated: {v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversize_requests_get_413_stating_the_limit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = daemon(&tmp, &LOOPBACK);
+    let c = d.client();
+    let exec_of = |arg_len: usize| {
+        Bytes::from(serde_json::to_vec(&json!({"argv": ["echo", "x".repeat(arg_len)]})).unwrap())
+    };
+    // Over the JSON body limit (nothing past the limit is kept), and under it but over
+    // the guest agent's frame: the 502 this was, from the agent client, with a sandbox.
+    let (huge, big) = (exec_of(40 << 20), exec_of(20 << 20));
+    for (body, limit) in [(huge, MAX_JSON_BODY_BYTES), (big, MAX_FRAME_LEN)] {
+        for route in ["exec", "exec/stream"] {
+            let path = format!("/v1/sandboxes/sb-none/{route}");
+            let (status, v) = request(&c, Method::POST, &path, Some(body.clone())).await;
+            assert_too_large(status, &v, limit);
+        }
+    }
+    // A declared size over every limit: answered without a body sent (or read).
+    for (head, limit) in [
+        ("PUT /v1/sandboxes/sb-none/files?path=/x", MAX_FILE_BYTES),
+        ("POST /v1/sandboxes", MAX_JSON_BODY_BYTES),
+    ] {
+        let (token, len) = (d.token(), MAX_FILE_BYTES + 1);
+        let head = format!(
+            "{head} HTTP/1.1\r\nAuthorization: Bearer {token}\r\nContent-Length: {len}\r\n"
+        );
+        let (status, v) = raw_http(&d.url, &head);
+        assert_too_large(status, &v, limit);
+    }
+    // Under the limits the same route answers as usual.
+    let ok = exec_of(1 << 20);
+    let (status, v) = request(&c, Method::POST, "/v1/sandboxes/sb-none/exec", Some(ok)).await;
+    assert_eq!(
+        (status, &v["error"]["code"]),
+        (404, &json!("not_found")),
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_a_self_signed_certificate() {
     let tmp = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
     let (cert_pem, key_pem) = (tmp.path().join("cert.pem"), tmp.path().join("key.pem"));
     std::fs::write(&cert_pem, cert.cert.pem()).unwrap();
     std::fs::write(&key_pem, cert.key_pair.serialize_pem()).unwrap();
-    let cg = fake_cgroups(&tmp.path().join("cg"));
-    let d = start_daemon(
-        &tmp.path().join("state"),
+    let (cert_arg, key_arg) = (cert_pem.to_str().unwrap(), key_pem.to_str().unwrap());
+    let d = daemon(
+        &tmp,
         &[
-            "--listen",
-            "127.0.0.1:0",
-            "--cgroup-root",
-            &cg,
-            "--tls-cert",
-            cert_pem.to_str().unwrap(),
-            "--tls-key",
-            key_pem.to_str().unwrap(),
-        ],
+            &LOOPBACK[..],
+            &["--tls-cert", cert_arg, "--tls-key", key_arg],
+        ]
+        .concat(),
     );
     let url = d.url.replace("127.0.0.1", "localhost");
     assert!(url.starts_with("https://"), "{url}");
@@ -463,11 +569,7 @@ async fn tls_with_a_self_signed_certificate() {
 async fn unix_socket_listener() {
     let tmp = tempfile::tempdir().unwrap();
     let sock = tmp.path().join("zygoted.sock");
-    let cg = fake_cgroups(&tmp.path().join("cg"));
-    let d = start_daemon(
-        &tmp.path().join("state"),
-        &["--unix", sock.to_str().unwrap(), "--cgroup-root", &cg],
-    );
+    let d = daemon(&tmp, &["--unix", sock.to_str().unwrap()]);
     assert_eq!(d.url, format!("unix://{}", sock.display()));
     let info: Value = d
         .client()

@@ -11,6 +11,13 @@ use crate::error::{ErrorBody, Result};
 use crate::manager::FileBody;
 use crate::model::{DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, WriteResult};
 
+// Only the OpenAPI document uses it: a plain `Vec<u8>` would be documented as an
+// array of integers rather than as binary.
+/// A file's contents, as raw bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
+
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ExecRequest,
@@ -18,7 +25,10 @@ use crate::model::{DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, 
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
-              (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody)))]
+              (status = 413, description = "Body over 32 MiB, or the request does not fit the \
+                guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
+              (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn exec(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -34,7 +44,11 @@ pub async fn exec(
                content_type = "application/x-ndjson", body = ExecEvent),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
-              (status = 422, description = "The program could not start", body = ErrorBody)))]
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 413, description = "Body over 32 MiB, or the request does not fit the \
+                guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
+              (status = 422, description = "The program could not start", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn exec_stream(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -45,10 +59,13 @@ pub async fn exec_stream(
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    responses((status = 200, description = "File contents", content_type = "application/octet-stream", body = Vec<u8>),
+    responses((status = 200, description = "File contents", content_type = "application/octet-stream", body = FileBytes),
               (status = 400, description = "Relative or bad path, or not a regular file without special=true", body = ErrorBody),
+              (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
               (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
-              (status = 413, description = "A device or FIFO (special=true) gave more than 64 MiB; regular files are streamed whatever their size", body = ErrorBody)))]
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 413, description = "A device or FIFO (special=true) gave more than 64 MiB; regular files are streamed whatever their size", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -68,11 +85,15 @@ pub async fn read_file(
 
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+    request_body(content = FileBytes, content_type = "application/octet-stream",
                  description = "New contents (atomic replace; parent directories are created)"),
     responses((status = 200, description = "Written", body = WriteResult),
               (status = 400, description = "Relative path or bad mode", body = ErrorBody),
-              (status = 413, description = "Body larger than 64 MiB", body = ErrorBody)))]
+              (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 413, description = "Body larger than 64 MiB", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn write_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -89,7 +110,11 @@ pub async fn write_file(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses((status = 200, description = "Directory entries", body = DirListing),
-              (status = 404, description = "No such sandbox or directory", body = ErrorBody)))]
+              (status = 400, description = "Relative or bad path", body = ErrorBody),
+              (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
+              (status = 404, description = "No such sandbox or directory", body = ErrorBody),
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn list_dir(
     State(st): State<AppState>,
     Path(id): Path<String>,

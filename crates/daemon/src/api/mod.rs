@@ -4,6 +4,7 @@
 //! Every route is registered through [`Routes::add`], which also records
 //! it, so a test can check the router and the OpenAPI document list
 //! exactly the same operations.
+mod doc;
 mod guest;
 mod sandboxes;
 mod snapshots;
@@ -11,20 +12,24 @@ mod system;
 
 use std::sync::Arc;
 
-use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::handler::Handler;
-use axum::http::{header, request::Parts, Method, StatusCode};
+use axum::http::{header, request::Parts, Method};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::MethodFilter;
 use axum::Router;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
-use utoipa::OpenApi;
+
+pub use doc::ApiDoc;
 
 use crate::error::Error;
 use crate::manager::Manager;
-use crate::model::MAX_FILE_BYTES;
+use crate::model::{MAX_FILE_BYTES, MAX_JSON_BODY_BYTES};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -32,7 +37,8 @@ pub struct AppState {
     pub token: Arc<String>,
 }
 
-/// Paths answered without a token: liveness probes and the API description.
+/// Paths answered without a token: liveness probes and the API description. The
+/// OpenAPI document marks every other operation as needing the token (and 401).
 const PUBLIC: [&str; 2] = ["/healthz", "/v1/openapi.json"];
 
 pub struct Routes {
@@ -108,7 +114,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
-        // File uploads are the largest bodies.
+        // Bounds axum's own body extractors too; ours ([`ApiJson`], [`ApiBytes`]) apply
+        // their routes' limits and say which in the 413.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
         .with_state(state)
 }
@@ -137,6 +144,16 @@ fn token_matches(given: &[u8], expected: &[u8]) -> bool {
             == 0
 }
 
+/// The token of an `Authorization: Bearer <token>` header value. The scheme name
+/// is case-insensitive (RFC 7235 section 2.1: `bearer`, `BEARER` work too) and
+/// may be followed by several spaces; the token itself is compared exactly.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if PUBLIC.contains(&req.uri().path()) {
         return next.run(req).await;
@@ -145,7 +162,7 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     if !token_matches(given.as_bytes(), state.token.as_bytes()) {
         let mut resp = Error::Unauthorized.into_response();
@@ -158,42 +175,86 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
     next.run(req).await
 }
 
-/// `axum::Json` with rejections in the API's error format.
+/// How much of an oversize body is read (and dropped) before its 413 goes out. A
+/// client still sending when the server closes the connection gets a reset, often
+/// instead of the answer (hyper drains only what has already arrived), so the 413
+/// follows the body's end. The largest body any route accepts: refusing costs no
+/// more than accepting would. Larger declared bodies are refused without reading.
+const MAX_DISCARD_BYTES: usize = MAX_FILE_BYTES;
+
+/// A request body of at most `limit` bytes (`what` names it in the 413). Nothing
+/// beyond the limit is kept, so an oversize body is never buffered nor reaches a
+/// sandbox; a Content-Length over [`MAX_DISCARD_BYTES`] is refused before any of
+/// the body is read.
+async fn read_body(
+    req: Request,
+    limit: usize,
+    what: &'static str,
+) -> Result<(Parts, Bytes), Error> {
+    let too_large = || Error::BodyTooLarge { what, limit };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_DISCARD_BYTES.max(limit) as u64) {
+        return Err(too_large());
+    }
+    let (parts, mut body) = req.into_parts();
+    let mut kept = BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(_) if seen > limit => break,
+            Err(e) => {
+                return Err(Error::MalformedBody(format!(
+                    "reading the request body: {e}"
+                )))
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            kept.extend_from_slice(&data);
+        } else if seen > MAX_DISCARD_BYTES {
+            break;
+        }
+    }
+    if seen > limit {
+        return Err(too_large());
+    }
+    Ok((parts, kept.freeze()))
+}
+
+/// `axum::Json` with the JSON body limit and rejections in the API's error format.
 pub struct ApiJson<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = Error;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(JsonRejection::BytesRejection(b)) => Err(bytes_error(b)),
-            Err(e) => Err(Error::MalformedBody(e.body_text())),
-        }
+        let (parts, bytes) = read_body(req, MAX_JSON_BODY_BYTES, "a JSON request body").await?;
+        let req = Request::from_parts(parts, Body::from(bytes));
+        // The bytes are in memory now: only content-type and JSON errors remain.
+        axum::Json::<T>::from_request(req, state)
+            .await
+            .map(|axum::Json(v)| ApiJson(v))
+            .map_err(|e| Error::MalformedBody(e.body_text()))
     }
 }
 
-fn bytes_error(b: BytesRejection) -> Error {
-    if b.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        Error::PayloadTooLarge {
-            limit: MAX_FILE_BYTES,
-        }
-    } else {
-        Error::MalformedBody(b.body_text())
-    }
-}
-
-/// A raw request body with the API's error format.
-pub struct ApiBytes(pub bytes::Bytes);
+/// A raw request body (a file upload) with the API's error format.
+pub struct ApiBytes(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for ApiBytes {
     type Rejection = Error;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Error> {
-        bytes::Bytes::from_request(req, state)
-            .await
-            .map(ApiBytes)
-            .map_err(bytes_error)
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Error> {
+        let (_, bytes) = read_body(req, MAX_FILE_BYTES, "a file upload").await?;
+        Ok(ApiBytes(bytes))
     }
 }
 
@@ -211,45 +272,11 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
-struct BearerAuth;
-
-impl utoipa::Modify for BearerAuth {
-    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-        let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
-        );
-    }
-}
-
-#[derive(OpenApi)]
-#[openapi(
-    info(
-        title = "zygoted",
-        description = "zygote daemon: copy-on-write microVM sandboxes. Every route except \
-                       /healthz and /v1/openapi.json needs `Authorization: Bearer <token>` \
-                       (the token is in <state dir>/token). Errors are \
-                       `{\"error\": {\"code\", \"message\"}}` with stable codes."
-    ),
-    paths(
-        system::healthz, system::metrics, system::openapi, system::info,
-        system::list_images, system::build_image,
-        sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
-        sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
-        guest::exec, guest::exec_stream, guest::read_file, guest::write_file, guest::list_dir,
-        snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
-    ),
-    modifiers(&BearerAuth),
-    security(("bearer" = [])),
-)]
-pub struct ApiDoc;
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use utoipa::openapi::path::HttpMethod;
+    use utoipa::OpenApi;
 
     fn http_method(m: &Method) -> HttpMethod {
         match *m {
@@ -303,6 +330,22 @@ mod tests {
             }
         }
         assert_eq!(documented, registered.len());
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        for v in [
+            "Bearer abc",
+            "bearer abc",
+            "BEARER abc",
+            "bEaReR abc",
+            "Bearer   abc",
+        ] {
+            assert_eq!(bearer_token(v), Some("abc"), "{v:?}");
+        }
+        for v in ["Basic abc", "Bearerabc", "abc", "", "Bear abc"] {
+            assert_eq!(bearer_token(v), None, "{v:?}");
+        }
     }
 
     #[test]

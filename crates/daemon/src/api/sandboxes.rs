@@ -22,7 +22,8 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<SandboxList>> {
     responses((status = 201, description = "Created (n sandboxes, all running)", body = SandboxList),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such image or snapshot", body = ErrorBody),
-              (status = 409, description = "Name taken", body = ErrorBody)))]
+              (status = 409, description = "Name taken", body = ErrorBody),
+              (status = 422, description = "The snapshot is from another runtime", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
@@ -86,7 +87,9 @@ pub async fn branch(
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = RestoreRequest,
     responses((status = 200, description = "The sandbox now runs from the snapshot", body = Sandbox),
-              (status = 404, description = "No such sandbox or snapshot", body = ErrorBody)))]
+              (status = 400, description = "Invalid request", body = ErrorBody),
+              (status = 404, description = "No such sandbox or snapshot", body = ErrorBody),
+              (status = 422, description = "The snapshot is from another runtime", body = ErrorBody)))]
 pub async fn restore(
     State(st): State<AppState>,
     Path(id): Path<String>,

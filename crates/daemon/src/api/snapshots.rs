@@ -19,6 +19,7 @@ pub async fn list(State(st): State<AppState>) -> Result<Json<SnapshotList>> {
     responses((status = 201, description = "Snapshot taken; the sandbox keeps running", body = Snapshot),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
               (status = 422, description = "The runtime cannot take this kind", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,

@@ -58,8 +58,7 @@ pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 }
 
 #[utoipa::path(get, path = "/v1/info", tag = "system",
-    responses((status = 200, description = "Runtime in use, cgroup support", body = Info),
-              (status = 401, description = "Bad token", body = ErrorBody)))]
+    responses((status = 200, description = "Runtime in use, cgroup support", body = Info)))]
 pub async fn info(State(st): State<AppState>) -> Json<Info> {
     let m = &st.manager;
     Json(Info {

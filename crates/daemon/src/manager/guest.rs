@@ -6,7 +6,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 use zygote_proto::b64;
 use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{ExecRequest as AgentExec, FileKind, Stream, WriteFileRequest};
+use zygote_proto::{FileKind, Stream, WriteFileRequest};
 
 use super::exec_cancel::ExecGuard;
 use super::Manager;
@@ -19,17 +19,6 @@ use crate::model::{
 /// Output kept per stream by the non-streaming exec; the rest is dropped
 /// (with a note) so one chatty program cannot exhaust the daemon's memory.
 const MAX_COLLECTED: usize = 16 * 1024 * 1024;
-
-fn to_agent(req: ExecRequest) -> AgentExec {
-    AgentExec {
-        argv: req.argv,
-        env: req.env,
-        cwd: req.cwd,
-        stdin: req.stdin.map(String::into_bytes),
-        timeout_ms: req.timeout_ms,
-        ..Default::default()
-    }
-}
 
 fn stream_name(s: Stream) -> &'static str {
     match s {
@@ -63,7 +52,7 @@ impl Manager {
     pub async fn exec(self: &Arc<Self>, id: &str, req: ExecRequest) -> Result<ExecResponse> {
         req.validate()?;
         let started = Instant::now();
-        let agent_req = to_agent(req);
+        let agent_req = req.to_agent();
         let client = self.agent(id).await?;
         // Dropped with this future when the HTTP client goes away: kills the program.
         let guard = ExecGuard::new(client.clone(), id);
@@ -110,7 +99,7 @@ impl Manager {
     ) -> Result<mpsc::Receiver<ExecEvent>> {
         req.validate()?;
         let started = Instant::now();
-        let agent_req = to_agent(req);
+        let agent_req = req.to_agent();
         let client = self.agent(id).await?;
         let (tx, rx) = mpsc::channel(64);
         let (started_tx, started_rx) = oneshot::channel();

@@ -8,8 +8,10 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod exec;
 mod ttl;
 mod validate;
+pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
@@ -24,8 +26,13 @@ pub const MAX_MEM_MIB: u32 = 65536;
 pub const MAX_VCPUS: u32 = 32;
 pub const MAX_ARGV: usize = 4096;
 pub const MAX_EXEC_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
-/// Largest file body accepted by `PUT .../files` (and the HTTP body limit).
+/// Largest body accepted by `PUT .../files` (the largest request body of any route).
 pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
+/// Largest JSON request body. Only an exec comes near it: it must fit the guest
+/// agent's 16 MiB frame once re-encoded (checked exactly by its validation), and
+/// twice that leaves room for JSON escapes in the body (a newline in stdin takes
+/// two bytes) while a body no exec could fit is refused before it is read.
+pub const MAX_JSON_BODY_BYTES: usize = 2 * zygote_proto::MAX_FRAME_LEN;
 pub const MAX_STDIN_BYTES: usize = 8 * 1024 * 1024;
 
 /// cgroup v2 limits for a sandbox's VM process.
@@ -34,12 +41,15 @@ pub const MAX_STDIN_BYTES: usize = 8 * 1024 * 1024;
 pub struct Limits {
     /// `memory.max` in MiB (covers guest RAM and the VMM's own memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 64, maximum = 1048576)]
     pub memory_mib: Option<u64>,
     /// `cpu.max` as a percentage of one CPU (100 = one full core).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 102400)]
     pub cpu_percent: Option<u32>,
     /// `pids.max` (threads count too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 8, maximum = 4194304)]
     pub pids: Option<u64>,
 }
 
@@ -63,25 +73,32 @@ impl Validate for Limits {
 pub struct CreateSandboxRequest {
     /// Image name (e.g. `minimal`) or `name-sha256` prefix; exclusive with `snapshot`.
     #[serde(default)]
+    #[schema(min_length = 1, max_length = 200)]
     pub image: Option<String>,
     /// Snapshot id to start from (its memory, processes and files).
     #[serde(default)]
     pub snapshot: Option<String>,
     /// Optional label; also the guest hostname (a suffix is added for n > 1).
     #[serde(default)]
+    #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
     /// How many sandboxes to create (fan-out), 1..=16.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<u32>,
-    /// Guest RAM in MiB (image boots only; a snapshot keeps its own).
+    /// Guest RAM in MiB, 64..=65536 (image boots only; a snapshot keeps its own).
     #[serde(default)]
+    #[schema(minimum = 64, maximum = 65536)]
     pub mem_mib: Option<u32>,
+    /// Virtual CPUs, 1..=32 (image boots only; a snapshot keeps its own).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 32)]
     pub vcpus: Option<u32>,
     #[serde(default)]
     pub limits: Limits,
     /// Delete the sandbox this many seconds after it is running (1..=604800); none by default.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
 }
 
@@ -183,97 +200,17 @@ pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExecRequest {
-    /// Program and arguments (`argv[0]` is searched in the guest's PATH).
-    pub argv: Vec<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// UTF-8 text written to stdin (then closed); `/dev/null` when absent.
-    #[serde(default)]
-    pub stdin: Option<String>,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-}
-
-impl Validate for ExecRequest {
-    fn validate(&self) -> Result<()> {
-        if self.argv.is_empty() || self.argv[0].is_empty() {
-            return Err(Error::invalid("argv must name a program"));
-        }
-        if self.argv.len() > MAX_ARGV {
-            return Err(Error::invalid(format!(
-                "argv has more than {MAX_ARGV} entries"
-            )));
-        }
-        if self.argv.iter().any(|a| a.contains('\0')) {
-            return Err(Error::invalid("argv entries must not contain NUL"));
-        }
-        for (k, v) in &self.env {
-            if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-                return Err(Error::invalid(format!("bad environment variable {k:?}")));
-            }
-        }
-        if let Some(cwd) = &self.cwd {
-            validate_guest_path(cwd)?;
-        }
-        if self
-            .stdin
-            .as_ref()
-            .is_some_and(|s| s.len() > MAX_STDIN_BYTES)
-        {
-            return Err(Error::invalid(format!(
-                "stdin exceeds {MAX_STDIN_BYTES} bytes"
-            )));
-        }
-        if let Some(t) = self.timeout_ms {
-            in_range("timeout_ms", t, 1, MAX_EXEC_TIMEOUT_MS)?;
-        }
-        Ok(())
-    }
-}
-
-/// Result of a non-streaming exec. Output is decoded as UTF-8 (invalid
-/// sequences replaced); use the streaming form for exact bytes.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ExecResponse {
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-    pub stdout: String,
-    pub stderr: String,
-}
-
-/// One line of the NDJSON stream of `POST .../exec/stream`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ExecEvent {
-    /// The program runs (pid in the guest).
-    Started { pid: u32 },
-    /// A chunk of output; `data` is base64 of the exact bytes.
-    Output { stream: String, data: String },
-    /// Terminal: how it ended.
-    Exit {
-        exit_code: Option<i32>,
-        signal: Option<i32>,
-        timed_out: bool,
-        duration_ms: u64,
-    },
-    /// Terminal: it could not run or the sandbox went away.
-    Error { code: String, message: String },
-}
-
+/// The query string of the file routes (`?path=/etc/hostname&mode=644`).
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
-    /// Absolute path in the guest.
+    /// Absolute path in the guest (at most 4096 bytes, no NUL).
+    #[param(pattern = "^/[^\\u0000]*$")]
     pub path: String,
-    /// Permission bits for written files, octal digits (e.g. `644`).
+    /// Permission bits for written files, octal digits up to `7777` (e.g. `644`).
     #[serde(default)]
+    #[param(pattern = "^0*[0-7]{1,4}$")]
     pub mode: Option<String>,
     /// Reading: also read a file that is not a regular file (a device or FIFO), up to
     /// the size limit. Without it such a read is refused.
@@ -308,9 +245,11 @@ pub struct WriteResult {
 pub struct BranchRequest {
     /// Number of children, 1..=16.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
     pub count: Option<u32>,
-    /// Children's time-to-live; when absent they get the parent's `ttl_secs`.
+    /// Children's time-to-live (1..=604800); when absent they get the parent's `ttl_secs`.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
 }
 
@@ -380,11 +319,13 @@ impl SnapshotKind {
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     /// Which sandbox to snapshot.
+    #[schema(min_length = 1)]
     pub sandbox: String,
     /// `full` (default), `diff` or `live`, as the runtime supports (see `GET /v1/info`).
     #[serde(default)]
     pub kind: Option<SnapshotKind>,
     #[serde(default)]
+    #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
 }
 
@@ -437,6 +378,7 @@ pub struct SnapshotList {
 #[serde(deny_unknown_fields)]
 pub struct RestoreRequest {
     /// Snapshot to roll the sandbox back (or forward) to.
+    #[schema(min_length = 1)]
     pub snapshot: String,
 }
 
@@ -473,7 +415,9 @@ pub struct ImageList {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BuildImageRequest {
-    /// Recipe name (e.g. `minimal`).
+    /// Recipe name (e.g. `minimal`): a lower-case letter or digit, then up to 63 of
+    /// those and `.`, `_`, `-`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
     pub name: String,
 }
 
@@ -557,20 +501,5 @@ mod tests {
             ..ok
         };
         assert!(lim.validate().is_err());
-    }
-
-    #[test]
-    fn exec_request_checks() {
-        assert!(ExecRequest::default().validate().is_err());
-        let mut r = ExecRequest {
-            argv: vec!["true".into()],
-            ..Default::default()
-        };
-        assert!(r.validate().is_ok());
-        r.cwd = Some("relative".into());
-        assert!(r.validate().is_err());
-        r.cwd = None;
-        r.env.insert("A=B".into(), "x".into());
-        assert!(r.validate().is_err());
     }
 }

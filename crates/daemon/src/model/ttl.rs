@@ -24,7 +24,7 @@ pub struct SetTtlRequest {
     /// sandbox until it is deleted. Required, so `{}` cannot clear a TTL by
     /// accident.
     #[serde(deserialize_with = "present_or_null")]
-    #[schema(required = true)]
+    #[schema(required = true, minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
 }
 
