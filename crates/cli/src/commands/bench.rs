@@ -14,6 +14,9 @@ pub enum BenchCommand {
     /// BRANCH of a real Linux sandbox through a private daemon: pause, until 1 and 4
     /// children answer, snapshot pauses (medians and p90; the last line is JSON).
     Linux(super::bench_linux::LinuxBenchArgs),
+    /// Soak: N create/exec/branch/exec/delete cycles through a private daemon, watching
+    /// its fds, threads, RSS and leftover processes/files (the last line is JSON).
+    Soak(super::bench_soak::SoakBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -23,5 +26,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Fanout(args) => super::bench_fanout::run(args),
         BenchCommand::Ksm(args) => super::bench_ksm::run(args),
         BenchCommand::Linux(args) => super::bench_linux::run(args),
+        BenchCommand::Soak(args) => super::bench_soak::run(args),
     }
 }
