@@ -40,37 +40,14 @@ rm -f "${TMPDIR:-/tmp}/api-conformance-venv.$$.log"
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-api-conformance.XXXXXX")
 DAEMON_PID=""
 
-# Pids (other than the daemon) whose command line names our state directory: VMs,
-# which no request here should have started.
-vm_pids() {
-    local p
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [ "$p" = "$DAEMON_PID" ] && continue
-        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$STATE" && echo "$p"
-    done
-}
+# shellcheck source=lib/private-daemon.sh
+. "$ROOT/scripts/lib/private-daemon.sh"
 
 cleanup() {
     local status=$?
-    if [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null; then
-        kill -TERM "$DAEMON_PID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DAEMON_PID" 2>/dev/null
-        wait "$DAEMON_PID" 2>/dev/null
-    fi
-    local left
-    left=$(vm_pids)
-    if [ -n "$left" ]; then
-        echo "api-conformance: killing VM processes the run started: $left" >&2
-        kill -KILL $left 2>/dev/null
-        status=1
-    fi
-    if [ "$status" -ne 0 ] && [ -s "$STATE/zygoted.log" ]; then
-        echo "--- zygoted log (last 40 lines)" >&2
-        tail -n 40 "$STATE/zygoted.log" >&2
-    fi
-    rm -rf "$STATE"
+    stop_daemon
+    finish_private_daemon api-conformance "$status"
+    status=$?
     say "done (exit $status)"
     exit "$status"
 }

@@ -63,16 +63,8 @@ URL=""
 TOKEN=""
 FAILED=0
 
-# Pids of processes (other than the daemon) whose command line names our
-# state directory: the VMs and supervisors this daemon started.
-vm_pids() {
-    local p
-    for p in /proc/[0-9]*; do
-        p=${p#/proc/}
-        [ "$p" = "$DAEMON_PID" ] && continue
-        tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -qF -- "$STATE" && echo "$p"
-    done
-}
+# shellcheck source=lib/private-daemon.sh
+. "$ROOT/scripts/lib/private-daemon.sh"
 
 cleanup() {
     local status=$?
@@ -93,25 +85,10 @@ if left or snaps:
     print(f"sdk-test: the tests left {len(left)} sandbox(es) and {len(snaps)} snapshot(s) behind", file=sys.stderr)
     sys.exit(1)
 EOF
-        kill -TERM "$DAEMON_PID" 2>/dev/null
-        for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$DAEMON_PID" 2>/dev/null
-        wait "$DAEMON_PID" 2>/dev/null
     fi
-    # VMs survive a daemon stop by design; none should be left, but never
-    # leak one: kill exactly those started on our state directory.
-    local left
-    left=$(vm_pids)
-    if [ -n "$left" ]; then
-        echo "sdk-test: killing leftover VM processes: $left" >&2
-        kill -KILL $left 2>/dev/null
-        status=1
-    fi
-    if [ "$status" -ne 0 ] && [ -s "$STATE/zygoted.log" ]; then
-        echo "--- zygoted log (last 40 lines)" >&2
-        tail -n 40 "$STATE/zygoted.log" >&2
-    fi
-    rm -rf "$STATE"
+    stop_daemon
+    finish_private_daemon sdk-test "$status"
+    status=$?
     say "done (exit $status)"
     exit "$status"
 }

@@ -1,0 +1,42 @@
+# Sourced by the scripts that run a private zygoted on a temporary state directory
+# (sdk-test.sh, api-conformance.sh). They set STATE (the temporary directory, holding
+# zygoted.log) and DAEMON_PID (empty until the daemon runs).
+
+# Pids (other than the daemon) whose command line names $STATE: the VMs and
+# supervisors this daemon started.
+vm_pids() {
+    local p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = "$DAEMON_PID" ] && continue
+        tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF -- "$STATE" && echo "$p"
+    done
+}
+
+# Stops the daemon (TERM, then KILL after 10 s).
+stop_daemon() {
+    [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null || return 0
+    kill -TERM "$DAEMON_PID" 2>/dev/null
+    for _ in $(seq 100); do kill -0 "$DAEMON_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$DAEMON_PID" 2>/dev/null
+    wait "$DAEMON_PID" 2>/dev/null
+}
+
+# After stop_daemon: kills VM processes left on $STATE (VMs outlive a daemon by design,
+# but none may leak), shows the daemon's log if anything failed, removes $STATE.
+# Usage: finish_private_daemon NAME STATUS; returns the final status.
+finish_private_daemon() {
+    local name=$1 status=$2 left
+    left=$(vm_pids)
+    if [ -n "$left" ]; then
+        echo "$name: killing VM processes left on $STATE: $left" >&2
+        kill -KILL $left 2>/dev/null
+        status=1
+    fi
+    if [ "$status" -ne 0 ] && [ -s "$STATE/zygoted.log" ]; then
+        echo "--- zygoted log (last 40 lines)" >&2
+        tail -n 40 "$STATE/zygoted.log" >&2
+    fi
+    rm -rf "$STATE"
+    return "$status"
+}
