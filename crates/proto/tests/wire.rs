@@ -76,6 +76,10 @@ fn request_shapes() {
 #[test]
 fn every_request_type_is_listed() {
     let samples = [
+        Request::Hello(HelloRequest {
+            token: "t".into(),
+            new_token: None,
+        }),
         Request::Health,
         Request::Exec(ExecRequest::new(["true"])),
         Request::Kill(KillRequest {

@@ -315,8 +315,17 @@ fn a_served_socket_is_not_taken_over_and_a_stale_one_is() {
     // A socket file whose listener is gone (a crashed VMM) is replaced.
     let dir = tempfile::tempdir().unwrap();
     let stale = dir.path().join("stale.sock");
-    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-    assert!(stale.exists());
+    // Bound by a process that then exits: bound here, the listener's descriptor could be
+    // inherited by a VMM another test of this binary forks meanwhile, and stay live.
+    let made = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])",
+        ])
+        .arg(&stale)
+        .status()
+        .expect("python3 (the project's scripts need it)");
+    assert!(made.success() && stale.exists());
     let replaced = bind(&stale).expect("a stale socket is replaced");
     let _c = UnixStream::connect(&stale).unwrap();
     assert!(replaced.accept().is_ok());
