@@ -115,3 +115,28 @@ fn is_zombie(pid: i32) -> bool {
         })
         .unwrap_or(true)
 }
+
+#[test]
+fn hello_and_reidentify_go_in_one_round_trip() {
+    let agent = TestAgent::start(&[]);
+    let req = zygote_proto::ReidentifyRequest {
+        hostname: Some("child-1".into()),
+        ..Default::default()
+    };
+    // A branch child: shown its parent's token, moved to its own, reidentified.
+    agent.client().hello("parent", None).unwrap();
+    agent
+        .client()
+        .hello_and_reidentify("parent", Some("child"), req.clone())
+        .expect("authenticated, then reidentified");
+    agent
+        .client()
+        .hello("child", None)
+        .expect("the child's token");
+    // With a wrong token neither goes through: the hello's refusal is what is reported.
+    let e = agent
+        .client()
+        .hello_and_reidentify("parent", None, req)
+        .expect_err("the parent's token is retired");
+    assert_eq!(code(e), Some(ErrorCode::Unauthorized));
+}

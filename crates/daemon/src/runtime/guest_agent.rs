@@ -30,14 +30,22 @@ impl std::fmt::Debug for AgentAuth {
     }
 }
 
-/// Authenticates a new connection and moves the agent to the sandbox's own token.
-pub fn authenticate(client: &AgentClient, auth: &AgentAuth) -> Result<(), ClientError> {
+/// Authenticates a new connection, moves the agent to the sandbox's own token and
+/// reidentifies the guest, in one round trip.
+fn authenticate_and_reidentify(
+    client: &AgentClient,
+    auth: &AgentAuth,
+    hostname: &str,
+) -> Result<(), ClientError> {
     let shown = auth.boot_token.as_deref().unwrap_or(&auth.token);
-    client.hello(shown, Some(&auth.token))
+    let req = reidentify_request(hostname)?;
+    client
+        .hello_and_reidentify(shown, Some(&auth.token), req)
+        .map(drop)
 }
 
 /// Fresh entropy, hostname and clock, so that siblings never share RNG state.
-pub fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), ClientError> {
+fn reidentify_request(hostname: &str) -> Result<ReidentifyRequest, ClientError> {
     let mut entropy = vec![0u8; 64];
     {
         use std::io::Read;
@@ -46,15 +54,14 @@ pub fn reidentify(client: &AgentClient, hostname: &str) -> Result<(), ClientErro
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    client.reidentify(ReidentifyRequest {
+    Ok(ReidentifyRequest {
         entropy,
         hostname: Some(hostname.to_string()),
         time: Some(UnixTime {
             secs: now.as_secs() as i64,
             nanos: now.subsec_nanos(),
         }),
-    })?;
-    Ok(())
+    })
 }
 
 /// Where a VM's agent is and how to tell that the VM is gone.
@@ -90,8 +97,7 @@ pub fn bring_up(
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
             let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
-            authenticate(&c, auth)?;
-            reidentify(&c, hostname).map(|()| c)
+            authenticate_and_reidentify(&c, auth, hostname).map(|()| c)
         });
         match attempt {
             Ok(c) => {

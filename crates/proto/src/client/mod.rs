@@ -289,15 +289,31 @@ impl AgentClient {
     }
 
     /// Authenticate this connection with `token` (and replace the agent's token with
-    /// `new_token`); see [`crate::HelloRequest`].
+    /// `new_token`); see [`crate::HelloRequest`]. An agent older than `hello` (a
+    /// snapshot taken before it existed) answers `unknown_request` and needs none: Ok.
     pub fn hello(&self, token: &str, new_token: Option<&str>) -> Result<(), ClientError> {
-        let req = HelloRequest {
-            token: token.to_string(),
-            new_token: new_token.map(str::to_string),
-        };
-        match self.call(Request::Hello(req), "hello")? {
-            Response::Ok => Ok(()),
-            other => Err(unexpected("hello", &other)),
+        let req = hello_request(token, new_token);
+        hello_answer(self.call(Request::Hello(req), "hello"))
+    }
+
+    /// [`AgentClient::hello`] and [`AgentClient::reidentify`] in one round trip: both
+    /// frames go out before either answer is awaited (the agent handles `hello` before
+    /// it reads the next frame, so the second request is already authenticated).
+    pub fn hello_and_reidentify(
+        &self,
+        token: &str,
+        new_token: Option<&str>,
+        req: ReidentifyRequest,
+    ) -> Result<ReidentifyReport, ClientError> {
+        let hello = hello_request(token, new_token);
+        let (hello_id, hello_rx) = self.send(Request::Hello(hello))?;
+        let (re_id, re_rx) = self.send(Request::Reidentify(req))?;
+        let said_hello = self.recv(hello_id, &hello_rx, self.request_timeout, "hello");
+        let reidentified = self.recv(re_id, &re_rx, self.request_timeout, "reidentify");
+        hello_answer(said_hello)?;
+        match reidentified? {
+            Response::Reidentified(r) => Ok(r),
+            other => Err(unexpected("reidentify", &other)),
         }
     }
 
@@ -401,6 +417,23 @@ pub fn wait_healthy_with(
             return Err(err);
         }
         thread::sleep(PAUSE);
+    }
+}
+
+fn hello_request(token: &str, new_token: Option<&str>) -> HelloRequest {
+    HelloRequest {
+        token: token.to_string(),
+        new_token: new_token.map(str::to_string),
+    }
+}
+
+fn hello_answer(got: Result<Response, ClientError>) -> Result<(), ClientError> {
+    match got {
+        Ok(Response::Ok) => Ok(()),
+        // An agent from before `hello` authenticates nobody: nothing to present.
+        Err(e) if e.code() == Some(ErrorCode::UnknownRequest) => Ok(()),
+        Ok(other) => Err(unexpected("hello", &other)),
+        Err(e) => Err(e),
     }
 }
 
