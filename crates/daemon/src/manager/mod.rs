@@ -32,7 +32,7 @@ use crate::model::{
     CreateSandboxRequest, Origin, RuntimeInfo, Sandbox, Snapshot, Validate, DEFAULT_MEM_MIB,
 };
 use crate::runtime::guest_agent::AgentAuth;
-use crate::runtime::{BootSource, Runtime, RuntimeError, StartSpec, VmRecord};
+use crate::runtime::{BootSource, Runtime, StartSpec, VmRecord};
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -558,14 +558,7 @@ impl Manager {
         self.forget_agent(id);
         let rt = self.runtime.clone();
         let token = self.dirs.agent_key.token(id);
-        let client = self
-            .blocking(move || {
-                let client = rt.connect(&vm)?;
-                // Every connection opens with the sandbox's token (a new session).
-                client.hello(&token, None).map_err(RuntimeError::from)?;
-                Ok::<_, RuntimeError>(client)
-            })
-            .await??;
+        let client = self.blocking(move || rt.connect(&vm, &token)).await??;
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())

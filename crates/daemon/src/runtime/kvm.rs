@@ -21,6 +21,7 @@ use zygote_vmm::control::protocol::{BranchInfo, SnapshotInfo, StatusInfo, VmRunS
 use zygote_vmm::control::{ControlClient, Request};
 use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY_FILE};
 
+use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
 use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
 use super::{SnapshotData, StartSpec, VmRecord};
@@ -48,6 +49,8 @@ enum Guest {
 pub struct KvmRuntime {
     bin: PathBuf,
     guest: Guest,
+    /// The connection that brought each VM up, until the daemon's first agent call.
+    brought_up: BroughtUp,
 }
 
 impl KvmRuntime {
@@ -68,6 +71,7 @@ impl KvmRuntime {
             guest: Guest::Linux {
                 kernel: Mutex::new(None),
             },
+            brought_up: BroughtUp::default(),
         })
     }
 
@@ -79,6 +83,7 @@ impl KvmRuntime {
             guest: Guest::Probe {
                 scenario: scenario.into(),
             },
+            brought_up: BroughtUp::default(),
         }
     }
 
@@ -166,7 +171,9 @@ impl KvmRuntime {
             attempt_limit: Duration::from_secs(10),
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline).map(drop)
+        let client = guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline)?;
+        self.brought_up.keep(&rec.agent_addr, client);
+        Ok(())
     }
 }
 
@@ -298,11 +305,10 @@ impl Runtime for KvmRuntime {
         Ok(rec)
     }
 
-    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError> {
-        Ok(AgentClient::connect_vsock_uds(
-            &vm.agent_addr,
-            DEFAULT_VSOCK_PORT,
-        )?)
+    fn connect(&self, vm: &VmRecord, token: &str) -> Result<AgentClient, RuntimeError> {
+        self.brought_up.take_or_connect(vm, token, || {
+            AgentClient::connect_vsock_uds(&vm.agent_addr, DEFAULT_VSOCK_PORT)
+        })
     }
 
     fn snapshot(
@@ -499,6 +505,7 @@ impl Runtime for KvmRuntime {
     fn destroy(&self, vm: &VmRecord) {
         // A branch child has no supervisor: its parent VMM (or the spawner,
         // which exits once its last child is gone) reaps it.
+        self.brought_up.forget(&vm.agent_addr);
         supervisor::destroy_vm(vm);
     }
 }

@@ -3,6 +3,7 @@
 //! start-up ([`select`]); everything runtime-specific that must survive a
 //! daemon restart lives in the serialized [`VmRecord`] / [`SnapshotData`].
 pub mod guest_agent;
+pub mod handoff;
 pub mod kvm;
 pub mod kvm_cmd;
 pub mod qemu;
@@ -160,10 +161,10 @@ pub trait Runtime: Send + Sync {
     /// sources, once it was re-identified). On error nothing is left running.
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError>;
 
-    /// A connection to the VM's agent (a fresh one, or the one that brought it up and
-    /// that nobody has taken yet). Both channels are local Unix sockets: connecting does
-    /// not wait on the guest.
-    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError>;
+    /// An authenticated connection to the VM's agent: the one that brought it up, if
+    /// nobody has taken it yet, else a fresh one that says `hello` with `token`. Both
+    /// channels are local Unix sockets: connecting does not wait on the guest.
+    fn connect(&self, vm: &VmRecord, token: &str) -> Result<AgentClient, RuntimeError>;
 
     /// Captures the VM into `snap_dir`. The VM keeps running afterwards on a
     /// new disk layer at `next_disk` (its record is updated); the returned

@@ -12,6 +12,7 @@ use zygote_proto::client::AgentClient;
 use zygote_qemu::migrate::{create_overlay_on, detached_args, DetachedVm};
 use zygote_qemu::{Accel, QemuConfig};
 
+use super::handoff::BroughtUp;
 use super::qmp::Qmp;
 use super::{guest_agent, supervisor};
 use super::{BootSource, Exit, RunState, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord};
@@ -31,11 +32,8 @@ const STATE_FILE: &str = "state";
 pub struct QemuRuntime {
     /// The guest kernel, located (or built) on first use.
     kernel: Mutex<Option<PathBuf>>,
-    /// The connection that brought each VM up, by agent socket, until the daemon asks
-    /// for one: the channel takes one connection at a time, and closing it only to
-    /// reconnect races the guest (it may see the close after the new connection's first
-    /// request and end that request with the old session).
-    brought_up: Mutex<std::collections::HashMap<String, AgentClient>>,
+    /// The connection that brought each VM up, until the daemon's first agent call.
+    brought_up: BroughtUp,
 }
 
 impl QemuRuntime {
@@ -52,7 +50,7 @@ impl QemuRuntime {
         }
         Ok(QemuRuntime {
             kernel: Mutex::new(None),
-            brought_up: Mutex::new(std::collections::HashMap::new()),
+            brought_up: BroughtUp::default(),
         })
     }
 
@@ -154,10 +152,7 @@ impl QemuRuntime {
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
         let client = guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline)?;
-        self.brought_up
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(rec.agent_addr.clone(), client);
+        self.brought_up.keep(&rec.agent_addr, client);
         Ok(())
     }
 
@@ -246,16 +241,9 @@ impl Runtime for QemuRuntime {
         result
     }
 
-    fn connect(&self, vm: &VmRecord) -> Result<AgentClient, RuntimeError> {
-        let handed = self
-            .brought_up
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&vm.agent_addr);
-        match handed {
-            Some(c) if !c.is_closed() => Ok(c),
-            _ => Ok(AgentClient::connect_unix(&vm.agent_addr)?),
-        }
+    fn connect(&self, vm: &VmRecord, token: &str) -> Result<AgentClient, RuntimeError> {
+        self.brought_up
+            .take_or_connect(vm, token, || AgentClient::connect_unix(&vm.agent_addr))
     }
 
     fn snapshot(
@@ -392,6 +380,7 @@ impl Runtime for QemuRuntime {
     }
 
     fn destroy(&self, vm: &VmRecord) {
+        self.brought_up.forget(&vm.agent_addr);
         supervisor::destroy_vm(vm);
     }
 }
