@@ -3,11 +3,11 @@
 //! taken. Each refusal is a typed error whose text is the reply's message.
 use std::collections::HashSet;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Component, Path, PathBuf};
+
+use crate::devices::virtio::vsock::conn::connect_nonblocking;
 
 /// Most children one branch request may ask for. Children share guest memory
 /// copy-on-write, so the host's memory is not what bounds them up front; each still
@@ -207,48 +207,13 @@ pub fn bind(socket: &Path) -> Result<UnixListener, BindError> {
 /// or finds the backlog full (EAGAIN) when one does, and is refused when the socket file
 /// is stale. Non-blocking, so that a live but stuck VMM cannot hang the caller.
 fn someone_listens(path: &Path) -> io::Result<bool> {
-    // SAFETY: plain socket creation; the fd is owned right below.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh descriptor nothing else owns.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sockaddr_un is plain old data; all zeroes is a valid value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "socket path too long",
-        ));
-    }
-    for (dst, &src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = src as libc::c_char;
-    }
-    // SAFETY: `addr` is a valid sockaddr_un of the size given.
-    let rc = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-        )
-    };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    match err.raw_os_error() {
-        Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => Ok(true),
-        Some(libc::ECONNREFUSED) => Ok(false),
-        _ => Err(err),
+    match connect_nonblocking(path) {
+        Ok(_) => Ok(true),
+        Err(e) => match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINPROGRESS) => Ok(true),
+            Some(libc::ECONNREFUSED) => Ok(false),
+            _ => Err(e),
+        },
     }
 }
 
