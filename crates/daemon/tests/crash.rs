@@ -16,7 +16,9 @@ use serde_json::{json, Value};
 use zygote_daemon::client::Client;
 use zygote_daemon::model::{BranchResponse, Sandbox, SandboxList, SnapshotList};
 
-use common::{processes_using, start_daemon, start_daemon_with_env, step, Daemon, Scratch};
+use common::{
+    create, get, processes_using, start_daemon, start_daemon_with_env, step, Daemon, Scratch,
+};
 
 async fn sh(c: &Client, id: &str, script: &str) -> String {
     common::sh(c, id, script)
@@ -33,12 +35,6 @@ async fn branch1(c: &Client, id: &str) -> Result<BranchResponse, String> {
     )
     .await
     .map_err(|e| e.to_string())
-}
-
-async fn get(c: &Client, id: &str) -> Sandbox {
-    c.json(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
-        .await
-        .unwrap_or_else(|e| panic!("GET {id}: {e}"))
 }
 
 async fn snapshot(c: &Client, id: &str, name: &str) -> Result<Value, String> {
@@ -174,20 +170,13 @@ async fn suite(runtime: &str) {
 
     let d = start_daemon(state, &args);
     let c = d.client();
-    let made: SandboxList = c
-        .json(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(&json!({"image": "minimal", "name": "crash", "n": 2})),
-        )
-        .await
-        .expect("create");
-    let (a, b) = (made.sandboxes[0].id.clone(), made.sandboxes[1].id.clone());
-    for sb in &made.sandboxes {
-        if let Some(cg) = &sb.cgroup.path {
-            cleanup.cgroups.lock().unwrap().push(cg.into());
-        }
-    }
+    let made = create(
+        &c,
+        json!({"image": "minimal", "name": "crash", "n": 2}),
+        cleanup,
+    )
+    .await;
+    let (a, b) = (made[0].id.clone(), made[1].id.clone());
     step(t0, &format!("created {a} and {b} on the {runtime} runtime"));
     drop(d);
 

@@ -14,7 +14,7 @@ use zygote_daemon::model::{
     BranchResponse, ExecEvent, ExecResponse, Sandbox, SandboxList, Snapshot, SnapshotList,
 };
 
-use common::{eventually, files_under, processes_using, start_daemon, step, Cleanup};
+use common::{eventually, files_under, get, processes_using, start_daemon, step, Cleanup};
 
 async fn exec(c: &Client, id: &str, script: &str) -> ExecResponse {
     c.json(
@@ -48,12 +48,6 @@ async fn write(c: &Client, id: &str, path: &str, data: &str) {
     )
     .await
     .unwrap_or_else(|e| panic!("write {path} in {id}: {e}"));
-}
-
-async fn get(c: &Client, id: &str) -> Sandbox {
-    c.json(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
-        .await
-        .unwrap()
 }
 
 async fn suite(runtime: &str) {

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use hyper::Method;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use zygote_daemon::model::SandboxList;
 
-use common::{sh, start_daemon, step, Scratch};
+use common::{create, sh, start_daemon, step, Scratch};
 
 const FILE_MIB: u64 = 80;
 
@@ -25,18 +24,8 @@ async fn a_large_guest_file_streams_and_an_abandoned_read_ends() {
         &["--listen", "127.0.0.1:0", "--runtime", "qemu"],
     );
     let c = d.client();
-    let made: SandboxList = c
-        .json(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(&json!({"image": "minimal", "name": "files", "mem_mib": 256})),
-        )
-        .await
-        .expect("create");
-    let id = made.sandboxes[0].id.clone();
-    if let Some(cg) = &made.sandboxes[0].cgroup.path {
-        scratch.cleanup.cgroups.lock().unwrap().push(cg.into());
-    }
+    let body = json!({"image": "minimal", "name": "files", "mem_mib": 256});
+    let id = create(&c, body, &scratch.cleanup).await[0].id.clone();
     let made_file = format!(
         "head -c {} /dev/urandom > /root/big && sha256sum /root/big",
         FILE_MIB << 20
@@ -60,12 +49,13 @@ async fn a_large_guest_file_streams_and_an_abandoned_read_ends() {
     // A client that takes the headers and a little of the body, then hangs up.
     let addr = d.url.trim_start_matches("http://").to_string();
     let token = d.token();
+    let read_id = id.clone();
     tokio::task::spawn_blocking(move || {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
         write!(
             s,
-            "GET /v1/sandboxes/{id}/files?path=/root/big HTTP/1.1\r\nHost: x\r\n\
+            "GET /v1/sandboxes/{read_id}/files?path=/root/big HTTP/1.1\r\nHost: x\r\n\
              Authorization: Bearer {token}\r\n\r\n"
         )
         .unwrap();
@@ -81,17 +71,11 @@ async fn a_large_guest_file_streams_and_an_abandoned_read_ends() {
     .unwrap();
     // The sandbox answers at once (the abandoned read holds nothing up).
     let asked = Instant::now();
-    assert_eq!(
-        sh(&c, &made.sandboxes[0].id, "echo ok").await.unwrap(),
-        "ok\n"
-    );
+    assert_eq!(sh(&c, &id, "echo ok").await.unwrap(), "ok\n");
     let small = c
         .raw(
             Method::GET,
-            &format!(
-                "/v1/sandboxes/{}/files?path=/etc/hostname",
-                made.sandboxes[0].id
-            ),
+            &format!("/v1/sandboxes/{}/files?path=/etc/hostname", id),
             None,
         )
         .await
@@ -104,11 +88,7 @@ async fn a_large_guest_file_streams_and_an_abandoned_read_ends() {
             asked.elapsed().as_secs_f64() * 1e3
         ),
     );
-    c.raw(
-        Method::DELETE,
-        &format!("/v1/sandboxes/{}", made.sandboxes[0].id),
-        None,
-    )
-    .await
-    .unwrap();
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", id), None)
+        .await
+        .unwrap();
 }

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use hyper::Method;
 use serde_json::json;
-use zygote_daemon::client::Client;
-use zygote_daemon::model::{ExecResponse, Sandbox, SandboxList};
+use zygote_daemon::model::ExecResponse;
 
-use common::{eventually, start_daemon, step, Scratch};
+use common::{create, eventually, get, start_daemon, step, Scratch};
 
 /// Size of the tmpfs holding the state directory.
 const STATE_FS_MIB: u64 = 256;
@@ -57,12 +56,6 @@ fn free_bytes(dir: &Path) -> u64 {
     st.f_bavail as u64 * st.f_frsize as u64
 }
 
-async fn get(c: &Client, id: &str) -> Sandbox {
-    c.json(Method::GET, &format!("/v1/sandboxes/{id}"), None::<&()>)
-        .await
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_host_disk_is_reported_and_survived() {
     let t0 = Instant::now();
@@ -78,18 +71,8 @@ async fn a_full_host_disk_is_reported_and_survived() {
     common::guest_assets();
     let d = start_daemon(state, &["--listen", "127.0.0.1:0", "--runtime", "qemu"]);
     let c = d.client();
-    let made: SandboxList = c
-        .json(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(&json!({"image": "minimal", "name": "full-disk", "mem_mib": 256})),
-        )
-        .await
-        .expect("create");
-    let id = made.sandboxes[0].id.clone();
-    if let Some(cg) = &made.sandboxes[0].cgroup.path {
-        scratch.cleanup.cgroups.lock().unwrap().push(cg.into());
-    }
+    let body = json!({"image": "minimal", "name": "full-disk", "mem_mib": 256});
+    let id = create(&c, body, &scratch.cleanup).await[0].id.clone();
     step(t0, &format!("created {id}"));
 
     // Leave 32 MiB free, then have the guest write three times that.

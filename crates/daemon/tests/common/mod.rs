@@ -230,3 +230,32 @@ impl Scratch {
         }
     }
 }
+
+/// A sandbox as the API shows it now.
+pub async fn get(c: &Client, id: &str) -> zygote_daemon::model::Sandbox {
+    c.json(
+        hyper::Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        None::<&()>,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("GET {id}: {e}"))
+}
+
+/// `POST /v1/sandboxes` with `body`; the new sandboxes' cgroups go to `cleanup`.
+pub async fn create(
+    c: &Client,
+    body: serde_json::Value,
+    cleanup: &Cleanup,
+) -> Vec<zygote_daemon::model::Sandbox> {
+    let made: zygote_daemon::model::SandboxList = c
+        .json(hyper::Method::POST, "/v1/sandboxes", Some(&body))
+        .await
+        .unwrap_or_else(|e| panic!("create {body}: {e}"));
+    for sb in &made.sandboxes {
+        if let Some(cg) = &sb.cgroup.path {
+            cleanup.cgroups.lock().unwrap().push(cg.into());
+        }
+    }
+    made.sandboxes
+}
