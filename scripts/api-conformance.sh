@@ -60,19 +60,11 @@ ZYGOTE_CACHE_DIR="$STATE/cache" ZYGOTE_PREBUILT=1 ZYGOTE_LOG=${ZYGOTE_LOG:-warn}
     "$DAEMON" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" --runtime "$RUNTIME" \
     >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
 DAEMON_PID=$!
-URL=""
-for _ in $(seq 300); do
-    URL=$(sed -n 's/^zygoted listening on //p' "$STATE/zygoted.out" 2>/dev/null | head -n1)
-    [ -n "$URL" ] && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || die "zygoted exited during start-up (log below)"
-    sleep 0.1
-done
-[ -n "$URL" ] || die "zygoted did not announce its address within 30 s"
+wait_for_daemon 30
 case "$URL" in
     http://127.0.0.1:*) ;;
     *) die "refusing to test $URL: loopback only" ;;
 esac
-TOKEN=$(cat "$STATE/daemon/token")
 
 # All checks but positive_data_acceptance: it expects every schema-valid request to be
 # accepted, and the schema cannot say all that validation requires (`image` xor

@@ -101,14 +101,7 @@ runtime_args=()
 ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "${DAEMON[@]}" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
     >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
 DAEMON_PID=$!
-for _ in $(seq 600); do
-    URL=$(sed -n 's/^zygoted listening on //p' "$STATE/zygoted.out" 2>/dev/null | head -n1)
-    [ -n "$URL" ] && break
-    kill -0 "$DAEMON_PID" 2>/dev/null || die "zygoted exited during start-up (log below)"
-    sleep 0.1
-done
-[ -n "$URL" ] || die "zygoted did not announce its address within 60 s"
-TOKEN=$(cat "$STATE/daemon/token")
+wait_for_daemon 60
 say "zygoted at $URL ($(ZYGOTE_URL="$URL" ZYGOTE_TOKEN="$TOKEN" "$VENV/bin/python" -c \
     'from zygote import Client; print(Client().info()["runtime"]["name"], "runtime")'))"
 

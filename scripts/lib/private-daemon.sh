@@ -1,6 +1,6 @@
 # Sourced by the scripts that run a private zygoted on a temporary state directory
 # (sdk-test.sh, api-conformance.sh). They set STATE (the temporary directory, holding
-# zygoted.log) and DAEMON_PID (empty until the daemon runs).
+# zygoted.log) and DAEMON_PID (empty until the daemon runs), and define die.
 
 # Pids (other than the daemon) whose command line names $STATE: the VMs and
 # supervisors this daemon started.
@@ -11,6 +11,21 @@ vm_pids() {
         [ "$p" = "$DAEMON_PID" ] && continue
         tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline" | grep -qF -- "$STATE" && echo "$p"
     done
+}
+
+# Waits up to SECS for the daemon started in the background (DAEMON_PID, stdout in
+# $STATE/zygoted.out) to announce its address; sets URL and TOKEN. Usage: wait_for_daemon SECS
+wait_for_daemon() {
+    local secs=$1
+    URL=""
+    for _ in $(seq $((secs * 10))); do
+        URL=$(sed -n 's/^zygoted listening on //p' "$STATE/zygoted.out" 2>/dev/null | head -n1)
+        [ -n "$URL" ] && break
+        kill -0 "$DAEMON_PID" 2>/dev/null || die "zygoted exited during start-up (log below)"
+        sleep 0.1
+    done
+    [ -n "$URL" ] || die "zygoted did not announce its address within $secs s"
+    TOKEN=$(cat "$STATE/daemon/token")
 }
 
 # Stops the daemon (TERM, then KILL after 10 s).
