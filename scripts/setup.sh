@@ -7,7 +7,7 @@ APT_PACKAGES=(
   build-essential pkg-config bc flex bison libelf-dev libssl-dev cpio xz-utils
   qemu-system-x86 linux-source-6.1 busybox-static debootstrap musl-tools
   e2fsprogs xfsprogs btrfs-progs util-linux iproute2 python3-venv
-  qemu-utils
+  qemu-utils nftables iperf3
 )
 RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
 RUST_COMPONENTS=(rustfmt clippy)

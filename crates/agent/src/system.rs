@@ -62,6 +62,7 @@ pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyRe
     if let Some(t) = &req.time {
         validate_time(t)?;
     }
+    let net = req.net.as_ref().map(crate::netconf::validate).transpose()?;
     let mut report = ReidentifyReport {
         entropy_bytes: req.entropy.len(),
         dry_run,
@@ -81,6 +82,10 @@ pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyRe
     if let Some(t) = &req.time {
         set_clock(t)?;
         report.clock_set = true;
+    }
+    if let Some(plan) = &net {
+        crate::netconf::apply(plan).map_err(|e| ErrorBody::from_io(&plan.interface, &e))?;
+        report.net_set = true;
     }
     Ok(report)
 }
@@ -342,6 +347,7 @@ mod tests {
             entropy: vec![1; 64],
             hostname: Some("zygote-test-never-applied".into()),
             time: Some(UnixTime { secs: 1, nanos: 0 }),
+            net: None,
         };
         let r = reidentify(&req, true).unwrap();
         assert!(r.dry_run && !r.hostname_set && !r.clock_set && !r.entropy_credited);

@@ -177,6 +177,7 @@ fn reidentify_in_dry_run_changes_nothing_on_the_host() {
                 secs: 86_400,
                 nanos: 0,
             }),
+            net: None,
         })
         .unwrap();
     assert!(report.dry_run);

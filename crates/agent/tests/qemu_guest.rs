@@ -248,6 +248,7 @@ fn agent_serves_as_pid1_of_a_linux_guest() {
                 secs: 1_900_000_000,
                 nanos: 0,
             }),
+            net: None,
         })
         .unwrap();
     assert!(

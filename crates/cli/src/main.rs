@@ -56,6 +56,9 @@ enum Command {
     Images(commands::images::ImagesArgs),
     /// A sandbox's console output (daemon).
     Logs(commands::logs::LogsArgs),
+    /// Expose, list and remove a sandbox's guest ports on the daemon's proxy (daemon).
+    #[command(subcommand)]
+    Port(commands::port::PortCommand),
 }
 
 fn main() {
@@ -86,6 +89,7 @@ fn main() {
         Command::Ttl(args) => commands::ttl::run(args),
         Command::Images(args) => commands::images::run(args),
         Command::Logs(args) => commands::logs::run(args),
+        Command::Port(cmd) => commands::port::run(cmd),
     };
     match result {
         Ok(code) => std::process::exit(code),

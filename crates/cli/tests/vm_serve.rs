@@ -138,6 +138,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_vsock: vec![],
             child_taps: vec![],
             child_cgroups: vec![],
+            child_netns: vec![],
             ready_timeout_ms: 30_000,
         })
         .unwrap();
@@ -189,6 +190,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_vsock: vec![],
             child_taps: vec![],
             child_cgroups: vec![],
+            child_netns: vec![],
             ready_timeout_ms: 1000,
         })
         .unwrap_err();

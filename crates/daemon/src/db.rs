@@ -13,10 +13,12 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::{CgroupReport, Limits, Origin, SnapshotKind};
+use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
-/// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`.
-const SCHEMA_VERSION: i64 = 3;
+/// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
+/// 4 added `sandboxes.network`.
+const SCHEMA_VERSION: i64 = 4;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -37,7 +39,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     exited_at INTEGER,
     ttl_secs INTEGER,
     expires_at INTEGER,
-    pending TEXT
+    pending TEXT,
+    network TEXT
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -90,6 +93,9 @@ pub struct SandboxRow {
     pub expires_at: Option<u64>,
     /// A snapshot or branch of this sandbox that was started and not yet recorded.
     pub pending: Option<PendingCapture>,
+    /// Its network policy and namespace (rows from before networking: the default
+    /// policy, no namespace).
+    pub network: NetRecord,
 }
 
 /// The intent record of a snapshot or branch: written before the runtime changes the
@@ -176,6 +182,7 @@ const SANDBOX_COLUMNS_SINCE_V1: &[(&str, &str)] = &[
     ("ttl_secs", "INTEGER"),
     ("expires_at", "INTEGER"),
     ("pending", "TEXT"),
+    ("network", "TEXT"),
 ];
 
 fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
@@ -254,9 +261,9 @@ impl Db {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
                 vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
-                ttl_secs, expires_at, pending)
+                ttl_secs, expires_at, pending, network)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18)",
+                ?18, ?19)",
             params![
                 s.id,
                 s.name,
@@ -276,6 +283,7 @@ impl Db {
                 s.ttl_secs.map(|t| t as i64),
                 s.expires_at.map(|t| t as i64),
                 s.pending.as_ref().map(to_json),
+                to_json(&s.network),
             ],
         )?;
         Ok(())
@@ -307,12 +315,16 @@ impl Db {
                 Some(t) => Some(from_json(17, t)?),
                 None => None,
             },
+            network: match r.get::<_, Option<String>>(18)? {
+                Some(t) => from_json(18, t)?,
+                None => NetRecord::default(),
+            },
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
         created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at,
-        pending";
+        pending, network";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);
@@ -495,13 +507,14 @@ mod tests {
 
         let db = Db::open(&path).unwrap();
         let cols = columns(&db);
-        for col in ["ttl_secs", "expires_at", "pending"] {
+        for col in ["ttl_secs", "expires_at", "pending", "network"] {
             assert!(cols.iter().any(|c| c == col), "{col}: {cols:?}");
         }
         let mut old = db.sandbox("sb-old").unwrap().expect("the old row");
         assert_eq!((old.name.as_deref(), old.created_at), (Some("old"), 100));
         assert_eq!((old.ttl_secs, old.expires_at), (None, None));
         assert_eq!(old.pending, None);
+        assert_eq!(old.network, NetRecord::default());
         assert!(db.expired_sandboxes(u64::MAX).unwrap().is_empty());
 
         old.ttl_secs = Some(30);

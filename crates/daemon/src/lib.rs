@@ -17,6 +17,7 @@ pub mod fault;
 pub mod manager;
 pub mod metrics;
 pub mod model;
+pub mod network;
 pub mod procs;
 pub mod runtime;
 pub mod server;

@@ -19,6 +19,7 @@ use crate::db::Db;
 use crate::error::{Error, Result};
 use crate::manager::{random_hex, Dirs, Manager};
 use crate::model::RuntimeInfo;
+use crate::network::{BackendChoice, Network};
 use crate::runtime;
 
 /// Default TCP address (loopback only: the token is the only protection).
@@ -50,6 +51,15 @@ pub struct ServeArgs {
     /// $ZYGOTE_CGROUP_ROOT also works).
     #[arg(long, value_name = "DIR")]
     pub cgroup_root: Option<PathBuf>,
+    /// Sandbox networking: `isolated` (a network namespace per sandbox, nftables policy,
+    /// no way to the host; needs root), `user` (QEMU user networking, NOT isolated from
+    /// the host) or `auto` (isolated when possible).
+    #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
+    pub network: BackendChoice,
+    /// Resolver the guests' DNS queries go to (isolated networking; default: the first
+    /// non-loopback nameserver in /etc/resolv.conf).
+    #[arg(long, value_name = "IPV4")]
+    pub dns: Option<std::net::Ipv4Addr>,
 }
 
 /// The state directory a daemon (and a client looking for its token) uses.
@@ -136,7 +146,17 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     for l in &cgroups.info().limitations {
         tracing::warn!("cgroups: {l}");
     }
-    let manager = Arc::new(Manager::new(db, selected.runtime, info, cgroups, dirs));
+    let network = Network::start(args.network, &dirs.state, args.dns)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    tracing::info!("network: {:?}", network.info());
+    let manager = Arc::new(Manager::new(
+        db,
+        selected.runtime,
+        info,
+        cgroups,
+        dirs,
+        network,
+    ));
     manager.reattach_all().await?;
     tokio::spawn(manager.clone().watch());
     tokio::spawn(manager.clone().reap_expired());

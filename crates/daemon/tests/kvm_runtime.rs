@@ -92,6 +92,8 @@ fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
         },
         // Confined as the daemon does it: every snapshot of this test goes under here.
         snapshot_root: Some(root.join("snapshots")),
+        // No NIC: the runtime-level tests run without the daemon's network namespaces.
+        net: zygote_daemon::runtime::GuestNet::User { restrict: false },
     }
 }
 

@@ -217,6 +217,23 @@ pub struct ReidentifyRequest {
     /// Wall-clock time to set (CLOCK_REALTIME).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time: Option<UnixTime>,
+    /// The guest's own network identity (a branch child or restored guest wakes up with
+    /// its source's address and MAC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<NetIdentity>,
+}
+
+/// An interface's address, default route and MAC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetIdentity {
+    /// Interface name (`eth0`).
+    pub interface: String,
+    /// IPv4 address with prefix length, `10.213.0.7/16`.
+    pub address: String,
+    /// Default gateway (on the address's subnet).
+    pub gateway: String,
+    /// `02:7a:63:00:00:05`.
+    pub mac: String,
 }
 
 /// Seconds and nanoseconds since the Unix epoch.
@@ -390,6 +407,9 @@ pub struct ReidentifyReport {
     pub crng_reseeded: bool,
     pub hostname_set: bool,
     pub clock_set: bool,
+    /// The interface now has the requested address, route and MAC.
+    #[serde(default)]
+    pub net_set: bool,
     /// Nothing was changed: the agent runs with `--no-system-changes`.
     pub dry_run: bool,
 }

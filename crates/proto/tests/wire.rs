@@ -64,6 +64,7 @@ fn request_shapes() {
                 secs: 1_700_000_000,
                 nanos: 5,
             }),
+            net: None,
         }),
     };
     assert_eq!(

@@ -98,7 +98,29 @@ pub struct QemuConfig {
     pub extra_cmdline: Vec<String>,
     /// `qemu-system-x86_64` unless overridden.
     pub qemu_binary: PathBuf,
+    /// The guest's NIC backend.
+    pub net: NetBackend,
 }
+
+/// What the guest's virtio-net device is connected to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetBackend {
+    /// QEMU's user-mode network (slirp) at 10.0.2.15, gateway 10.0.2.2. `restrict`: the
+    /// guest can send nothing anywhere. Without it the guest reaches whatever the host
+    /// can, the host's loopback included: use [`NetBackend::Tap`] for isolation.
+    User { restrict: bool },
+    /// An existing tap (QEMU must run in its network namespace) and the guest's static
+    /// address, `ip`'s kernel parameter form: `ip=<addr>::<gw>:<mask>::eth0:off`.
+    Tap {
+        ifname: String,
+        mac: String,
+        kernel_ip: String,
+    },
+}
+
+/// The guest's static address on QEMU's user network; the kernel configures eth0
+/// before init runs, so no DHCP client.
+const USER_NET_IP: &str = "ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off";
 
 impl QemuConfig {
     pub fn new(kernel: impl Into<PathBuf>, image: impl Into<PathBuf>) -> Self {
@@ -111,6 +133,7 @@ impl QemuConfig {
             boot_timeout: Duration::from_secs(60),
             extra_cmdline: Vec::new(),
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
+            net: NetBackend::User { restrict: false },
         }
     }
 
@@ -130,9 +153,10 @@ impl QemuConfig {
             "rw",
             // The agent is PID 1: no init system to wait for.
             &format!("init={AGENT_GUEST_PATH}"),
-            // Static address on QEMU's user network (gateway 10.0.2.2); the
-            // kernel configures eth0 before init runs, so no DHCP client.
-            "ip=10.0.2.15::10.0.2.2:255.255.255.0::eth0:off",
+            match &self.net {
+                NetBackend::User { .. } => USER_NET_IP,
+                NetBackend::Tap { kernel_ip, .. } => kernel_ip.as_str(),
+            },
             // A panic (e.g. the agent dying as PID 1) reboots at once, and
             // -no-reboot turns that into QEMU exiting: fail fast, not by timeout.
             "panic=-1",
@@ -207,14 +231,26 @@ impl QemuConfig {
             "-device",
             "virtio-blk-device,drive=root",
         ]);
-        // User networking for the guest's own traffic, with no port forwarded from
-        // the host: the agent is reached over virtio-serial only.
-        push(&[
-            "-netdev",
-            "user,id=net0",
-            "-device",
-            "virtio-net-device,netdev=net0",
-        ]);
+        // The guest's own traffic; no port is forwarded from the host: the agent is
+        // reached over virtio-serial only.
+        match &self.net {
+            NetBackend::User { restrict } => push(&[
+                "-netdev",
+                if *restrict {
+                    "user,id=net0,restrict=on"
+                } else {
+                    "user,id=net0"
+                },
+                "-device",
+                "virtio-net-device,netdev=net0",
+            ]),
+            NetBackend::Tap { ifname, mac, .. } => push(&[
+                "-netdev",
+                &format!("tap,id=net0,ifname={ifname},script=no,downscript=no"),
+                "-device",
+                &format!("virtio-net-device,netdev=net0,mac={mac}"),
+            ]),
+        }
         push(&[
             "-chardev",
             &format!(
@@ -326,6 +362,24 @@ mod tests {
         if host_tsc_khz().is_some() {
             assert!(append.contains("tsc_early_khz="), "{append}");
         }
+        cfg.net = NetBackend::Tap {
+            ifname: "tap0".into(),
+            mac: "02:7a:63:00:00:05".into(),
+            kernel_ip: "ip=10.213.0.6::10.213.0.1:255.255.0.0::eth0:off".into(),
+        };
+        let tap = cfg
+            .qemu_args(
+                Accel::Tcg,
+                Path::new("/o"),
+                Path::new("/s"),
+                Path::new("/a"),
+            )
+            .join(" ");
+        assert!(tap.contains("-netdev tap,id=net0,ifname=tap0,script=no,downscript=no"));
+        assert!(tap.contains("virtio-net-device,netdev=net0,mac=02:7a:63:00:00:05"));
+        assert!(tap.contains("ip=10.213.0.6::10.213.0.1:255.255.0.0::eth0:off"));
+        assert!(!tap.contains("10.0.2.15"), "{tap}");
+        cfg.net = NetBackend::User { restrict: false };
         let kvm = cfg
             .qemu_args(
                 Accel::Kvm,

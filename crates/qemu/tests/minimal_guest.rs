@@ -235,6 +235,7 @@ fn minimal_guest() {
                 entropy: entropy.clone(),
                 hostname: Some("sandbox-42".into()),
                 time: Some(UnixTime::now()),
+                net: None,
             })
             .unwrap();
         assert!(report.hostname_set && report.clock_set, "{report:?}");

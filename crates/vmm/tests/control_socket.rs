@@ -98,6 +98,7 @@ fn branch(sockets: Vec<PathBuf>, cgroups: Vec<Option<PathBuf>>) -> Request {
         child_vsock: vec![],
         child_taps: vec![],
         child_cgroups: cgroups,
+        child_netns: vec![],
         ready_timeout_ms: 1000,
     }
 }

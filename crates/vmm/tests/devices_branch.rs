@@ -90,6 +90,7 @@ fn branch_and_restore_carry_a_live_block_device() {
             child_serial: &sink,
             child_devices: &|_| Default::default(),
             child_cgroup: &|_| None,
+            child_netns: &|_| None,
             child_main: &child_main,
             keep_fds: vec![w],
             ready_timeout: Duration::from_secs(30),

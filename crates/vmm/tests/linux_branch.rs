@@ -53,6 +53,7 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
             child_serial: &serial,
             child_devices: &devices,
             child_cgroup: &|_| None,
+            child_netns: &|_| None,
             child_main: &child_main,
             keep_fds: Vec::new(),
             ready_timeout: Duration::from_secs(120),

@@ -97,6 +97,42 @@ def test_empty_and_nonpositive_commands_are_refused_locally(fake: FakeDaemon) ->
     assert fake.requests == []
 
 
+def test_a_single_cidr_string_is_refused_locally(fake: FakeDaemon) -> None:
+    # A str is a Sequence[str] too: sent as is it would be a list of characters.
+    with Client(fake.url, "t") as c:
+        with pytest.raises(TypeError, match="allow_out takes a list"):
+            Sandbox.create(client=c, allow_out="10.0.0.0/8")
+        with pytest.raises(TypeError, match="deny_out takes a list"):
+            Sandbox.create(client=c, deny_out="1.2.3.4")
+    assert fake.requests == []
+
+
+@pytest.mark.anyio
+async def test_async_create_sends_the_network_policy_given(fake: FakeDaemon) -> None:
+    fake.load([{"status": 201, "json": {"sandboxes": [SANDBOX]}}])
+    async with AsyncClient(fake.url, "t") as c:
+        sb = await AsyncSandbox.create(client=c, network="egress", deny_out=("169.254.0.0/16",))
+    assert sb.id == SANDBOX["id"]
+    assert json.loads(fake.requests[0].body) == {
+        "image": "minimal",
+        "network": "egress",
+        "deny_out": ["169.254.0.0/16"],
+    }
+
+
+def test_exposed_port_host_is_the_url_without_its_scheme() -> None:
+    p = zygote.ExposedPort.from_json(
+        {
+            "port": 8080,
+            "public": False,
+            "url": "http://8080-sb-aaaaaaaaaaaa.localhost:7421",
+            "path_url": "http://127.0.0.1:7421/sandboxes/sb-aaaaaaaaaaaa/ports/8080/",
+        }
+    )
+    assert p.host == "8080-sb-aaaaaaaaaaaa.localhost:7421"
+    assert (p.port, p.public) == (8080, False)
+
+
 def test_context_manager_kills_on_exit_and_keeps_the_original_error(fake: FakeDaemon) -> None:
     fake.load(
         [

@@ -69,6 +69,9 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         client.delete_snapshot(a["snapshot"])
         return {}
     assert sb is not None, f"op {op} needs a sandbox"
+    if op == "unexpose_port":
+        sb.unexpose_port(a["port"])
+        return {}
     ops: dict[str, Callable[[], Any]] = {
         "info": lambda: sb.info(),
         "run": lambda: sb.commands.run(a["cmd"], **run_kwargs(a, chunks)),
@@ -84,6 +87,9 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         # The SDK has no public call for the whole answer: check what branch parses.
         "branch_detailed": lambda: client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs"))),
         "set_ttl": lambda: sb.set_ttl(a["ttl_secs"]),
+        "expose_port": lambda: sb.expose_port(a["port"], public=a.get("public", False)),
+        "ports": lambda: {"ports": sb.ports()},
+        "get_host": lambda: {"host": sb.get_host(a["port"])},
         "snapshot": lambda: sb.snapshot(a["mode"], name=a.get("name")),
         "rollback": lambda: sb.rollback(a["snapshot"]),
         "kill": lambda: {"killed": sb.kill()},
@@ -123,6 +129,15 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
         return await client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs")))
     if op == "set_ttl":
         return await sb.set_ttl(a["ttl_secs"])
+    if op == "expose_port":
+        return await sb.expose_port(a["port"], public=a.get("public", False))
+    if op == "ports":
+        return {"ports": await sb.ports()}
+    if op == "unexpose_port":
+        await sb.unexpose_port(a["port"])
+        return {}
+    if op == "get_host":
+        return {"host": await sb.get_host(a["port"])}
     if op == "snapshot":
         return await sb.snapshot(a["mode"], name=a.get("name"))
     if op == "rollback":

@@ -21,8 +21,44 @@ export interface SandboxInfo {
   ttlSecs: number | null;
   /** Unix seconds when the daemon deletes the sandbox (null: never). */
   expiresAt: number | null;
+  /** Its network policy and address (null from daemons without networking). */
+  network: NetworkInfo | null;
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
+}
+
+/** A sandbox's network: its policy and its address. Branch children inherit the policy. */
+export interface NetworkInfo {
+  /** `egress` (outbound traffic through NAT) or `none` (no traffic at all). */
+  mode: string;
+  /** When not empty, the only IPv4 CIDRs outbound traffic may reach. */
+  allowOut: string[];
+  /** IPv4 CIDRs always refused (applied before `allowOut`). */
+  denyOut: string[];
+  /** The guest's IPv4 address (null: the sandbox has no isolated network). */
+  address: string | null;
+  /**
+   * The sandbox has a network namespace of its own with the policy enforced
+   * (false: the daemon runs without the isolated network; see `client.info()`).
+   */
+  isolated: boolean;
+}
+
+/**
+ * A guest port reachable through the daemon's proxy (see `sb.exposePort`).
+ * Unless `public`, requests to it need the API token (`Authorization: Bearer <token>`).
+ */
+export interface ExposedPort {
+  /** The port inside the guest. */
+  port: number;
+  /** Reachable without the API token. */
+  public: boolean;
+  /** `http://<port>-<sandbox id>.localhost:<proxy port>`: the port at the root of its own host name. */
+  url: string;
+  /** `http://127.0.0.1:<proxy port>/sandboxes/<id>/ports/<port>/`: the same under a path. */
+  pathUrl: string;
+  /** `url` without its scheme: `<port>-<sandbox id>.localhost:<proxy port>`. */
+  host: string;
 }
 
 export interface CommandResult {
@@ -110,7 +146,30 @@ export function sandboxFromJson(d: Json): SandboxInfo {
     exitReason: optStr(d.exit_reason),
     ttlSecs: optNum(d.ttl_secs),
     expiresAt: optNum(d.expires_at),
+    network: d.network && typeof d.network === "object" ? networkFromJson(d.network as Json) : null,
     raw: d,
+  };
+}
+
+export function networkFromJson(d: Json): NetworkInfo {
+  return {
+    mode: str(d.mode),
+    allowOut: strs(d.allow_out),
+    denyOut: strs(d.deny_out),
+    address: optStr(d.address),
+    isolated: d.isolated === true,
+  };
+}
+
+export function exposedPortFromJson(d: Json): ExposedPort {
+  const url = str(d.url);
+  return {
+    port: num(d.port),
+    public: d.public === true,
+    url,
+    pathUrl: str(d.path_url),
+    // The authority as written (new URL() would drop a default port).
+    host: url.replace(/^[a-z][a-z0-9+.-]*:\/\//i, "").replace(/[/?#].*$/, ""),
   };
 }
 

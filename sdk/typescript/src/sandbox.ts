@@ -1,14 +1,16 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
 import { Client, type ClientOptions, type Command, type RunOptions, seg } from "./client.js";
-import { BranchIncompleteError, SandboxNotFound } from "./errors.js";
+import { BranchIncompleteError, SandboxBusy, SandboxNotFound, SandboxNotRunning, ZygoteError } from "./errors.js";
 import {
   type BranchResult,
   type CommandResult,
+  type ExposedPort,
   type FileEntry,
   type SandboxInfo,
   type Snapshot,
   type WriteResult,
   branchFromJson,
+  exposedPortFromJson,
   fileEntryFromJson,
   sandboxFromJson,
   snapshotFromJson,
@@ -35,7 +37,23 @@ export interface CreateOptions extends Connection {
    * even if this process dies first (see {@link Sandbox.setTtl}).
    */
   ttlSecs?: number;
+  /**
+   * `egress` (the daemon's default: outbound traffic through NAT) or `none`
+   * (no traffic at all). Branch children inherit the policy.
+   */
+  network?: NetworkMode;
+  /**
+   * The only destinations outbound traffic may reach: IPv4 CIDRs such as
+   * `10.77.0.0/24`, or single addresses (sent as `allow_out`; an empty array
+   * allows none).
+   */
+  allowOut?: readonly string[];
+  /** Destinations always refused, even if `allowOut` has them (sent as `deny_out`). */
+  denyOut?: readonly string[];
 }
+
+/** What network a sandbox gets: see {@link CreateOptions.network}. */
+export type NetworkMode = "egress" | "none";
 
 export interface RestoreOptions extends Connection {
   name?: string;
@@ -67,6 +85,10 @@ function clientOf(c: Connection): Client {
 }
 
 const snapshotId = (s: Snapshot | string): string => (typeof s === "string" ? s : s.id);
+
+/** An expose refused because the port is exposed already: a 409 not about the sandbox's state. */
+const alreadyExposed = (e: unknown): boolean =>
+  e instanceof ZygoteError && e.status === 409 && !(e instanceof SandboxBusy || e instanceof SandboxNotRunning);
 
 export class Commands {
   constructor(private readonly sb: Sandbox) {}
@@ -147,6 +169,9 @@ export class Sandbox {
     if (opts.name !== undefined) body.name = opts.name;
     if (opts.limits !== undefined) body.limits = opts.limits;
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
+    if (opts.network !== undefined) body.network = opts.network;
+    if (opts.allowOut !== undefined) body.allow_out = [...opts.allowOut];
+    if (opts.denyOut !== undefined) body.deny_out = [...opts.denyOut];
     return Sandbox.fromCreate(client, body);
   }
 
@@ -250,6 +275,58 @@ export class Sandbox {
       json: { snapshot: snapshotId(snapshot) },
     });
     return sandboxFromJson(d);
+  }
+
+  /**
+   * Makes guest port `port` reachable through the daemon's proxy, at `url`
+   * (`http://<port>-<id>.localhost:<proxy port>`) and `pathUrl`. Unless
+   * `public`, the proxy wants the API token (`Authorization: Bearer <token>`,
+   * the one this client uses). A port already exposed throws
+   * {@link ConflictError}; one outside 1-65535 {@link InvalidArgument}.
+   */
+  async exposePort(port: number, opts: { public?: boolean } = {}): Promise<ExposedPort> {
+    const d = await this.client.json("POST", this.portsPath(), {
+      json: { port, public: opts.public ?? false },
+    });
+    return exposedPortFromJson(d);
+  }
+
+  /** The ports exposed so far. */
+  async ports(): Promise<ExposedPort[]> {
+    const d = await this.client.json<{ ports: Json[] }>("GET", this.portsPath());
+    return d.ports.map(exposedPortFromJson);
+  }
+
+  /** Stops exposing `port`; throws {@link NotFoundError} if it was not exposed. */
+  async unexposePort(port: number): Promise<void> {
+    await this.client.request("DELETE", this.portsPath(`/${seg(String(port))}`));
+  }
+
+  /**
+   * The host (no scheme) at which the daemon's proxy serves guest port `port`:
+   * `<port>-<id>.localhost:<proxy port>`, as in `` `http://${await sb.getHost(8080)}` ``
+   * (E2B's `getHost`).
+   *
+   * A port not exposed yet is exposed first, not public: requests to it then
+   * need the API token. For a port reachable without the token, call
+   * `exposePort(port, { public: true })` before.
+   */
+  async getHost(port: number): Promise<string> {
+    let found = (await this.ports()).find((p) => p.port === port);
+    if (!found) {
+      try {
+        found = await this.exposePort(port);
+      } catch (e) {
+        // Exposed by someone else since the listing: use that.
+        if (alreadyExposed(e)) found = (await this.ports()).find((p) => p.port === port);
+        if (!found) throw e;
+      }
+    }
+    return found.host;
+  }
+
+  private portsPath(suffix = ""): string {
+    return `/v1/sandboxes/${seg(this.id)}/ports${suffix}`;
   }
 
   /** The guest's serial console output. */

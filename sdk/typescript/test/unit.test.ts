@@ -102,6 +102,40 @@ describe("sandbox handles", () => {
     assert.equal(fake.requests.length, 0);
   });
 
+  test("create sends only the network options given, in the API's names", async () => {
+    fake.load([{ status: 201, json: { sandboxes: [SANDBOX] } }, { status: 201, json: { sandboxes: [SANDBOX] } }]);
+    const client = new Client({ url: fake.url, token: "t" });
+    await Sandbox.create({ client, network: "egress", denyOut: ["169.254.0.0/16"] });
+    await Sandbox.create({ client, allowOut: [] });
+    assert.deepEqual(
+      fake.requests.map((r) => JSON.parse(r.body.toString("utf8"))),
+      [
+        { image: "minimal", network: "egress", deny_out: ["169.254.0.0/16"] },
+        { image: "minimal", allow_out: [] },
+      ],
+    );
+  });
+
+  test("an exposed port's host is its URL without the scheme", async () => {
+    const port = {
+      port: 8080,
+      public: false,
+      url: "http://8080-sb-aaaaaaaaaaaa.localhost:7421",
+      path_url: "http://127.0.0.1:7421/sandboxes/sb-aaaaaaaaaaaa/ports/8080/",
+    };
+    fake.load([{ status: 200, json: { ports: [port] } }]);
+    const sb = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+    assert.deepEqual(await sb.ports(), [
+      {
+        port: 8080,
+        public: false,
+        url: port.url,
+        pathUrl: port.path_url,
+        host: "8080-sb-aaaaaaaaaaaa.localhost:7421",
+      },
+    ]);
+  });
+
   test("client and url are exclusive", async () => {
     const client = new Client({ url: fake.url, token: "t" });
     await assert.rejects(Sandbox.create({ client, url: fake.url }), TypeError);

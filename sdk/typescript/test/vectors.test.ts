@@ -86,6 +86,9 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
             name: a.name,
             limits: a.limits,
             ttlSecs: a.ttl_secs,
+            network: a.network,
+            allowOut: a.allow_out,
+            denyOut: a.deny_out,
           })
         ).id,
       };
@@ -127,6 +130,15 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
       return sb.branchDetailed({ n: a.n, ttlSecs: a.ttl_secs });
     case "set_ttl":
       return sb.setTtl(a.ttl_secs);
+    case "expose_port":
+      return sb.exposePort(a.port, { public: a.public });
+    case "ports":
+      return { ports: await sb.ports() };
+    case "unexpose_port":
+      await sb.unexposePort(a.port);
+      return {};
+    case "get_host":
+      return { host: await sb.getHost(a.port) };
     case "snapshot":
       return sb.snapshot({ mode: a.mode, name: a.name });
     case "rollback":

@@ -184,6 +184,7 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
             child_serial: &sink,
             child_devices: &|_| Default::default(),
             child_cgroup: &|_| None,
+            child_netns: &|_| None,
             child_main: &exit_at_once,
             keep_fds: vec![],
             ready_timeout: Duration::from_secs(30),

@@ -85,6 +85,7 @@ pub fn run(args: FanoutBenchArgs) -> anyhow::Result<i32> {
         child_serial: &sink,
         child_devices: &|_| Default::default(),
         child_cgroup: &|_| None,
+        child_netns: &|_| None,
         child_main: &idle,
         keep_fds: vec![],
         ready_timeout: Duration::from_secs(600),

@@ -36,41 +36,43 @@ pub struct CreateArgs {
     /// (change it later with `zygote ttl`).
     #[arg(long, value_name = "SECS")]
     ttl: Option<u64>,
+    /// Network: egress (the default) or none. Branch children inherit the
+    /// network policy.
+    #[arg(long, value_enum)]
+    network: Option<Network>,
+    /// Allow outbound traffic only to this IPv4 CIDR or address (repeatable).
+    #[arg(long = "allow-out", value_name = "CIDR")]
+    allow_out: Vec<String>,
+    /// Refuse outbound traffic to this IPv4 CIDR or address, even if allowed
+    /// (repeatable).
+    #[arg(long = "deny-out", value_name = "CIDR")]
+    deny_out: Vec<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     api: ApiArgs,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum Network {
+    /// Outbound connections through NAT (narrowed by --allow-out / --deny-out).
+    Egress,
+    /// No network traffic.
+    None,
+}
+
+impl Network {
+    fn as_str(self) -> &'static str {
+        match self {
+            Network::Egress => "egress",
+            Network::None => "none",
+        }
+    }
+}
+
 pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
-    let mut body = json!({
-        "n": args.count,
-        "limits": {},
-    });
-    match &args.snapshot {
-        Some(s) => body["snapshot"] = json!(s),
-        None => body["image"] = json!(args.image.as_deref().unwrap_or("minimal")),
-    }
-    for (k, v) in [
-        ("name", args.name.as_ref().map(|n| json!(n))),
-        ("mem_mib", args.mem_mib.map(|m| json!(m))),
-        ("vcpus", args.vcpus.map(|v| json!(v))),
-        ("ttl_secs", args.ttl.map(|t| json!(t))),
-    ] {
-        if let Some(v) = v {
-            body[k] = v;
-        }
-    }
-    for (k, v) in [
-        ("memory_mib", args.memory_limit_mib.map(|m| json!(m))),
-        ("cpu_percent", args.cpu_percent.map(|c| json!(c))),
-        ("pids", args.pids_limit.map(|p| json!(p))),
-    ] {
-        if let Some(v) = v {
-            body["limits"][k] = v;
-        }
-    }
+    let body = request_body(&args);
     let pb = (!args.json).then(|| spinner(&format!("starting {} sandbox(es)", args.count)));
     let made: Result<SandboxList, _> =
         block_on(client.json(Method::POST, "/v1/sandboxes", Some(&body)));
@@ -91,16 +93,105 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
                 s.name.clone().unwrap_or_default(),
                 s.state.clone(),
                 s.pid.map(|p| p.to_string()).unwrap_or_default(),
+                s.network.address.clone().unwrap_or_else(|| "-".into()),
                 age(s.created_at),
                 expires_in(s.expires_at),
             ]
         })
         .collect();
-    print_table(&["ID", "NAME", "STATE", "PID", "AGE", "EXPIRES"], &rows);
+    print_table(
+        &["ID", "NAME", "STATE", "PID", "ADDRESS", "AGE", "EXPIRES"],
+        &rows,
+    );
     for s in &made.sandboxes {
         for (limit, why) in &s.cgroup.not_applied {
             eprintln!("zygote: {}: {limit} not applied: {why}", s.id);
         }
     }
     Ok(0)
+}
+
+/// The `POST /v1/sandboxes` body: only the options given (the daemon has the
+/// defaults), limits always as an object.
+fn request_body(args: &CreateArgs) -> serde_json::Value {
+    let mut body = json!({
+        "n": args.count,
+        "limits": {},
+    });
+    match &args.snapshot {
+        Some(s) => body["snapshot"] = json!(s),
+        None => body["image"] = json!(args.image.as_deref().unwrap_or("minimal")),
+    }
+    for (k, v) in [
+        ("name", args.name.as_ref().map(|n| json!(n))),
+        ("mem_mib", args.mem_mib.map(|m| json!(m))),
+        ("vcpus", args.vcpus.map(|v| json!(v))),
+        ("ttl_secs", args.ttl.map(|t| json!(t))),
+        ("network", args.network.map(|n| json!(n.as_str()))),
+        (
+            "allow_out",
+            (!args.allow_out.is_empty()).then(|| json!(args.allow_out)),
+        ),
+        (
+            "deny_out",
+            (!args.deny_out.is_empty()).then(|| json!(args.deny_out)),
+        ),
+    ] {
+        if let Some(v) = v {
+            body[k] = v;
+        }
+    }
+    for (k, v) in [
+        ("memory_mib", args.memory_limit_mib.map(|m| json!(m))),
+        ("cpu_percent", args.cpu_percent.map(|c| json!(c))),
+        ("pids", args.pids_limit.map(|p| json!(p))),
+    ] {
+        if let Some(v) = v {
+            body["limits"][k] = v;
+        }
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        create: CreateArgs,
+    }
+
+    fn body_of(argv: &[&str]) -> serde_json::Value {
+        let cli = Cli::try_parse_from(std::iter::once("zygote").chain(argv.iter().copied()))
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        request_body(&cli.create)
+    }
+
+    #[test]
+    fn network_flags_are_sent_only_when_given() {
+        let plain = body_of(&[]);
+        assert_eq!(plain, json!({"n": 1, "limits": {}, "image": "minimal"}));
+        let body = body_of(&[
+            "--network",
+            "egress",
+            "--allow-out",
+            "10.77.0.0/24",
+            "--allow-out",
+            "1.2.3.4",
+            "--deny-out",
+            "10.77.0.9/32",
+        ]);
+        assert_eq!(body["network"], json!("egress"));
+        assert_eq!(body["allow_out"], json!(["10.77.0.0/24", "1.2.3.4"]));
+        assert_eq!(body["deny_out"], json!(["10.77.0.9/32"]));
+        let none = body_of(&["--network", "none", "--snapshot", "snap-1"]);
+        assert_eq!(
+            none,
+            json!({"n": 1, "limits": {}, "snapshot": "snap-1", "network": "none"})
+        );
+        assert!(Cli::try_parse_from(["zygote", "--network", "bridged"]).is_err());
+    }
 }

@@ -17,6 +17,7 @@ pub mod exec;
 pub mod image;
 pub mod images;
 pub mod logs;
+pub mod port;
 pub mod probe;
 pub mod ps;
 pub mod restore;

@@ -66,6 +66,7 @@ pub async fn info(State(st): State<AppState>) -> Json<Info> {
         runtime: m.runtime_info.clone(),
         cgroups: m.cgroups.info(),
         state_dir: m.dirs.state.display().to_string(),
+        network: m.network.info(),
     })
 }
 

@@ -31,8 +31,9 @@ use crate::metrics::Metrics;
 use crate::model::{
     CreateSandboxRequest, Origin, RuntimeInfo, Sandbox, Snapshot, Validate, DEFAULT_MEM_MIB,
 };
+use crate::network::{NetRecord, Network};
 use crate::runtime::guest_agent::AgentAuth;
-use crate::runtime::{BootSource, Runtime, StartSpec, VmRecord};
+use crate::runtime::{BootSource, Runtime, RuntimeError, StartSpec, VmRecord};
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -92,6 +93,7 @@ pub struct Manager {
     pub(crate) runtime_info: RuntimeInfo,
     pub(crate) cgroups: Cgroups,
     pub(crate) dirs: Dirs,
+    pub(crate) network: Arc<Network>,
     pub metrics: Metrics,
     locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
     agents: Mutex<HashMap<String, AgentClient>>,
@@ -132,6 +134,7 @@ impl Manager {
         runtime_info: RuntimeInfo,
         cgroups: Cgroups,
         dirs: Dirs,
+        network: Network,
     ) -> Manager {
         Manager {
             db,
@@ -139,6 +142,7 @@ impl Manager {
             runtime_info,
             cgroups,
             dirs,
+            network: Arc::new(network),
             metrics: Metrics::default(),
             locks: Mutex::new(HashMap::new()),
             agents: Mutex::new(HashMap::new()),
@@ -245,6 +249,7 @@ impl Manager {
             exited_at: r.exited_at,
             ttl_secs: r.ttl_secs,
             expires_at: r.expires_at,
+            network: self.network.view(&r.network),
         }
     }
 
@@ -280,6 +285,10 @@ impl Manager {
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Vec<Sandbox>> {
         req.validate()?;
         let n = req.n.unwrap_or(1);
+        let policy = req.network_request().policy()?;
+        self.network
+            .check(&policy)
+            .map_err(|e| Error::Unsupported(e.to_string()))?;
         if let Some(name) = &req.name {
             let taken = self.db.sandboxes()?.into_iter().any(|s| {
                 s.name
@@ -355,6 +364,10 @@ impl Manager {
                 // Set once running, so a slow boot does not eat into the TTL.
                 expires_at: None,
                 pending: None,
+                network: NetRecord {
+                    policy: policy.clone(),
+                    attachment: None,
+                },
             };
             let this = self.clone();
             let source = source.clone();
@@ -423,7 +436,28 @@ impl Manager {
                 boot_token,
             },
             snapshot_root: Some(self.dirs.snapshots.clone()),
+            net: self.network.guest_net(&row.network),
         })
+    }
+
+    /// Starts `spec`'s VM (blocking) after making the sandbox's network namespace (or
+    /// finding the one it has); `rec` comes back with the namespace recorded either way,
+    /// so a failed start's clean-up removes it.
+    fn start_with_network(
+        &self,
+        id: &str,
+        mut rec: NetRecord,
+        mut spec: StartSpec,
+    ) -> impl FnOnce() -> (NetRecord, std::result::Result<VmRecord, RuntimeError>) {
+        let (net, rt, id) = (self.network.clone(), self.runtime.clone(), id.to_string());
+        move || {
+            let started = net.ensure(&id, &mut rec).map_err(RuntimeError::from);
+            let result = started.and_then(|guest| {
+                spec.net = guest;
+                rt.start(&spec)
+            });
+            (rec, result)
+        }
     }
 
     async fn create_one(
@@ -441,8 +475,9 @@ impl Manager {
             }
         };
         let started = Instant::now();
-        let rt = self.runtime.clone();
-        let result = self.blocking(move || rt.start(&spec)).await?;
+        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let (net, result) = self.blocking(start).await?;
+        row.network = net;
         match result {
             Ok(vm) => {
                 self.metrics.boot.observe(started.elapsed());
@@ -474,6 +509,9 @@ impl Manager {
     }
 
     fn cleanup_files(&self, row: &SandboxRow) {
+        if let Some(att) = &row.network.attachment {
+            self.network.detach(att);
+        }
         if let Some(cg) = &row.cgroup.path {
             if let Err(e) = cgroup::destroy(std::path::Path::new(cg)) {
                 tracing::warn!("sandbox {}: {e}", row.id);

@@ -10,7 +10,8 @@ use crate::model::{
     BranchFailure, BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind,
     SnapshotRequest, Validate,
 };
-use crate::runtime::BootSource;
+use crate::network::{NetRecord, Network};
+use crate::runtime::{BootSource, RuntimeError, StartSpec};
 
 impl Manager {
     fn check_kind(&self, kind: SnapshotKind) -> Result<()> {
@@ -148,6 +149,11 @@ impl Manager {
                 ttl_secs: req.ttl_secs.or(parent.ttl_secs),
                 expires_at: None,
                 pending: None,
+                // Each child: the parent's policy, a namespace and address of its own.
+                network: NetRecord {
+                    policy: parent.network.policy.clone(),
+                    attachment: None,
+                },
             };
             // Placeholder source: the runtime substitutes the branch point. The child
             // wakes up with its parent's agent token.
@@ -171,12 +177,19 @@ impl Manager {
         self.begin_capture(&mut parent, pending)?;
         fault::point("branch.recorded");
         let rt = self.runtime.clone();
-        let (result, vm) = self
+        let net = self.network.clone();
+        let child_ids: Vec<String> = children.iter().map(|c| c.id.clone()).collect();
+        let mut nets: Vec<NetRecord> = children.iter().map(|c| c.network.clone()).collect();
+        let (result, vm, nets) = self
             .blocking(move || {
-                let r = rt.branch(&mut vm, &point_dir, &next_disk, &specs);
-                (r, vm)
+                let r = attach_all(&net, &child_ids, &mut nets, &mut specs)
+                    .and_then(|()| rt.branch(&mut vm, &point_dir, &next_disk, &specs));
+                (r, vm, nets)
             })
             .await?;
+        for (child, net) in children.iter_mut().zip(nets) {
+            child.network = net;
+        }
         parent.state = STATE_RUNNING.into();
         parent.pending = None;
         let (data, results) = match result {
@@ -283,8 +296,9 @@ impl Manager {
             boot_token,
         )?;
         self.forget_agent(id);
-        let rt = self.runtime.clone();
-        let result = self.blocking(move || rt.start(&spec)).await?;
+        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let (net, result) = self.blocking(start).await?;
+        row.network = net;
         fault::point("restore.started");
         match result {
             Ok(vm) => {
@@ -334,4 +348,30 @@ impl Manager {
         tracing::info!("snapshot {id} deleted");
         self.collect_garbage()
     }
+}
+
+/// Makes every branch child's namespace, at once (each is a few `ip`/`nft` runs that
+/// mostly wait on the kernel), and points its spec at it. On error the namespaces made
+/// stay recorded in `nets`, for the children's clean-up to remove.
+fn attach_all(
+    net: &Network,
+    ids: &[String],
+    nets: &mut [NetRecord],
+    specs: &mut [StartSpec],
+) -> std::result::Result<(), RuntimeError> {
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .iter()
+            .zip(nets.iter_mut())
+            .map(|(id, rec)| s.spawn(move || net.ensure(id, rec)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("network set-up does not panic"))
+            .collect()
+    });
+    for (spec, r) in specs.iter_mut().zip(results) {
+        spec.net = r?;
+    }
+    Ok(())
 }

@@ -78,8 +78,35 @@ impl Manager {
                 _ => {}
             }
         }
+        self.reattach_networks().await?;
         self.remove_orphans()?;
         self.collect_garbage()
+    }
+
+    /// Every recorded namespace gets its rules again (a host that rebooted lost them,
+    /// and the namespaces; a sandbox whose namespace is gone is reported), and this
+    /// daemon's namespaces that no sandbox records (a crash mid-create) go.
+    async fn reattach_networks(self: &Arc<Self>) -> Result<()> {
+        let rows = self.db.sandboxes()?;
+        let net = self.network.clone();
+        let problems = self
+            .blocking(move || {
+                let keep = rows
+                    .iter()
+                    .filter_map(|r| r.network.attachment.as_ref())
+                    .map(|a| a.netns.clone())
+                    .collect();
+                net.sweep(&keep);
+                rows.iter()
+                    .filter(|r| r.state == STATE_RUNNING)
+                    .filter_map(|r| net.reattach(&r.network).err().map(|e| (r.id.clone(), e)))
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+        for (id, e) in problems {
+            tracing::warn!("sandbox {id}: network: {e}");
+        }
+        Ok(())
     }
 
     pub(crate) fn mark_dead(&self, row: &mut SandboxRow, reason: String) -> Result<()> {

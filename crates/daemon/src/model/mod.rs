@@ -9,9 +9,13 @@ use utoipa::ToSchema;
 use crate::error::{Error, Result};
 
 mod exec;
+mod network;
 mod ttl;
 mod validate;
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
+pub use network::{
+    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
+};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
@@ -100,6 +104,28 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
+    /// `egress` (default: outbound connections through NAT, never to the host, the
+    /// link-local range or other sandboxes) or `none` (no traffic).
+    #[serde(default)]
+    pub network: Option<NetworkMode>,
+    /// Only these IPv4 CIDRs (or single addresses) may be reached.
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub allow_out: Option<Vec<String>>,
+    /// These IPv4 CIDRs are refused, even when `allow_out` contains them.
+    #[serde(default)]
+    #[schema(max_items = 256)]
+    pub deny_out: Option<Vec<String>>,
+}
+
+impl CreateSandboxRequest {
+    pub fn network_request(&self) -> NetworkRequest {
+        NetworkRequest {
+            network: self.network,
+            allow_out: self.allow_out.clone(),
+            deny_out: self.deny_out.clone(),
+        }
+    }
 }
 
 impl Validate for CreateSandboxRequest {
@@ -132,6 +158,7 @@ impl Validate for CreateSandboxRequest {
             ));
         }
         ttl::validate_ttl(self.ttl_secs)?;
+        self.network_request().policy()?;
         self.limits.validate()
     }
 }
@@ -193,6 +220,7 @@ pub struct Sandbox {
     pub ttl_secs: Option<u64>,
     /// When the daemon deletes it (unix seconds, like `created_at`; null: never).
     pub expires_at: Option<u64>,
+    pub network: NetworkView,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -450,6 +478,8 @@ pub struct Info {
     /// cgroup v2 support: where VM cgroups go and which limits can be applied.
     pub cgroups: CgroupInfo,
     pub state_dir: String,
+    /// How sandboxes are networked (`isolated`: a namespace each, nftables policy).
+    pub network: crate::network::NetworkInfo,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

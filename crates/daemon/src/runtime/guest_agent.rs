@@ -6,9 +6,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{ReidentifyRequest, UnixTime};
+use zygote_proto::{NetIdentity, ReidentifyRequest, UnixTime};
 
-use super::RuntimeError;
+use super::{GuestNet, RuntimeError};
 
 /// Pause between attempts while the guest is not answering yet.
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
@@ -36,16 +36,18 @@ fn authenticate_and_reidentify(
     client: &AgentClient,
     auth: &AgentAuth,
     hostname: &str,
+    net: &GuestNet,
 ) -> Result<(), ClientError> {
     let shown = auth.boot_token.as_deref().unwrap_or(&auth.token);
-    let req = reidentify_request(hostname)?;
+    let req = reidentify_request(hostname, net)?;
     client
         .hello_and_reidentify(shown, Some(&auth.token), req)
         .map(drop)
 }
 
-/// Fresh entropy, hostname and clock, so that siblings never share RNG state.
-fn reidentify_request(hostname: &str) -> Result<ReidentifyRequest, ClientError> {
+/// Fresh entropy, hostname, clock and network address, so that siblings never share
+/// RNG state or an address.
+fn reidentify_request(hostname: &str, net: &GuestNet) -> Result<ReidentifyRequest, ClientError> {
     let mut entropy = vec![0u8; 64];
     {
         use std::io::Read;
@@ -61,6 +63,15 @@ fn reidentify_request(hostname: &str) -> Result<ReidentifyRequest, ClientError> 
             secs: now.as_secs() as i64,
             nanos: now.subsec_nanos(),
         }),
+        net: match net {
+            GuestNet::Tap(t) => Some(NetIdentity {
+                interface: "eth0".into(),
+                address: format!("{}/{}", t.address, t.prefix),
+                gateway: t.gateway.to_string(),
+                mac: t.mac.clone(),
+            }),
+            GuestNet::User { .. } => None,
+        },
     })
 }
 
@@ -85,6 +96,7 @@ pub struct AgentTarget<'a> {
 pub fn bring_up(
     target: &AgentTarget,
     hostname: &str,
+    net: &GuestNet,
     auth: &AgentAuth,
     deadline: Instant,
 ) -> Result<AgentClient, RuntimeError> {
@@ -97,7 +109,7 @@ pub fn bring_up(
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
             let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
-            authenticate_and_reidentify(&c, auth, hostname).map(|()| c)
+            authenticate_and_reidentify(&c, auth, hostname, net).map(|()| c)
         });
         match attempt {
             Ok(c) => {
@@ -152,6 +164,7 @@ mod tests {
                 attempt_limit: Duration::from_secs(1),
             },
             "h",
+            &GuestNet::User { restrict: false },
             &AgentAuth {
                 token: "t".into(),
                 boot_token: None,
@@ -175,6 +188,7 @@ mod tests {
                 attempt_limit: Duration::from_secs(1),
             },
             "h",
+            &GuestNet::User { restrict: false },
             &AgentAuth {
                 token: "t".into(),
                 boot_token: None,

@@ -24,7 +24,7 @@ use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY
 use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
 use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
-use super::{SnapshotData, StartSpec, VmRecord};
+use super::{GuestNet, SnapshotData, StartSpec, TapNet, VmRecord};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
 
@@ -103,7 +103,11 @@ impl KvmRuntime {
     }
 
     fn argv(&self, spec: &StartSpec, files: &VmFiles) -> Result<Vec<String>, RuntimeError> {
-        let cmdline = kvm_cmd::guest_cmdline();
+        let mut cmdline = kvm_cmd::guest_cmdline();
+        if let Some(t) = tap(spec) {
+            cmdline.push(' ');
+            cmdline.push_str(&t.kernel_ip_param());
+        }
         let kernel;
         let boot = match (&spec.source, &self.guest) {
             (BootSource::Snapshot(s), _) => Boot::Restore {
@@ -124,6 +128,10 @@ impl KvmRuntime {
             argv.push("--snapshot-root".into());
             argv.push(root.display().to_string());
         }
+        if let Some(t) = tap(spec) {
+            argv.push("--net".into());
+            argv.push(t.tap.clone());
+        }
         Ok(argv)
     }
 
@@ -135,7 +143,15 @@ impl KvmRuntime {
         let stderr = std::fs::File::create(&files.stderr)
             .map_err(RuntimeError::io("creating vmm.stderr"))?;
         let bin = self.bin.display().to_string();
-        let sup = supervisor::spawn(&bin, &args, &spec.dir, spec.cgroup.as_deref(), stderr)?;
+        let netns = tap(spec).map(|t| t.netns.as_path());
+        let sup = supervisor::spawn(
+            &bin,
+            &args,
+            &spec.dir,
+            spec.cgroup.as_deref(),
+            netns,
+            stderr,
+        )?;
         match wait_control(&files.api_sock, &sup) {
             Ok(process) => Ok(record(spec, &files, process, Some(sup))),
             Err(e) => {
@@ -171,13 +187,23 @@ impl KvmRuntime {
             attempt_limit: Duration::from_secs(10),
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client = guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline)?;
+        let client =
+            guest_agent::bring_up(&target, &spec.hostname, &spec.net, &spec.auth, deadline)?;
         self.brought_up.keep(&rec.agent_addr, client);
         Ok(())
     }
 }
 
 /// The VMM's snapshot directory inside a [`SnapshotData`].
+/// The guest's tap, when the sandbox has a namespace of its own (else it has no NIC:
+/// QEMU's user network has no counterpart here).
+fn tap(spec: &StartSpec) -> Option<&TapNet> {
+    match &spec.net {
+        GuestNet::Tap(t) => Some(t),
+        GuestNet::User { .. } => None,
+    }
+}
+
 fn restore_dir(s: &SnapshotData) -> Result<&Path, RuntimeError> {
     let dir = s.state_file.parent().unwrap_or(&s.dir);
     if !dir.join(MEMORY_FILE).exists() {
@@ -376,9 +402,19 @@ impl Runtime for KvmRuntime {
             child_consoles: files.iter().map(|f| f.console.clone()).collect(),
             // Every VM of this runtime has a vsock device, so each child needs its own.
             child_vsock: files.iter().map(|f| f.vsock.clone()).collect(),
-            child_taps: Vec::new(),
-            // Each child joins its own cgroup before building its VM.
+            // Each child joins its own cgroup before building its VM, and its own
+            // network namespace before opening its tap there.
+            child_taps: children
+                .iter()
+                .filter_map(|c| tap(c))
+                .map(|t| t.tap.clone())
+                .collect(),
             child_cgroups: children.iter().map(|c| c.cgroup.clone()).collect(),
+            child_netns: children
+                .iter()
+                .filter_map(|c| tap(c))
+                .map(|t| Some(t.netns.clone()))
+                .collect(),
             ready_timeout_ms: BRANCH_READY_MS,
         };
         let info: BranchInfo = control(&parent.control)

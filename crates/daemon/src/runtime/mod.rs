@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use zygote_proto::client::{AgentClient, ClientError};
 
 use crate::model::SnapshotKind;
+pub use crate::network::{GuestNet, TapNet};
 use crate::procs::ProcId;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +40,8 @@ pub enum RuntimeError {
     Qemu(#[from] zygote_qemu::QemuError),
     #[error("agent: {0}")]
     Agent(#[from] ClientError),
+    #[error("network: {0}")]
+    Network(#[from] crate::network::NetError),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -132,6 +135,8 @@ pub struct StartSpec {
     pub auth: guest_agent::AgentAuth,
     /// Where the VM may write snapshots (the kvm runtime's VMM refuses other paths).
     pub snapshot_root: Option<PathBuf>,
+    /// The guest's NIC and where the VM process runs (`crate::network`).
+    pub net: GuestNet,
 }
 
 /// What a live VM is doing, as the VM itself reports it.

@@ -10,12 +10,14 @@ use std::time::{Duration, Instant};
 
 use zygote_proto::client::AgentClient;
 use zygote_qemu::migrate::{create_overlay_on, detached_args, DetachedVm};
-use zygote_qemu::{Accel, QemuConfig};
+use zygote_qemu::{Accel, NetBackend, QemuConfig};
 
 use super::handoff::BroughtUp;
 use super::qmp::Qmp;
 use super::{guest_agent, supervisor};
-use super::{BootSource, Exit, RunState, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord};
+use super::{
+    BootSource, Exit, GuestNet, RunState, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord,
+};
 use crate::model::SnapshotKind;
 
 const QEMU: &str = "qemu-system-x86_64";
@@ -73,6 +75,16 @@ impl QemuRuntime {
         let mut cfg = QemuConfig::new(self.kernel()?, image);
         cfg.mem_mib = spec.mem_mib;
         cfg.vcpus = spec.vcpus;
+        cfg.net = match &spec.net {
+            GuestNet::User { restrict } => NetBackend::User {
+                restrict: *restrict,
+            },
+            GuestNet::Tap(t) => NetBackend::Tap {
+                ifname: t.tap.clone(),
+                mac: t.mac.clone(),
+                kernel_ip: t.kernel_ip_param(),
+            },
+        };
         Ok(cfg)
     }
 
@@ -106,7 +118,12 @@ impl QemuRuntime {
         let stderr =
             File::create(&stderr_path).map_err(RuntimeError::io("creating qemu.stderr"))?;
         let args = detached_args(cfg, accel, &vm);
-        let supervisor = supervisor::spawn(QEMU, &args, dir, spec.cgroup.as_deref(), stderr)?;
+        let netns = match &spec.net {
+            GuestNet::Tap(t) => Some(t.netns.as_path()),
+            GuestNet::User { .. } => None,
+        };
+        let supervisor =
+            supervisor::spawn(QEMU, &args, dir, spec.cgroup.as_deref(), netns, stderr)?;
         let record = |process| VmRecord {
             dir: dir.clone(),
             process,
@@ -151,7 +168,8 @@ impl QemuRuntime {
             attempt_limit: BOOT_TIMEOUT,
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client = guest_agent::bring_up(&target, &spec.hostname, &spec.auth, deadline)?;
+        let client =
+            guest_agent::bring_up(&target, &spec.hostname, &spec.net, &spec.auth, deadline)?;
         self.brought_up.keep(&rec.agent_addr, client);
         Ok(())
     }

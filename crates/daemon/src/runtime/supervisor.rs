@@ -19,12 +19,14 @@ use crate::procs::ProcId;
 const SCRIPT: &str = r#""$@"; status=$?; echo "$status" > exit.tmp && mv exit.tmp exit"#;
 
 /// Starts `program args` in `dir` under the supervisor shell, with stderr
-/// to `stderr` and, if given, inside `cgroup`. Returns the shell's identity.
+/// to `stderr` and, if given, inside `cgroup` and the network namespace `netns` (a
+/// `/run/netns` file: the VM's tap lives there). Returns the shell's identity.
 pub fn spawn(
     program: &str,
     args: &[String],
     dir: &Path,
     cgroup: Option<&Path>,
+    netns: Option<&Path>,
     stderr: File,
 ) -> Result<ProcId, RuntimeError> {
     let mut cmd = Command::new("/bin/sh");
@@ -49,9 +51,24 @@ pub fn spawn(
             .ok()
     });
     let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
-    // SAFETY: only async-signal-safe calls (setsid, write) run between fork and exec.
+    // Opened before fork too (close-on-exec): the child joins it with setns(2).
+    let netns_file = netns
+        .map(File::open)
+        .transpose()
+        .map_err(RuntimeError::io(format!(
+            "opening network namespace {}",
+            netns.unwrap_or(Path::new("")).display()
+        )))?;
+    let netns_fd = netns_file.as_ref().map(|f| f.as_raw_fd());
+    // SAFETY: only async-signal-safe calls (setsid, write, setns) run between fork and
+    // exec.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(fd) = netns_fd {
+                if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             // Own session: a terminal's Ctrl-C aimed at `zygote serve` must not kill VMs.
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -69,6 +86,7 @@ pub fn spawn(
         source,
     })?;
     drop(procs);
+    drop(netns_file);
     let id = ProcId::of(child.id());
     // Reap the shell when it ends (after a daemon restart init does that).
     let spawned = std::thread::Builder::new()
@@ -221,6 +239,7 @@ mod tests {
             "sh",
             &["-c".into(), "echo $$ > pid; exit 3".into()],
             dir.path(),
+            None,
             None,
             err,
         )

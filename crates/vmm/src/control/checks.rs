@@ -30,6 +30,8 @@ pub enum BranchCheckError {
     },
     #[error("{0} is not a cgroup directory")]
     NotACgroup(PathBuf),
+    #[error("{0} is not a network namespace file")]
+    NotANetns(PathBuf),
     #[error("duplicate child socket {0}")]
     DuplicateSocket(PathBuf),
     #[error("child socket {0} already exists")]
@@ -45,6 +47,7 @@ pub struct BranchPaths {
     pub vsock: Vec<PathBuf>,
     pub taps: Vec<String>,
     pub cgroups: Vec<Option<PathBuf>>,
+    pub netns: Vec<Option<PathBuf>>,
 }
 
 pub fn check_branch(p: &BranchPaths) -> Result<(), BranchCheckError> {
@@ -60,9 +63,15 @@ pub fn check_branch(p: &BranchPaths) -> Result<(), BranchCheckError> {
         ("child_vsock", p.vsock.len()),
         ("child_taps", p.taps.len()),
         ("child_cgroups", p.cgroups.len()),
+        ("child_netns", p.netns.len()),
     ] {
         if len != 0 && len != count {
             return Err(BranchCheckError::LengthMismatch { field, len, count });
+        }
+    }
+    for ns in p.netns.iter().flatten() {
+        if !ns.is_absolute() || !ns.is_file() {
+            return Err(BranchCheckError::NotANetns(ns.clone()));
         }
     }
     for cg in p.cgroups.iter().flatten() {
@@ -230,6 +239,7 @@ mod tests {
             vsock: vec![],
             taps: vec![],
             cgroups: vec![],
+            netns: vec![],
         }
     }
 

@@ -30,6 +30,11 @@ pub enum Request {
         /// in the parent's).
         #[serde(default)]
         child_cgroups: Vec<Option<PathBuf>>,
+        /// Per child, a network namespace (a `/run/netns/<name>` file) it joins before
+        /// opening its tap, so that each child's tap is in its own namespace (null: stay
+        /// in the parent's).
+        #[serde(default)]
+        child_netns: Vec<Option<PathBuf>>,
         #[serde(default = "default_ready_timeout_ms")]
         ready_timeout_ms: u64,
     },

@@ -183,6 +183,7 @@ impl Server {
                 child_vsock,
                 child_taps,
                 child_cgroups,
+                child_netns,
                 ready_timeout_ms,
             } => branch(
                 vmm,
@@ -192,6 +193,7 @@ impl Server {
                     vsock: child_vsock,
                     taps: child_taps,
                     cgroups: child_cgroups,
+                    netns: child_netns,
                 },
                 ready_timeout_ms,
                 &self.opts,
@@ -282,6 +284,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64, opts: &ServeOption
         net_tap: paths.taps.get(i).cloned(),
     };
     let cgroup = |i: usize| paths.cgroups.get(i).cloned().flatten();
+    let netns = |i: usize| paths.netns.get(i).cloned().flatten();
     let child_main = |ctx: ChildContext| -> i32 {
         for (i, &fd) in listener_fds.iter().enumerate() {
             if i != ctx.index {
@@ -299,6 +302,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64, opts: &ServeOption
         child_serial: &serial,
         child_devices: &devices,
         child_cgroup: &cgroup,
+        child_netns: &netns,
         child_main: &child_main,
         keep_fds: listener_fds.clone(),
         ready_timeout: Duration::from_millis(timeout_ms),

@@ -39,6 +39,9 @@ pub struct BranchRequest<'a> {
     /// that everything the new VM makes is accounted there: KVM attaches its per-VM
     /// kernel threads to the creator's cgroups. None: it stays in the parent's.
     pub child_cgroup: &'a dyn Fn(usize) -> Option<PathBuf>,
+    /// A network namespace file child `i` joins before it opens its devices' host
+    /// resources (its tap lives there). None: it stays in the parent's.
+    pub child_netns: &'a dyn Fn(usize) -> Option<PathBuf>,
     /// Runs in each child after its VM is running; never returns to the caller.
     pub child_main: ChildMain<'a>,
     /// File descriptors children keep open besides stdin/stdout/stderr.
@@ -129,6 +132,25 @@ fn join_cgroup(dir: Option<PathBuf>) -> Result<(), VmmError> {
     let pid = unsafe { libc::getpid() };
     std::fs::write(dir.join("cgroup.procs"), pid.to_string())
         .map_err(|e| VmmError::Device(format!("joining cgroup {}: {e}", dir.display())))
+}
+
+/// Move this (single-threaded, freshly forked) process into the network namespace
+/// `file` names, so that the tap it opens next is that namespace's.
+fn join_netns(file: Option<PathBuf>) -> Result<(), VmmError> {
+    let Some(file) = file else { return Ok(()) };
+    let ns = std::fs::File::open(&file).map_err(|e| {
+        VmmError::Device(format!("opening network namespace {}: {e}", file.display()))
+    })?;
+    // SAFETY: setns on a descriptor we own; it changes only this thread's namespace, and
+    // the child has no other thread yet (vCPU threads created later inherit it).
+    if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(&ns), libc::CLONE_NEWNET) } < 0 {
+        return Err(VmmError::Device(format!(
+            "joining network namespace {}: {}",
+            file.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
 }
 
 /// Leave a forked process without running the parent's destructors or atexit handlers.
@@ -281,6 +303,7 @@ impl Vmm {
         // The parent's device objects are still in this process's memory: copy their
         // private data (e.g. a disk's CoW pages) into the child's new devices.
         let result = join_cgroup((req.child_cgroup)(index))
+            .and_then(|()| join_netns((req.child_netns)(index)))
             .and_then(|()| {
                 self.device_private_data()
                     .map_err(|e| VmmError::Device(format!("reading device data: {e}")))

@@ -33,7 +33,17 @@ from .errors import (
     Unsupported,
     ZygoteError,
 )
-from .models import BranchFailure, BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .models import (
+    BranchFailure,
+    BranchResult,
+    CommandResult,
+    ExposedPort,
+    FileEntry,
+    NetworkInfo,
+    SandboxInfo,
+    Snapshot,
+    WriteResult,
+)
 from .sandbox import Commands, Files, Sandbox
 
 __all__ = [
@@ -50,6 +60,8 @@ __all__ = [
     "FileEntry",
     "WriteResult",
     "SandboxInfo",
+    "NetworkInfo",
+    "ExposedPort",
     "Snapshot",
     "BranchResult",
     "BranchFailure",

@@ -19,8 +19,17 @@ from urllib.parse import quote
 
 import httpx
 
-from .errors import BranchIncomplete, CommandFailed, CommandTimeout, ServerError, ZygoteError, error_for
-from .models import BranchResult, CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .errors import (
+    BranchIncomplete,
+    CommandFailed,
+    CommandTimeout,
+    SandboxBusy,
+    SandboxNotRunning,
+    ServerError,
+    ZygoteError,
+    error_for,
+)
+from .models import BranchResult, CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -101,6 +110,9 @@ def create_sandboxes(
     vcpus: Optional[int] = None,
     limits: Optional[Mapping[str, int]] = None,
     ttl_secs: Optional[int] = None,
+    network: Optional[str] = None,
+    allow_out: Optional[Sequence[str]] = None,
+    deny_out: Optional[Sequence[str]] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -112,10 +124,24 @@ def create_sandboxes(
         ("vcpus", vcpus),
         ("limits", dict(limits) if limits else None),
         ("ttl_secs", ttl_secs),
+        ("network", network),
+        # An empty allow_out is sent: it allows no destination at all.
+        ("allow_out", cidrs("allow_out", allow_out)),
+        ("deny_out", cidrs("deny_out", deny_out)),
     ):
         if value is not None:
             body[key] = value
     return Call("POST", "/v1/sandboxes", _sandboxes, json=body)
+
+
+def cidrs(what: str, value: Optional[Sequence[str]]) -> Optional[list[str]]:
+    """A CIDR list as sent. One string is a ``Sequence[str]`` too: refused
+    rather than sent as a list of its characters."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise TypeError(f"{what} takes a list of IPv4 CIDRs, not one string (write [{value!r}])")
+    return list(value)
 
 
 def list_sandboxes() -> Call[list[SandboxInfo]]:
@@ -170,6 +196,37 @@ def restore_in_place(sid: str, snapshot: str) -> Call[SandboxInfo]:
         lambda r: SandboxInfo.from_json(_json(r)),
         json={"snapshot": snapshot},
     )
+
+
+def _ports(resp: httpx.Response) -> list[ExposedPort]:
+    return [ExposedPort.from_json(p) for p in _json(resp)["ports"]]
+
+
+def expose_port(sid: str, port: int, public: bool = False) -> Call[ExposedPort]:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{seg(sid)}/ports",
+        lambda r: ExposedPort.from_json(_json(r)),
+        json={"port": port, "public": public},
+    )
+
+
+def list_ports(sid: str) -> Call[list[ExposedPort]]:
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}/ports", _ports)
+
+
+def unexpose_port(sid: str, port: int) -> Call[None]:
+    return Call("DELETE", f"/v1/sandboxes/{seg(sid)}/ports/{seg(str(port))}", _none)
+
+
+def find_port(ports: Sequence[ExposedPort], port: int) -> Optional[ExposedPort]:
+    return next((p for p in ports if p.port == port), None)
+
+
+def already_exposed(e: ZygoteError) -> bool:
+    """An expose refused because the port is exposed already: a 409 that is
+    not about the sandbox's state (busy, not running)."""
+    return e.status == 409 and not isinstance(e, (SandboxBusy, SandboxNotRunning))
 
 
 def logs(sid: str) -> Call[str]:

@@ -5,13 +5,13 @@ context manager is ``async with``."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import List, Mapping, Optional, Type, Union
+from typing import List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
 from ._api import Command, OutputCallback
 from ._client import AsyncClient
-from .errors import SandboxNotFound
-from .models import CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .errors import SandboxNotFound, ZygoteError
+from .models import CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles"]
@@ -98,14 +98,26 @@ class AsyncSandbox:
         name: Optional[str] = None,
         limits: Optional[Mapping[str, int]] = None,
         ttl_secs: Optional[int] = None,
+        network: Optional[str] = None,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> "AsyncSandbox":
+        """See :meth:`zygote.Sandbox.create` (``network``, ``allow_out``, ``deny_out`` included)."""
         c = _client(client, url, token)
         made = await c.call(
             _api.create_sandboxes(
-                image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits, ttl_secs=ttl_secs
+                image=image,
+                memory_mib=memory_mib,
+                vcpus=vcpus,
+                name=name,
+                limits=limits,
+                ttl_secs=ttl_secs,
+                network=network,
+                allow_out=allow_out,
+                deny_out=deny_out,
             )
         )
         return cls(made[0].id, client=c)
@@ -176,6 +188,29 @@ class AsyncSandbox:
     async def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
         """See :meth:`zygote.Sandbox.set_ttl`."""
         return await self.client.call(_api.set_ttl(self.id, ttl_secs))
+
+    async def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
+        """See :meth:`zygote.Sandbox.expose_port`."""
+        return await self.client.call(_api.expose_port(self.id, port, public))
+
+    async def ports(self) -> List[ExposedPort]:
+        return await self.client.call(_api.list_ports(self.id))
+
+    async def unexpose_port(self, port: int) -> None:
+        await self.client.call(_api.unexpose_port(self.id, port))
+
+    async def get_host(self, port: int) -> str:
+        """See :meth:`zygote.Sandbox.get_host` (exposes the port first if it is not yet)."""
+        found = _api.find_port(await self.ports(), port)
+        if found is None:
+            try:
+                found = await self.expose_port(port)
+            except ZygoteError as e:
+                # Exposed by someone else since the listing: use that.
+                found = _api.find_port(await self.ports(), port) if _api.already_exposed(e) else None
+                if found is None:
+                    raise
+        return found.host
 
     async def logs(self) -> str:
         return await self.client.call(_api.logs(self.id))

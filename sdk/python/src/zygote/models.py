@@ -8,8 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
+from urllib.parse import urlsplit
 
-__all__ = ["SandboxInfo", "CommandResult", "FileEntry", "WriteResult", "Snapshot", "BranchResult", "BranchFailure"]
+__all__ = [
+    "SandboxInfo",
+    "NetworkInfo",
+    "ExposedPort",
+    "CommandResult",
+    "FileEntry",
+    "WriteResult",
+    "Snapshot",
+    "BranchResult",
+    "BranchFailure",
+]
 
 
 def _opt_int(v: Any) -> Optional[int]:
@@ -18,6 +29,34 @@ def _opt_int(v: Any) -> Optional[int]:
 
 def _opt_float(v: Any) -> Optional[float]:
     return None if v is None else float(v)
+
+
+@dataclass(frozen=True)
+class NetworkInfo:
+    """A sandbox's network: its policy and its address. Branch children
+    inherit their parent's policy (each gets an address of its own)."""
+
+    mode: str
+    """``egress`` (outbound traffic through NAT) or ``none`` (no traffic at all)."""
+    allow_out: tuple[str, ...]
+    """When not empty, the only IPv4 CIDRs outbound traffic may reach."""
+    deny_out: tuple[str, ...]
+    """IPv4 CIDRs always refused (applied before ``allow_out``)."""
+    address: Optional[str]
+    """The guest's IPv4 address (None: the sandbox has no isolated network)."""
+    isolated: bool
+    """The sandbox has a network namespace of its own with the policy enforced
+    (False: the daemon runs without the isolated network; see ``client.info()``)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "NetworkInfo":
+        return cls(
+            mode=str(d.get("mode", "")),
+            allow_out=tuple(d.get("allow_out") or ()),
+            deny_out=tuple(d.get("deny_out") or ()),
+            address=d.get("address"),
+            isolated=bool(d.get("isolated", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -42,9 +81,12 @@ class SandboxInfo:
     """Time-to-live in seconds once running; None: kept until killed."""
     expires_at: Optional[int] = None
     """Unix seconds when the daemon deletes the sandbox (None: never)."""
+    network: Optional[NetworkInfo] = None
+    """Its network policy and address (None from daemons without networking)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
+        net = d.get("network")
         return cls(
             id=d["id"],
             state=d["state"],
@@ -61,6 +103,39 @@ class SandboxInfo:
             raw=d,
             ttl_secs=_opt_int(d.get("ttl_secs")),
             expires_at=_opt_int(d.get("expires_at")),
+            network=NetworkInfo.from_json(net) if isinstance(net, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True)
+class ExposedPort:
+    """A guest port reachable through the daemon's proxy (see
+    ``sb.expose_port``). Unless ``public``, requests to it need the API
+    token (``Authorization: Bearer <token>``)."""
+
+    port: int
+    """The port inside the guest."""
+    public: bool
+    """Reachable without the API token."""
+    url: str
+    """``http://<port>-<sandbox id>.localhost:<proxy port>``: the guest port at
+    the root of its own host name."""
+    path_url: str
+    """``http://127.0.0.1:<proxy port>/sandboxes/<id>/ports/<port>/``: the same
+    under a path, for clients that cannot resolve ``*.localhost``."""
+
+    @property
+    def host(self) -> str:
+        """``url`` without its scheme: ``<port>-<sandbox id>.localhost:<proxy port>``."""
+        return urlsplit(self.url).netloc
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ExposedPort":
+        return cls(
+            port=int(d["port"]),
+            public=bool(d.get("public", False)),
+            url=str(d["url"]),
+            path_url=str(d.get("path_url", "")),
         )
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import List, Mapping, Optional, Type, Union
+from typing import List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
 from ._api import Command, OutputCallback
 from ._client import Client
-from .errors import SandboxNotFound
-from .models import CommandResult, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .errors import SandboxNotFound, ZygoteError
+from .models import CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -123,6 +123,9 @@ class Sandbox:
         name: Optional[str] = None,
         limits: Optional[Mapping[str, int]] = None,
         ttl_secs: Optional[int] = None,
+        network: Optional[str] = None,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -132,11 +135,25 @@ class Sandbox:
         ``limits`` are cgroup limits (``memory_mib``, ``cpu_percent``, ``pids``).
         With ``ttl_secs`` the daemon deletes the sandbox that many seconds
         after it is running, even if this process dies first (see :meth:`set_ttl`).
+
+        ``network`` is ``"egress"`` (the daemon's default: outbound traffic
+        through NAT) or ``"none"`` (no traffic at all). ``allow_out`` (IPv4
+        CIDRs such as ``"10.77.0.0/24"``, or single addresses) makes those the
+        only destinations allowed (an empty list allows none); ``deny_out``
+        destinations are always refused. Branch children inherit the policy.
         """
         c = _client(client, url, token)
         made = c.call(
             _api.create_sandboxes(
-                image=image, memory_mib=memory_mib, vcpus=vcpus, name=name, limits=limits, ttl_secs=ttl_secs
+                image=image,
+                memory_mib=memory_mib,
+                vcpus=vcpus,
+                name=name,
+                limits=limits,
+                ttl_secs=ttl_secs,
+                network=network,
+                allow_out=allow_out,
+                deny_out=deny_out,
             )
         )
         return cls(made[0].id, client=c)
@@ -224,6 +241,43 @@ class Sandbox:
         """The daemon deletes this sandbox ``ttl_secs`` from now (replacing any
         earlier deadline); ``None`` keeps it until killed."""
         return self.client.call(_api.set_ttl(self.id, ttl_secs))
+
+    def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
+        """Makes guest port ``port`` reachable through the daemon's proxy, at
+        ``.url`` (``http://<port>-<id>.localhost:<proxy port>``) and ``.path_url``.
+        Unless ``public``, the proxy wants the API token
+        (``Authorization: Bearer <token>``, the one this client uses).
+        A port already exposed raises :class:`~zygote.errors.ConflictError`;
+        one outside 1-65535 :class:`~zygote.errors.InvalidArgument`."""
+        return self.client.call(_api.expose_port(self.id, port, public))
+
+    def ports(self) -> List[ExposedPort]:
+        """The ports exposed so far."""
+        return self.client.call(_api.list_ports(self.id))
+
+    def unexpose_port(self, port: int) -> None:
+        """Stops exposing ``port``; raises :class:`~zygote.errors.NotFoundError`
+        if it was not exposed."""
+        self.client.call(_api.unexpose_port(self.id, port))
+
+    def get_host(self, port: int) -> str:
+        """The host (no scheme) at which the daemon's proxy serves guest port
+        ``port``: ``<port>-<id>.localhost:<proxy port>``, as in
+        ``f"http://{sb.get_host(8080)}"`` (E2B's ``get_host``).
+
+        A port not exposed yet is exposed first, not public: requests to it
+        then need the API token. For a port reachable without the token, call
+        ``expose_port(port, public=True)`` before."""
+        found = _api.find_port(self.ports(), port)
+        if found is None:
+            try:
+                found = self.expose_port(port)
+            except ZygoteError as e:
+                # Exposed by someone else since the listing: use that.
+                found = _api.find_port(self.ports(), port) if _api.already_exposed(e) else None
+                if found is None:
+                    raise
+        return found.host
 
     def logs(self) -> str:
         """The guest's serial console output."""

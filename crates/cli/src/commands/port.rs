@@ -1,0 +1,179 @@
+//! `zygote port`: expose a sandbox's guest ports through the daemon's proxy.
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use zygote_daemon::client::{block_on, Method};
+
+use super::daemon_client::{print_json, print_table, ApiArgs};
+
+#[derive(clap::Subcommand)]
+pub enum PortCommand {
+    /// Make a guest port reachable through the daemon's proxy; prints its URL.
+    Expose {
+        /// Sandbox id.
+        sandbox: String,
+        /// Port inside the guest.
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        /// Reachable without the API token (by default the proxy wants
+        /// `Authorization: Bearer <token>`, the token of the API).
+        #[arg(long)]
+        public: bool,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// List a sandbox's exposed ports.
+    Ls {
+        /// Sandbox id.
+        sandbox: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Stop exposing a port.
+    Rm {
+        /// Sandbox id.
+        sandbox: String,
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+/// An exposed port as `POST/GET /v1/sandboxes/{id}/ports` show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct ExposedPort {
+    port: u16,
+    public: bool,
+    /// `http://<port>-<id>.localhost:<proxy port>`.
+    url: String,
+    /// `http://127.0.0.1:<proxy port>/sandboxes/<id>/ports/<port>/`.
+    path_url: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PortList {
+    ports: Vec<ExposedPort>,
+}
+
+pub fn run(cmd: PortCommand) -> anyhow::Result<i32> {
+    match cmd {
+        PortCommand::Expose {
+            sandbox,
+            port,
+            public,
+            json,
+            api,
+        } => {
+            let exposed: ExposedPort = block_on(api.client()?.json(
+                Method::POST,
+                &format!("/v1/sandboxes/{sandbox}/ports"),
+                Some(&json!({"port": port, "public": public})),
+            ))?;
+            if json {
+                print_json(&exposed)?;
+            } else {
+                println!("{}", exposed.url);
+                eprintln!("{}", access_note(&exposed));
+            }
+        }
+        PortCommand::Ls { sandbox, json, api } => {
+            let list: PortList = block_on(api.client()?.json(
+                Method::GET,
+                &format!("/v1/sandboxes/{sandbox}/ports"),
+                None::<&()>,
+            ))?;
+            if json {
+                print_json(&list)?;
+                return Ok(0);
+            }
+            let rows: Vec<Vec<String>> = list
+                .ports
+                .iter()
+                .map(|p| {
+                    vec![
+                        p.port.to_string(),
+                        if p.public { "yes" } else { "no" }.to_string(),
+                        p.url.clone(),
+                        p.path_url.clone(),
+                    ]
+                })
+                .collect();
+            print_table(&["PORT", "PUBLIC", "URL", "PATH URL"], &rows);
+        }
+        PortCommand::Rm { sandbox, port, api } => {
+            block_on(api.client()?.raw(
+                Method::DELETE,
+                &format!("/v1/sandboxes/{sandbox}/ports/{port}"),
+                None,
+            ))?;
+        }
+    }
+    Ok(0)
+}
+
+/// Where else the port answers, and whether requests need the token.
+fn access_note(p: &ExposedPort) -> String {
+    if p.public {
+        format!("also at {} (public: no token needed)", p.path_url)
+    } else {
+        format!(
+            "also at {}; requests need the API token (Authorization: Bearer <token>)",
+            p.path_url
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        port: PortCommand,
+    }
+
+    #[test]
+    fn ports_are_checked_by_the_parser() {
+        let cli = Cli::try_parse_from(["zygote", "expose", "sb-1", "8080", "--public"]).unwrap();
+        assert!(matches!(
+            cli.port,
+            PortCommand::Expose {
+                port: 8080,
+                public: true,
+                ..
+            }
+        ));
+        let cli = Cli::try_parse_from(["zygote", "rm", "sb-1", "65535"]).unwrap();
+        assert!(matches!(cli.port, PortCommand::Rm { port: 65535, .. }));
+        for bad in ["0", "65536", "-1", "http"] {
+            assert!(
+                Cli::try_parse_from(["zygote", "expose", "sb-1", bad]).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_api_answer_parses() {
+        let list: PortList = serde_json::from_value(json!({"ports": [{
+            "port": 8080,
+            "public": false,
+            "url": "http://8080-sb-1.localhost:7421",
+            "path_url": "http://127.0.0.1:7421/sandboxes/sb-1/ports/8080/",
+        }]}))
+        .unwrap();
+        let p = &list.ports[0];
+        assert_eq!((p.port, p.public), (8080, false));
+        assert!(
+            access_note(p).contains("need the API token"),
+            "{}",
+            access_note(p)
+        );
+    }
+}

@@ -1,0 +1,456 @@
+//! Sandbox networking: each sandbox in a network namespace of its own, with the
+//! guest's NIC on a tap there, a veth pair to the host, NAT on the way out, and
+//! nftables rules (in the namespace: the sandbox's policy; on the host: no way to the
+//! host itself or to other sandboxes) in force before the guest's first packet.
+//! The layout and the rules are in [`plan`]; [`host`] runs the tools.
+//!
+//! Without root, `ip`, `nft` or /dev/net/tun the daemon falls back to the *user*
+//! backend (QEMU's user-mode network, no isolation from the host; the kvm runtime
+//! then gives guests no NIC) and says so in `GET /v1/info` and `zygote doctor`.
+pub mod host;
+pub mod plan;
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::model::{NetworkMode, NetworkPolicy, NetworkView};
+use plan::SlotPlan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("{what}: {message}")]
+    Command { what: String, message: String },
+    #[error("no free network slot among the {tried} tried (host links zyv1..zyv{max})", max = plan::MAX_SLOT)]
+    NoSlot { tried: usize },
+    #[error("isolated networking is unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// `--network` of `zygote serve`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendChoice {
+    /// Isolated when this host can (root, iproute2, nftables, /dev/net/tun), else user.
+    #[default]
+    Auto,
+    /// Namespaces + nftables; the daemon refuses to start without them.
+    Isolated,
+    /// QEMU user networking: no isolation from the host.
+    User,
+}
+
+/// A sandbox's network as stored with it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NetRecord {
+    pub policy: NetworkPolicy,
+    /// Its namespace and slot (None: user backend, or not made yet).
+    #[serde(default)]
+    pub attachment: Option<Attachment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub slot: u32,
+    /// Named namespace (`/run/netns/<netns>`).
+    pub netns: String,
+}
+
+impl Attachment {
+    pub fn plan(&self) -> SlotPlan {
+        SlotPlan::new(self.slot)
+    }
+}
+
+/// What a runtime gives the guest.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GuestNet {
+    /// QEMU user networking; `restrict`: no traffic at all. The kvm runtime gives such a
+    /// guest no NIC.
+    User { restrict: bool },
+    /// A tap inside the sandbox's namespace; the VM process joins the namespace.
+    Tap(TapNet),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TapNet {
+    pub netns: PathBuf,
+    pub tap: String,
+    pub mac: String,
+    pub address: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Ipv4Addr,
+}
+
+impl TapNet {
+    /// The kernel's `ip=` parameter for a fresh boot.
+    pub fn kernel_ip_param(&self) -> String {
+        let mask = Ipv4Addr::from(u32::MAX << (32 - u32::from(self.prefix)));
+        format!("ip={}::{}:{mask}::eth0:off", self.address, self.gateway)
+    }
+}
+
+enum Backend {
+    Isolated { dns: Option<Ipv4Addr> },
+    User { reason: String },
+}
+
+/// The daemon's networking.
+pub struct Network {
+    backend: Backend,
+    /// Names this daemon's namespaces (`zygote-<instance>-<sandbox>`), derived from its
+    /// state directory: daemons sharing a host never touch each other's.
+    instance: String,
+}
+
+/// `GET /v1/info`'s view.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetworkInfo {
+    /// `isolated` or `user`.
+    pub backend: String,
+    /// Why the backend is `user` (null when isolated).
+    pub reason: Option<String>,
+    /// Where guests' DNS queries go (isolated backend).
+    pub dns: Option<String>,
+}
+
+impl Network {
+    /// Picks the backend and, for the isolated one, enables IPv4 forwarding and installs
+    /// the host's rules.
+    pub fn start(
+        choice: BackendChoice,
+        state_dir: &Path,
+        dns: Option<Ipv4Addr>,
+    ) -> Result<Network, NetError> {
+        let instance = hex::encode(&Sha256::digest(state_dir.as_os_str().as_encoded_bytes())[..4]);
+        let backend = match choice {
+            BackendChoice::User => Backend::User {
+                reason: "chosen with --network user".into(),
+            },
+            BackendChoice::Isolated | BackendChoice::Auto => match prepare_host() {
+                Ok(()) => {
+                    let dns = dns.or_else(|| {
+                        host::upstream_dns(
+                            &std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default(),
+                        )
+                    });
+                    if dns.is_none() {
+                        tracing::warn!(
+                            "network: no non-loopback resolver in /etc/resolv.conf and no \
+                             --dns: sandboxes get no DNS"
+                        );
+                    }
+                    Backend::Isolated { dns }
+                }
+                Err(e) if choice == BackendChoice::Isolated => return Err(e),
+                Err(e) => {
+                    tracing::warn!(
+                        "network: {e}; sandboxes use QEMU user networking, NOT isolated \
+                         from this host"
+                    );
+                    Backend::User {
+                        reason: e.to_string(),
+                    }
+                }
+            },
+        };
+        Ok(Network { backend, instance })
+    }
+
+    pub fn isolated(&self) -> bool {
+        matches!(self.backend, Backend::Isolated { .. })
+    }
+
+    pub fn info(&self) -> NetworkInfo {
+        match &self.backend {
+            Backend::Isolated { dns } => NetworkInfo {
+                backend: "isolated".into(),
+                reason: None,
+                dns: dns.map(|d| d.to_string()),
+            },
+            Backend::User { reason } => NetworkInfo {
+                backend: "user".into(),
+                reason: Some(reason.clone()),
+                dns: None,
+            },
+        }
+    }
+
+    /// Refuses policies the backend cannot enforce.
+    pub fn check(&self, policy: &NetworkPolicy) -> Result<(), NetError> {
+        match &self.backend {
+            Backend::User { reason }
+                if policy.allow_out.is_some() || !policy.deny_out.is_empty() =>
+            {
+                Err(NetError::Unavailable(format!(
+                    "allow_out/deny_out need it ({reason})"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn netns_name(&self, sandbox: &str) -> String {
+        format!("zygote-{}-{sandbox}", self.instance)
+    }
+
+    /// Makes `sandbox`'s namespace, links, tap and rules (blocking; ~tens of ms). None
+    /// under the user backend. On error nothing is left.
+    pub fn attach(
+        &self,
+        sandbox: &str,
+        policy: &NetworkPolicy,
+    ) -> Result<Option<Attachment>, NetError> {
+        let Backend::Isolated { dns } = &self.backend else {
+            return Ok(None);
+        };
+        let netns = self.netns_name(sandbox);
+        // A leftover of an attempt a crash interrupted.
+        host::remove(&netns, None);
+        host::run("ip", &["netns", "add", &netns], None)?;
+        let made = claim_slot(&netns).and_then(|p| {
+            let att = Attachment {
+                slot: p.slot,
+                netns: netns.clone(),
+            };
+            let rest = host::in_netns(&netns, &plan::ns_setup_script(&p), None)
+                .and_then(|()| host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns)))
+                .and_then(|()| {
+                    host::run(
+                        "ip",
+                        &[
+                            "route",
+                            "add",
+                            &format!("{}/32", p.guest),
+                            "via",
+                            &p.ns_addr.to_string(),
+                            "dev",
+                            &p.host_link,
+                        ],
+                        None,
+                    )
+                });
+            match rest {
+                Ok(()) => Ok(att),
+                Err(e) => {
+                    host::remove(&netns, Some(&p.host_link));
+                    Err(e)
+                }
+            }
+        });
+        match made {
+            Ok(att) => Ok(Some(att)),
+            Err(e) => {
+                host::remove(&netns, None);
+                Err(e)
+            }
+        }
+    }
+
+    /// After a daemon restart: the namespace is still there and its rules are the
+    /// policy's (loaded again: idempotent).
+    pub fn reattach(&self, rec: &NetRecord) -> Result<(), NetError> {
+        let (Backend::Isolated { dns }, Some(att)) = (&self.backend, &rec.attachment) else {
+            return Ok(());
+        };
+        if !host::netns_path(&att.netns).exists() {
+            return Err(NetError::Unavailable(format!(
+                "namespace {} is gone (removed by hand?)",
+                att.netns
+            )));
+        }
+        host::nft(
+            Some(&att.netns),
+            &plan::ns_rules(&att.plan(), &rec.policy, *dns),
+        )
+    }
+
+    /// `rec`'s namespace, made unless it has a usable one (a restore reuses the
+    /// sandbox's), and what the runtime gives the guest. Blocking.
+    pub fn ensure(&self, sandbox: &str, rec: &mut NetRecord) -> Result<GuestNet, NetError> {
+        let usable = rec
+            .attachment
+            .as_ref()
+            .is_some_and(|a| host::netns_path(&a.netns).exists());
+        if !usable {
+            if let Some(old) = rec.attachment.take() {
+                self.detach(&old);
+            }
+            rec.attachment = self.attach(sandbox, &rec.policy)?;
+        }
+        Ok(self.guest_net(rec))
+    }
+
+    pub fn detach(&self, att: &Attachment) {
+        host::remove(&att.netns, Some(&att.plan().host_link));
+    }
+
+    /// Removes this daemon's namespaces that no sandbox in `keep` owns (crash leftovers).
+    pub fn sweep(&self, keep: &HashSet<String>) {
+        let prefix = format!("zygote-{}-", self.instance);
+        for name in host::netns_names() {
+            if name.starts_with(&prefix) && !keep.contains(&name) {
+                tracing::info!("network: removing leftover namespace {name}");
+                host::remove(&name, None);
+            }
+        }
+    }
+
+    /// What the runtime gives the guest of a sandbox with this record.
+    pub fn guest_net(&self, rec: &NetRecord) -> GuestNet {
+        match &rec.attachment {
+            Some(att) => {
+                let p = att.plan();
+                GuestNet::Tap(TapNet {
+                    netns: host::netns_path(&att.netns),
+                    tap: plan::TAP.into(),
+                    mac: p.guest_mac,
+                    address: p.guest,
+                    prefix: plan::GUEST_PREFIX,
+                    gateway: plan::GATEWAY,
+                })
+            }
+            None => GuestNet::User {
+                restrict: rec.policy.mode == NetworkMode::None,
+            },
+        }
+    }
+
+    pub fn view(&self, rec: &NetRecord) -> NetworkView {
+        NetworkView::new(
+            &rec.policy,
+            rec.attachment.as_ref().map(|a| a.plan().guest.to_string()),
+            rec.attachment.is_some(),
+        )
+    }
+
+    /// The guest's address, for the port proxy (None: not reachable from the host).
+    pub fn guest_address(rec: &NetRecord) -> Option<Ipv4Addr> {
+        rec.attachment.as_ref().map(|a| a.plan().guest)
+    }
+}
+
+/// Creates the veth pair on a free slot: the kernel's "File exists" for `zyv<k>` means
+/// another sandbox (of any daemon on this host) has it, so the next one is tried.
+fn claim_slot(netns: &str) -> Result<SlotPlan, NetError> {
+    let taken: HashSet<u32> = host::link_names()
+        .iter()
+        .filter_map(|l| SlotPlan::slot_of(l))
+        .collect();
+    let start = {
+        let mut b = [0u8; 4];
+        let _ = getrandom_fill(&mut b);
+        u32::from_le_bytes(b) % plan::MAX_SLOT
+    };
+    let mut tried = 0;
+    for i in 0..plan::MAX_SLOT {
+        let slot = (start + i) % plan::MAX_SLOT + 1;
+        if taken.contains(&slot) {
+            continue;
+        }
+        tried += 1;
+        let p = SlotPlan::new(slot);
+        match host::run(
+            "ip",
+            &["-batch", "-"],
+            Some(&plan::host_link_cmds(&p, netns)),
+        ) {
+            Ok(()) => return Ok(p),
+            Err(NetError::Command { message, .. })
+                if message.contains("File exists") && tried < 64 =>
+            {
+                continue
+            }
+            Err(e) => {
+                // The link may exist half-configured (created, then an address failed).
+                if !matches!(&e, NetError::Command { message, .. } if message.contains("File exists"))
+                {
+                    host::remove(netns, Some(&p.host_link));
+                }
+                return Err(e);
+            }
+        }
+    }
+    Err(NetError::NoSlot { tried })
+}
+
+fn getrandom_fill(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+/// Root, the tools, /dev/net/tun, no clash with the host's routes; then forwarding on
+/// and the host's table in place.
+fn prepare_host() -> Result<(), NetError> {
+    let unavailable = |m: String| Err(NetError::Unavailable(m));
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return unavailable("the daemon is not root (namespaces and nftables need it)".into());
+    }
+    for tool in ["ip", "nft"] {
+        let found = std::process::Command::new(tool)
+            .arg("-V")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok();
+        if !found {
+            return unavailable(format!(
+                "`{tool}` is not installed (Debian: iproute2, nftables; scripts/setup.sh)"
+            ));
+        }
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        return unavailable("/dev/net/tun is missing".into());
+    }
+    if let Some(clash) = route_clash() {
+        return unavailable(format!(
+            "this host already routes {clash}, which overlaps the sandbox ranges \
+             {}/{} and {}/{}",
+            plan::GUEST_NET,
+            plan::GUEST_PREFIX,
+            plan::LINK_NET,
+            plan::LINK_PREFIX
+        ));
+    }
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+        .map_err(|e| NetError::Unavailable(format!("enabling IPv4 forwarding: {e}")))?;
+    host::nft(None, &plan::host_rules())
+}
+
+/// A host route (not one of ours) overlapping the sandbox ranges.
+fn route_clash() -> Option<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "route", "show", "table", "all"])
+        .output()
+        .ok()?;
+    let ours = [
+        ipnet::Ipv4Net::new(plan::GUEST_NET, plan::GUEST_PREFIX).ok()?,
+        ipnet::Ipv4Net::new(plan::LINK_NET, plan::LINK_PREFIX).ok()?,
+    ];
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            let first = words.next()?;
+            let dst = match first {
+                "default" | "broadcast" | "local" | "unreachable" | "prohibit" | "blackhole" => {
+                    return None
+                }
+                d => d,
+            };
+            if line.contains(&format!("dev {}", plan::HOST_LINK_PREFIX)) {
+                return None;
+            }
+            let net: ipnet::Ipv4Net = if dst.contains('/') {
+                dst.parse().ok()?
+            } else {
+                ipnet::Ipv4Net::from(dst.parse::<Ipv4Addr>().ok()?)
+            };
+            ours.iter()
+                .any(|o| o.contains(&net.network()) || net.contains(&o.network()))
+                .then(|| line.trim().to_string())
+        })
+}
