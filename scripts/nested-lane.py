@@ -110,6 +110,10 @@ FULL = SMOKE + [
         ["--exact", "kvm_runtime_survives_a_crash_at_every_step", "--nocapture"],
     ),
     Step("daemon/kvm_branch_stress", 1800, "zygote-daemon", "kvm_branch_stress"),
+    Step(
+        "daemon/network_kvm", 900, "zygote-daemon", "network",
+        ["--exact", "kvm_sandbox_networking", "--nocapture"],
+    ),
     Step("sdk/tree_search", 1200, serve=True),
     Step("cli/doctor", 120, zygote=["doctor"]),
 ]
@@ -262,6 +266,15 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
     st.write("/etc/hosts", "127.0.0.1 localhost l1\n")
     for b in ["zygote", "zygoted"]:
         st.binary(RELEASE / b)
+    # Isolated sandbox networking: iproute2 and nftables as on a host (`ip netns` keeps
+    # namespaces in /var/run/netns, which is /run/netns as on Debian).
+    for tool in ["ip", "nft"]:
+        found = shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin")
+        if not found:
+            die(f"`{tool}` is missing here: run scripts/setup.sh")
+        st.binary(Path(found), f"/usr/sbin/{tool}")
+    (stage_dir / "var").mkdir(exist_ok=True)
+    (stage_dir / "var/run").symlink_to("../run")
     st.copy(PROBE_ELF)
     for (_, _), exe in sorted(exes.items()):
         st.binary(exe)

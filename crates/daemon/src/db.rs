@@ -17,8 +17,12 @@ use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
-/// 4 added `sandboxes.network`.
-const SCHEMA_VERSION: i64 = 4;
+/// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]).
+const SCHEMA_VERSION: i64 = 5;
+
+#[path = "db_ports.rs"]
+mod ports;
+pub use ports::{AddPort, PortRow};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -221,6 +225,7 @@ impl Db {
         // was, and SCHEMA's index needs the columns.
         add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V1)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(ports::SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Db {
             conn: Mutex::new(conn),

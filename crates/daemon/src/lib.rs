@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod model;
 pub mod network;
 pub mod procs;
+pub mod proxy;
 pub mod runtime;
 pub mod server;
 

@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// the host) or `auto` (isolated when possible).
     #[arg(long, value_enum, default_value_t = BackendChoice::Auto)]
     pub network: BackendChoice,
+    /// Where the port proxy serving exposed sandbox ports listens, or `none` [default:
+    /// 127.0.0.1:7421; if that is taken the daemon runs without the proxy]. Port 0 picks
+    /// a free port: `GET /v1/info` shows it (`proxy.url`).
+    #[arg(long, value_name = "ADDR|none")]
+    pub proxy_listen: Option<String>,
     /// Resolver the guests' DNS queries go to (isolated networking; default: the first
     /// non-loopback nameserver in /etc/resolv.conf).
     #[arg(long, value_name = "IPV4")]
@@ -163,13 +168,21 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     Ok(AppState {
         manager,
         token: Arc::new(token),
+        proxy: None,
     })
 }
 
 /// Serves until SIGINT/SIGTERM. VMs keep running when the daemon stops; the
 /// next start re-attaches to them.
 pub async fn serve(args: ServeArgs) -> Result<()> {
-    let state = build_state(&args).await?;
+    let mut state = build_state(&args).await?;
+    // Before the API: once the API's line is out, the proxy answers too.
+    state.proxy = crate::proxy::start(
+        args.proxy_listen.as_deref(),
+        state.manager.clone(),
+        state.token.clone(),
+    )
+    .await?;
     let app = api::app(state);
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

@@ -17,6 +17,9 @@ pub enum BenchCommand {
     /// Soak: N create/exec/branch/exec/delete cycles through a private daemon, watching
     /// its fds, threads, RSS and leftover processes/files (the last line is JSON).
     Soak(super::bench_soak::SoakBenchArgs),
+    /// Isolated sandbox networking against QEMU user networking, interleaved: create,
+    /// branch and guest-to-remote TCP throughput (medians and p90; the last line is JSON).
+    Net(super::bench_net::NetBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
@@ -27,5 +30,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Ksm(args) => super::bench_ksm::run(args),
         BenchCommand::Linux(args) => super::bench_linux::run(args),
         BenchCommand::Soak(args) => super::bench_soak::run(args),
+        BenchCommand::Net(args) => super::bench_net::run(args),
     }
 }

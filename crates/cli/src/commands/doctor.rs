@@ -20,6 +20,12 @@
 //!   `reflink{kernel_xfs,kernel_btrfs,mkfs_xfs,cache_dir,probed_dir,cache_fs,
 //!   cache_fs_magic,cache_reflink}`, `loop_control`/`tun`/`vhost_vsock`/
 //!   `vhost_net` as `{path,present,accessible}`, `qemu{system,version,img}`.
+//! - `network`: `backend` ("isolated" | "user": what `zygote serve` run by this
+//!   user would take), `ip{path,version}`, `nft{path,version}`, `netns_dir`,
+//!   `namespaces` (count of /run/netns/zygote-*), `ip_forward`, `route_clashes[]`
+//!   (host routes overlapping 10.213.0.0/16 or 10.214.0.0/16; null when `ip` did
+//!   not run), `nameservers[]`, `dns` (first non-loopback IPv4 nameserver),
+//!   `host_table` (`nft list table inet zygote` succeeded; null unless root).
 //! - `runtimes`: `kvm`, `probe`, `qemu` (booleans), `qemu_accel` ("kvm" |
 //!   "tcg" | null), `default_runtime` ("kvm" | "qemu" | null: null when no
 //!   runtime can boot Linux guests).
@@ -67,6 +73,7 @@ mod tests {
     use super::classify::{classify, Flavor};
     use super::facts;
     use std::path::Path;
+    use std::process::Command;
 
     fn cpu_flag(flag: &str) -> bool {
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -134,6 +141,34 @@ mod tests {
         assert!(f.host.cores >= 1);
         assert!(f.host.mem_total_kib.unwrap() >= f.host.mem_available_kib.unwrap());
         assert!(!f.host.kernel_release.is_empty());
+
+        // The network tools are found where a command would find them (the search
+        // adds the sbin directories an unprivileged PATH may lack).
+        let runs = |tool: &str| {
+            let sbin = ["/usr/local/sbin", "/usr/sbin", "/sbin"].map(|d| Path::new(d).join(tool));
+            std::iter::once(Path::new(tool).to_path_buf())
+                .chain(sbin)
+                .any(|p| Command::new(p).arg("-V").output().is_ok())
+        };
+        let n = &f.network;
+        assert_eq!(n.ip.path.is_some(), runs("ip"), "{:?}", n.ip);
+        assert_eq!(n.nft.path.is_some(), runs("nft"), "{:?}", n.nft);
+        assert_eq!(n.netns_dir, Path::new("/run/netns").is_dir());
+        // Asked only as root (an unprivileged nft cannot read the ruleset).
+        assert_eq!(n.host_table.is_some(), f.host.root && n.nft.path.is_some());
+        assert_eq!(n.route_clashes.is_some(), n.ip.path.is_some());
+        let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok();
+        assert_eq!(n.ip_forward, forward.and_then(|s| s.trim().parse().ok()));
+        if let Some(dns) = &n.dns {
+            assert!(n.nameservers.contains(dns), "{dns} in {:?}", n.nameservers);
+            assert!(!dns.parse::<std::net::Ipv4Addr>().unwrap().is_loopback());
+        }
+        let isolated = f.host.root
+            && runs("ip")
+            && runs("nft")
+            && Path::new("/dev/net/tun").exists()
+            && n.route_clashes.as_ref().is_some_and(Vec::is_empty);
+        assert_eq!(r.network_backend == "isolated", isolated);
 
         // QEMU counts only if it actually ran; the exit code follows the runtimes.
         assert_eq!(r.runtimes.qemu, f.features.qemu.version.is_some());

@@ -5,6 +5,7 @@ pub mod bench_branch;
 pub mod bench_fanout;
 pub mod bench_ksm;
 pub mod bench_linux;
+pub mod bench_net;
 pub mod bench_soak;
 pub mod bench_stats;
 pub mod bench_treeclone;

@@ -8,8 +8,8 @@ use utoipa::OpenApi;
 use super::ApiDoc;
 use crate::api::PUBLIC;
 use crate::model::{
-    BranchRequest, CreateSandboxRequest, ExecRequest, SetTtlRequest, Validate, MAX_ARGV,
-    MAX_FILE_BYTES, MAX_JSON_BODY_BYTES,
+    BranchRequest, CreateSandboxRequest, ExecRequest, ExposePortRequest, SetTtlRequest, Validate,
+    MAX_ARGV, MAX_FILE_BYTES, MAX_JSON_BODY_BYTES,
 };
 
 const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
@@ -214,6 +214,12 @@ fn documented_ranges_are_what_validation_accepts() {
             &["timeout_ms"],
             json!({"argv": ["true"]}),
             accepts::<ExecRequest>,
+        ),
+        (
+            "ExposePortRequest",
+            &["port"],
+            json!({"port": 80}),
+            accepts::<ExposePortRequest>,
         ),
     ];
     let doc = doc();

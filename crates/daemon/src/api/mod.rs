@@ -6,6 +6,7 @@
 //! exactly the same operations.
 mod doc;
 mod guest;
+mod ports;
 mod sandboxes;
 mod snapshots;
 mod system;
@@ -35,6 +36,8 @@ use crate::model::{MAX_FILE_BYTES, MAX_JSON_BODY_BYTES};
 pub struct AppState {
     pub manager: Arc<Manager>,
     pub token: Arc<String>,
+    /// Where the port proxy listens (None: it is off); set once it is bound.
+    pub proxy: Option<std::net::SocketAddr>,
 }
 
 /// Paths answered without a token: liveness probes and the API description. The
@@ -88,6 +91,13 @@ pub fn routes() -> Routes {
             sandboxes::restore,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
+        .add(Method::POST, "/v1/sandboxes/{id}/ports", ports::expose)
+        .add(Method::GET, "/v1/sandboxes/{id}/ports", ports::list)
+        .add(
+            Method::DELETE,
+            "/v1/sandboxes/{id}/ports/{port}",
+            ports::unexpose,
+        )
         .add(Method::POST, "/v1/sandboxes/{id}/exec", guest::exec)
         .add(
             Method::POST,
@@ -135,7 +145,7 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Error {
 }
 
 /// Constant-time comparison, so response timing does not leak the token.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+pub(crate) fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     given.len() == expected.len()
         && given
             .iter()
@@ -147,7 +157,7 @@ fn token_matches(given: &[u8], expected: &[u8]) -> bool {
 /// The token of an `Authorization: Bearer <token>` header value. The scheme name
 /// is case-insensitive (RFC 7235 section 2.1: `bearer`, `BEARER` work too) and
 /// may be followed by several spaces; the token itself is compared exactly.
-fn bearer_token(value: &str) -> Option<&str> {
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     scheme
         .eq_ignore_ascii_case("bearer")

@@ -11,7 +11,7 @@ use utoipa::OpenApi;
 
 use super::{ApiDoc, ApiJson, AppState};
 use crate::error::{Error, ErrorBody, Result};
-use crate::model::{BuildEvent, BuildImageRequest, Health, Image, ImageList, Info};
+use crate::model::{BuildEvent, BuildImageRequest, Health, Image, ImageList, Info, ProxyInfo};
 
 /// NDJSON body from a channel of serializable events.
 pub fn ndjson<T: serde::Serialize + Send + 'static>(
@@ -58,7 +58,7 @@ pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
 }
 
 #[utoipa::path(get, path = "/v1/info", tag = "system",
-    responses((status = 200, description = "Runtime in use, cgroup support", body = Info)))]
+    responses((status = 200, description = "Runtime in use, cgroup support, networking, the port proxy", body = Info)))]
 pub async fn info(State(st): State<AppState>) -> Json<Info> {
     let m = &st.manager;
     Json(Info {
@@ -67,6 +67,9 @@ pub async fn info(State(st): State<AppState>) -> Json<Info> {
         cgroups: m.cgroups.info(),
         state_dir: m.dirs.state.display().to_string(),
         network: m.network.info(),
+        proxy: st.proxy.map(|addr| ProxyInfo {
+            url: crate::proxy::base_url(addr),
+        }),
     })
 }
 

@@ -9,6 +9,7 @@ mod exec_cancel;
 mod guest;
 pub use guest::FileBody;
 mod ops;
+mod ports;
 mod recovery;
 mod startup;
 mod ttl;
@@ -560,6 +561,9 @@ impl Manager {
         }
         fault::point("delete.destroyed");
         self.cleanup_files(row);
+        // Before the record: a crash in between leaves a `deleting` sandbox (finished at
+        // the next start), never exposures without their sandbox.
+        self.db.delete_ports(&row.id)?;
         self.db.delete_sandbox(&row.id)?;
         self.forget(&row.id);
         tracing::info!("sandbox {} deleted", row.id);

@@ -10,12 +10,14 @@ use crate::error::{Error, Result};
 
 mod exec;
 mod network;
+mod ports;
 mod ttl;
 mod validate;
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
+pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
@@ -480,6 +482,8 @@ pub struct Info {
     pub state_dir: String,
     /// How sandboxes are networked (`isolated`: a namespace each, nftables policy).
     pub network: crate::network::NetworkInfo,
+    /// The port proxy serving exposed sandbox ports (null: not running).
+    pub proxy: Option<ProxyInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

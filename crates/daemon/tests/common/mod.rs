@@ -16,17 +16,24 @@ pub struct Daemon {
     pub state: PathBuf,
 }
 
-/// Starts `zygoted` with `args` on `state` and waits for its URL line.
+/// Starts `zygoted` with `args` on `state` and waits for its URL line. Its port proxy
+/// gets a port of its own (`--proxy-listen 127.0.0.1:0`) unless `args` choose one:
+/// tests run daemons side by side. [`proxy_url`] finds it.
 pub fn start_daemon(state: &Path, args: &[&str]) -> Daemon {
     start_daemon_with_env(state, args, &[])
 }
 
 /// [`start_daemon`] with extra environment variables.
 pub fn start_daemon_with_env(state: &Path, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    let proxy: &[&str] = match args.contains(&"--proxy-listen") {
+        true => &[],
+        false => &["--proxy-listen", "127.0.0.1:0"],
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_zygoted"))
         .arg("--state-dir")
         .arg(state)
         .args(args)
+        .args(proxy)
         .envs(env.iter().copied())
         // Quiet unless asked: libtest cannot capture a child process's output.
         .env(
@@ -229,6 +236,15 @@ impl Scratch {
             _dir: dir,
         }
     }
+}
+
+/// The daemon's port proxy (`http://127.0.0.1:<port>`, from `GET /v1/info`), if it runs.
+pub async fn proxy_url(c: &Client) -> Option<String> {
+    let info: serde_json::Value = c
+        .json(hyper::Method::GET, "/v1/info", None::<&()>)
+        .await
+        .expect("GET /v1/info");
+    info["proxy"]["url"].as_str().map(str::to_string)
 }
 
 /// A sandbox as the API shows it now.

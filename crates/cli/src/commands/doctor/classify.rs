@@ -85,6 +85,9 @@ pub struct Runtimes {
 pub struct Report {
     pub flavor: Flavor,
     pub runtimes: Runtimes,
+    /// The network backend `zygote serve` (`--network auto`) run by this user would
+    /// take here: "isolated" or "user".
+    pub network_backend: &'static str,
     pub findings: Vec<Finding>,
 }
 
@@ -126,11 +129,17 @@ pub fn classify(facts: &Facts) -> Report {
     kvm_findings(facts, flavor, &mut out);
     host_checks::host_findings(facts, &mut out);
     host_checks::feature_findings(facts, &mut out);
+    host_checks::network_findings(facts, &mut out);
     let runtimes = runtimes(facts, flavor);
     runtime_findings(facts, flavor, &runtimes, &mut out);
     Report {
         flavor,
         runtimes,
+        network_backend: if host_checks::isolation_blockers(facts).is_empty() {
+            "isolated"
+        } else {
+            "user"
+        },
         findings: out.0,
     }
 }

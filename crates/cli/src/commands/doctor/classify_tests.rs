@@ -1,6 +1,6 @@
 //! Verdicts for constructed hosts.
 use super::*;
-use crate::commands::doctor::facts::{DeviceNode, QemuFacts};
+use crate::commands::doctor::facts::{DeviceFacts, DeviceNode, NetworkFacts, QemuFacts, ToolFacts};
 
 fn full_caps() -> KvmCaps {
     KvmCaps {
@@ -303,4 +303,163 @@ fn nested_hosts_say_whether_virtualization_is_emulated() {
     assert_eq!(n.status, Status::Warn);
     assert!(n.detail.contains("emulated in software"), "{}", n.detail);
     assert!(n.detail.contains("15x"), "{}", n.detail);
+}
+
+/// A root host with everything isolated networking needs.
+fn isolated_host() -> Facts {
+    let mut f = vmx_host();
+    f.host.root = true;
+    f.features.tun = DeviceFacts {
+        path: "/dev/net/tun".into(),
+        present: true,
+        accessible: true,
+    };
+    let tool = |path: &str, version: &str| ToolFacts {
+        path: Some(path.into()),
+        version: Some(version.into()),
+    };
+    f.network = NetworkFacts {
+        ip: tool("/usr/sbin/ip", "ip utility, iproute2-6.1.0, libbpf 1.1.2"),
+        nft: tool("/usr/sbin/nft", "nftables v1.0.6 (Lester Gooch #5)"),
+        netns_dir: true,
+        namespaces: 2,
+        ip_forward: Some(1),
+        route_clashes: Some(Vec::new()),
+        nameservers: vec!["10.255.255.53".into()],
+        dns: Some("10.255.255.53".into()),
+        host_table: Some(true),
+    };
+    f
+}
+
+#[test]
+fn isolated_networking_when_everything_is_present() {
+    let r = classify(&isolated_host());
+    assert_eq!(r.network_backend, "isolated");
+    let iso = finding(&r, "network.isolation");
+    assert_eq!(iso.status, Status::Ok);
+    assert!(iso.detail.contains("no way to the host"), "{}", iso.detail);
+    assert!(iso.detail.contains("iproute2-6.1.0"), "{}", iso.detail);
+    assert!(iso.detail.contains("nft v1.0.6"), "{}", iso.detail);
+    assert!(finding(&r, "network.dns").detail.contains("10.255.255.53"));
+    assert!(finding(&r, "network.rules")
+        .detail
+        .contains("2 zygote namespaces"));
+    let net: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| f.check.starts_with("network."))
+        .collect();
+    assert_eq!(net.len(), 5, "{net:?}");
+    assert!(net.iter().all(|f| f.status == Status::Ok), "{net:?}");
+}
+
+#[test]
+fn not_root_falls_back_to_user_networking() {
+    let mut f = isolated_host();
+    f.host.root = false;
+    f.network.host_table = None;
+    let r = classify(&f);
+    assert_eq!(r.network_backend, "user");
+    let iso = finding(&r, "network.isolation");
+    assert_eq!(iso.status, Status::Warn);
+    assert!(
+        iso.detail.contains("QEMU user networking"),
+        "{}",
+        iso.detail
+    );
+    assert!(iso.detail.starts_with("not root"), "{}", iso.detail);
+    assert!(iso.detail.contains("loopback services"), "{}", iso.detail);
+    // Unprivileged, the host table is not asked for; the namespaces are still counted.
+    let rules = finding(&r, "network.rules");
+    assert_eq!(rules.status, Status::Ok);
+    assert!(rules.detail.contains("run as root"), "{}", rules.detail);
+}
+
+#[test]
+fn missing_nft_is_named_with_how_to_install() {
+    let mut f = isolated_host();
+    f.network.nft = ToolFacts::default();
+    f.network.host_table = None;
+    let r = classify(&f);
+    assert_eq!(r.network_backend, "user");
+    let iso = finding(&r, "network.isolation");
+    assert_eq!(iso.status, Status::Warn);
+    assert!(iso.detail.contains("no `nft` (nftables)"), "{}", iso.detail);
+    assert!(!iso.detail.contains("iproute2)"), "{}", iso.detail);
+    assert!(
+        iso.detail.contains("apt-get install iproute2 nftables"),
+        "{}",
+        iso.detail
+    );
+    assert!(iso.detail.contains("scripts/setup.sh"), "{}", iso.detail);
+    // Both tools missing: the install hint is given once.
+    f.network.ip = ToolFacts::default();
+    f.network.route_clashes = None;
+    let r = classify(&f);
+    let iso = finding(&r, "network.isolation");
+    assert_eq!(iso.detail.matches("apt-get").count(), 1, "{}", iso.detail);
+    assert!(r.findings.iter().all(|x| x.check != "network.routes"));
+}
+
+#[test]
+fn route_clash_is_named() {
+    let mut f = isolated_host();
+    let route = "10.213.0.0/16 dev wg0 proto kernel scope link src 10.213.0.9";
+    f.network.route_clashes = Some(vec![route.into()]);
+    let r = classify(&f);
+    assert_eq!(r.network_backend, "user");
+    let routes = finding(&r, "network.routes");
+    assert_eq!(routes.status, Status::Warn);
+    assert!(routes.detail.contains(route), "{}", routes.detail);
+    assert!(
+        routes.detail.contains("10.213.0.0/16 and 10.214.0.0/16"),
+        "{}",
+        routes.detail
+    );
+    let iso = finding(&r, "network.isolation");
+    assert_eq!(iso.status, Status::Warn);
+    assert!(iso.detail.contains("network.routes"), "{}", iso.detail);
+    assert!(
+        iso.detail.contains("QEMU user networking"),
+        "{}",
+        iso.detail
+    );
+}
+
+#[test]
+fn loopback_only_dns_needs_dns_flag() {
+    let mut f = isolated_host();
+    f.network.nameservers = vec!["127.0.0.53".into()];
+    f.network.dns = None;
+    let dns = finding(&classify(&f), "network.dns").clone();
+    assert_eq!(dns.status, Status::Warn);
+    assert!(dns.detail.contains("--dns"), "{}", dns.detail);
+    assert!(dns.detail.contains("127.0.0.53"), "{}", dns.detail);
+    assert!(dns.detail.contains("only loopback"), "{}", dns.detail);
+    // Under QEMU user networking the host resolves, loopback included.
+    f.host.root = false;
+    assert_eq!(finding(&classify(&f), "network.dns").status, Status::Ok);
+}
+
+#[test]
+fn forwarding_off_and_missing_host_table() {
+    let mut f = isolated_host();
+    f.network.ip_forward = Some(0);
+    f.network.host_table = Some(false);
+    let r = classify(&f);
+    let fwd = finding(&r, "network.forwarding");
+    assert_eq!(fwd.status, Status::Ok);
+    assert!(
+        fwd.detail
+            .contains("will enable net.ipv4.ip_forward at start"),
+        "{}",
+        fwd.detail
+    );
+    // Sandbox namespaces without the host's rules: their guests can reach the host.
+    let rules = finding(&r, "network.rules");
+    assert_eq!(rules.status, Status::Warn);
+    assert!(rules.detail.contains("inet zygote"), "{}", rules.detail);
+    f.network.namespaces = 0;
+    assert_eq!(finding(&classify(&f), "network.rules").status, Status::Ok);
 }

@@ -2,20 +2,24 @@
 //! `classify` turns these facts into verdicts; keeping the two apart lets the
 //! verdicts be tested with constructed hosts (VMX, PVM, no KVM, ...).
 //!
-//! Every probe here is read-only: nothing is created, written or loaded.
+//! Every probe here is read-only: nothing is created, written or loaded (the
+//! network probes only list: no namespace, nftables rule or sysctl is touched).
 use super::parse;
 use serde::Serialize;
 use std::ffi::CString;
 use std::fs;
+use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use zygote_daemon::network::{host as net_host, plan as net_plan};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Facts {
     pub kvm: KvmFacts,
     pub host: HostFacts,
     pub features: FeatureFacts,
+    pub network: NetworkFacts,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -187,11 +191,53 @@ pub struct QemuFacts {
     pub img: Option<String>,
 }
 
+/// What the daemon's isolated network backend (a namespace per sandbox, nftables
+/// rules) needs and finds on this host; root and /dev/net/tun are in `host` and
+/// `features`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NetworkFacts {
+    /// iproute2's `ip` and nftables' `nft`, which the daemon drives.
+    pub ip: ToolFacts,
+    pub nft: ToolFacts,
+    /// /run/netns exists (`ip netns add` creates it on first use).
+    pub netns_dir: bool,
+    /// Named namespaces `zygote-*` in /run/netns: sandboxes of the daemons on this host
+    /// (or what a crashed one left).
+    pub namespaces: usize,
+    /// /proc/sys/net/ipv4/ip_forward (None: unreadable).
+    pub ip_forward: Option<u32>,
+    /// Host routes overlapping the sandbox ranges (10.213.0.0/16, 10.214.0.0/16), as
+    /// `ip -4 route show table all` prints them (None: that did not run).
+    pub route_clashes: Option<Vec<String>>,
+    /// The `nameserver` entries of /etc/resolv.conf.
+    pub nameservers: Vec<String>,
+    /// The first non-loopback IPv4 one: where guests' DNS is forwarded by default.
+    pub dns: Option<String>,
+    /// `nft list table inet zygote` succeeded: the host's rules are loaded (None: not
+    /// asked, which needs root and `nft`).
+    pub host_table: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ToolFacts {
+    pub path: Option<String>,
+    /// First line of its version output (`-V`).
+    pub version: Option<String>,
+}
+
+/// The sandbox address ranges (guests', host links'), as (network, prefix length).
+pub const SANDBOX_NETS: [(Ipv4Addr, u8); 2] = [
+    (net_plan::GUEST_NET, net_plan::GUEST_PREFIX),
+    (net_plan::LINK_NET, net_plan::LINK_PREFIX),
+];
+
 /// Gather everything. Never fails: anything unreadable is recorded as absent.
 pub fn gather() -> Facts {
+    let host = gather_host();
     Facts {
         kvm: gather_kvm(),
-        host: gather_host(),
+        network: gather_network(host.root),
+        host,
         features: FeatureFacts {
             thp: ThpFacts {
                 enabled: read_bracketed("/sys/kernel/mm/transparent_hugepage/enabled"),
@@ -211,6 +257,72 @@ pub fn gather() -> Facts {
 }
 
 pub const KVM_MODULES: [&str; 4] = ["kvm", "kvm_intel", "kvm_amd", "kvm_pvm"];
+
+fn gather_network(root: bool) -> NetworkFacts {
+    let ip = tool("ip", &[&["-V"]]);
+    let nft = tool("nft", &[&["-V"], &["--version"]]);
+    let route_clashes = ip.path.as_ref().and_then(|path| {
+        let out = Command::new(path)
+            .args(["-4", "route", "show", "table", "all"])
+            .output()
+            .ok()?;
+        out.status.success().then(|| {
+            parse::route_overlaps(
+                &String::from_utf8_lossy(&out.stdout),
+                &SANDBOX_NETS,
+                net_plan::HOST_LINK_PREFIX,
+            )
+        })
+    });
+    // Listing a table changes nothing; without root nft cannot read the ruleset.
+    let host_table = nft.path.as_ref().filter(|_| root).map(|path| {
+        Command::new(path)
+            .args(["list", "table", "inet", "zygote"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    let resolv = fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+    let namespaces = fs::read_dir(net_host::NETNS_DIR)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("zygote-"))
+                .count()
+        })
+        .unwrap_or(0);
+    NetworkFacts {
+        ip,
+        nft,
+        netns_dir: Path::new(net_host::NETNS_DIR).is_dir(),
+        namespaces,
+        ip_forward: fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .ok()
+            .and_then(|s| s.trim().parse().ok()),
+        route_clashes,
+        nameservers: parse::nameservers(&resolv),
+        dns: net_host::upstream_dns(&resolv).map(|a| a.to_string()),
+        host_table,
+    }
+}
+
+/// A program found like `find_program`, and the first line its first version
+/// option (of `version_args`) that succeeds prints.
+fn tool(name: &str, version_args: &[&[&str]]) -> ToolFacts {
+    let path = find_program(name);
+    let version = path.as_ref().and_then(|path| {
+        version_args.iter().find_map(|args| {
+            let out = Command::new(path).args(*args).output().ok()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().next()?.trim();
+            (out.status.success() && !line.is_empty()).then(|| line.to_owned())
+        })
+    });
+    ToolFacts {
+        path: path.map(|p| p.display().to_string()),
+        version,
+    }
+}
 
 fn gather_kvm() -> KvmFacts {
     let meta = fs::metadata("/dev/kvm").ok();

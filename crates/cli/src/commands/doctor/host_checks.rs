@@ -2,7 +2,8 @@
 //! KVM and the runtime summary, which live in `classify`). Pure functions of
 //! the gathered facts, like the rest of classification.
 use super::classify::{Out, Status};
-use super::facts::{DeviceFacts, Facts};
+use super::facts::{DeviceFacts, Facts, ToolFacts, SANDBOX_NETS};
+use super::parse;
 
 fn gib(kib: u64) -> String {
     format!("{:.1} GiB", kib as f64 / (1024.0 * 1024.0))
@@ -322,5 +323,234 @@ fn qemu_findings(facts: &Facts, out: &mut Out) {
             Status::Warn,
             "qemu-img not found (Debian package qemu-utils): disk images cannot be converted",
         ),
+    }
+}
+
+/// The sandbox ranges, "10.213.0.0/16 and 10.214.0.0/16".
+fn sandbox_ranges() -> String {
+    let nets: Vec<String> = SANDBOX_NETS
+        .iter()
+        .map(|(net, len)| format!("{net}/{len}"))
+        .collect();
+    nets.join(" and ")
+}
+
+const INSTALL_NET_TOOLS: &str =
+    "install iproute2 and nftables (scripts/setup.sh, or `apt-get install iproute2 nftables`)";
+
+/// What keeps `zygote serve` from isolating sandboxes here, as (what, fix), in the
+/// order the daemon checks; empty when it takes the isolated backend.
+pub(super) fn isolation_blockers(facts: &Facts) -> Vec<(String, &'static str)> {
+    let n = &facts.network;
+    let mut missing = Vec::new();
+    if !facts.host.root {
+        missing.push((
+            "not root (network namespaces and nftables need it)".to_owned(),
+            "run `zygote serve` as root",
+        ));
+    }
+    if n.ip.path.is_none() {
+        missing.push(("no `ip` (iproute2)".to_owned(), INSTALL_NET_TOOLS));
+    }
+    if n.nft.path.is_none() {
+        missing.push(("no `nft` (nftables)".to_owned(), INSTALL_NET_TOOLS));
+    }
+    if !facts.features.tun.present {
+        missing.push(("no /dev/net/tun".to_owned(), "`modprobe tun`"));
+    }
+    if n.route_clashes.as_ref().is_some_and(|c| !c.is_empty()) {
+        missing.push((
+            format!(
+                "a host route overlaps {} (see network.routes)",
+                sandbox_ranges()
+            ),
+            "move that route off the sandbox ranges",
+        ));
+    }
+    missing
+}
+
+fn tool_version(name: &str, t: &ToolFacts) -> String {
+    let v = t.version.as_deref().and_then(parse::version_word);
+    format!("{name} {}", v.unwrap_or("(version unknown)"))
+}
+
+pub(super) fn network_findings(facts: &Facts, out: &mut Out) {
+    let n = &facts.network;
+    let blockers = isolation_blockers(facts);
+    let isolated = blockers.is_empty();
+    if isolated {
+        out.add(
+            "network.isolation",
+            Status::Ok,
+            format!(
+                "isolated: sandboxes get a network namespace each, nftables policy, no way to \
+                 the host ({}, {})",
+                tool_version("ip", &n.ip),
+                tool_version("nft", &n.nft)
+            ),
+        );
+    } else {
+        let what: Vec<&str> = blockers.iter().map(|(w, _)| w.as_str()).collect();
+        let mut fixes: Vec<&str> = Vec::new();
+        for (_, fix) in &blockers {
+            if !fixes.contains(fix) {
+                fixes.push(fix);
+            }
+        }
+        out.add(
+            "network.isolation",
+            Status::Warn,
+            format!(
+                "{}: `zygote serve` falls back to QEMU user networking, NOT isolated from this \
+                 host (a guest can reach its loopback services; kvm-runtime guests get no NIC); \
+                 fix: {}",
+                what.join(", "),
+                fixes.join("; ")
+            ),
+        );
+    }
+
+    match &n.route_clashes {
+        Some(clashes) if !clashes.is_empty() => {
+            let more = match clashes.len() {
+                1 => String::new(),
+                k => format!(" (and {} more)", k - 1),
+            };
+            out.add(
+                "network.routes",
+                Status::Warn,
+                format!(
+                    "this host routes `{}`{more}, overlapping the sandbox ranges {}: the daemon \
+                     will not isolate sandboxes while it does",
+                    clashes[0],
+                    sandbox_ranges()
+                ),
+            );
+        }
+        Some(_) => out.add(
+            "network.routes",
+            Status::Ok,
+            format!(
+                "no host route overlaps the sandbox ranges {}",
+                sandbox_ranges()
+            ),
+        ),
+        None if n.ip.path.is_some() => out.add(
+            "network.routes",
+            Status::Warn,
+            format!(
+                "`ip -4 route show table all` failed: overlaps with {} unchecked",
+                sandbox_ranges()
+            ),
+        ),
+        // No `ip`: network.isolation says so.
+        None => {}
+    }
+
+    match (n.ip_forward, isolated) {
+        (Some(1), _) => out.add(
+            "network.forwarding",
+            Status::Ok,
+            "net.ipv4.ip_forward=1: sandboxes' traffic is routed out",
+        ),
+        (Some(v), true) => out.add(
+            "network.forwarding",
+            Status::Ok,
+            format!(
+                "net.ipv4.ip_forward={v}: the daemon will enable net.ipv4.ip_forward at start \
+                 (this host then routes IPv4 between its interfaces)"
+            ),
+        ),
+        (Some(v), false) => out.add(
+            "network.forwarding",
+            Status::Ok,
+            format!(
+                "net.ipv4.ip_forward={v}: only isolated networking needs it (the daemon \
+                     enables it then)"
+            ),
+        ),
+        (None, _) => out.add(
+            "network.forwarding",
+            Status::Warn,
+            "cannot read /proc/sys/net/ipv4/ip_forward: the daemon cannot enable forwarding, \
+             so isolated networking fails at start",
+        ),
+    }
+
+    match &n.dns {
+        Some(dns) => out.add(
+            "network.dns",
+            Status::Ok,
+            format!(
+                "isolated guests' DNS goes to {dns} (first non-loopback nameserver in \
+                 /etc/resolv.conf; `zygote serve --dns IP` overrides)"
+            ),
+        ),
+        None => {
+            let loopback = n.nameservers.iter().all(|a| {
+                a.parse::<std::net::IpAddr>()
+                    .is_ok_and(|a| a.is_loopback() || a.is_unspecified())
+            });
+            let listed = if n.nameservers.is_empty() {
+                "no nameserver in /etc/resolv.conf".to_owned()
+            } else if loopback {
+                format!(
+                    "only loopback resolvers in /etc/resolv.conf ({}), which a sandbox's \
+                     namespace cannot reach",
+                    n.nameservers.join(", ")
+                )
+            } else {
+                format!(
+                    "no non-loopback IPv4 nameserver in /etc/resolv.conf ({})",
+                    n.nameservers.join(", ")
+                )
+            };
+            // QEMU user networking resolves through the host, loopback included.
+            let (status, consequence) = if isolated {
+                (
+                    Status::Warn,
+                    "guests get no DNS unless `zygote serve --dns IP`",
+                )
+            } else {
+                (
+                    Status::Ok,
+                    "fine for QEMU user networking; isolated guests would need \
+                     `zygote serve --dns IP`",
+                )
+            };
+            out.add("network.dns", status, format!("{listed}: {consequence}"));
+        }
+    }
+
+    let ns = match n.namespaces {
+        1 => "1 zygote namespace".to_owned(),
+        k => format!("{k} zygote namespaces"),
+    };
+    match n.host_table {
+        Some(true) => out.add(
+            "network.rules",
+            Status::Ok,
+            format!("host table inet zygote loaded; {ns} in /run/netns"),
+        ),
+        Some(false) if n.namespaces > 0 => out.add(
+            "network.rules",
+            Status::Warn,
+            format!(
+                "{ns} in /run/netns but no host table inet zygote: their guests are not kept \
+                 from this host or each other; restart `zygote serve` to load it"
+            ),
+        ),
+        Some(false) => out.add(
+            "network.rules",
+            Status::Ok,
+            "no host table inet zygote yet: `zygote serve` loads it at start",
+        ),
+        None if n.namespaces > 0 => out.add(
+            "network.rules",
+            Status::Ok,
+            format!("{ns} in /run/netns (run as root to check the host's table inet zygote)"),
+        ),
+        None => {}
     }
 }

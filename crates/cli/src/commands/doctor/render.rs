@@ -1,6 +1,6 @@
 //! Output: a grouped human-readable table, or one stable JSON document.
 use super::classify::{Finding, Flavor, Report, Runtimes, Status};
-use super::facts::{Facts, FeatureFacts, HostFacts, KvmFacts};
+use super::facts::{Facts, FeatureFacts, HostFacts, KvmFacts, NetworkFacts};
 use serde::Serialize;
 use std::fmt::Write as _;
 
@@ -16,6 +16,7 @@ struct JsonDoc<'a> {
     kvm: JsonKvm<'a>,
     host: &'a HostFacts,
     features: &'a FeatureFacts,
+    network: JsonNetwork<'a>,
     runtimes: &'a Runtimes,
     findings: &'a [Finding],
     exit_code: i32,
@@ -29,6 +30,14 @@ struct JsonKvm<'a> {
     facts: &'a KvmFacts,
 }
 
+/// The gathered network facts plus the backend they lead to, as one `network` object.
+#[derive(Serialize)]
+struct JsonNetwork<'a> {
+    backend: &'static str,
+    #[serde(flatten)]
+    facts: &'a NetworkFacts,
+}
+
 pub fn json(facts: &Facts, report: &Report) -> String {
     let doc = JsonDoc {
         schema_version: SCHEMA_VERSION,
@@ -38,6 +47,10 @@ pub fn json(facts: &Facts, report: &Report) -> String {
         },
         host: &facts.host,
         features: &facts.features,
+        network: JsonNetwork {
+            backend: report.network_backend,
+            facts: &facts.network,
+        },
         runtimes: &report.runtimes,
         findings: &report.findings,
         exit_code: report.exit_code(),
@@ -63,6 +76,7 @@ fn group_title(group: &str) -> &str {
         "storage" => "Storage",
         "devices" => "Devices",
         "qemu" => "QEMU",
+        "network" => "Network",
         "runtime" => "Runtimes",
         other => other,
     }
@@ -111,12 +125,17 @@ pub fn human(facts: &Facts, report: &Report) -> String {
     let yes = |b: bool| if b { "yes" } else { "no" };
     let _ = write!(
         s,
-        "\nSummary: kvm runtime {}, probe guests {}, qemu runtime {}{}; default runtime: {}\n",
+        "\nSummary: kvm runtime {}, probe guests {}, qemu runtime {}{}; default runtime: {}; \
+         network: {}\n",
         yes(rt.kvm),
         yes(rt.probe),
         yes(rt.qemu),
         rt.qemu_accel.map(|a| format!(" ({a})")).unwrap_or_default(),
         rt.default_runtime.unwrap_or("none"),
+        match report.network_backend {
+            "isolated" => "isolated",
+            _ => "user (not isolated)",
+        },
     );
     s.push_str("Legend: ✓ ok   ! works with limits   ✗ missing or unusable\n");
     s
@@ -190,6 +209,21 @@ mod tests {
         assert_eq!(first["status"], "fail");
         assert!(first["detail"].is_string());
         assert!(v["host"].get("mem_total_kib").is_some());
+        assert_eq!(v["network"]["backend"], "user");
+        for key in [
+            "ip",
+            "nft",
+            "netns_dir",
+            "namespaces",
+            "ip_forward",
+            "route_clashes",
+            "nameservers",
+            "dns",
+            "host_table",
+        ] {
+            assert!(v["network"].get(key).is_some(), "network.{key}");
+        }
+        assert!(v["network"]["nft"].get("version").is_some());
     }
 
     #[test]
@@ -200,5 +234,7 @@ mod tests {
         assert!(out.contains("\nRuntimes\n"));
         assert!(out.contains("  ✗ device"));
         assert!(out.contains("default runtime: none"));
+        assert!(out.contains("\nNetwork\n"));
+        assert!(out.contains("network: user (not isolated)"));
     }
 }

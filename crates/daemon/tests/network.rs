@@ -1,0 +1,565 @@
+//! Sandbox networking end to end (issue 13), on real namespaces and nftables: a
+//! "remote host" of the test's own (a network namespace with a veth to the host and two
+//! small TCP servers) stands in for the internet; the host runs services on every
+//! address; the daemon listens on every address too. No packet goes anywhere outside
+//! this machine. Needs root, iproute2 and nftables (skips, saying why, without them).
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use serde_json::{json, Value};
+use zygote_daemon::client::{Client, ClientError};
+use zygote_daemon::model::{BranchResponse, Sandbox};
+
+use common::{create, get, proxy_url, sh, start_daemon, step, Scratch};
+
+const REMOTE_PORT: u16 = 8080;
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Why this machine cannot run the suite, if it cannot.
+fn unavailable() -> Option<String> {
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (network namespaces, nftables)".into());
+    }
+    for tool in ["ip", "nft"] {
+        if Command::new(tool).arg("-V").output().is_err() {
+            return Some(format!("`{tool}` is not installed (scripts/setup.sh)"));
+        }
+    }
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        return Some("/dev/net/tun is missing".into());
+    }
+    None
+}
+
+/// Serves `marker` to every TCP connection on `listener`, forever (a daemon thread).
+fn serve(listener: TcpListener, marker: String) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let marker = marker.clone();
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut buf = [0u8; 512];
+                let _ = conn.read(&mut buf);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{marker}",
+                    marker.len()
+                );
+            });
+        }
+    });
+}
+
+/// The test's stand-in for the internet: namespace `ns` with addresses `a` and `b` on a
+/// veth whose host end has `host`, plus a link-local address `ll` routed there (a
+/// metadata service a guest must never reach).
+struct Remote {
+    ns: String,
+    link: String,
+    a: Ipv4Addr,
+    b: Ipv4Addr,
+    ll: Ipv4Addr,
+    host: Ipv4Addr,
+}
+
+impl Remote {
+    fn start() -> Remote {
+        let n = std::process::id() % 200 + 20;
+        let r = Remote {
+            ns: format!("zt-remote-{}", std::process::id()),
+            link: format!("ztr{}", std::process::id() % 100_000),
+            a: Ipv4Addr::new(10, 77, n as u8, 2),
+            b: Ipv4Addr::new(10, 77, n as u8, 3),
+            ll: Ipv4Addr::new(169, 254, 77, n as u8),
+            host: Ipv4Addr::new(10, 77, n as u8, 1),
+        };
+        r.remove();
+        ip(&["netns", "add", &r.ns]);
+        ip(&[
+            "link", "add", &r.link, "type", "veth", "peer", "name", "eth0", "netns", &r.ns,
+        ]);
+        ip(&["addr", "add", &format!("{}/24", r.host), "dev", &r.link]);
+        ip(&["link", "set", &r.link, "up"]);
+        for a in [r.a, r.b] {
+            ip(&[
+                "-n",
+                &r.ns,
+                "addr",
+                "add",
+                &format!("{a}/24"),
+                "dev",
+                "eth0",
+            ]);
+        }
+        ip(&[
+            "-n",
+            &r.ns,
+            "addr",
+            "add",
+            &format!("{}/32", r.ll),
+            "dev",
+            "lo",
+        ]);
+        ip(&["-n", &r.ns, "link", "set", "eth0", "up"]);
+        ip(&["-n", &r.ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "-n",
+            &r.ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            &r.host.to_string(),
+        ]);
+        ip(&[
+            "route",
+            "add",
+            &format!("{}/32", r.ll),
+            "via",
+            &r.a.to_string(),
+        ]);
+        // A thread in the namespace binds the servers; their sockets stay there.
+        let ns_file = std::fs::File::open(format!("/run/netns/{}", r.ns)).unwrap();
+        let addrs = [r.a, r.b, r.ll];
+        std::thread::spawn(move || {
+            // SAFETY: switches only this thread's network namespace.
+            assert_eq!(
+                unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) },
+                0
+            );
+            for a in addrs {
+                let l = TcpListener::bind((a, REMOTE_PORT)).expect("remote server");
+                serve(l, format!("remote-{a}"));
+            }
+        })
+        .join()
+        .unwrap();
+        r
+    }
+
+    fn remove(&self) {
+        let _ = Command::new("ip")
+            .args(["route", "del", &format!("{}/32", self.ll)])
+            .output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// The host's IPv4 addresses (every one must be out of a guest's reach).
+fn host_addresses() -> Vec<Ipv4Addr> {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            let addr = w.get(3)?.split('/').next()?.parse().ok()?;
+            (w[1] != "lo" && !w[1].starts_with("zyv")).then_some(addr)
+        })
+        .collect()
+}
+
+/// For each `addr:port`, whether the guest got the server's answer: one exec, the
+/// probes at once, each bounded by nc's 2 s connect timeout.
+async fn reach(c: &Client, id: &str, targets: &[(Ipv4Addr, u16)]) -> Vec<bool> {
+    let mut script: String = targets
+        .iter()
+        .enumerate()
+        .map(|(i, (a, p))| {
+            format!(
+                "(if printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {a} {p} 2>/dev/null \
+                 | grep -q 'remote-\\|host-\\|HTTP/1'; then echo open; else echo closed; fi) \
+                 > /tmp/reach.{i} &\n"
+            )
+        })
+        .collect();
+    script.push_str("wait\n");
+    for i in 0..targets.len() {
+        script.push_str(&format!("cat /tmp/reach.{i}\n"));
+    }
+    let out = sh(c, id, &script).await.unwrap();
+    let got: Vec<bool> = out.lines().map(|l| l == "open").collect();
+    assert_eq!(got.len(), targets.len(), "{out}");
+    got
+}
+
+fn addr_of(sb: &Sandbox) -> Ipv4Addr {
+    sb.network
+        .address
+        .as_deref()
+        .unwrap_or_else(|| panic!("{} has no address: {:?}", sb.id, sb.network))
+        .parse()
+        .unwrap()
+}
+
+/// A sandbox's slot, from its address (crates/daemon/src/network/plan.rs).
+fn slot(guest: Ipv4Addr) -> u32 {
+    u32::from(guest) - u32::from(Ipv4Addr::new(10, 213, 0, 1))
+}
+
+/// The host end of a sandbox's link, and its name.
+fn host_end(guest: Ipv4Addr) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 214, 0, 0)) + 4 * slot(guest) + 1)
+}
+
+fn host_link(guest: Ipv4Addr) -> String {
+    format!("zyv{}", slot(guest))
+}
+
+fn namespaces() -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn links() -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn leftovers(ids: &[String]) -> Vec<String> {
+    namespaces()
+        .into_iter()
+        .filter(|n| ids.iter().any(|id| n.ends_with(id.as_str())))
+        .collect()
+}
+
+async fn api_error(c: &Client, body: Value) -> (u16, String) {
+    match c
+        .json::<Value>(Method::POST, "/v1/sandboxes", Some(&body))
+        .await
+    {
+        Err(ClientError::Api {
+            status, message, ..
+        }) => (status, message),
+        other => panic!("{body}: expected an API error, got {other:?}"),
+    }
+}
+
+/// One HTTP/1.0 GET to the proxy at `proxy` (`http://127.0.0.1:PORT`) with `host` as
+/// the Host header; the whole answer.
+fn http_get(proxy: &str, host: &str, path: &str, token: Option<&str>) -> String {
+    let addr = proxy.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).expect("the proxy listens");
+    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{auth}\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn status_of(answer: &str) -> u16 {
+    answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A guest's HTTP server, exposed: reachable through the proxy by path and by host
+/// name with the token, refused without it, public once made so; gone when unexposed.
+async fn exposed_ports(c: &Client, token: &str, id: &str) {
+    sh(
+        c,
+        id,
+        "mkdir -p /www && echo guest-page > /www/index.html && httpd -p 8080 -h /www",
+    )
+    .await
+    .unwrap();
+    let proxy = proxy_url(c).await.expect("the daemon runs its proxy");
+    let port: Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/ports"),
+            Some(&json!({"port": 8080})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(port["public"], false, "{port}");
+    let path = format!("/sandboxes/{id}/ports/8080/");
+    let with_token = http_get(&proxy, "127.0.0.1", &path, Some(token));
+    assert_eq!(status_of(&with_token), 200, "{with_token}");
+    assert!(with_token.contains("guest-page"), "{with_token}");
+    let by_host = http_get(&proxy, &format!("8080-{id}.localhost"), "/", Some(token));
+    assert!(by_host.contains("guest-page"), "{by_host}");
+    let without = http_get(&proxy, "127.0.0.1", &path, None);
+    assert_eq!(status_of(&without), 401, "{without}");
+    match c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/ports"),
+            Some(&json!({"port": 8080})),
+        )
+        .await
+    {
+        Err(ClientError::Api { status: 409, .. }) => {}
+        other => panic!("exposing a port twice: {other:?}"),
+    }
+    c.raw(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}/ports/8080"),
+        None,
+    )
+    .await
+    .unwrap();
+    let _: Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/ports"),
+            Some(&json!({"port": 8080, "public": true})),
+        )
+        .await
+        .unwrap();
+    let public = http_get(&proxy, "127.0.0.1", &path, None);
+    assert!(public.contains("guest-page"), "{public}");
+}
+
+async fn suite(runtime: &str) {
+    let t0 = Instant::now();
+    common::guest_assets();
+    let remote = Remote::start();
+    // A host service on every address, and one on loopback only.
+    let any = TcpListener::bind("0.0.0.0:0").unwrap();
+    let any_port = any.local_addr().unwrap().port();
+    serve(any, "host-any".into());
+    let lo = TcpListener::bind("127.0.0.1:0").unwrap();
+    let lo_port = lo.local_addr().unwrap().port();
+    serve(lo, "host-loopback".into());
+    let scratch = Scratch::new();
+    // The daemon on every address: a guest must still not reach its port.
+    let d = start_daemon(
+        &scratch.state,
+        &["--listen", "0.0.0.0:0", "--runtime", runtime],
+    );
+    let api_port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
+    let c = d.client();
+    let info: Value = c.json(Method::GET, "/v1/info", None::<&()>).await.unwrap();
+    assert_eq!(info["network"]["backend"], "isolated", "{info}");
+    step(t0, "daemon up, isolated networking");
+
+    // Bad policies are the caller's 400s, before anything starts.
+    let (status, msg) =
+        api_error(&c, json!({"image": "minimal", "allow_out": ["10.0.0.1/8"]})).await;
+    assert_eq!(status, 400, "{msg}");
+    assert!(msg.contains("10.0.0.0/8"), "{msg}");
+    let (status, msg) = api_error(
+        &c,
+        json!({"image": "minimal", "network": "none", "deny_out": ["10.0.0.0/8"]}),
+    )
+    .await;
+    assert_eq!((status, msg.contains("egress")), (400, true), "{msg}");
+    let (status, _) = api_error(&c, json!({"image": "minimal", "network": "offline"})).await;
+    assert_eq!(status, 400);
+
+    let cleanup = &scratch.cleanup;
+    let egress = create(
+        &c,
+        json!({"image": "minimal", "deny_out": [remote.b.to_string()]}),
+        cleanup,
+    )
+    .await
+    .remove(0);
+    let none = create(&c, json!({"image": "minimal", "network": "none"}), cleanup)
+        .await
+        .remove(0);
+    let only_b = create(
+        &c,
+        json!({"image": "minimal", "allow_out": [format!("{}/32", remote.b)]}),
+        cleanup,
+    )
+    .await
+    .remove(0);
+    step(t0, "three sandboxes: egress minus b, none, only b");
+    for sb in [&egress, &none, &only_b] {
+        assert!(sb.network.isolated, "{:?}", sb.network);
+    }
+    assert_eq!(egress.network.deny_out, vec![format!("{}/32", remote.b)]);
+    let (ea, na, oa) = (addr_of(&egress), addr_of(&none), addr_of(&only_b));
+    assert!(ea != na && na != oa && ea != oa, "{ea} {na} {oa}");
+
+    let r = |a| (a, REMOTE_PORT);
+    let remote_targets = [r(remote.a), r(remote.b)];
+    assert_eq!(reach(&c, &egress.id, &remote_targets).await, [true, false]);
+    assert_eq!(reach(&c, &none.id, &remote_targets).await, [false, false]);
+    assert_eq!(reach(&c, &only_b.id, &remote_targets).await, [false, true]);
+    step(t0, "egress / none / allow_out / deny_out as asked");
+
+    // Never the host (any address: its own link, the remote link, the others; the
+    // daemon's port; a service on every address), the gateway, the metadata range.
+    let mut forbidden = vec![
+        (host_end(ea), any_port),
+        (host_end(ea), api_port),
+        (remote.host, any_port),
+        (remote.host, api_port),
+        (Ipv4Addr::new(10, 213, 0, 1), any_port),
+        (Ipv4Addr::new(10, 213, 0, 1), lo_port),
+        r(remote.ll),
+    ];
+    for a in host_addresses() {
+        forbidden.extend([(a, any_port), (a, api_port), (a, lo_port)]);
+    }
+    let got = reach(&c, &egress.id, &forbidden).await;
+    let open: Vec<_> = forbidden.iter().zip(&got).filter(|(_, o)| **o).collect();
+    assert!(open.is_empty(), "a guest reached {open:?}");
+    // The same targets answer from the host: the rules, not absent servers, said no.
+    let host_sees = TcpStream::connect_timeout(
+        &SocketAddr::from((remote.host, any_port)),
+        Duration::from_secs(2),
+    );
+    assert!(host_sees.is_ok(), "the host service answers the host");
+    step(
+        t0,
+        &format!("{} host/metadata targets unreachable", forbidden.len()),
+    );
+
+    // Another sandbox: unreachable from a guest, reachable from the host (exposed ports
+    // use that path).
+    sh(
+        &c,
+        &only_b.id,
+        "(nc -l -p 9000 -e echo host-from-sandbox &) ; sleep 0.3",
+    )
+    .await
+    .unwrap();
+    assert_eq!(reach(&c, &egress.id, &[(oa, 9000)]).await, [false]);
+    let mut s = TcpStream::connect_timeout(&SocketAddr::from((oa, 9000)), Duration::from_secs(5))
+        .expect("the host reaches a guest's port");
+    let mut got = String::new();
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = s.read_to_string(&mut got);
+    assert!(got.contains("host-from-sandbox"), "{got:?}");
+    step(t0, "no sandbox reaches another; the host reaches a guest");
+
+    exposed_ports(&c, &d.token(), &only_b.id).await;
+    step(
+        t0,
+        "an exposed port serves the guest's HTTP server through the proxy",
+    );
+
+    // A branch child: its own address and MAC, its parent's policy.
+    let br: BranchResponse = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/branch", egress.id),
+            Some(&json!({"count": 1})),
+        )
+        .await
+        .unwrap();
+    let child = get(&c, &br.children[0]).await;
+    let ca = addr_of(&child);
+    assert_ne!(ca, ea);
+    assert_eq!(child.network.deny_out, egress.network.deny_out);
+    let inside = sh(&c, &child.id, "ifconfig eth0").await.unwrap();
+    assert!(inside.contains(&format!("inet addr:{ca}")), "{inside}");
+    assert_eq!(reach(&c, &child.id, &remote_targets).await, [true, false]);
+    assert_eq!(reach(&c, &egress.id, &remote_targets).await, [true, false]);
+    step(
+        t0,
+        &format!("branch child {ca}: own address, parent's policy"),
+    );
+
+    // Delete: namespace and link go at once.
+    assert!(links().contains(&host_link(ca)));
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
+        .await
+        .unwrap();
+    assert!(leftovers(std::slice::from_ref(&child.id)).is_empty());
+    assert!(
+        !links().contains(&host_link(ca)),
+        "the child's host link is gone"
+    );
+
+    // kill -9, restart: sandboxes keep their network; a namespace no sandbox recorded
+    // (a crash mid-create) is swept.
+    let prefix = namespaces()
+        .into_iter()
+        .find_map(|n| n.strip_suffix(egress.id.as_str()).map(str::to_string))
+        .expect("the egress sandbox's namespace");
+    let stray = format!("{prefix}sb-left-behind");
+    ip(&["netns", "add", &stray]);
+    d.kill9();
+    let d = start_daemon(
+        &scratch.state,
+        &["--listen", "127.0.0.1:0", "--runtime", runtime],
+    );
+    let c = d.client();
+    assert!(!namespaces().contains(&stray), "swept at start-up");
+    assert_eq!(reach(&c, &egress.id, &remote_targets).await, [true, false]);
+    assert_eq!(reach(&c, &none.id, &remote_targets).await, [false, false]);
+    step(t0, "after kill -9 + restart: same policies, leftover swept");
+
+    let ids = [egress.id, none.id, only_b.id];
+    for id in &ids {
+        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+            .unwrap();
+    }
+    assert!(leftovers(&ids).is_empty(), "{:?}", leftovers(&ids));
+    for a in [ea, na, oa] {
+        assert!(!links().contains(&host_link(a)), "{} is left", host_link(a));
+    }
+    let ours: Vec<String> = namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(ours.is_empty(), "{ours:?}");
+    step(t0, "deleted: no namespace or link left");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qemu_sandbox_networking() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipping the networking suite: {why}");
+        return;
+    }
+    suite("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kvm_sandbox_networking() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipping the networking suite: {why}");
+        return;
+    }
+    if !zygote_vmm::host::linux_guests_or_skip("the kvm networking suite") {
+        return;
+    }
+    suite("kvm").await;
+}
