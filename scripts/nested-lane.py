@@ -272,7 +272,8 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         found = shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin")
         if not found:
             die(f"`{tool}` is missing here: run scripts/setup.sh")
-        st.binary(Path(found), f"/usr/sbin/{tool}")
+        # In /bin, where busybox would otherwise install its own (much smaller) `ip`.
+        st.binary(Path(found), f"/bin/{tool}")
     (stage_dir / "var").mkdir(exist_ok=True)
     (stage_dir / "var/run").symlink_to("../run")
     st.copy(PROBE_ELF)

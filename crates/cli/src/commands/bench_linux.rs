@@ -14,8 +14,6 @@
 //! Failures (a child that did not come up or answer, a request that failed) are counted,
 //! never retried. Medians and p90 over the rounds; the last line printed is one JSON
 //! object, so scripts (`make bench-nested`) can take it as is.
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -25,6 +23,7 @@ use zygote_daemon::client::{block_on, Client, Method};
 use zygote_daemon::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
 
 use super::bench_stats::{ms, percentile, Summary};
+use super::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct LinuxBenchArgs {
@@ -80,56 +79,6 @@ struct LinuxBench {
     parent_private_kib: Option<f64>,
     /// Every failure, in words.
     errors: Vec<String>,
-}
-
-/// A `zygote serve` on a private state directory, stopped on drop.
-struct Daemon {
-    child: Child,
-    client: Client,
-    _state: tempfile::TempDir,
-}
-
-impl Daemon {
-    fn start(runtime: &str) -> anyhow::Result<Daemon> {
-        let state = tempfile::Builder::new().prefix("zygote-bench-").tempdir()?;
-        let mut child = Command::new(std::env::current_exe()?)
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(state.path())
-            .args(["--listen", "127.0.0.1:0", "--runtime", runtime])
-            .env(
-                "ZYGOTE_LOG",
-                std::env::var("ZYGOTE_LOG").unwrap_or("warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting zygote serve")?;
-        let stdout = child.stdout.take().expect("piped");
-        let url = BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("zygoted listening on ").map(str::to_string));
-        let Some(url) = url else {
-            let status = child.wait()?;
-            anyhow::bail!("the daemon did not start ({status})");
-        };
-        let token = std::fs::read_to_string(state.path().join("token"))?;
-        let client = Client::new(&url, Some(token.trim().to_string()))?;
-        Ok(Daemon {
-            child,
-            client,
-            _state: state,
-        })
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
 }
 
 fn call<T: serde::de::DeserializeOwned>(
@@ -309,7 +258,11 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
             eprintln!("{m}");
         }
     };
-    let d = Daemon::start(&args.runtime)?;
+    let runtime = ["--runtime".to_string(), args.runtime.clone()];
+    let state = StateDir::Temp {
+        prefix: "zygote-bench-",
+    };
+    let d = PrivateDaemon::start(state, &runtime, "the daemon")?;
     let c = &d.client;
     let made: SandboxList = call(
         c,

@@ -16,22 +16,18 @@
 //! The last line printed is one JSON object. Everything the bench made goes at the end,
 //! on error too (sandboxes, daemons, processes still naming their state directories,
 //! the daemons' namespaces, the remote namespace and its veth pair).
-use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener};
-use std::os::fd::AsRawFd;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde::Serialize;
 use serde_json::{json, Value};
 use zygote_daemon::client::{block_on, Client, Method};
 
-use crate::commands::bench_stats::{ms, percentile, Summary};
+use super::bench_net_remote::{Remote, IPERF_PORT, SINK_PORT};
+use super::bench_net_report::{print_table, BackendReport, NetReport, Samples};
+use super::bench_stats::ms;
+use super::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct NetBenchArgs {
@@ -49,71 +45,36 @@ pub struct NetBenchArgs {
 
 /// The two backends, as `zygote serve --network` names them.
 const BACKENDS: [&str; 2] = ["isolated", "user"];
-/// Port of the byte sink in the remote namespace (and of iperf3's server).
-const SINK_PORT: u16 = 9000;
-const IPERF_PORT: u16 = 5201;
 
-/// A `zygote serve` on a private temporary state directory. Dropping it deletes what it
-/// still has, stops it, kills what outlived it and removes its namespaces.
+/// One backend's private daemon, on a temporary state directory. Dropping it deletes what
+/// it still has, stops it, kills what outlived it and removes its namespaces.
 struct Daemon {
     backend: &'static str,
-    child: Child,
-    client: Client,
-    state: PathBuf,
-    _temp: tempfile::TempDir,
+    daemon: PrivateDaemon,
+}
+
+impl std::ops::Deref for Daemon {
+    type Target = PrivateDaemon;
+    fn deref(&self) -> &PrivateDaemon {
+        &self.daemon
+    }
+}
+
+impl std::ops::DerefMut for Daemon {
+    fn deref_mut(&mut self) -> &mut PrivateDaemon {
+        &mut self.daemon
+    }
 }
 
 impl Daemon {
     fn start(backend: &'static str, runtime: &str) -> anyhow::Result<Daemon> {
-        let temp = tempfile::Builder::new()
-            .prefix(&format!("zygote-net-{backend}-"))
-            .tempdir()?;
-        let state = temp.path().canonicalize()?;
-        let mut child = Command::new(std::env::current_exe()?)
-            .arg("serve")
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--listen", "127.0.0.1:0", "--proxy-listen", "none"])
-            .args(["--runtime", runtime, "--network", backend])
-            .env(
-                "ZYGOTE_LOG",
-                std::env::var("ZYGOTE_LOG").unwrap_or("warn".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting zygote serve")?;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("zygoted listening on ").map(str::to_string));
-        let Some(url) = url else {
-            let status = child.wait()?;
-            anyhow::bail!(
-                "the {backend} daemon (--network {backend} --runtime {runtime}) did not start \
-                 ({status}); its stderr above says why"
-            );
-        };
-        // Keep reading its stdout: a closed pipe would turn its later writes into EPIPE.
-        std::thread::spawn(move || lines.for_each(drop));
-        let token = std::fs::read_to_string(state.join("token"))?;
-        let client = Client::new(&url, Some(token.trim().to_string()))?;
-        Ok(Daemon {
-            backend,
-            child,
-            client,
-            state,
-            _temp: temp,
-        })
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        let prefix = format!("zygote-net-{backend}-");
+        let extra = ["--proxy-listen", "none", "--runtime", runtime];
+        let extra = extra.into_iter().chain(["--network", backend]);
+        let extra: Vec<String> = extra.map(str::to_string).collect();
+        let what = format!("the {backend} daemon (--network {backend} --runtime {runtime})");
+        let daemon = PrivateDaemon::start(StateDir::Temp { prefix: &prefix }, &extra, &what)?;
+        Ok(Daemon { backend, daemon })
     }
 
     /// Deletes its sandboxes and snapshots, stops it, kills processes still naming its
@@ -137,13 +98,10 @@ impl Daemon {
                 }
             }
         }
-        if self.alive() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
+        self.stop();
         // VMs deliberately outlive a daemon; these belong to this private one.
-        for (pid, cmd) in stray_procs(&self.state, self.pid()) {
+        for (pid, cmd) in self.stray_procs() {
+            let cmd: String = cmd.chars().take(200).collect();
             eprintln!("net: clean-up: killing {pid} {cmd}");
             // SAFETY: a plain kill(2) of a process our private daemon started.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -166,216 +124,6 @@ impl Drop for Daemon {
         self.clean_up();
     }
 }
-
-/// The remote host: a namespace with a veth pair to the host, and the sink thread (and
-/// an iperf3 server, if used) in it. Dropping it removes all of it.
-struct Remote {
-    netns: String,
-    host_link: String,
-    /// 10.78.<x>.2: the address in the namespace.
-    addr: Ipv4Addr,
-    sink: Option<Sink>,
-    iperf: Option<Child>,
-}
-
-/// A byte count from first byte to EOF, as the sink saw one connection.
-struct Received {
-    bytes: u64,
-    elapsed: Duration,
-}
-
-struct Sink {
-    /// A clone of the listening socket: shutting it down wakes the thread's accept.
-    listener: TcpListener,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    results: mpsc::Receiver<std::io::Result<Received>>,
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("running ip (iproute2)")?;
-    anyhow::ensure!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(())
-}
-
-fn command_output(program: &str, args: &[&str]) -> String {
-    Command::new(program)
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-impl Remote {
-    /// A /24 in 10.78.0.0/16 that no route or address of the host touches.
-    fn free_subnet() -> anyhow::Result<u8> {
-        let used = command_output("ip", &["-4", "route", "show", "table", "all"])
-            + &command_output("ip", &["-4", "addr"]);
-        let start = std::process::id() % 254;
-        (0..254)
-            .map(|i| ((start + i) % 254 + 1) as u8)
-            .find(|x| !used.contains(&format!("10.78.{x}.")) && !used.contains("10.78.0.0/16"))
-            .context("no free /24 in 10.78.0.0/16 for the remote namespace")
-    }
-
-    fn start() -> anyhow::Result<Remote> {
-        let pid = std::process::id();
-        let x = Remote::free_subnet()?;
-        let mut r = Remote {
-            netns: format!("zb-remote-{pid}"),
-            host_link: format!("zbh{pid}"),
-            addr: Ipv4Addr::new(10, 78, x, 2),
-            sink: None,
-            iperf: None,
-        };
-        let ns_link = format!("zbr{pid}");
-        let (host_cidr, ns_cidr) = (format!("10.78.{x}.1/24"), format!("10.78.{x}.2/24"));
-        let gateway = format!("10.78.{x}.1");
-        let (ns, hl) = (r.netns.clone(), r.host_link.clone());
-        ip(&["netns", "add", &ns])?;
-        ip(&[
-            "link", "add", &hl, "type", "veth", "peer", "name", &ns_link, "netns", &ns,
-        ])?;
-        ip(&["addr", "add", &host_cidr, "dev", &hl])?;
-        ip(&["link", "set", &hl, "up"])?;
-        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
-        ip(&["-n", &ns, "addr", "add", &ns_cidr, "dev", &ns_link])?;
-        ip(&["-n", &ns, "link", "set", &ns_link, "up"])?;
-        ip(&["-n", &ns, "route", "add", "default", "via", &gateway])?;
-        r.sink = Some(Sink::start(&r.netns, r.addr)?);
-        Ok(r)
-    }
-
-    /// An iperf3 server in the namespace (for the whole run).
-    fn start_iperf(&mut self) -> anyhow::Result<()> {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "iperf3", "-s"])
-            .args(["-B", &self.addr.to_string(), "-p", &IPERF_PORT.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting iperf3 -s in the remote namespace")?;
-        self.iperf = Some(child);
-        // Until it listens.
-        std::thread::sleep(Duration::from_millis(500));
-        Ok(())
-    }
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.iperf.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // The sink's socket and thread hold the namespace: they go first.
-        drop(self.sink.take());
-        if Path::new("/sys/class/net").join(&self.host_link).exists() {
-            if let Err(e) = ip(&["link", "del", &self.host_link]) {
-                eprintln!("net: clean-up: {e:#}");
-            }
-        }
-        if Path::new("/run/netns").join(&self.netns).exists() {
-            if let Err(e) = ip(&["netns", "del", &self.netns]) {
-                eprintln!("net: clean-up: {e:#}");
-            }
-        }
-    }
-}
-
-impl Sink {
-    /// A thread that joins `netns`, listens on `addr:SINK_PORT` and reports each
-    /// connection it accepts.
-    fn start(netns: &str, addr: Ipv4Addr) -> anyhow::Result<Sink> {
-        let path = Path::new("/run/netns").join(netns);
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<TcpListener>>();
-        let (tx, results) = mpsc::channel();
-        let stopping = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("bench-net-sink".into())
-            .spawn(move || {
-                let bound = (|| {
-                    let ns = std::fs::File::open(&path)
-                        .with_context(|| format!("opening {}", path.display()))?;
-                    // SAFETY: setns(2) on a namespace fd we own; it moves this thread
-                    // only (network namespaces can be joined by one thread of many).
-                    if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                        let e = std::io::Error::last_os_error();
-                        anyhow::bail!("setns into {}: {e}", path.display());
-                    }
-                    let l = TcpListener::bind(SocketAddrV4::new(addr, SINK_PORT))
-                        .with_context(|| format!("binding {addr}:{SINK_PORT}"))?;
-                    Ok(l)
-                })();
-                let listener = match bound.and_then(|l| Ok((l.try_clone()?, l))) {
-                    Ok((clone, l)) => {
-                        let _ = ready_tx.send(Ok(clone));
-                        l
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                for conn in listener.incoming() {
-                    if stopping.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    let r = conn.and_then(|mut s| {
-                        s.set_read_timeout(Some(Duration::from_secs(60)))?;
-                        let mut buf = vec![0u8; 256 << 10];
-                        let (mut bytes, mut first) = (0u64, None);
-                        loop {
-                            let n = s.read(&mut buf)?;
-                            if n == 0 {
-                                break;
-                            }
-                            first.get_or_insert_with(Instant::now);
-                            bytes += n as u64;
-                        }
-                        let elapsed = first.map_or(Duration::ZERO, |t| t.elapsed());
-                        Ok(Received { bytes, elapsed })
-                    });
-                    if tx.send(r).is_err() {
-                        break;
-                    }
-                }
-            })?;
-        let listener = ready_rx
-            .recv()
-            .context("the sink thread ended before listening")??;
-        Ok(Sink {
-            listener,
-            stop,
-            thread: Some(thread),
-            results,
-        })
-    }
-}
-
-impl Drop for Sink {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        // SAFETY: shutdown(2) of a socket we own; a thread blocked in accept on it
-        // returns (EINVAL) and sees the stop flag.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 // Answers are read as JSON values: the bench needs a few fields.
 fn get(c: &Client, path: &str) -> anyhow::Result<Value> {
     Ok(block_on(c.json(Method::GET, path, None::<&Value>))?)
@@ -394,43 +142,6 @@ fn ids(v: &Value, field: &str) -> Vec<String> {
     let list = v[field].as_array().into_iter().flatten();
     list.filter_map(|s| Some(s["id"].as_str()?.to_string()))
         .collect()
-}
-
-/// A field of /proc/PID/status, as a number.
-fn status_field(pid: u32, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
-/// Processes whose command line names `state`, other than the daemon, the bench and its
-/// ancestors: (pid, command line).
-fn stray_procs(state: &Path, daemon: u32) -> Vec<(u32, String)> {
-    let me = std::process::id();
-    let mut skip: BTreeSet<u32> = [daemon, me].into();
-    let mut p = me;
-    while let Some(parent) = status_field(p, "PPid").filter(|&q| q > 1) {
-        p = parent as u32;
-        if !skip.insert(p) {
-            break;
-        }
-    }
-    let needle = state.display().to_string();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if !skip.contains(&pid) && cmd.contains(&needle) {
-            out.push((pid, cmd.trim_end().chars().take(200).collect()));
-        }
-    }
-    out
 }
 
 fn exec(c: &Client, id: &str, script: &str, timeout_ms: u64) -> anyhow::Result<Value> {
@@ -500,14 +211,6 @@ fn throughput(
         r["stderr"]
     );
     Ok(got.bytes as f64 / got.elapsed.as_secs_f64().max(1e-9) / 1048576.0)
-}
-
-/// One backend's samples.
-#[derive(Default)]
-struct Samples {
-    create: Vec<Duration>,
-    branch: Vec<Duration>,
-    mib_s: Vec<f64>,
 }
 
 /// One round on one backend: create, throughput, branch, delete. Failures go to
@@ -597,50 +300,6 @@ fn round(
         errors.push(format!("{b}: delete {id}: {e:#}"));
     }
     line
-}
-
-#[derive(Serialize)]
-struct BackendReport {
-    create_ms_p50: f64,
-    create_ms_p90: f64,
-    branch_ms_p50: f64,
-    branch_ms_p90: f64,
-    mib_s_p50: f64,
-    /// The slowest tenth of the transfers (nearest-rank 10th percentile).
-    mib_s_p10: f64,
-    samples: usize,
-}
-
-impl BackendReport {
-    fn of(s: &Samples) -> BackendReport {
-        let (create, branch) = (Summary::of(&s.create), Summary::of(&s.branch));
-        let mut mib = s.mib_s.clone();
-        mib.sort_by(f64::total_cmp);
-        BackendReport {
-            create_ms_p50: create.p50,
-            create_ms_p90: create.p90,
-            branch_ms_p50: branch.p50,
-            branch_ms_p90: branch.p90,
-            mib_s_p50: percentile(&mib, 50.0),
-            mib_s_p10: percentile(&mib, 10.0),
-            samples: create.n,
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct NetReport {
-    rounds: usize,
-    runtime: String,
-    mib: u64,
-    isolated: BackendReport,
-    user: BackendReport,
-    create_overhead_ms_p50: f64,
-    branch_overhead_ms_p50: f64,
-    throughput_ratio: f64,
-    method: &'static str,
-    failures: usize,
-    errors: Vec<String>,
 }
 
 /// Why isolated networking cannot work here, if it cannot (the daemon checks again).
@@ -798,51 +457,4 @@ pub fn run(args: NetBenchArgs) -> anyhow::Result<i32> {
     // NaN (no samples) becomes null.
     println!("{}", serde_json::to_string(&report)?);
     Ok(i32::from(!errors.is_empty()))
-}
-
-fn print_table(r: &NetReport) {
-    let f = |v: f64| if v.is_nan() { "-".to_string() } else { ms(v) };
-    let rate = |v: f64| {
-        if v.is_nan() {
-            "-".to_string()
-        } else {
-            format!("{v:.1}")
-        }
-    };
-    let (i, u) = (&r.isolated, &r.user);
-    println!(
-        "bench net: {} rounds, {} runtime, {} MiB per transfer ({})",
-        r.rounds, r.runtime, r.mib, r.method
-    );
-    println!(
-        "{:<24} {:>12} {:>12} {:>16}",
-        "", "isolated", "user", "isolated vs user"
-    );
-    let rows = [
-        ("create ms p50", f(i.create_ms_p50), f(u.create_ms_p50)),
-        ("create ms p90", f(i.create_ms_p90), f(u.create_ms_p90)),
-        ("branch ms p50", f(i.branch_ms_p50), f(u.branch_ms_p50)),
-        ("branch ms p90", f(i.branch_ms_p90), f(u.branch_ms_p90)),
-        (
-            "guest->remote MiB/s p50",
-            rate(i.mib_s_p50),
-            rate(u.mib_s_p50),
-        ),
-        (
-            "guest->remote MiB/s p10",
-            rate(i.mib_s_p10),
-            rate(u.mib_s_p10),
-        ),
-    ];
-    let diff = [
-        f(r.create_overhead_ms_p50),
-        String::new(),
-        f(r.branch_overhead_ms_p50),
-        String::new(),
-        format!("x{:.2}", r.throughput_ratio),
-        String::new(),
-    ];
-    for ((name, a, b), d) in rows.into_iter().zip(diff) {
-        println!("{name:<24} {a:>12} {b:>12} {d:>16}");
-    }
 }

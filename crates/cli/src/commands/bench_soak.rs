@@ -11,11 +11,9 @@
 //! object. Exit status 1 only if the daemon died or more than `--max-failed-cycles`
 //! cycles failed. At the end everything the bench made goes (sandboxes, snapshots, the
 //! daemon, its stray processes, the temporary state directory).
-use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeMap;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -24,6 +22,7 @@ use serde_json::{json, Value};
 use zygote_daemon::client::{block_on, Client, Method};
 
 use super::bench_stats::Summary;
+use super::private_daemon::{status_field, PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct SoakBenchArgs {
@@ -118,96 +117,29 @@ struct SoakReport {
     cleanup: Cleanup,
 }
 
-/// A `zygote serve` on a private state directory, stopped on drop. (bench linux has
-/// one too; this one also knows its pid and state directory, for /proc and leftovers.)
-struct Daemon {
-    child: Child,
-    client: Client,
-    state: PathBuf,
-    _temp: Option<tempfile::TempDir>,
-}
-
-impl Daemon {
-    fn start(runtime: Option<&str>, state_dir: Option<&Path>) -> anyhow::Result<Daemon> {
-        let (state, temp) = match state_dir {
-            Some(dir) => {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("creating {}", dir.display()))?;
-                // A used state directory would give the daemon sandboxes to re-attach,
-                // and the final clean-up deletes every sandbox it lists.
-                anyhow::ensure!(
-                    std::fs::read_dir(dir)?.next().is_none(),
-                    "--state-dir {} is not empty: the soak needs a fresh daemon",
-                    dir.display()
-                );
-                (dir.canonicalize()?, None)
-            }
-            None => {
-                let t = tempfile::Builder::new().prefix("zygote-soak-").tempdir()?;
-                (t.path().canonicalize()?, Some(t))
-            }
-        };
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg("serve").arg("--state-dir").arg(&state);
-        cmd.args(["--listen", "127.0.0.1:0"]);
-        if let Some(r) = runtime {
-            cmd.args(["--runtime", r]);
+/// The soak's private daemon: on `--state-dir` (created if absent, must be empty) or on a
+/// temporary directory; `runtime`: its `--runtime`, if any.
+fn start_daemon(runtime: Option<&str>, state_dir: Option<&Path>) -> anyhow::Result<PrivateDaemon> {
+    let state = match state_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            // A used state directory would give the daemon sandboxes to re-attach,
+            // and the final clean-up deletes every sandbox it lists.
+            anyhow::ensure!(
+                std::fs::read_dir(dir)?.next().is_none(),
+                "--state-dir {} is not empty: the soak needs a fresh daemon",
+                dir.display()
+            );
+            StateDir::Given(dir)
         }
-        let log = std::env::var("ZYGOTE_LOG").unwrap_or("warn".into());
-        let mut child = cmd
-            .env("ZYGOTE_LOG", log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("starting zygote serve")?;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let url = lines
-            .by_ref()
-            .map_while(Result::ok)
-            .find_map(|l| l.strip_prefix("zygoted listening on ").map(str::to_string));
-        let Some(url) = url else {
-            let status = child.wait()?;
-            anyhow::bail!("the daemon did not start ({status})");
-        };
-        // Keep reading its stdout: over a long soak a closed pipe would turn any later
-        // write of the daemon into EPIPE.
-        std::thread::spawn(move || lines.for_each(drop));
-        let token = std::fs::read_to_string(state.join("token"))?;
-        let client = Client::new(&url, Some(token.trim().to_string()))?;
-        Ok(Daemon {
-            child,
-            client,
-            state,
-            _temp: temp,
-        })
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// None while it runs, else how it ended.
-    fn died(&mut self) -> Option<String> {
-        match self.child.try_wait() {
-            Ok(None) => None,
-            Ok(Some(status)) => Some(format!("the daemon exited: {status}")),
-            Err(e) => Some(format!("cannot wait for the daemon: {e}")),
-        }
-    }
-
-    fn stop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(self.pid() as i32, libc::SIGTERM) };
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.stop();
-    }
+        None => StateDir::Temp {
+            prefix: "zygote-soak-",
+        },
+    };
+    let extra: Vec<String> = runtime
+        .map(|r| vec!["--runtime".to_string(), r.to_string()])
+        .unwrap_or_default();
+    PrivateDaemon::start(state, &extra, "the daemon")
 }
 
 // Answers are read as JSON values, not as the daemon's model types: the soak needs a
@@ -285,14 +217,6 @@ fn cycle(c: &Client, image: &str, n: usize) -> Vec<String> {
     errors
 }
 
-/// A field of /proc/PID/status, as a number (the first word after the colon).
-fn status_field(pid: u32, key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-}
-
 /// The daemon's open fds: targets (sockets and pipes only by kind: their inode numbers
 /// change all the time) and counts by kind.
 fn fds(pid: u32) -> (Vec<String>, BTreeMap<&'static str, usize>) {
@@ -318,36 +242,12 @@ fn fds(pid: u32) -> (Vec<String>, BTreeMap<&'static str, usize>) {
     (targets, kinds)
 }
 
-/// Processes whose command line names `state`, other than the daemon, the bench and the
-/// bench's ancestors (a shell that started the bench with --state-dir names it too):
-/// "PID command line" each.
-fn stray_procs(state: &Path, daemon: u32) -> Vec<String> {
-    let me = std::process::id();
-    let mut skip: BTreeSet<u32> = [daemon, me].into();
-    let mut p = me;
-    while let Some(parent) = status_field(p, "PPid").filter(|&q| q > 1) {
-        p = parent as u32;
-        if !skip.insert(p) {
-            break;
-        }
-    }
-    let needle = state.display().to_string();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let name = e.file_name();
-        let Some(pid) = name.to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(raw) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if !skip.contains(&pid) && cmd.contains(&needle) {
-            let short: String = cmd.trim_end().chars().take(240).collect();
-            out.push(format!("{pid} {short}"));
-        }
-    }
-    out
+/// The daemon's stray processes, as "PID command line" (cut at 240 characters).
+fn stray_procs(d: &PrivateDaemon) -> Vec<String> {
+    let procs = d.stray_procs().into_iter();
+    procs
+        .map(|(pid, cmd)| format!("{pid} {}", cmd.chars().take(240).collect::<String>()))
+        .collect()
 }
 
 /// Every entry below `dir` (relative to `root`), and the socket files among them.
@@ -367,10 +267,10 @@ fn walk(root: &Path, dir: &Path, entries: &mut Vec<String>, sockets: &mut Vec<St
     }
 }
 
-fn sample(d: &Daemon, cycle: usize, t0: Instant) -> Sample {
+fn sample(d: &PrivateDaemon, cycle: usize, t0: Instant) -> Sample {
     let pid = d.pid();
     let (fd_targets, fd_kinds) = fds(pid);
-    let proc_list = stray_procs(&d.state, pid);
+    let proc_list = stray_procs(d);
     let listed = |what: &str| {
         let v = get(&d.client, &format!("/v1/{what}")).ok()?;
         Some(ids(&v, what).len())
@@ -440,7 +340,7 @@ fn line(s: &Sample, start: &Sample, total: usize, failed: usize) -> String {
 }
 
 /// Deletes what the daemon still has, stops it, kills what outlived it.
-fn clean_up(d: &mut Daemon) -> Cleanup {
+fn clean_up(d: &mut PrivateDaemon) -> Cleanup {
     let mut out = Cleanup::default();
     let c = d.client.clone();
     // Two passes: a snapshot a sandbox depends on goes once the sandbox has gone.
@@ -463,7 +363,7 @@ fn clean_up(d: &mut Daemon) -> Cleanup {
     }
     d.stop();
     // VMs deliberately outlive a daemon; these belong to this private one, so they go.
-    for p in stray_procs(&d.state, d.pid()) {
+    for p in stray_procs(d) {
         if let Some(pid) = p.split(' ').next().and_then(|s| s.parse::<i32>().ok()) {
             // SAFETY: a plain kill(2) of a process our private daemon started.
             unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -488,7 +388,7 @@ fn added(before: &[String], after: &[String]) -> Vec<String> {
 
 pub fn run(args: SoakBenchArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.cycles > 0, "--cycles must be at least 1");
-    let mut d = Daemon::start(args.runtime.as_deref(), args.state_dir.as_deref())?;
+    let mut d = start_daemon(args.runtime.as_deref(), args.state_dir.as_deref())?;
     let info = get(&d.client, "/v1/info").unwrap_or_default();
     let runtime = info["runtime"]["name"].as_str().unwrap_or("?").to_string();
     eprintln!(

@@ -110,7 +110,8 @@ pub struct CreateSandboxRequest {
     /// link-local range or other sandboxes) or `none` (no traffic).
     #[serde(default)]
     pub network: Option<NetworkMode>,
-    /// Only these IPv4 CIDRs (or single addresses) may be reached.
+    /// Only these IPv4 CIDRs (or single addresses) may be reached (DNS through the
+    /// guest's resolver address stays allowed with `egress`).
     #[serde(default)]
     #[schema(max_items = 256)]
     pub allow_out: Option<Vec<String>>,
