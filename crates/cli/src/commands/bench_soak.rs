@@ -6,7 +6,8 @@
 //! parent. At the start, every ~10% of the cycles, after the last one and again after an
 //! idle `--settle-secs`, the bench samples the daemon's fds, threads and RSS (/proc), the
 //! other processes whose command line names the state directory (VMs, supervisors), the
-//! entries under its `vms/`, `layers/`, `snapshots/`, and socket files anywhere in it.
+//! entries under its `vms/`, `layers/`, `snapshots/`, socket files anywhere in it, and its
+//! network namespaces.
 //! A healthy daemon stays flat and leaves nothing. The last line printed is one JSON
 //! object. Exit status 1 only if the daemon died or more than `--max-failed-cycles`
 //! cycles failed. At the end everything the bench made goes (sandboxes, snapshots, the
@@ -68,6 +69,8 @@ struct Sample {
     entries: BTreeMap<&'static str, usize>,
     /// Socket files anywhere under the state directory.
     sockets: usize,
+    /// The daemon's network namespaces (`/run/netns/zygote-<its instance>-*`).
+    netns: usize,
     // The names behind the counts, for the report on what leaked.
     #[serde(skip)]
     fd_targets: Vec<String>,
@@ -77,6 +80,8 @@ struct Sample {
     entry_list: Vec<String>,
     #[serde(skip)]
     socket_list: Vec<String>,
+    #[serde(skip)]
+    netns_list: Vec<String>,
 }
 
 #[derive(Serialize, Default)]
@@ -114,6 +119,8 @@ struct SoakReport {
     leftover_processes: Vec<String>,
     leftover_files: Vec<String>,
     leftover_sockets: Vec<String>,
+    /// Network namespaces of this daemon still there when settled.
+    leftover_netns: Vec<String>,
     cleanup: Cleanup,
 }
 
@@ -292,6 +299,11 @@ fn sample(d: &PrivateDaemon, cycle: usize, t0: Instant) -> Sample {
             socket_list.push(e.file_name().to_string_lossy().into_owned());
         }
     }
+    let prefix = zygote_daemon::network::netns_prefix_for(&d.state);
+    let netns_list: Vec<String> = zygote_daemon::network::host::netns_names()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
     Sample {
         cycle,
         elapsed_s: t0.elapsed().as_secs_f64(),
@@ -304,10 +316,12 @@ fn sample(d: &PrivateDaemon, cycle: usize, t0: Instant) -> Sample {
         procs: proc_list.len(),
         entries,
         sockets: socket_list.len(),
+        netns: netns_list.len(),
         fd_targets,
         proc_list,
         entry_list,
         socket_list,
+        netns_list,
     }
 }
 
@@ -321,6 +335,7 @@ fn delta(s: &Sample, start: &Sample) -> BTreeMap<&'static str, i64> {
         ("procs", s.procs as i64 - start.procs as i64),
         ("entries", entries(s) - entries(start)),
         ("sockets", s.sockets as i64 - start.sockets as i64),
+        ("netns", s.netns as i64 - start.netns as i64),
     ])
 }
 
@@ -334,8 +349,8 @@ fn line(s: &Sample, start: &Sample, total: usize, failed: usize) -> String {
     format!(
         "cycle {:>5}/{total} {:>7.1}s  fds {} ({:+})  threads {} ({:+})  rss {mib:.1} MiB \
          ({mib_d:+.1})  sandboxes/snapshots {listed}  stray procs {}  vms/layers/snapshots \
-         {entries}  sockets {}  failed cycles {failed}",
-        s.cycle, s.elapsed_s, s.fds, d["fds"], s.threads, d["threads"], s.procs, s.sockets,
+         {entries}  sockets {}  netns {}  failed cycles {failed}",
+        s.cycle, s.elapsed_s, s.fds, d["fds"], s.threads, d["threads"], s.procs, s.sockets, s.netns,
     )
 }
 
@@ -468,6 +483,7 @@ pub fn run(args: SoakBenchArgs) -> anyhow::Result<i32> {
         leftover_processes: settled.proc_list.clone(),
         leftover_files: settled.entry_list.iter().take(20).cloned().collect(),
         leftover_sockets: settled.socket_list.iter().take(20).cloned().collect(),
+        leftover_netns: settled.netns_list.iter().take(20).cloned().collect(),
         start,
         end,
         settled,
@@ -479,6 +495,7 @@ pub fn run(args: SoakBenchArgs) -> anyhow::Result<i32> {
         ("leftover process", &report.leftover_processes),
         ("leftover file", &report.leftover_files),
         ("leftover socket", &report.leftover_sockets),
+        ("leftover network namespace", &report.leftover_netns),
         ("killed at clean-up", &report.cleanup.processes_killed),
         ("clean-up error", &report.cleanup.errors),
     ] {

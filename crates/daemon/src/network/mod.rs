@@ -124,7 +124,7 @@ impl Network {
         state_dir: &Path,
         dns: Option<Ipv4Addr>,
     ) -> Result<Network, NetError> {
-        let instance = hex::encode(&Sha256::digest(state_dir.as_os_str().as_encoded_bytes())[..4]);
+        let instance = instance_of(state_dir);
         let backend = match choice {
             BackendChoice::User => Backend::User {
                 reason: "chosen with --network user".into(),
@@ -193,7 +193,7 @@ impl Network {
     }
 
     fn netns_name(&self, sandbox: &str) -> String {
-        format!("zygote-{}-{sandbox}", self.instance)
+        format!("{}{sandbox}", netns_prefix(&self.instance))
     }
 
     /// Makes `sandbox`'s namespace, links, tap and rules (blocking; ~tens of ms). None
@@ -289,7 +289,7 @@ impl Network {
 
     /// Removes this daemon's namespaces that no sandbox in `keep` owns (crash leftovers).
     pub fn sweep(&self, keep: &HashSet<String>) {
-        let prefix = format!("zygote-{}-", self.instance);
+        let prefix = netns_prefix(&self.instance);
         for name in host::netns_names() {
             if name.starts_with(&prefix) && !keep.contains(&name) {
                 tracing::info!("network: removing leftover namespace {name}");
@@ -330,6 +330,20 @@ impl Network {
     pub fn guest_address(rec: &NetRecord) -> Option<Ipv4Addr> {
         rec.attachment.as_ref().map(|a| a.plan().guest)
     }
+}
+
+fn instance_of(state_dir: &Path) -> String {
+    hex::encode(&Sha256::digest(state_dir.as_os_str().as_encoded_bytes())[..4])
+}
+
+fn netns_prefix(instance: &str) -> String {
+    format!("zygote-{instance}-")
+}
+
+/// The names of the namespaces of the daemon whose (canonical) state directory is
+/// `state_dir` start with this.
+pub fn netns_prefix_for(state_dir: &Path) -> String {
+    netns_prefix(&instance_of(state_dir))
 }
 
 /// Creates the veth pair on a free slot: the kernel's "File exists" for `zyv<k>` means
