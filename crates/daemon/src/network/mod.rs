@@ -215,7 +215,14 @@ impl Network {
                 slot: p.slot,
                 netns: netns.clone(),
             };
-            let rest = host::in_netns(&netns, &plan::ns_setup_script(&p), None)
+            let rest = host::in_netns(&netns, plan::NS_SYSCTL_SCRIPT, None)
+                .and_then(|()| {
+                    host::run(
+                        "ip",
+                        &["-n", &netns, "-batch", "-"],
+                        Some(&plan::ns_link_cmds(&p)),
+                    )
+                })
                 .and_then(|()| host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns)))
                 .and_then(|()| {
                     host::run(

@@ -91,22 +91,24 @@ pub fn host_link_cmds(p: &SlotPlan, netns: &str) -> String {
     )
 }
 
-/// The shell script run inside the namespace: forwarding on, IPv6 off, links, the tap.
-pub fn ns_setup_script(p: &SlotPlan) -> String {
+/// The shell script run inside the namespace (shell built-ins only: a busybox `sh` runs
+/// its own applets, not iproute2, for `ip`): forwarding on, IPv6 off.
+pub const NS_SYSCTL_SCRIPT: &str = "echo 1 > /proc/sys/net/ipv4/ip_forward && \
+     if [ -e /proc/sys/net/ipv6/conf/all/disable_ipv6 ]; then \
+     echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && \
+     echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6; fi";
+
+/// `ip -n <namespace> -batch` lines: the namespace's links and the guest's tap.
+pub fn ns_link_cmds(p: &SlotPlan) -> String {
     format!(
-        "set -e\n\
-         echo 1 > /proc/sys/net/ipv4/ip_forward\n\
-         if [ -e /proc/sys/net/ipv6/conf/all/disable_ipv6 ]; then \
-         echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6; \
-         echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6; fi\n\
-         ip link set lo up\n\
-         ip addr add {ns}/30 dev {NS_LINK}\n\
-         ip link set {NS_LINK} up\n\
-         ip route add default via {host}\n\
-         ip tuntap add dev {TAP} mode tap\n\
-         ip link set {TAP} address {TAP_MAC}\n\
-         ip addr add {GATEWAY}/{GUEST_PREFIX} dev {TAP}\n\
-         ip link set {TAP} up\n",
+        "link set lo up\n\
+         addr add {ns}/30 dev {NS_LINK}\n\
+         link set {NS_LINK} up\n\
+         route add default via {host}\n\
+         tuntap add dev {TAP} mode tap\n\
+         link set {TAP} address {TAP_MAC}\n\
+         addr add {GATEWAY}/{GUEST_PREFIX} dev {TAP}\n\
+         link set {TAP} up\n",
         ns = p.ns_addr,
         host = p.host_addr,
     )
