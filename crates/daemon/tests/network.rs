@@ -525,6 +525,20 @@ async fn suite(runtime: &str) {
     assert_eq!(reach(&c, &none.id, &remote_targets).await, [false, false]);
     step(t0, "after kill -9 + restart: same policies, leftover swept");
 
+    // A VM that dies: the daemon finds it dead and its namespace goes.
+    let pid = get(&c, &none.id).await.pid.expect("the VM's pid");
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let dead = common::eventually(Duration::from_secs(30), async || {
+        let sb = get(&c, &none.id).await;
+        (sb.state == "dead").then_some(sb)
+    })
+    .await
+    .expect("the daemon notices the VM died");
+    assert!(leftovers(std::slice::from_ref(&none.id)).is_empty());
+    assert!(!links().contains(&host_link(na)));
+    assert!(!dead.network.isolated, "{:?}", dead.network);
+    step(t0, "a VM that died lost its namespace");
+
     let ids = [egress.id, none.id, only_b.id];
     for id in &ids {
         c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)

@@ -114,8 +114,12 @@ impl Manager {
         row.state = STATE_DEAD.into();
         row.exit_reason = Some(reason);
         row.exited_at = Some(now());
-        // Anything the VM left in its cgroup goes now; the directory with the
-        // console log stays until the sandbox is deleted.
+        // Its network namespace goes with it (a restore makes a new one); anything the VM
+        // left in its cgroup goes now; the directory with the console log stays until
+        // the sandbox is deleted.
+        if let Some(att) = row.network.attachment.take() {
+            self.network.detach(&att);
+        }
         if let Some(cg) = &row.cgroup.path {
             if let Err(e) = cgroup::destroy(Path::new(cg)) {
                 tracing::warn!("sandbox {}: {e}", row.id);
