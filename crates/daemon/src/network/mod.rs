@@ -438,7 +438,19 @@ fn prepare_host() -> Result<(), NetError> {
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
         .map_err(|e| NetError::Unavailable(format!("enabling IPv4 forwarding: {e}")))?;
-    host::nft(None, &plan::host_rules())
+    // Daemons starting together each replace the shared table; a transaction that meets
+    // another one's may be refused, so try again briefly before giving up.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match host::nft(None, &plan::host_rules()) {
+            Err(e) if tries < 5 => {
+                tracing::debug!("loading the host's rules (try {tries}): {e}");
+                std::thread::sleep(std::time::Duration::from_millis(20 * tries));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A host route (not one of ours) overlapping the sandbox ranges.
