@@ -48,6 +48,18 @@ finish_private_daemon() {
         kill -KILL $left 2>/dev/null
         status=1
     fi
+    # Its network namespaces (named zygote-<first 8 hex of sha256(state dir)>-<sandbox>,
+    # crates/daemon/src/network) outlive it too; a daemon that deleted its sandboxes
+    # leaves none.
+    local prefix ns
+    if [ -d /run/netns ] && [ -d "$STATE/daemon" ]; then
+        prefix="zygote-$(printf %s "$(realpath "$STATE/daemon")" | sha256sum | cut -c1-8)-"
+        for ns in /run/netns/"$prefix"*; do
+            [ -e "$ns" ] || continue
+            echo "$name: removing network namespace ${ns##*/} left by the daemon" >&2
+            ip netns del "${ns##*/}" 2>/dev/null
+        done
+    fi
     if [ "$status" -ne 0 ] && [ -s "$STATE/zygoted.log" ]; then
         echo "--- zygoted log (last 40 lines)" >&2
         tail -n 40 "$STATE/zygoted.log" >&2

@@ -149,6 +149,16 @@ impl Drop for Cleanup {
         for cg in self.cgroups.lock().unwrap().iter() {
             let _ = std::fs::remove_dir(cg);
         }
+        // Network namespaces of sandboxes the test did not delete (their veth pairs go
+        // with them now that no VM holds them).
+        if let Ok(state) = self.state.canonicalize() {
+            let prefix = zygote_daemon::network::netns_prefix_for(&state);
+            for ns in zygote_daemon::network::host::netns_names() {
+                if ns.starts_with(&prefix) {
+                    zygote_daemon::network::host::remove(&ns, None);
+                }
+            }
+        }
     }
 }
 
