@@ -1,0 +1,233 @@
+//! Creating sandboxes: from an image or a snapshot, one or a fan-out (all or none), and
+//! the preparation every new VM goes through (directory, cgroup, record, network).
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
+use crate::db::{SandboxRow, SnapshotRow};
+use crate::error::{Error, Result};
+use crate::model::{CreateSandboxRequest, Origin, Sandbox, Validate, DEFAULT_MEM_MIB};
+use crate::network::NetRecord;
+use crate::runtime::guest_agent::AgentAuth;
+use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
+
+impl Manager {
+    /// Creates `n` sandboxes (all or none).
+    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Vec<Sandbox>> {
+        req.validate()?;
+        let n = req.n.unwrap_or(1);
+        let policy = req.network_request().policy()?;
+        self.network
+            .check(&policy)
+            .map_err(|e| Error::Unsupported(e.to_string()))?;
+        if let Some(name) = &req.name {
+            let taken = self.db.sandboxes()?.into_iter().any(|s| {
+                s.name
+                    .as_deref()
+                    .is_some_and(|x| x == name || x.starts_with(&format!("{name}-")))
+            });
+            if taken {
+                return Err(Error::Conflict(format!("a sandbox named {name:?} exists")));
+            }
+        }
+        let (source, boot_token, origin, depends_on, mem_mib, vcpus) =
+            if let Some(image) = &req.image {
+                let info = tokio::task::spawn_blocking({
+                    let image = image.clone();
+                    move || zygote_images::locate_image(&image)
+                })
+                .await
+                .map_err(|e| Error::Internal(e.to_string()))??;
+                self.db
+                    .note_image(&info.name, &info.sha256, &info.path, now())?;
+                (
+                    BootSource::Image(info.path.clone()),
+                    None,
+                    Origin::Image {
+                        name: info.name.clone(),
+                        sha256: info.sha256.clone(),
+                    },
+                    Vec::new(),
+                    req.mem_mib.unwrap_or(DEFAULT_MEM_MIB),
+                    req.vcpus.unwrap_or(1),
+                )
+            } else {
+                let id = req.snapshot.as_deref().unwrap_or_default();
+                let snap = self.snapshot_row(id)?;
+                self.check_runtime(&snap)?;
+                let mut deps = snap.depends_on.clone();
+                deps.push(snap.id.clone());
+                (
+                    BootSource::Snapshot(snap.data.clone()),
+                    Some(self.dirs.agent_key.token(&snap.source_sandbox)),
+                    Origin::Snapshot {
+                        id: snap.id.clone(),
+                    },
+                    deps,
+                    snap.mem_mib,
+                    snap.vcpus,
+                )
+            };
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let id = new_id("sb");
+            let name = req.name.as_ref().map(|base| match n {
+                1 => base.clone(),
+                _ => format!("{base}-{i}"),
+            });
+            let row = SandboxRow {
+                hostname: name.clone().unwrap_or_else(|| id.clone()),
+                id,
+                name,
+                state: STATE_CREATING.into(),
+                runtime: self.runtime.name().into(),
+                origin: origin.clone(),
+                mem_mib,
+                vcpus,
+                created_at: now(),
+                limits: req.limits.clone(),
+                cgroup: Default::default(),
+                vm: None,
+                depends_on: depends_on.clone(),
+                exit_reason: None,
+                exited_at: None,
+                ttl_secs: req.ttl_secs,
+                // Set once running, so a slow boot does not eat into the TTL.
+                expires_at: None,
+                pending: None,
+                network: NetRecord {
+                    policy: policy.clone(),
+                    attachment: None,
+                },
+            };
+            let this = self.clone();
+            let source = source.clone();
+            let boot_token = boot_token.clone();
+            tasks.push(tokio::spawn(async move {
+                this.create_one(row, source, boot_token).await
+            }));
+        }
+        let mut made = Vec::new();
+        let mut failure = None;
+        for t in tasks {
+            match t.await {
+                Ok(Ok(s)) => made.push(s),
+                Ok(Err(e)) => failure = failure.or(Some(e)),
+                Err(e) => failure = failure.or(Some(Error::Internal(e.to_string()))),
+            }
+        }
+        if let Some(e) = failure {
+            for s in &made {
+                let _ = self.delete(&s.id).await;
+            }
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    pub(crate) fn check_runtime(&self, snap: &SnapshotRow) -> Result<()> {
+        if snap.runtime != self.runtime.name() {
+            return Err(Error::Unsupported(format!(
+                "snapshot {} was taken with the {} runtime; this daemon runs {}",
+                snap.id,
+                snap.runtime,
+                self.runtime.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Prepares directory and cgroup for a new VM of `row` (recorded as creating).
+    /// `boot_token`: the agent token the source guest holds (None for a fresh boot).
+    pub(super) fn prepare(
+        &self,
+        row: &mut SandboxRow,
+        source: BootSource,
+        boot_token: Option<String>,
+    ) -> Result<StartSpec> {
+        let dir = self.dirs.vms.join(&row.id);
+        std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+        if row.cgroup.path.is_none() {
+            row.cgroup = self.cgroups.create(&row.id, &row.limits);
+            for (limit, why) in &row.cgroup.not_applied {
+                tracing::info!("sandbox {}: {limit} not applied: {why}", row.id);
+            }
+        }
+        self.db.put_sandbox(row)?;
+        Ok(StartSpec {
+            dir,
+            disk: self.dirs.new_layer(&row.id),
+            mem_mib: row.mem_mib,
+            vcpus: row.vcpus,
+            source,
+            cgroup: row.cgroup.path.as_ref().map(PathBuf::from),
+            hostname: row.hostname.clone(),
+            auth: AgentAuth {
+                token: self.dirs.agent_key.token(&row.id),
+                boot_token,
+            },
+            snapshot_root: Some(self.dirs.snapshots.clone()),
+            net: self.network.guest_net(&row.network),
+        })
+    }
+
+    /// Starts `spec`'s VM (blocking) after making the sandbox's network namespace (or
+    /// finding the one it has); `rec` comes back with the namespace recorded either way,
+    /// so a failed start's clean-up removes it.
+    pub(super) fn start_with_network(
+        &self,
+        id: &str,
+        mut rec: NetRecord,
+        mut spec: StartSpec,
+    ) -> impl FnOnce() -> (NetRecord, std::result::Result<VmRecord, RuntimeError>) {
+        let (net, rt, id) = (self.network.clone(), self.runtime.clone(), id.to_string());
+        move || {
+            let started = net.ensure(&id, &mut rec).map_err(RuntimeError::from);
+            let result = started.and_then(|guest| {
+                spec.net = guest;
+                rt.start(&spec)
+            });
+            (rec, result)
+        }
+    }
+
+    async fn create_one(
+        self: Arc<Self>,
+        mut row: SandboxRow,
+        source: BootSource,
+        boot_token: Option<String>,
+    ) -> Result<Sandbox> {
+        let _guard = self.lock(&row.id).await;
+        let spec = match self.prepare(&mut row, source, boot_token) {
+            Ok(s) => s,
+            Err(e) => {
+                self.discard(&row);
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
+        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let (net, result) = self.blocking(start).await?;
+        row.network = net;
+        match result {
+            Ok(vm) => {
+                self.metrics.boot.observe(started.elapsed());
+                row.vm = Some(vm);
+                row.state = STATE_RUNNING.into();
+                row.expires_at = row.ttl_secs.map(ttl::deadline_after);
+                self.db.put_sandbox(&row)?;
+                tracing::info!(
+                    "sandbox {} running ({:.1}s)",
+                    row.id,
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(self.view(&row))
+            }
+            Err(e) => {
+                self.discard(&row);
+                Err(e.into())
+            }
+        }
+    }
+}
