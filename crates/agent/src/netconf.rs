@@ -224,6 +224,82 @@ mod tests {
         assert_eq!(p.mac, [2, 0x7a, 0x63, 0, 0, 6]);
     }
 
+    /// A tap named `name` in the calling thread's network namespace, kept while the
+    /// returned descriptor is open.
+    fn tap(name: &str) -> io::Result<std::fs::File> {
+        const TUNSETIFF: libc::c_ulong = 0x400454ca;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")?;
+        let mut req = ifreq(name);
+        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+        // SAFETY: TUNSETIFF takes an ifreq; `req` outlives the call.
+        if unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                TUNSETIFF as _,
+                &mut req,
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(f)
+    }
+
+    #[test]
+    fn an_identity_is_applied_to_a_real_interface() {
+        // In a network namespace of this thread's own, on a tap standing in for eth0;
+        // twice, as a branch child's guest gets its second identity.
+        let run = std::thread::spawn(|| -> Result<String, String> {
+            // SAFETY: unshare affects only this thread's network namespace.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Ok(format!("skip: {}", io::Error::last_os_error()));
+            }
+            let _tap = match tap("eth0") {
+                Ok(t) => t,
+                Err(e) => return Ok(format!("skip: no tap ({e})")),
+            };
+            let first = ident("10.213.0.7/16", "10.213.0.1", "02:7a:63:00:00:06");
+            let second = ident("10.213.0.9/16", "10.213.0.1", "02:7a:63:00:00:08");
+            for n in [&first, &second] {
+                apply(&validate(n).unwrap()).map_err(|e| e.to_string())?;
+            }
+            let sock = Socket::new().map_err(|e| e.to_string())?;
+            let mut req = ifreq("eth0");
+            sock.ioctl("SIOCGIFADDR", libc::SIOCGIFADDR, &mut req)
+                .map_err(|e| e.to_string())?;
+            // SAFETY: the kernel filled an AF_INET address.
+            let sin: libc::sockaddr_in = unsafe { std::mem::transmute(req.ifr_ifru.ifru_addr) };
+            let mut req = ifreq("eth0");
+            sock.ioctl("SIOCGIFHWADDR", libc::SIOCGIFHWADDR, &mut req)
+                .map_err(|e| e.to_string())?;
+            // SAFETY: the kernel filled ifru_hwaddr.
+            let hw = unsafe { req.ifr_ifru.ifru_hwaddr };
+            let routes = std::fs::read_to_string("/proc/thread-self/net/route")
+                .map_err(|e| e.to_string())?;
+            Ok(format!(
+                "{} {:02x?} {}",
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                &hw.sa_data[..6].iter().map(|&b| b as u8).collect::<Vec<_>>(),
+                routes
+                    .lines()
+                    .filter(|l| l.starts_with("eth0\t00000000"))
+                    .count()
+            ))
+        });
+        let got = run.join().unwrap().unwrap();
+        if let Some(why) = got.strip_prefix("skip: ") {
+            eprintln!("skipping: cannot make a network namespace with a tap here: {why}");
+            return;
+        }
+        assert_eq!(
+            got, "10.213.0.9 [02, 7a, 63, 00, 00, 08] 1",
+            "address, MAC, one default route"
+        );
+    }
+
     #[test]
     fn bad_identities_are_refused() {
         for (a, g, m, why) in [
