@@ -459,31 +459,69 @@ fn route_clash() -> Option<String> {
         .args(["-4", "route", "show", "table", "all"])
         .output()
         .ok()?;
+    route_clashes(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .next()
+}
+
+/// The lines of `ip -4 route show table all` output whose destination overlaps the
+/// sandbox ranges, other than routes on sandboxes' own links (`zygote doctor` shows them
+/// too). Lines that start with a route type (local, broadcast, unreachable, ...) or
+/// `default` name no destination of their own and are skipped.
+pub fn route_clashes(routes: &str) -> Vec<String> {
     let ours = [
-        ipnet::Ipv4Net::new(plan::GUEST_NET, plan::GUEST_PREFIX).ok()?,
-        ipnet::Ipv4Net::new(plan::LINK_NET, plan::LINK_PREFIX).ok()?,
+        ipnet::Ipv4Net::new(plan::GUEST_NET, plan::GUEST_PREFIX).expect("a valid prefix"),
+        ipnet::Ipv4Net::new(plan::LINK_NET, plan::LINK_PREFIX).expect("a valid prefix"),
     ];
-    String::from_utf8_lossy(&out.stdout)
+    let own_links = format!("dev {}", plan::HOST_LINK_PREFIX);
+    routes
         .lines()
-        .find_map(|line| {
-            let mut words = line.split_whitespace();
-            let first = words.next()?;
-            let dst = match first {
-                "default" | "broadcast" | "local" | "unreachable" | "prohibit" | "blackhole" => {
-                    return None
-                }
-                d => d,
+        .filter(|line| !line.contains(&own_links))
+        .filter(|line| {
+            let Some(dst) = line.split_whitespace().next() else {
+                return false;
             };
-            if line.contains(&format!("dev {}", plan::HOST_LINK_PREFIX)) {
-                return None;
-            }
-            let net: ipnet::Ipv4Net = if dst.contains('/') {
-                dst.parse().ok()?
+            let net: Option<ipnet::Ipv4Net> = if dst.contains('/') {
+                dst.parse().ok()
             } else {
-                ipnet::Ipv4Net::from(dst.parse::<Ipv4Addr>().ok()?)
+                dst.parse::<Ipv4Addr>().ok().map(ipnet::Ipv4Net::from)
             };
-            ours.iter()
-                .any(|o| o.contains(&net.network()) || net.contains(&o.network()))
-                .then(|| line.trim().to_string())
+            net.is_some_and(|net| {
+                ours.iter()
+                    .any(|o| o.contains(&net.network()) || net.contains(&o.network()))
+            })
         })
+        .map(|line| line.trim().to_string())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_clashes;
+
+    #[test]
+    fn routes_overlapping_the_sandbox_ranges_are_found() {
+        let table = "default via 192.0.2.1 dev eth0 \n\
+                     10.0.0.0/8 dev wg0 scope link \n\
+                     10.213.42.177 via 10.214.170.194 dev zyv10928 \n\
+                     10.214.170.192/30 dev zyv10928 proto kernel scope link src 10.214.170.193 \n\
+                     10.214.9.0/24 dev eth1 table 100 \n\
+                     10.215.0.0/16 dev eth2 \n\
+                     unreachable 10.213.0.0/16 \n\
+                     local 10.213.0.1 dev eth3 table local proto kernel scope host \n\
+                     broadcast 10.214.255.255 dev eth1 table local \n\
+                     192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2 \n";
+        assert_eq!(
+            route_clashes(table),
+            vec![
+                "10.0.0.0/8 dev wg0 scope link",
+                "10.214.9.0/24 dev eth1 table 100"
+            ]
+        );
+        // The host's real table, with a running daemon's links only: no clash.
+        let ours = "10.213.1.2 via 10.214.0.6 dev zyv1 \n10.214.0.4/30 dev zyv1 scope link \n";
+        assert!(route_clashes(ours).is_empty());
+        assert!(route_clashes("0.0.0.0/0 dev tun0\n").len() == 1);
+        assert!(route_clashes("10.213.0.0/33 dev x\n").is_empty());
+    }
 }

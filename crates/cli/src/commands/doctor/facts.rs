@@ -266,13 +266,9 @@ fn gather_network(root: bool) -> NetworkFacts {
             .args(["-4", "route", "show", "table", "all"])
             .output()
             .ok()?;
-        out.status.success().then(|| {
-            parse::route_overlaps(
-                &String::from_utf8_lossy(&out.stdout),
-                &SANDBOX_NETS,
-                net_plan::HOST_LINK_PREFIX,
-            )
-        })
+        out.status
+            .success()
+            .then(|| zygote_daemon::network::route_clashes(&String::from_utf8_lossy(&out.stdout)))
     });
     // Listing a table changes nothing; without root nft cannot read the ruleset.
     let host_table = nft.path.as_ref().filter(|_| root).map(|path| {

@@ -1,7 +1,6 @@
 //! Pure parsers for the procfs/sysfs text formats `doctor` reads. They take the
 //! file contents as a string so they can be tested with literal samples and so
 //! the I/O in `facts` stays trivial.
-use std::net::Ipv4Addr;
 
 /// The active value of a sysfs multiple-choice file such as
 /// `transparent_hugepage/enabled` ("always [madvise] never"): the kernel marks
@@ -170,43 +169,6 @@ pub fn version_word(line: &str) -> Option<&str> {
         .find(|w| w.chars().any(|c| c.is_ascii_digit()))
 }
 
-/// The routes of `ip -4 route show table all` output that overlap any of `nets`
-/// (network, prefix length), judged as the daemon judges them before it takes the
-/// isolated backend: only unicast routes count (the kernel prints other types, such
-/// as `local`, `broadcast` or `unreachable`, first, and `default` covers nothing in
-/// particular), and routes on the daemon's own links (`dev <own_dev_prefix>...`) are
-/// not clashes.
-pub fn route_overlaps(routes: &str, nets: &[(Ipv4Addr, u8)], own_dev_prefix: &str) -> Vec<String> {
-    let own = format!("dev {own_dev_prefix}");
-    routes
-        .lines()
-        .filter(|line| !line.contains(&own))
-        .filter(|line| {
-            let Some((addr, prefix)) = line.split_whitespace().next().and_then(parse_cidr) else {
-                return false;
-            };
-            nets.iter().any(|&(net, len)| {
-                let mask = prefix_mask(len.min(prefix));
-                (u32::from(addr) ^ u32::from(net)) & mask == 0
-            })
-        })
-        .map(|line| line.trim().to_owned())
-        .collect()
-}
-
-/// "10.0.0.0/8" or a bare address (a /32).
-fn parse_cidr(text: &str) -> Option<(Ipv4Addr, u8)> {
-    let (addr, prefix) = match text.split_once('/') {
-        Some((a, p)) => (a, p.parse().ok().filter(|&p: &u8| p <= 32)?),
-        None => (text, 32),
-    };
-    Some((addr.parse().ok()?, prefix))
-}
-
-fn prefix_mask(len: u8) -> u32 {
-    u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,35 +290,5 @@ mod tests {
             Some("v1.0.6")
         );
         assert_eq!(version_word("no digits"), None);
-    }
-
-    #[test]
-    fn routes_overlapping_the_sandbox_ranges() {
-        let nets = [
-            (Ipv4Addr::new(10, 213, 0, 0), 16),
-            (Ipv4Addr::new(10, 214, 0, 0), 16),
-        ];
-        let table = "default via 192.0.2.1 dev eth0 \n\
-                     10.0.0.0/8 dev wg0 scope link \n\
-                     10.213.42.177 via 10.214.170.194 dev zyv10928 \n\
-                     10.214.170.192/30 dev zyv10928 proto kernel scope link src 10.214.170.193 \n\
-                     10.214.9.0/24 dev eth1 table 100 \n\
-                     10.215.0.0/16 dev eth2 \n\
-                     unreachable 10.213.0.0/16 \n\
-                     local 10.213.0.1 dev eth3 table local proto kernel scope host \n\
-                     broadcast 10.214.255.255 dev eth1 table local \n\
-                     192.0.2.0/24 dev eth0 proto kernel scope link src 192.0.2.2 \n";
-        assert_eq!(
-            route_overlaps(table, &nets, "zyv"),
-            vec![
-                "10.0.0.0/8 dev wg0 scope link",
-                "10.214.9.0/24 dev eth1 table 100"
-            ]
-        );
-        // The host's real table, with a running daemon's links only: no clash.
-        let ours = "10.213.1.2 via 10.214.0.6 dev zyv1 \n10.214.0.4/30 dev zyv1 scope link \n";
-        assert!(route_overlaps(ours, &nets, "zyv").is_empty());
-        assert!(route_overlaps("0.0.0.0/0 dev tun0\n", &nets, "zyv").len() == 1);
-        assert!(route_overlaps("10.213.0.0/33 dev x\n", &nets, "zyv").is_empty());
     }
 }
