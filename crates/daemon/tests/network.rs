@@ -234,23 +234,11 @@ fn host_link(guest: Ipv4Addr) -> String {
 }
 
 fn namespaces() -> Vec<String> {
-    std::fs::read_dir("/run/netns")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    zygote_daemon::network::host::netns_names()
 }
 
 fn links() -> Vec<String> {
-    std::fs::read_dir("/sys/class/net")
-        .map(|d| {
-            d.flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+    zygote_daemon::network::host::link_names()
 }
 
 fn leftovers(ids: &[String]) -> Vec<String> {
