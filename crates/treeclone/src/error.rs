@@ -39,6 +39,18 @@ pub enum Error {
     #[error("reflink of {path} is impossible here (Method::Reflink was required): {source}")]
     ReflinkUnsupported { path: PathBuf, source: io::Error },
 
+    #[error("{path} is not a btrfs subvolume (Method::Subvolume snapshots subvolumes; seal the tree into one on btrfs first)")]
+    NotASubvolume { path: PathBuf },
+
+    #[error("{path} is not a sealed tree (Method::Overlay mounts only trees made by treeclone::seal, which were checked once and do not change)")]
+    NotSealed { path: PathBuf },
+
+    #[error("method {method} is not available here: {reason}")]
+    MethodUnavailable {
+        method: &'static str,
+        reason: String,
+    },
+
     #[error("invalid options: {0}")]
     InvalidOptions(&'static str),
 

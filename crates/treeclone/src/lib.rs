@@ -13,6 +13,18 @@
 //! * **copy**: userspace read/write, the universal fallback.
 //! * **hardlink** (explicit only): see the warning on [`Method::Hardlink`].
 //!
+//! Those are per-file methods: one new inode per entry, so O(N) however
+//! cheap each is. Two whole-tree methods cost the same for any N:
+//!
+//! * **subvolume** (btrfs): a writable snapshot of a source subvolume.
+//! * **overlay** (overlayfs, root): the source as a read-only lower layer
+//!   under a private upper directory; the destination is the mount.
+//!
+//! They need a source prepared once by [`seal`] (a checked, read-only copy:
+//! a subvolume on btrfs). `Method::Auto` picks subvolume, then overlay, then
+//! the per-file methods; [`Report::strategy`] says which ran and [`remove`]
+//! removes a tree whichever it was. See the `whole` module docs.
+//!
 //! # Guarantees
 //!
 //! * The destination must not exist. The tree is built in a hidden staging
@@ -47,29 +59,45 @@ use std::num::NonZeroUsize;
 use serde::{Deserialize, Serialize};
 
 pub mod bench;
+pub mod btrfs;
 mod error;
 pub mod fiemap;
 pub mod loopfs;
 mod materialize;
 mod plan;
+mod probe;
 mod report;
+mod seal;
 mod sys;
+mod whole;
 
 pub use error::{Error, Result};
 pub use materialize::materialize;
-pub use report::{FileMethod, FileRecord, MethodCounts, Report};
+pub use probe::{probe_methods, MethodSupport};
+pub use report::{FileMethod, FileRecord, MethodCounts, Report, Strategy, Validation};
+pub use seal::{seal, sealed, SealInfo};
 pub use sys::{fs_type_name, syncfs};
+pub use whole::{materialize_owned, overlay_availability, remove, OwnedTree};
 
 /// How file contents reach the destination.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Method {
-    /// Reflink, else copy_file_range, else copy. The first file of the tree
+    /// The fastest method that applies: a subvolume snapshot when the
+    /// source is a btrfs subvolume on the destination's filesystem, an
+    /// overlay when the source is sealed and we may mount, else per file:
+    /// reflink, else copy_file_range, else copy. The first file of the tree
     /// probes which one works; the rest start there and fall back per file
     /// when the kernel says the faster method is unavailable for that file
-    /// (EXDEV, EOPNOTSUPP, EINVAL).
+    /// (EXDEV, EOPNOTSUPP, EINVAL). With `owner_writable`, per file only.
     #[default]
     Auto,
+    /// Writable btrfs snapshot of the source subvolume (constant time);
+    /// fails if the source is not a subvolume on the destination's btrfs.
+    Subvolume,
+    /// overlayfs mount of the sealed source under a private upper directory
+    /// (constant time, root only); remove it with [`remove`].
+    Overlay,
     /// Reflink every file; fail (leaving nothing behind) if any cannot be.
     Reflink,
     /// Hardlink every file to its source inode. Fastest, but **only for
@@ -89,8 +117,10 @@ impl std::str::FromStr for Method {
             "reflink" => Ok(Method::Reflink),
             "hardlink" => Ok(Method::Hardlink),
             "copy" => Ok(Method::Copy),
+            "subvolume" => Ok(Method::Subvolume),
+            "overlay" => Ok(Method::Overlay),
             other => Err(format!(
-                "unknown method {other:?} (expected auto, reflink, hardlink or copy)"
+                "unknown method {other:?} (expected auto, subvolume, overlay, reflink, hardlink or copy)"
             )),
         }
     }

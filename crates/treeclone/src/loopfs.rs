@@ -1,10 +1,12 @@
-//! Scratch XFS filesystems on loop devices, for the bench and the tests.
+//! Scratch XFS and btrfs filesystems on loop devices, for the bench and the
+//! tests.
 //!
-//! The point of this crate is reflinks, and the machines we run on usually
-//! have ext4 roots, so the only honest way to exercise (and measure) the
-//! reflink path is a real XFS made on the spot: a sparse image file,
-//! `mkfs.xfs -m reflink=1`, a loop device, a mount. [`LoopXfs`] owns all of
-//! that and undoes it on drop, including after a failed assertion.
+//! The point of this crate is reflinks and snapshots, and the machines we
+//! run on usually have ext4 roots, so the only honest way to exercise (and
+//! measure) those paths is a real filesystem made on the spot: a sparse
+//! image file, `mkfs.xfs -m reflink=1` or `mkfs.btrfs`, a loop device, a
+//! mount. [`LoopFs`] owns all of that and undoes it on drop, including after
+//! a failed assertion.
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,8 +28,27 @@ pub enum LoopFsError {
     },
 }
 
-/// Check the prerequisites without touching anything.
+/// Check the prerequisites for a loop-mounted XFS without touching anything.
 pub fn xfs_availability() -> Result<(), LoopFsError> {
+    availability("mkfs.xfs", "xfsprogs")
+}
+
+/// Check the prerequisites for a loop-mounted btrfs without touching anything.
+pub fn btrfs_availability() -> Result<(), LoopFsError> {
+    availability("mkfs.btrfs", "btrfs-progs")?;
+    let fss = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fss
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("btrfs"))
+    {
+        return Err(LoopFsError::Unavailable(
+            "the kernel has no btrfs filesystem (modprobe btrfs)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn availability(mkfs: &str, package: &str) -> Result<(), LoopFsError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(LoopFsError::Unavailable(
@@ -39,7 +60,7 @@ pub fn xfs_availability() -> Result<(), LoopFsError> {
             "/dev/loop-control missing: no loop device support".into(),
         ));
     }
-    for tool in [["mkfs.xfs", "-V"], ["losetup", "--version"]] {
+    for tool in [[mkfs, "-V"], ["losetup", "--version"]] {
         let ok = Command::new(tool[0])
             .arg(tool[1])
             .output()
@@ -47,7 +68,7 @@ pub fn xfs_availability() -> Result<(), LoopFsError> {
             .unwrap_or(false);
         if !ok {
             return Err(LoopFsError::Unavailable(format!(
-                "`{}` not found or not working (install xfsprogs/util-linux)",
+                "`{}` not found or not working (install {package}/util-linux)",
                 tool[0]
             )));
         }
@@ -55,9 +76,21 @@ pub fn xfs_availability() -> Result<(), LoopFsError> {
     Ok(())
 }
 
-/// A mounted, reflink-enabled XFS on a loop device, unmounted, detached and
-/// deleted on drop.
-pub struct LoopXfs {
+/// Which filesystem a [`LoopFs`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopFsKind {
+    /// XFS with reflink (`-m reflink=1`).
+    Xfs,
+    /// btrfs (reflinks and subvolume snapshots).
+    Btrfs,
+}
+
+/// The XFS flavour, by its historical name.
+pub type LoopXfs = LoopFs;
+
+/// A mounted filesystem on a loop device, unmounted, detached and deleted on
+/// drop.
+pub struct LoopFs {
     // Declared (and therefore dropped) after our own Drop ran the unmount.
     dir: tempfile::TempDir,
     mountpoint: PathBuf,
@@ -84,21 +117,33 @@ fn run(cmd: &mut Command) -> Result<String, LoopFsError> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-impl LoopXfs {
-    /// Make a sparse image of `size` bytes under `parent` and mount it.
+impl LoopFs {
+    /// Make a sparse XFS image of `size` bytes under `parent` and mount it.
     /// mkfs.xfs refuses filesystems under 300 MiB, so `size` is raised to
     /// 512 MiB if smaller; being sparse, unused space costs nothing.
-    pub fn create(parent: &Path, size: u64) -> Result<LoopXfs, LoopFsError> {
-        xfs_availability()?;
+    pub fn create(parent: &Path, size: u64) -> Result<LoopFs, LoopFsError> {
+        Self::create_kind(parent, size, LoopFsKind::Xfs)
+    }
+
+    /// The same with btrfs.
+    pub fn create_btrfs(parent: &Path, size: u64) -> Result<LoopFs, LoopFsError> {
+        Self::create_kind(parent, size, LoopFsKind::Btrfs)
+    }
+
+    pub fn create_kind(parent: &Path, size: u64, kind: LoopFsKind) -> Result<LoopFs, LoopFsError> {
+        match kind {
+            LoopFsKind::Xfs => xfs_availability()?,
+            LoopFsKind::Btrfs => btrfs_availability()?,
+        }
         let dir = tempfile::Builder::new()
-            .prefix("zygote-loopxfs-")
+            .prefix("zygote-loopfs-")
             .tempdir_in(parent)
             .map_err(|e| LoopFsError::Io {
                 what: "create temp dir in",
                 path: parent.into(),
                 source: e,
             })?;
-        let image = dir.path().join("xfs.img");
+        let image = dir.path().join("fs.img");
         let mountpoint = dir.path().join("mnt");
         let io = |what, path: &Path| {
             let path = path.to_path_buf();
@@ -109,21 +154,28 @@ impl LoopXfs {
             .and_then(|f| f.set_len(size.max(512 << 20)))
             .map_err(io("create sparse image", &image))?;
         // From here on, Drop knows how to undo whatever succeeded.
-        let mut fs = LoopXfs {
+        let mut fs = LoopFs {
             dir,
             mountpoint,
             device: None,
             mounted: false,
         };
-        run(Command::new("mkfs.xfs")
-            .args(["-q", "-f", "-m", "reflink=1"])
-            .arg(&image))?;
+        match kind {
+            LoopFsKind::Xfs => run(Command::new("mkfs.xfs")
+                .args(["-q", "-f", "-m", "reflink=1"])
+                .arg(&image))?,
+            LoopFsKind::Btrfs => run(Command::new("mkfs.btrfs").args(["-q", "-f"]).arg(&image))?,
+        };
         let device = run(Command::new("losetup")
             .args(["--find", "--show"])
             .arg(&image))?;
         fs.device = Some(device.clone());
+        let fstype = match kind {
+            LoopFsKind::Xfs => "xfs",
+            LoopFsKind::Btrfs => "btrfs",
+        };
         run(Command::new("mount")
-            .args(["-t", "xfs", &device])
+            .args(["-t", fstype, &device])
             .arg(&fs.mountpoint))?;
         fs.mounted = true;
         Ok(fs)
@@ -140,7 +192,7 @@ impl LoopXfs {
     }
 }
 
-impl Drop for LoopXfs {
+impl Drop for LoopFs {
     fn drop(&mut self) {
         if self.mounted {
             // A lazy unmount is the fallback if something still holds a file

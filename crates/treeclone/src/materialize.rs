@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::plan::{self, FileEntry, Meta, Plan};
-use crate::report::{FileMethod, FileRecord, MethodCounts, Report};
+use crate::report::{FileMethod, FileRecord, MethodCounts, Report, Strategy, Validation};
 use crate::sys::{self, RangeCopy, Side};
+use crate::whole;
 use crate::{Method, Options};
 
 /// Materialize the directory tree at `source` as a new tree at `destination`.
@@ -22,58 +23,16 @@ use crate::{Method, Options};
 /// guarantees (all-or-nothing, symlink confinement, metadata kept).
 pub fn materialize(source: &Path, destination: &Path, opts: &Options) -> Result<Report> {
     let started = Instant::now();
-    if opts.method == Method::Hardlink && opts.owner_writable {
-        return Err(Error::InvalidOptions(
-            "owner_writable with Method::Hardlink would chmod the source's own inodes",
-        ));
+    let target = Target::check(source, destination, opts)?;
+    if let Some(report) = whole::materialize_whole(source, &target, opts, started)? {
+        return Ok(report);
     }
-    if fs::symlink_metadata(destination).is_ok() {
-        return Err(Error::DestinationExists {
-            path: destination.into(),
-        });
-    }
-    let no_parent = || Error::NoParent {
-        path: destination.into(),
-    };
-    let name = destination.file_name().ok_or_else(no_parent)?;
-    let parent = match destination.parent() {
-        Some(p) if p.as_os_str().is_empty() => Path::new("."),
-        Some(p) => p,
-        None => return Err(no_parent()),
-    };
-    let src_canon = fs::canonicalize(source).map_err(|e| Error::io("resolve source", source, e))?;
-    if !src_canon.is_dir() {
-        return Err(Error::SourceNotDirectory {
-            path: source.into(),
-        });
-    }
-    let parent_canon =
-        fs::canonicalize(parent).map_err(|e| Error::io("resolve destination parent", parent, e))?;
-    // Building inside the source would make the tree contain its own copy
-    // (and our staging directory) the next time it is materialized.
-    if parent_canon.starts_with(&src_canon) {
-        return Err(Error::DestinationInsideSource {
-            destination: destination.into(),
-            source_root: source.into(),
-        });
-    }
-
     // Every refusal that depends on the tree's content happens in here,
     // before anything exists on the destination side.
     let plan = plan::scan(source)?;
 
-    let mut staging = Staging::create(parent, name)?;
-    let ctx = Ctx {
-        src: source,
-        dst: &staging.path,
-        opts,
-        umask: if sys::has_default_acl(&staging.path) {
-            None
-        } else {
-            sys::current_umask()
-        },
-    };
-    let built = build(&plan, &ctx)?;
+    let mut staging = Staging::create(target.parent, target.name)?;
+    let built = fill(&plan, source, &staging.path, opts)?;
     match sys::rename_noreplace(&staging.path, destination) {
         Ok(()) => staging.keep = true,
         Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
@@ -84,17 +43,111 @@ pub fn materialize(source: &Path, destination: &Path, opts: &Options) -> Result<
         }
         Err(e) => return Err(Error::io("publish (rename) to", destination, e)),
     }
+    Ok(per_file_report(
+        source,
+        destination,
+        opts,
+        &plan,
+        built,
+        started,
+    ))
+}
 
+/// A validated destination: it does not exist, its parent does, and it is
+/// not inside the source.
+pub(crate) struct Target<'a> {
+    pub path: &'a Path,
+    pub parent: &'a Path,
+    pub name: &'a OsStr,
+}
+
+impl<'a> Target<'a> {
+    pub(crate) fn check(source: &Path, destination: &'a Path, opts: &Options) -> Result<Self> {
+        if matches!(
+            opts.method,
+            Method::Hardlink | Method::Subvolume | Method::Overlay
+        ) && opts.owner_writable
+        {
+            return Err(Error::InvalidOptions(
+                "owner_writable needs a per-file method (auto, reflink or copy): hardlink would \
+                 chmod the source's own inodes, subvolume and overlay clone the tree as it is",
+            ));
+        }
+        if fs::symlink_metadata(destination).is_ok() {
+            return Err(Error::DestinationExists {
+                path: destination.into(),
+            });
+        }
+        let no_parent = || Error::NoParent {
+            path: destination.into(),
+        };
+        let name = destination.file_name().ok_or_else(no_parent)?;
+        let parent = match destination.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => return Err(no_parent()),
+        };
+        let src_canon =
+            fs::canonicalize(source).map_err(|e| Error::io("resolve source", source, e))?;
+        if !src_canon.is_dir() {
+            return Err(Error::SourceNotDirectory {
+                path: source.into(),
+            });
+        }
+        let parent_canon = fs::canonicalize(parent)
+            .map_err(|e| Error::io("resolve destination parent", parent, e))?;
+        // Building inside the source would make the tree contain its own copy
+        // (and our staging directory) the next time it is materialized.
+        if parent_canon.starts_with(&src_canon) {
+            return Err(Error::DestinationInsideSource {
+                destination: destination.into(),
+                source_root: source.into(),
+            });
+        }
+        Ok(Target {
+            path: destination,
+            parent,
+            name,
+        })
+    }
+}
+
+/// Copy the scanned tree `plan` of `source` into the existing, empty
+/// directory `dst` (which takes the source root's metadata).
+pub(crate) fn fill(plan: &Plan, source: &Path, dst: &Path, opts: &Options) -> Result<Built> {
+    let ctx = Ctx {
+        src: source,
+        dst,
+        opts,
+        umask: if sys::has_default_acl(dst) {
+            None
+        } else {
+            sys::current_umask()
+        },
+    };
+    build(plan, &ctx)
+}
+
+pub(crate) fn per_file_report(
+    source: &Path,
+    destination: &Path,
+    opts: &Options,
+    plan: &Plan,
+    built: Built,
+    started: Instant,
+) -> Report {
     let mut by_method = MethodCounts::default();
     let mut bytes = 0;
     for r in &built.records {
         by_method.add(r.method);
         bytes += r.bytes;
     }
-    Ok(Report {
+    Report {
         source: source.into(),
         destination: destination.into(),
         requested_method: opts.method,
+        strategy: Strategy::PerFile,
+        validation: Validation::Scanned,
         probed_method: built.probed,
         threads: built.threads,
         files: plan.files.len() as u64,
@@ -104,31 +157,42 @@ pub fn materialize(source: &Path, destination: &Path, opts: &Options) -> Result<
         by_method,
         elapsed_secs: started.elapsed().as_secs_f64(),
         per_file: built.records,
-    })
+    }
 }
 
 /// Hidden directory beside the destination that the tree is built in. It is
 /// removed on drop unless the build was published, so every early return
 /// (and a panic unwinding through us) cleans up.
-struct Staging {
-    path: PathBuf,
-    keep: bool,
+pub(crate) struct Staging {
+    pub path: PathBuf,
+    pub keep: bool,
 }
 
 impl Staging {
-    fn create(parent: &Path, name: &OsStr) -> Result<Self> {
+    /// A hidden name beside the destination, unique to this process and call.
+    pub(crate) fn unique_name(parent: &Path, name: &OsStr) -> PathBuf {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         // Keep the derived name under NAME_MAX (255) whatever `name` is.
         let stem = &name.as_bytes()[..name.len().min(160)];
+        let mut n = OsString::from(".");
+        n.push(OsStr::from_bytes(stem));
+        n.push(format!(
+            ".treeclone-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        parent.join(n)
+    }
+
+    /// Claim `path` (made by the caller, e.g. a new subvolume): removed on
+    /// drop unless published.
+    pub(crate) fn adopt(path: PathBuf) -> Self {
+        Staging { path, keep: false }
+    }
+
+    pub(crate) fn create(parent: &Path, name: &OsStr) -> Result<Self> {
         loop {
-            let mut n = OsString::from(".");
-            n.push(OsStr::from_bytes(stem));
-            n.push(format!(
-                ".treeclone-{}-{}",
-                std::process::id(),
-                SEQ.fetch_add(1, Ordering::Relaxed)
-            ));
-            let path = parent.join(n);
+            let path = Self::unique_name(parent, name);
             // 0700 while building: nobody else sees a half-made tree, and we
             // can always write into (and remove) our own directories.
             match DirBuilder::new().mode(0o700).create(&path) {
@@ -143,7 +207,11 @@ impl Staging {
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.keep {
-            remove_tree(&self.path);
+            if crate::btrfs::is_subvolume(&self.path) {
+                let _ = crate::btrfs::delete_subvolume(&self.path);
+            } else {
+                remove_tree(&self.path);
+            }
         }
     }
 }
@@ -152,7 +220,7 @@ impl Drop for Staging {
 /// directory modes were already applied, a non-root caller cannot unlink
 /// inside them, so on failure grant ourselves u+rwx on every directory and
 /// retry.
-fn remove_tree(path: &Path) {
+pub(crate) fn remove_tree(path: &Path) {
     if fs::remove_dir_all(path).is_ok() {
         return;
     }
@@ -203,7 +271,7 @@ impl Ctx<'_> {
     }
 }
 
-struct Built {
+pub(crate) struct Built {
     records: Vec<FileRecord>,
     probed: Option<FileMethod>,
     threads: usize,
@@ -287,14 +355,16 @@ fn copy_xattrs(src: &File, dst: &File, src_path: &Path, dst_path: &Path) -> Resu
 fn copy_files(files: &[FileEntry], ctx: &Ctx) -> Result<Built> {
     let mut slots: Vec<Option<(FileMethod, u64)>> = vec![None; files.len()];
     let (mut start, fallback) = match ctx.opts.method {
-        Method::Auto => (FileMethod::Reflink, true),
+        // The whole-tree methods are handled before any per-file work; were
+        // one to get here, copying like Auto is the safe reading.
+        Method::Auto | Method::Subvolume | Method::Overlay => (FileMethod::Reflink, true),
         Method::Reflink => (FileMethod::Reflink, false),
         Method::Copy => (FileMethod::Copy, false),
         Method::Hardlink => (FileMethod::Hardlink, false),
     };
     let mut probed = None;
     let mut first = 0;
-    if ctx.opts.method == Method::Auto && !files.is_empty() {
+    if fallback && !files.is_empty() {
         let r = clone_file(ctx, &files[0], start, fallback, &mut Vec::new())?;
         start = r.0;
         probed = Some(r.0);

@@ -97,6 +97,42 @@ impl fmt::Display for MethodCounts {
     }
 }
 
+/// How the tree as a whole was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Strategy {
+    /// One new inode per entry; `by_method` says how each file's contents came.
+    #[default]
+    PerFile,
+    /// A writable btrfs snapshot of the source subvolume: constant time.
+    Subvolume,
+    /// An overlayfs mount over the (sealed) source with a private upper
+    /// directory: constant time; remove it with [`crate::remove`].
+    Overlay,
+}
+
+impl Strategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Strategy::PerFile => "per_file",
+            Strategy::Subvolume => "subvolume",
+            Strategy::Overlay => "overlay",
+        }
+    }
+}
+
+/// How the source's content (symlink confinement, file types) was checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Validation {
+    /// Every entry was looked at during this call.
+    #[default]
+    Scanned,
+    /// The source is a sealed tree made by [`crate::seal`], checked when it
+    /// was sealed and unchangeable since (or promised so, see `seal`).
+    Sealed,
+}
+
 /// One regular file of the tree.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileRecord {
@@ -112,6 +148,11 @@ pub struct Report {
     pub source: PathBuf,
     pub destination: PathBuf,
     pub requested_method: Method,
+    /// Per-file, or one of the constant-time whole-tree methods.
+    #[serde(default)]
+    pub strategy: Strategy,
+    #[serde(default)]
+    pub validation: Validation,
     /// For `Method::Auto`: the method the one-per-tree probe settled on,
     /// which every other file starts from.
     pub probed_method: Option<FileMethod>,
@@ -131,7 +172,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} -> {}: {} files, {} dirs, {} symlinks, {} bytes in {:.3}s ({}; {} threads)",
+            "{} -> {}: {} files, {} dirs, {} symlinks, {} bytes in {:.3}s (",
             self.source.display(),
             self.destination.display(),
             self.files,
@@ -139,8 +180,10 @@ impl fmt::Display for Report {
             self.symlinks,
             self.bytes,
             self.elapsed_secs,
-            self.by_method,
-            self.threads
-        )
+        )?;
+        match self.strategy {
+            Strategy::PerFile => write!(f, "{}; {} threads)", self.by_method, self.threads),
+            s => write!(f, "{}, source {:?})", s.as_str(), self.validation),
+        }
     }
 }

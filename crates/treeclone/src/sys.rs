@@ -288,14 +288,19 @@ pub fn syncfs(path: &Path) -> io::Result<()> {
     cvt(unsafe { libc::syncfs(f.as_raw_fd()) })
 }
 
-/// Filesystem type name of `path` (e.g. "xfs", "ext4"), from statfs magic.
-pub fn fs_type_name(path: &Path) -> io::Result<String> {
+/// statfs `f_type` (the filesystem's magic number) of `path`.
+pub(crate) fn statfs_magic(path: &Path) -> io::Result<u64> {
     let c = cstr(path)?;
     // SAFETY: statfs fills the zeroed struct we pass.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     cvt(unsafe { libc::statfs(c.as_ptr(), &mut st) })?;
+    Ok(st.f_type as u64)
+}
+
+/// Filesystem type name of `path` (e.g. "xfs", "ext4"), from statfs magic.
+pub fn fs_type_name(path: &Path) -> io::Result<String> {
     // Magic numbers from linux/magic.h for the filesystems we care about.
-    let name = match st.f_type as u64 {
+    let name = match statfs_magic(path)? {
         0x5846_5342 => "xfs",
         0x9123_683e => "btrfs",
         0xef53 => "ext2/3/4",

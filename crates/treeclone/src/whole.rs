@@ -1,0 +1,423 @@
+//! Whole-tree methods: clone a tree without creating an inode per entry.
+//!
+//! * **Subvolume** (btrfs): a writable snapshot of the source subvolume.
+//!   The clone is a subvolume of its own; the filesystem shares every block
+//!   copy-on-write, so writes on either side stay on that side.
+//! * **Overlay** (overlayfs, root only): the sealed source is the read-only
+//!   lower layer, a fresh upper and work directory beside the destination
+//!   take the writes, and the destination is the mount. Writes never reach
+//!   the lower layer; copy-up makes private copies of what is written.
+//!
+//! Both keep everything the source has (owners, every xattr, hard links as
+//! hard links) and cost the same for ten files or a million. A source must
+//! have been checked: a sealed one ([`crate::seal`]) was checked once; an
+//! unsealed subvolume is snapshotted first and the *snapshot* is scanned
+//! (it cannot change under us; the source could), then deleted if it fails.
+//! Overlay needs a sealed source, because overlayfs forbids changing a lower
+//! tree while it is mounted.
+use std::ffi::OsString;
+use std::fs::{self, DirBuilder, File};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::materialize::{remove_tree, Staging, Target};
+use crate::report::{MethodCounts, Report, Strategy, Validation};
+use crate::seal::{self, SealInfo};
+use crate::{btrfs, plan, sys, Method, Options};
+
+/// statfs `f_type` of overlayfs (linux/magic.h).
+const OVERLAYFS_SUPER_MAGIC: u64 = 0x794c_7630;
+
+/// Try a whole-tree method for `opts.method`. `Ok(None)`: use the per-file
+/// path (a per-file method was asked for, or `Auto` found no whole-tree
+/// method that applies here).
+pub(crate) fn materialize_whole(
+    source: &Path,
+    target: &Target,
+    opts: &Options,
+    started: Instant,
+) -> Result<Option<Report>> {
+    match opts.method {
+        Method::Subvolume => subvolume(source, target, opts, started).map(Some),
+        Method::Overlay => overlay(source, target, opts, started).map(Some),
+        Method::Auto if !opts.owner_writable => {
+            // Another btrfs than the source's makes the ioctl fail with EXDEV
+            // (statfs cannot tell: btrfs mixes the subvolume into f_fsid).
+            if btrfs::is_subvolume(source) && btrfs::is_btrfs(target.parent) {
+                match subvolume(source, target, opts, started) {
+                    Ok(r) => return Ok(Some(r)),
+                    // Refusals about the content stand; anything else (a
+                    // kernel or permission surprise) falls back per file.
+                    Err(e @ (Error::SymlinkEscape { .. } | Error::UnsupportedFileType { .. })) => {
+                        return Err(e)
+                    }
+                    Err(Error::DestinationExists { path }) => {
+                        return Err(Error::DestinationExists { path })
+                    }
+                    Err(_) => {}
+                }
+            }
+            if seal::sealed(source).is_some() && overlay_availability().is_ok() {
+                match overlay(source, target, opts, started) {
+                    Ok(r) => return Ok(Some(r)),
+                    Err(Error::DestinationExists { path }) => {
+                        return Err(Error::DestinationExists { path })
+                    }
+                    Err(_) => {}
+                }
+            }
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
+}
+
+fn whole_report(
+    source: &Path,
+    target: &Target,
+    opts: &Options,
+    strategy: Strategy,
+    validation: Validation,
+    info: SealInfo,
+    started: Instant,
+) -> Report {
+    Report {
+        source: source.into(),
+        destination: target.path.into(),
+        requested_method: opts.method,
+        strategy,
+        validation,
+        probed_method: None,
+        threads: 1,
+        files: info.files,
+        dirs: info.dirs,
+        symlinks: info.symlinks,
+        bytes: info.bytes,
+        by_method: MethodCounts::default(),
+        elapsed_secs: started.elapsed().as_secs_f64(),
+        per_file: Vec::new(),
+    }
+}
+
+fn subvolume(source: &Path, target: &Target, opts: &Options, started: Instant) -> Result<Report> {
+    if !btrfs::is_subvolume(source) {
+        return Err(Error::NotASubvolume {
+            path: source.into(),
+        });
+    }
+    let sealed = seal::sealed(source);
+    let staging = Staging::unique_name(target.parent, target.name);
+    let name = staging.file_name().expect("unique_name has a file name");
+    btrfs::snapshot(source, target.parent, name)
+        .map_err(|e| Error::io("snapshot subvolume into", target.parent, e))?;
+    let mut staging = Staging::adopt(staging);
+    // The clone is writable: it must not pass for the sealed tree.
+    seal::strip_mark(&staging.path);
+    let (validation, info) = match sealed {
+        Some(info) => (Validation::Sealed, info),
+        None => {
+            let plan = plan::scan(&staging.path)?;
+            let info = SealInfo {
+                files: plan.files.len() as u64,
+                dirs: plan.dirs.len() as u64,
+                symlinks: plan.links.len() as u64,
+                bytes: plan.files.iter().map(|f| f.size).sum(),
+            };
+            (Validation::Scanned, info)
+        }
+    };
+    match sys::rename_noreplace(&staging.path, target.path) {
+        Ok(()) => staging.keep = true,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
+            return Err(Error::DestinationExists {
+                path: target.path.into(),
+            })
+        }
+        Err(e) => return Err(Error::io("publish (rename) to", target.path, e)),
+    }
+    let r = whole_report(
+        source,
+        target,
+        opts,
+        Strategy::Subvolume,
+        validation,
+        info,
+        started,
+    );
+    Ok(r)
+}
+
+/// Where an overlay clone at `dest` keeps its upper and work directories:
+/// a hidden sibling, so [`remove`] finds it from the destination alone.
+fn overlay_state_dir(dest: &Path) -> Option<PathBuf> {
+    let name = dest.file_name()?;
+    let mut n = OsString::from(".");
+    n.push(name);
+    n.push(".treeclone-overlay");
+    Some(dest.with_file_name(n))
+}
+
+/// Whether this process can mount overlayfs (Ok) or why not.
+pub fn overlay_availability() -> std::result::Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(
+            "overlay needs root (CAP_SYS_ADMIN) to mount; an unprivileged user can \
+                    mount overlayfs only inside its own user and mount namespace (Linux >= \
+                    5.11), where no other process would see the tree"
+                .into(),
+        );
+    }
+    let fss = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fss
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("overlay"))
+    {
+        return Err("the kernel has no overlay filesystem (modprobe overlay)".into());
+    }
+    Ok(())
+}
+
+fn overlay(source: &Path, target: &Target, opts: &Options, started: Instant) -> Result<Report> {
+    let info = seal::sealed(source).ok_or_else(|| Error::NotSealed {
+        path: source.into(),
+    })?;
+    overlay_availability().map_err(|reason| Error::MethodUnavailable {
+        method: "overlay",
+        reason,
+    })?;
+    let state = overlay_state_dir(target.path).ok_or_else(|| Error::NoParent {
+        path: target.path.into(),
+    })?;
+    // Claim the destination first: mkdir is the atomic "does not exist yet".
+    // Until the mount lands it is an empty 0700 directory.
+    match DirBuilder::new().mode(0o700).create(target.path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(Error::DestinationExists {
+                path: target.path.into(),
+            })
+        }
+        Err(e) => return Err(Error::io("create mount point", target.path, e)),
+    }
+    let mut claimed = Claimed {
+        dest: target.path,
+        state: &state,
+        mounted: false,
+        keep: false,
+    };
+    // We own the destination name, so a state directory here is a leftover
+    // of a clone of the same name that died before cleaning up.
+    if fs::symlink_metadata(&state).is_ok() {
+        remove_tree(&state);
+    }
+    let (upper, work) = (state.join("upper"), state.join("work"));
+    for d in [&state, &upper, &work] {
+        DirBuilder::new()
+            .mode(0o700)
+            .create(d)
+            .map_err(|e| Error::io("create overlay directory", d, e))?;
+    }
+    mount_overlay(source, &upper, &work, target.path)
+        .map_err(|e| Error::io("mount overlay on", target.path, e))?;
+    claimed.mounted = true;
+    // The merged root shows the lower root's attributes, seal mark included;
+    // this copies the root directory up (one inode) and drops the mark.
+    seal::strip_mark(target.path);
+    claimed.keep = true;
+    Ok(whole_report(
+        source,
+        target,
+        opts,
+        Strategy::Overlay,
+        Validation::Sealed,
+        info,
+        started,
+    ))
+}
+
+/// Undoes a half-made overlay clone on every early return.
+struct Claimed<'a> {
+    dest: &'a Path,
+    state: &'a Path,
+    mounted: bool,
+    keep: bool,
+}
+
+impl Drop for Claimed<'_> {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        if self.mounted {
+            let _ = unmount(self.dest);
+        }
+        remove_tree(self.state);
+        let _ = fs::remove_dir(self.dest);
+    }
+}
+
+pub(crate) fn mount_overlay(
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    dest: &Path,
+) -> io::Result<()> {
+    // Name the layers by /proc/self/fd/N: option strings split on ',' and
+    // ':' and any path could contain them.
+    let open = |p: &Path| {
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_PATH)
+            .open(p)
+    };
+    use std::os::unix::fs::OpenOptionsExt;
+    let (l, u, w): (File, File, File) = (open(lower)?, open(upper)?, open(work)?);
+    let data = format!(
+        "lowerdir=/proc/self/fd/{},upperdir=/proc/self/fd/{},workdir=/proc/self/fd/{}",
+        l.as_raw_fd(),
+        u.as_raw_fd(),
+        w.as_raw_fd()
+    );
+    let data = std::ffi::CString::new(data).expect("no NUL in a formatted string");
+    let target = sys::cstr(dest)?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            c"overlay".as_ptr(),
+            target.as_ptr(),
+            c"overlay".as_ptr(),
+            0,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn unmount(dest: &Path) -> io::Result<()> {
+    let c = sys::cstr(dest)?;
+    // SAFETY: c is NUL-terminated.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EBUSY) {
+        // Something still has a file open in it: detach now, the kernel
+        // finishes when the last user goes away.
+        // SAFETY: as above.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+            return Ok(());
+        }
+        return Err(io::Error::last_os_error());
+    }
+    Err(err)
+}
+
+fn is_treeclone_overlay(path: &Path) -> bool {
+    sys::statfs_magic(path).is_ok_and(|m| m == OVERLAYFS_SUPER_MAGIC)
+        && overlay_state_dir(path).is_some_and(|s| s.join("upper").is_dir())
+}
+
+/// Remove a tree made by [`crate::materialize`] or [`crate::seal`], whatever
+/// the method: unmount an overlay clone and delete its upper layer, delete a
+/// subvolume, or remove a plain tree (even one with read-only directories).
+pub fn remove(path: &Path) -> io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+        Ok(m) if !m.is_dir() => return fs::remove_file(path),
+        Ok(_) => {}
+    }
+    if is_treeclone_overlay(path) {
+        unmount(path)?;
+        if let Some(state) = overlay_state_dir(path) {
+            remove_tree(&state);
+        }
+        return fs::remove_dir(path);
+    }
+    if btrfs::is_subvolume(path) {
+        return btrfs::delete_subvolume(path);
+    }
+    remove_tree(path);
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(_) => Err(io::Error::other(format!(
+            "{} could not be removed completely",
+            path.display()
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+/// A materialized tree that is removed when dropped, unless [`OwnedTree::keep`]
+/// is called: the handle form of [`crate::materialize`], for callers that
+/// need a scratch clone (an overlay clone, in particular, must be unmounted).
+pub struct OwnedTree {
+    report: Report,
+    kept: bool,
+}
+
+impl OwnedTree {
+    pub fn path(&self) -> &Path {
+        &self.report.destination
+    }
+
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
+    /// Keep the tree; it outlives the handle (remove it with [`remove`]).
+    pub fn keep(mut self) -> Report {
+        self.kept = true;
+        std::mem::replace(&mut self.report, empty_report())
+    }
+
+    /// Remove the tree now, reporting failure (drop does it silently).
+    pub fn remove(mut self) -> io::Result<()> {
+        self.kept = true;
+        remove(&self.report.destination)
+    }
+}
+
+fn empty_report() -> Report {
+    Report {
+        source: PathBuf::new(),
+        destination: PathBuf::new(),
+        requested_method: Method::Auto,
+        strategy: Strategy::PerFile,
+        validation: Validation::Scanned,
+        probed_method: None,
+        threads: 0,
+        files: 0,
+        dirs: 0,
+        symlinks: 0,
+        bytes: 0,
+        by_method: MethodCounts::default(),
+        elapsed_secs: 0.0,
+        per_file: Vec::new(),
+    }
+}
+
+impl Drop for OwnedTree {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = remove(&self.report.destination);
+        }
+    }
+}
+
+/// [`crate::materialize`], returning a handle that removes the tree on drop.
+pub fn materialize_owned(source: &Path, destination: &Path, opts: &Options) -> Result<OwnedTree> {
+    let report = crate::materialize(source, destination, opts)?;
+    Ok(OwnedTree {
+        report,
+        kept: false,
+    })
+}
