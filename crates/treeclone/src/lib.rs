@@ -77,7 +77,7 @@ pub use probe::{probe_methods, MethodSupport};
 pub use report::{FileMethod, FileRecord, MethodCounts, Report, Strategy, Validation};
 pub use seal::{seal, sealed, SealInfo};
 pub use sys::{fs_type_name, syncfs};
-pub use whole::{materialize_owned, overlay_availability, remove, OwnedTree};
+pub use whole::{materialize_owned, overlay_availability, overlay_unchecked, remove, OwnedTree};
 
 /// How file contents reach the destination.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -186,6 +186,57 @@ fn overlay(source: &Path, target: &Target, opts: &Options, started: Instant) -> 
     let info = seal::sealed(source).ok_or_else(|| Error::NotSealed {
         path: source.into(),
     })?;
+    mount_clone(source, target)?;
+    Ok(whole_report(
+        source,
+        target,
+        opts,
+        Strategy::Overlay,
+        Validation::Sealed,
+        info,
+        started,
+    ))
+}
+
+/// An overlay clone of a tree the caller vouches for, with no checks of its
+/// content: for trees that are interpreted elsewhere, such as a guest's root
+/// filesystem (device nodes, absolute symlinks that mean paths *inside* the
+/// guest) about to be packed into a disk image. Never hand such a clone to
+/// code that follows its symlinks on the host. `lower` must not change while
+/// the clone exists. Root only; removed when the handle drops.
+pub fn overlay_unchecked(lower: &Path, destination: &Path) -> Result<OwnedTree> {
+    let started = Instant::now();
+    let opts = Options {
+        method: Method::Overlay,
+        ..Options::default()
+    };
+    let target = Target::check(lower, destination, &opts)?;
+    mount_clone(lower, &target)?;
+    let info = SealInfo {
+        files: 0,
+        dirs: 0,
+        symlinks: 0,
+        bytes: 0,
+    };
+    let mut report = whole_report(
+        lower,
+        &target,
+        &opts,
+        Strategy::Overlay,
+        Validation::Scanned,
+        info,
+        started,
+    );
+    report.elapsed_secs = started.elapsed().as_secs_f64();
+    Ok(OwnedTree {
+        report,
+        kept: false,
+    })
+}
+
+/// Mount an overlay of `source` on the (new) destination, its upper and
+/// work directories in the destination's hidden sibling.
+fn mount_clone(source: &Path, target: &Target) -> Result<()> {
     overlay_availability().map_err(|reason| Error::MethodUnavailable {
         method: "overlay",
         reason,
@@ -229,15 +280,7 @@ fn overlay(source: &Path, target: &Target, opts: &Options, started: Instant) -> 
     // this copies the root directory up (one inode) and drops the mark.
     seal::strip_mark(target.path);
     claimed.keep = true;
-    Ok(whole_report(
-        source,
-        target,
-        opts,
-        Strategy::Overlay,
-        Validation::Sealed,
-        info,
-        started,
-    ))
+    Ok(())
 }
 
 /// Undoes a half-made overlay clone on every early return.
