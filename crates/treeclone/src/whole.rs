@@ -388,6 +388,11 @@ pub fn remove(path: &Path) -> io::Result<()> {
     if btrfs::is_subvolume(path) {
         return btrfs::delete_subvolume(path);
     }
+    // An overlay clone that is no longer mounted (say, after a reboot) is a
+    // plain directory now, but its upper layer is still beside it.
+    if let Some(state) = overlay_state_dir(path).filter(|s| s.join("upper").is_dir()) {
+        remove_tree(&state);
+    }
     remove_tree(path);
     match fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
