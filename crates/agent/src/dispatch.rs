@@ -33,7 +33,8 @@ pub(crate) fn handle(reply: Reply, request: Request) {
         Request::Rename(r) => files::rename(&r),
         Request::Remove(r) => files::remove(&r),
         Request::Reidentify(r) => {
-            system::reidentify(&r, reply.agent().options.dry_run).map(Response::Reidentified)
+            let agent = reply.agent();
+            system::reidentify(&r, agent.options.dry_run, &agent.reaper).map(Response::Reidentified)
         }
         Request::Shutdown => return shutdown(reply),
         // The connection answers it before dispatch (it changes the session).

@@ -30,6 +30,7 @@ mod conn;
 mod dispatch;
 mod exec;
 mod files;
+mod forked;
 mod netconf;
 mod port;
 pub mod reaper;

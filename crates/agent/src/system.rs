@@ -9,6 +9,7 @@ use std::path::Path;
 use zygote_proto::{ErrorBody, ErrorCode, ReidentifyReport, ReidentifyRequest, UnixTime};
 
 use crate::log;
+use crate::reaper::Reaper;
 
 /// Largest entropy blob accepted; the kernel pool is 256 bytes, more is waste.
 pub const MAX_ENTROPY: usize = 4096;
@@ -22,7 +23,8 @@ const RNDADDENTROPY: u64 = 0x4008_5203;
 /// `_IO('R', 0x07)`: reseed the CRNG from the input pool (linux/random.h).
 const RNDRESEEDCRNG: u64 = 0x5207;
 
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 fn bad(message: impl Into<String>) -> ErrorBody {
     ErrorBody::new(ErrorCode::BadRequest, message)
@@ -49,7 +51,11 @@ pub fn validate_time(t: &UnixTime) -> Result<(), ErrorBody> {
 
 /// Check every field first, so a bad request changes nothing; then apply.
 /// With `dry_run` nothing is applied and the report says so.
-pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyReport, ErrorBody> {
+pub fn reidentify(
+    req: &ReidentifyRequest,
+    dry_run: bool,
+    reaper: &Reaper,
+) -> Result<ReidentifyReport, ErrorBody> {
     if req.entropy.len() > MAX_ENTROPY {
         return Err(bad(format!(
             "entropy of {} bytes exceeds {MAX_ENTROPY}",
@@ -63,6 +69,9 @@ pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyRe
         validate_time(t)?;
     }
     let net = req.net.as_ref().map(crate::netconf::validate).transpose()?;
+    if let Some(id) = &req.identity {
+        crate::forked::validate(id)?;
+    }
     let mut report = ReidentifyReport {
         entropy_bytes: req.entropy.len(),
         dry_run,
@@ -86,6 +95,16 @@ pub fn reidentify(req: &ReidentifyRequest, dry_run: bool) -> Result<ReidentifyRe
     if let Some(plan) = &net {
         crate::netconf::apply(plan).map_err(|e| ErrorBody::from_io(&plan.interface, &e))?;
         report.net_set = true;
+    }
+    // Last: the new machine-id comes from the CRNG reseeded above, and hooks
+    // see the new hostname, clock and address.
+    if let Some(id) = &req.identity {
+        crate::forked::apply(
+            id,
+            &crate::forked::ForkPaths::default(),
+            reaper,
+            &mut report,
+        )?;
     }
     Ok(report)
 }
@@ -348,8 +367,14 @@ mod tests {
             hostname: Some("zygote-test-never-applied".into()),
             time: Some(UnixTime { secs: 1, nanos: 0 }),
             net: None,
+            identity: None,
         };
-        let r = reidentify(&req, true).unwrap();
+        let r = reidentify(
+            &req,
+            true,
+            &Reaper::new(crate::reaper::ReapMode::PerChild).unwrap(),
+        )
+        .unwrap();
         assert!(r.dry_run && !r.hostname_set && !r.clock_set && !r.entropy_credited);
         assert_eq!(r.entropy_bytes, 64);
         assert_eq!(hostname(), before);
@@ -359,7 +384,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            reidentify(&too_much, true).unwrap_err().code,
+            reidentify(
+                &too_much,
+                true,
+                &Reaper::new(crate::reaper::ReapMode::PerChild).unwrap()
+            )
+            .unwrap_err()
+            .code,
             ErrorCode::BadRequest
         );
         let bad_host = ReidentifyRequest {
@@ -367,7 +398,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            reidentify(&bad_host, true).unwrap_err().code,
+            reidentify(
+                &bad_host,
+                true,
+                &Reaper::new(crate::reaper::ReapMode::PerChild).unwrap()
+            )
+            .unwrap_err()
+            .code,
             ErrorCode::BadRequest
         );
     }

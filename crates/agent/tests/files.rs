@@ -178,6 +178,7 @@ fn reidentify_in_dry_run_changes_nothing_on_the_host() {
                 nanos: 0,
             }),
             net: None,
+            identity: None,
         })
         .unwrap();
     assert!(report.dry_run);

@@ -249,6 +249,7 @@ fn agent_serves_as_pid1_of_a_linux_guest() {
                 nanos: 0,
             }),
             net: None,
+            identity: None,
         })
         .unwrap();
     assert!(

@@ -2,6 +2,8 @@
 //! runs on the qemu runtime (everywhere; TCG here) and on the kvm runtime
 //! (only where the host has hardware virtualization; skipped otherwise).
 mod common;
+#[path = "e2e/fork.rs"]
+mod fork;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -203,6 +205,7 @@ async fn suite(runtime: &str) {
     assert!(status.contains("Name:"), "{status}");
 
     // Branch into two children: isolated from each other and the parent.
+    let parent_generation = fork::install_hooks(&c, &a.id).await;
     let br: BranchResponse = c
         .json(
             Method::POST,
@@ -257,6 +260,11 @@ async fn suite(runtime: &str) {
         Some("guest_not_found")
     );
     step(t0, "children isolated from each other and from the parent");
+    fork::check_children(&c, &a.id, parent_generation, &br.children).await;
+    step(
+        t0,
+        "forked.d hooks ran in each child as itself; machine-ids differ",
+    );
 
     // Snapshot + restore (in place), and lineage checks.
     let snap: Snapshot = c

@@ -94,6 +94,10 @@ fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
         snapshot_root: Some(root.join("snapshots")),
         // No NIC: the runtime-level tests run without the daemon's network namespaces.
         net: zygote_daemon::runtime::GuestNet::User { restrict: false },
+        identity: zygote_proto::SandboxIdentity {
+            sandbox_id: name.into(),
+            ..Default::default()
+        },
     }
 }
 

@@ -221,6 +221,45 @@ pub struct ReidentifyRequest {
     /// its source's address and MAC).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<NetIdentity>,
+    /// Who the guest is now: with it, the agent also writes a new `/etc/machine-id`,
+    /// bumps the generation counter (`/run/zygote/generation`) and runs the hooks in
+    /// `/etc/zygote/forked.d/`, in that order, before it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<SandboxIdentity>,
+}
+
+/// The ids a guest's "you were forked" hooks see (`ZYGOTE_SANDBOX_ID`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxIdentity {
+    pub sandbox_id: String,
+    /// The sandbox this one was branched from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<String>,
+    /// The snapshot this one was restored from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_id: Option<String>,
+}
+
+/// How one `/etc/zygote/forked.d/` hook ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookOutcome {
+    /// File name within `forked.d`.
+    pub name: String,
+    /// Exit code; None when it was killed by a signal, timed out or did not start.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Why it failed, when it did (timeout, signal, could not run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The end of what it wrote to stderr (bounded).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stderr_tail: String,
+}
+
+impl HookOutcome {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && self.error.is_none()
+    }
 }
 
 /// An interface's address, default route and MAC.
@@ -410,6 +449,15 @@ pub struct ReidentifyReport {
     /// The interface now has the requested address, route and MAC.
     #[serde(default)]
     pub net_set: bool,
+    /// A new `/etc/machine-id` was written.
+    #[serde(default)]
+    pub machine_id_set: bool,
+    /// The generation counter's new value (`/run/zygote/generation`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u64>,
+    /// The `forked.d` hooks that ran, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookOutcome>,
     /// Nothing was changed: the agent runs with `--no-system-changes`.
     pub dry_run: bool,
 }

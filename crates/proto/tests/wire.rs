@@ -65,6 +65,7 @@ fn request_shapes() {
                 nanos: 5,
             }),
             net: None,
+            identity: None,
         }),
     };
     assert_eq!(

@@ -25,6 +25,7 @@ export type {
   CommandResult,
   ExposedPort,
   FileEntry,
+  ForkHook,
   NetworkInfo,
   SandboxInfo,
   Snapshot,

@@ -23,8 +23,19 @@ export interface SandboxInfo {
   expiresAt: number | null;
   /** Its network policy and address (null from daemons without networking). */
   network: NetworkInfo | null;
+  /** The guest's `/etc/zygote/forked.d` hooks at its last start/branch/restore, in order. */
+  forkHooks: ForkHook[];
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
+}
+
+/** How one `forked.d` hook ended (hooks run before a child is reported ready). */
+export interface ForkHook {
+  name: string;
+  /** null when it was killed (timeout, signal) or could not start. */
+  exitCode: number | null;
+  error: string | null;
+  stderrTail: string;
 }
 
 /** A sandbox's network: its policy and its address. Branch children inherit the policy. */
@@ -147,6 +158,14 @@ export function sandboxFromJson(d: Json): SandboxInfo {
     ttlSecs: optNum(d.ttl_secs),
     expiresAt: optNum(d.expires_at),
     network: d.network && typeof d.network === "object" ? networkFromJson(d.network as Json) : null,
+    forkHooks: Array.isArray(d.fork_hooks)
+      ? (d.fork_hooks as Json[]).map((h) => ({
+          name: str(h.name),
+          exitCode: optNum(h.exit_code),
+          error: optStr(h.error),
+          stderrTail: str(h.stderr_tail),
+        }))
+      : [],
     raw: d,
   };
 }

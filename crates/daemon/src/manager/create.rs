@@ -169,6 +169,7 @@ impl Manager {
             },
             snapshot_root: Some(self.dirs.snapshots.clone()),
             net: self.network.guest_net(&row.network),
+            identity: identity_of(row),
         })
     }
 
@@ -229,5 +230,19 @@ impl Manager {
                 Err(e.into())
             }
         }
+    }
+}
+
+/// The ids a guest's `forked.d` hooks see: the sandbox's own, and where it came from.
+fn identity_of(row: &SandboxRow) -> zygote_proto::SandboxIdentity {
+    let (parent_id, snapshot_id) = match &row.origin {
+        Origin::Branch { parent, .. } => (Some(parent.clone()), None),
+        Origin::Snapshot { id } => (None, Some(id.clone())),
+        Origin::Image { .. } => (None, None),
+    };
+    zygote_proto::SandboxIdentity {
+        sandbox_id: row.id.clone(),
+        parent_id,
+        snapshot_id,
     }
 }

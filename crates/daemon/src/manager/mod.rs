@@ -29,7 +29,7 @@ use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::metrics::Metrics;
-use crate::model::{RuntimeInfo, Sandbox, Snapshot};
+use crate::model::{ForkHook, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
 use crate::runtime::{Runtime, VmRecord};
 
@@ -248,6 +248,11 @@ impl Manager {
             ttl_secs: r.ttl_secs,
             expires_at: r.expires_at,
             network: self.network.view(&r.network),
+            fork_hooks: r
+                .vm
+                .as_ref()
+                .map(|v| v.fork_hooks.iter().map(ForkHook::from).collect())
+                .unwrap_or_default(),
         }
     }
 

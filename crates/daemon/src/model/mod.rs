@@ -9,11 +9,13 @@ use utoipa::ToSchema;
 use crate::error::{Error, Result};
 
 mod exec;
+mod fork;
 mod network;
 mod ports;
 mod ttl;
 mod validate;
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
+pub use fork::ForkHook;
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
@@ -224,6 +226,10 @@ pub struct Sandbox {
     /// When the daemon deletes it (unix seconds, like `created_at`; null: never).
     pub expires_at: Option<u64>,
     pub network: NetworkView,
+    /// How the guest's `/etc/zygote/forked.d` hooks ended when it was last started,
+    /// branched or restored (empty: it has none).
+    #[serde(default)]
+    pub fork_hooks: Vec<ForkHook>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -6,7 +6,7 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{NetIdentity, ReidentifyRequest, UnixTime};
+use zygote_proto::{NetIdentity, ReidentifyReport, ReidentifyRequest, SandboxIdentity, UnixTime};
 
 use super::{GuestNet, RuntimeError};
 
@@ -35,19 +35,23 @@ impl std::fmt::Debug for AgentAuth {
 fn authenticate_and_reidentify(
     client: &AgentClient,
     auth: &AgentAuth,
-    hostname: &str,
-    net: &GuestNet,
-) -> Result<(), ClientError> {
+    who: &GuestWho,
+) -> Result<ReidentifyReport, ClientError> {
     let shown = auth.boot_token.as_deref().unwrap_or(&auth.token);
-    let req = reidentify_request(hostname, net)?;
-    client
-        .hello_and_reidentify(shown, Some(&auth.token), req)
-        .map(drop)
+    let req = reidentify_request(who)?;
+    client.hello_and_reidentify(shown, Some(&auth.token), req)
+}
+
+/// Who the guest is to become: what `reidentify` tells it.
+pub struct GuestWho<'a> {
+    pub hostname: &'a str,
+    pub net: &'a GuestNet,
+    pub identity: &'a SandboxIdentity,
 }
 
 /// Fresh entropy, hostname, clock and network address, so that siblings never share
-/// RNG state or an address.
-fn reidentify_request(hostname: &str, net: &GuestNet) -> Result<ReidentifyRequest, ClientError> {
+/// RNG state or an address; the sandbox's ids for the guest's "you were forked" hooks.
+fn reidentify_request(who: &GuestWho) -> Result<ReidentifyRequest, ClientError> {
     let mut entropy = vec![0u8; 64];
     {
         use std::io::Read;
@@ -58,12 +62,13 @@ fn reidentify_request(hostname: &str, net: &GuestNet) -> Result<ReidentifyReques
         .unwrap_or_default();
     Ok(ReidentifyRequest {
         entropy,
-        hostname: Some(hostname.to_string()),
+        hostname: Some(who.hostname.to_string()),
         time: Some(UnixTime {
             secs: now.as_secs() as i64,
             nanos: now.subsec_nanos(),
         }),
-        net: match net {
+        identity: Some(who.identity.clone()),
+        net: match who.net {
             GuestNet::Tap(t) => Some(NetIdentity {
                 interface: "eth0".into(),
                 address: format!("{}/{}", t.address, t.prefix),
@@ -95,11 +100,10 @@ pub struct AgentTarget<'a> {
 /// reply) until `deadline`. An answer from the agent, even an error, is final.
 pub fn bring_up(
     target: &AgentTarget,
-    hostname: &str,
-    net: &GuestNet,
+    who: &GuestWho,
     auth: &AgentAuth,
     deadline: Instant,
-) -> Result<AgentClient, RuntimeError> {
+) -> Result<(AgentClient, ReidentifyReport), RuntimeError> {
     let mut attempts = 0u32;
     loop {
         attempts += 1;
@@ -109,16 +113,24 @@ pub fn bring_up(
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
             let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
-            authenticate_and_reidentify(&c, auth, hostname, net).map(|()| c)
+            authenticate_and_reidentify(&c, auth, who).map(|r| (c, r))
         });
         match attempt {
-            Ok(c) => {
+            Ok((c, report)) => {
                 if attempts > 1 {
                     tracing::debug!("agent answered on attempt {attempts}");
                 }
-                return Ok(
-                    c.with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT))
-                );
+                for h in report.hooks.iter().filter(|h| !h.succeeded()) {
+                    tracing::warn!(
+                        "sandbox {}: forked.d hook {} failed: {} {}",
+                        who.identity.sandbox_id,
+                        h.name,
+                        h.error.as_deref().unwrap_or(""),
+                        h.stderr_tail.trim()
+                    );
+                }
+                let c = c.with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT));
+                return Ok((c, report));
             }
             Err(e) if e.is_transient() && Instant::now() + RETRY_PAUSE < deadline => {
                 std::thread::sleep(RETRY_PAUSE);
@@ -163,8 +175,11 @@ mod tests {
                 what: "test VM",
                 attempt_limit: Duration::from_secs(1),
             },
-            "h",
-            &GuestNet::User { restrict: false },
+            &GuestWho {
+                hostname: "h",
+                net: &GuestNet::User { restrict: false },
+                identity: &SandboxIdentity::default(),
+            },
             &AgentAuth {
                 token: "t".into(),
                 boot_token: None,
@@ -187,8 +202,11 @@ mod tests {
                 what: "QEMU",
                 attempt_limit: Duration::from_secs(1),
             },
-            "h",
-            &GuestNet::User { restrict: false },
+            &GuestWho {
+                hostname: "h",
+                net: &GuestNet::User { restrict: false },
+                identity: &SandboxIdentity::default(),
+            },
             &AgentAuth {
                 token: "t".into(),
                 boot_token: None,

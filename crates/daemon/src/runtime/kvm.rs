@@ -168,7 +168,7 @@ impl KvmRuntime {
     }
 
     /// From a VMM serving its socket to a guest answering with its identity.
-    fn bring_up(&self, rec: &VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
+    fn bring_up(&self, rec: &mut VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
         if !self.has_agent() {
             // Probe guests: the VMM answering `status` with a live VM is "up".
             let st = status(&rec.control)?;
@@ -187,8 +187,8 @@ impl KvmRuntime {
             attempt_limit: Duration::from_secs(10),
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client =
-            guest_agent::bring_up(&target, &spec.hostname, &spec.net, &spec.auth, deadline)?;
+        let (client, report) = guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
+        rec.fork_hooks = report.hooks;
         self.brought_up.keep(&rec.agent_addr, client);
         Ok(())
     }
@@ -233,6 +233,7 @@ fn record(
         // unused, but keeps the manager's layer bookkeeping uniform.
         disk: spec.disk.clone(),
         accel: ACCEL.into(),
+        fork_hooks: Vec::new(),
     }
 }
 
@@ -323,8 +324,8 @@ impl Runtime for KvmRuntime {
     }
 
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
-        let rec = self.spawn_vmm(spec)?;
-        if let Err(e) = self.bring_up(&rec, spec) {
+        let mut rec = self.spawn_vmm(spec)?;
+        if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
             return Err(boot_error(e, &spec.dir));
         }
@@ -557,9 +558,9 @@ impl KvmRuntime {
         let process = pid
             .and_then(|p| ProcId::of(p as u32))
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
-        let rec = record(spec, files, process, None);
+        let mut rec = record(spec, files, process, None);
         // Its control socket was bound before the fork; only the guest needs waiting for.
-        if let Err(e) = self.bring_up(&rec, spec) {
+        if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, None);
             return Err(boot_error(e, &spec.dir));
         }

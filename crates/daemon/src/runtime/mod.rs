@@ -75,6 +75,9 @@ pub struct VmRecord {
     pub disk: PathBuf,
     /// `tcg` / `kvm` for qemu; snapshots only restore on the same.
     pub accel: String,
+    /// How the guest's `/etc/zygote/forked.d` hooks ended when it was last brought up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fork_hooks: Vec<zygote_proto::HookOutcome>,
 }
 
 /// A snapshot's runtime-specific files.
@@ -137,6 +140,18 @@ pub struct StartSpec {
     pub snapshot_root: Option<PathBuf>,
     /// The guest's NIC and where the VM process runs (`crate::network`).
     pub net: GuestNet,
+    /// The sandbox's ids, for the guest's "you were forked" hooks (reidentify).
+    pub identity: zygote_proto::SandboxIdentity,
+}
+
+impl StartSpec {
+    pub(crate) fn who(&self) -> guest_agent::GuestWho<'_> {
+        guest_agent::GuestWho {
+            hostname: &self.hostname,
+            net: &self.net,
+            identity: &self.identity,
+        }
+    }
 }
 
 /// What a live VM is doing, as the VM itself reports it.

@@ -132,6 +132,7 @@ impl QemuRuntime {
             control: vm.qmp_socket.clone(),
             disk: spec.disk.clone(),
             accel: accel.as_str().to_string(),
+            fork_hooks: Vec::new(),
         };
         let process =
             match supervisor::wait_pid_file(&vm.pid_file, &supervisor, Duration::from_secs(30)) {
@@ -141,8 +142,8 @@ impl QemuRuntime {
                     return Err(boot_error(e, dir));
                 }
             };
-        let rec = record(process);
-        if let Err(e) = self.bring_up(&rec, spec) {
+        let mut rec = record(process);
+        if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
             return Err(boot_error(e, dir));
         }
@@ -150,7 +151,7 @@ impl QemuRuntime {
     }
 
     /// From a started QEMU to a guest answering with its new identity.
-    fn bring_up(&self, rec: &VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
+    fn bring_up(&self, rec: &mut VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
         if let BootSource::Snapshot(_) = spec.source {
             let mut qmp = Qmp::connect(&rec.control, Duration::from_secs(30))?;
             qmp.wait_migration(MIGRATION_TIMEOUT)?;
@@ -168,8 +169,8 @@ impl QemuRuntime {
             attempt_limit: BOOT_TIMEOUT,
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let client =
-            guest_agent::bring_up(&target, &spec.hostname, &spec.net, &spec.auth, deadline)?;
+        let (client, report) = guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
+        rec.fork_hooks = report.hooks;
         self.brought_up.keep(&rec.agent_addr, client);
         Ok(())
     }

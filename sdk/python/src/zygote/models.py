@@ -60,6 +60,31 @@ class NetworkInfo:
 
 
 @dataclass(frozen=True)
+class ForkHook:
+    """How one of the guest's ``/etc/zygote/forked.d`` hooks ended when the sandbox was
+    last started, branched or restored (hooks run before it is reported ready)."""
+
+    name: str
+    exit_code: Optional[int]
+    """None when it was killed (timeout, signal) or could not start."""
+    error: Optional[str]
+    stderr_tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.error is None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ForkHook":
+        return cls(
+            name=str(d.get("name", "")),
+            exit_code=_opt_int(d.get("exit_code")),
+            error=d.get("error"),
+            stderr_tail=str(d.get("stderr_tail") or ""),
+        )
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     id: str
     state: str
@@ -83,6 +108,8 @@ class SandboxInfo:
     """Unix seconds when the daemon deletes the sandbox (None: never)."""
     network: Optional[NetworkInfo] = None
     """Its network policy and address (None from daemons without networking)."""
+    fork_hooks: tuple[ForkHook, ...] = ()
+    """The guest's ``forked.d`` hooks at its last start/branch/restore, in order."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -104,6 +131,9 @@ class SandboxInfo:
             ttl_secs=_opt_int(d.get("ttl_secs")),
             expires_at=_opt_int(d.get("expires_at")),
             network=NetworkInfo.from_json(net) if isinstance(net, Mapping) else None,
+            fork_hooks=tuple(
+                ForkHook.from_json(h) for h in (d.get("fork_hooks") or ()) if isinstance(h, Mapping)
+            ),
         )
 
 
