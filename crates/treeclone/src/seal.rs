@@ -9,7 +9,9 @@
 //! which inode it is. On btrfs the new tree is a subvolume made read-only,
 //! so the filesystem itself keeps it as checked; elsewhere it is a plain
 //! directory the caller promises not to change (overlayfs requires that of
-//! a lower tree anyway).
+//! a lower tree anyway). Sealing copies per file with the given options:
+//! set `preserve_xattrs` (and, as root, `preserve_owner`) for clones of the
+//! sealed tree to have them; hard links become separate files.
 //!
 //! The mark is `trusted.zygote.treeclone` when sealing as root (only
 //! CAP_SYS_ADMIN can set `trusted.*`, so unprivileged users cannot forge
@@ -102,6 +104,11 @@ pub fn sealed(path: &Path) -> Option<SealInfo> {
         dev != 0 && dev == m.dev()
     };
     (identity_ok && ino == m.ino()).then_some(info)
+}
+
+/// Whether an xattr name is the seal mark (never copied to a clone).
+pub(crate) fn is_mark(name: &CStr) -> bool {
+    name == MARK_ROOT || name == MARK_USER
 }
 
 /// Remove the seal mark from a writable clone's root (best effort: where it

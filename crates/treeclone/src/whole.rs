@@ -8,8 +8,10 @@
 //!   take the writes, and the destination is the mount. Writes never reach
 //!   the lower layer; copy-up makes private copies of what is written.
 //!
-//! Both keep everything the source has (owners, every xattr, hard links as
-//! hard links) and cost the same for ten files or a million. A source must
+//! Both keep what the source has (owners, modes, times, xattrs; hard links
+//! stay linked in a snapshot of an unsealed subvolume, while a sealed tree,
+//! copied per file by [`crate::seal`], has none) and cost the same for ten
+//! files or a million. A source must
 //! have been checked: a sealed one ([`crate::seal`]) was checked once; an
 //! unsealed subvolume is snapshotted first and the *snapshot* is scanned
 //! (it cannot change under us; the source could), then deleted if it fails.
@@ -120,7 +122,8 @@ fn subvolume(source: &Path, target: &Target, opts: &Options, started: Instant) -
     let (validation, info) = match sealed {
         Some(info) => (Validation::Sealed, info),
         None => {
-            let plan = plan::scan(&staging.path)?;
+            let plan =
+                plan::scan(&staging.path).map_err(|e| in_source(e, &staging.path, source))?;
             let info = SealInfo {
                 files: plan.files.len() as u64,
                 dirs: plan.dirs.len() as u64,
@@ -273,14 +276,70 @@ fn mount_clone(source: &Path, target: &Target) -> Result<()> {
             .create(d)
             .map_err(|e| Error::io("create overlay directory", d, e))?;
     }
+    // overlayfs shows the upper directory as the root of the mount, so it
+    // must look like the source's root (made private to us above).
+    copy_root_attributes(source, &upper)?;
     mount_overlay(source, &upper, &work, target.path)
         .map_err(|e| Error::io("mount overlay on", target.path, e))?;
     claimed.mounted = true;
-    // The merged root shows the lower root's attributes, seal mark included;
-    // this copies the root directory up (one inode) and drops the mark.
-    seal::strip_mark(target.path);
     claimed.keep = true;
     Ok(())
+}
+
+/// Give `dst` (an empty directory) the owner, mode, `user.*` xattrs and times
+/// of the directory `src`, the seal mark excepted.
+fn copy_root_attributes(src: &Path, dst: &Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let m = fs::metadata(src).map_err(|e| Error::io("stat", src, e))?;
+    let (s, d) = (
+        File::open(src).map_err(|e| Error::io("open", src, e))?,
+        File::open(dst).map_err(|e| Error::io("open", dst, e))?,
+    );
+    let names = sys::list_user_xattrs(&s).map_err(|e| Error::io("list xattrs of", src, e))?;
+    for name in names.iter().filter(|n| !seal::is_mark(n)) {
+        let value = sys::get_xattr(&s, name).map_err(|e| Error::io("read xattr of", src, e))?;
+        sys::set_xattr(&d, name, &value).map_err(|e| Error::io("set xattr on", dst, e))?;
+    }
+    std::os::unix::fs::fchown(&d, Some(m.uid()), Some(m.gid()))
+        .map_err(|e| Error::io("chown", dst, e))?;
+    // After chown, which clears setuid/setgid.
+    fs::set_permissions(dst, fs::Permissions::from_mode(m.mode() & 0o7777))
+        .map_err(|e| Error::io("chmod", dst, e))?;
+    let times = sys::Times {
+        atime: (m.atime(), m.atime_nsec()),
+        mtime: (m.mtime(), m.mtime_nsec()),
+    };
+    sys::set_times_nofollow(dst, times).map_err(|e| Error::io("set times on", dst, e))
+}
+
+/// A refusal found while scanning the snapshot at `staging` names the entry
+/// by its place in `source`: the snapshot is gone when the caller reads it.
+fn in_source(e: Error, staging: &Path, source: &Path) -> Error {
+    let rebase = |p: PathBuf| match p.strip_prefix(staging) {
+        Ok(rel) => source.join(rel),
+        Err(_) => p,
+    };
+    match e {
+        Error::SymlinkEscape {
+            path,
+            target,
+            reason,
+        } => Error::SymlinkEscape {
+            path: rebase(path),
+            target,
+            reason,
+        },
+        Error::UnsupportedFileType { path, kind } => Error::UnsupportedFileType {
+            path: rebase(path),
+            kind,
+        },
+        Error::Io { op, path, source } => Error::Io {
+            op,
+            path: rebase(path),
+            source,
+        },
+        other => other,
+    }
 }
 
 /// Undoes a half-made overlay clone on every early return.
