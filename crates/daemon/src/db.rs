@@ -12,13 +12,14 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::{CgroupReport, Limits, Origin, SnapshotKind};
+use crate::model::{CgroupReport, Limits, Origin, SandboxEnv, SnapshotKind};
 use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
-/// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]).
-const SCHEMA_VERSION: i64 = 5;
+/// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
+/// `sandboxes.env`.
+const SCHEMA_VERSION: i64 = 6;
 
 #[path = "db_ports.rs"]
 mod ports;
@@ -44,7 +45,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     ttl_secs INTEGER,
     expires_at INTEGER,
     pending TEXT,
-    network TEXT
+    network TEXT,
+    env TEXT
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -100,6 +102,8 @@ pub struct SandboxRow {
     /// Its network policy and namespace (rows from before networking: the default
     /// policy, no namespace).
     pub network: NetRecord,
+    /// Its execs' default environment and secrets (rows from before: none).
+    pub env: SandboxEnv,
 }
 
 /// The intent record of a snapshot or branch: written before the runtime changes the
@@ -187,6 +191,7 @@ const SANDBOX_COLUMNS_SINCE_V1: &[(&str, &str)] = &[
     ("expires_at", "INTEGER"),
     ("pending", "TEXT"),
     ("network", "TEXT"),
+    ("env", "TEXT"),
 ];
 
 fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
@@ -266,9 +271,9 @@ impl Db {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
                 vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
-                ttl_secs, expires_at, pending, network)
+                ttl_secs, expires_at, pending, network, env)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18, ?19)",
+                ?18, ?19, ?20)",
             params![
                 s.id,
                 s.name,
@@ -289,6 +294,7 @@ impl Db {
                 s.expires_at.map(|t| t as i64),
                 s.pending.as_ref().map(to_json),
                 to_json(&s.network),
+                to_json(&s.env),
             ],
         )?;
         Ok(())
@@ -324,12 +330,16 @@ impl Db {
                 Some(t) => from_json(18, t)?,
                 None => NetRecord::default(),
             },
+            env: match r.get::<_, Option<String>>(19)? {
+                Some(t) => from_json(19, t)?,
+                None => SandboxEnv::default(),
+            },
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
         created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at,
-        pending, network";
+        pending, network, env";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);

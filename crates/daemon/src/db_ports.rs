@@ -143,6 +143,7 @@ mod tests {
             expires_at: None,
             pending: None,
             network: Default::default(),
+            env: Default::default(),
         }
     }
 

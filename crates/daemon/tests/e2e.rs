@@ -78,7 +78,13 @@ async fn suite(runtime: &str) {
         .json(
             Method::POST,
             "/v1/sandboxes",
-            Some(&json!({"image": "minimal", "name": "e2e-a", "limits": {"memory_mib": 1024, "pids": 512}})),
+            Some(&json!({
+                "image": "minimal",
+                "name": "e2e-a",
+                "limits": {"memory_mib": 1024, "pids": 512},
+                "envs": fork::PARENT_ENVS.clone(),
+                "secrets": fork::PARENT_SECRETS.clone(),
+            })),
         )
         .await
         .expect("create");
@@ -210,7 +216,7 @@ async fn suite(runtime: &str) {
         .json(
             Method::POST,
             &format!("/v1/sandboxes/{}/branch", a.id),
-            Some(&json!({"count": 2})),
+            Some(&json!({"count": 2, "env": fork::child_envs(2)})),
         )
         .await
         .expect("branch");
@@ -261,6 +267,11 @@ async fn suite(runtime: &str) {
     );
     step(t0, "children isolated from each other and from the parent");
     fork::check_children(&c, &a.id, parent_generation, &br.children).await;
+    fork::check_envs(&c, &a.id, &br.children).await;
+    step(
+        t0,
+        "envs and secrets reach execs; children get their own env, not uninherited secrets",
+    );
     step(
         t0,
         "forked.d hooks ran in each child as itself; machine-ids differ",

@@ -230,6 +230,28 @@ def test_branch_allow_partial_returns_the_running_children(fake: FakeDaemon) -> 
     assert json.loads(fake.requests[0].body) == {"count": 3}
 
 
+def test_envs_secrets_and_per_child_env_are_sent_as_the_api_takes_them(fake: FakeDaemon) -> None:
+    fake.load([{"status": 201, "json": {"sandboxes": [SANDBOX]}}, branch_answer([])])
+    with Client(fake.url, "t") as c:
+        sb = Sandbox.create(
+            client=c,
+            envs={"TASK": "root"},
+            secrets={"TOKEN": {"value": "s3cret", "inherit": False}, "KEY": "k"},
+        )
+        sb.branch(n=2, env=[{"SEED": "1"}, {"SEED": "2"}])
+        with pytest.raises(ValueError, match="one mapping per child"):
+            sb.branch(n=2, env=[{"SEED": "1"}])
+        with pytest.raises(TypeError, match="secret 'X'"):
+            Sandbox.create(client=c, secrets={"X": 3})
+    assert json.loads(fake.requests[0].body) == {
+        "image": "minimal",
+        "envs": {"TASK": "root"},
+        "secrets": {"TOKEN": {"value": "s3cret", "inherit": False}, "KEY": {"value": "k"}},
+    }
+    assert json.loads(fake.requests[1].body) == {"count": 2, "env": [{"SEED": "1"}, {"SEED": "2"}]}
+    assert len(fake.requests) == 2
+
+
 def test_branch_without_failures_returns_the_children(fake: FakeDaemon) -> None:
     fake.load([branch_answer([])])
     with Client(fake.url, "t") as c:

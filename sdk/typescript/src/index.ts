@@ -41,5 +41,6 @@ export {
   type NetworkMode,
   type RestoreOptions,
   Sandbox,
+  type SecretSpec,
   type SnapshotMode,
 } from "./sandbox.js";

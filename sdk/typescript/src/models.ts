@@ -25,6 +25,10 @@ export interface SandboxInfo {
   network: NetworkInfo | null;
   /** The guest's `/etc/zygote/forked.d` hooks at its last start/branch/restore, in order. */
   forkHooks: ForkHook[];
+  /** Environment variables every command gets (`envs` at create, per-child `env`). */
+  envs: Record<string, string>;
+  /** Names of its secrets (values are never shown). */
+  secrets: string[];
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
 }
@@ -158,6 +162,11 @@ export function sandboxFromJson(d: Json): SandboxInfo {
     ttlSecs: optNum(d.ttl_secs),
     expiresAt: optNum(d.expires_at),
     network: d.network && typeof d.network === "object" ? networkFromJson(d.network as Json) : null,
+    envs:
+      d.envs && typeof d.envs === "object"
+        ? Object.fromEntries(Object.entries(d.envs as Json).map(([k, v]) => [k, String(v)]))
+        : {},
+    secrets: strs(d.secrets),
     forkHooks: Array.isArray(d.fork_hooks)
       ? (d.fork_hooks as Json[]).map((h) => ({
           name: str(h.name),

@@ -50,6 +50,21 @@ export interface CreateOptions extends Connection {
   allowOut?: readonly string[];
   /** Destinations always refused, even if `allowOut` has them (sent as `deny_out`). */
   denyOut?: readonly string[];
+  /** Environment variables every command gets (a command's own `env` wins). */
+  envs?: Readonly<Record<string, string>>;
+  /**
+   * Like `envs`, but the daemon never shows their values; one given as
+   * `{ value, inherit: false }` is not passed to branch children. Neither is
+   * written into the guest.
+   */
+  secrets?: Readonly<Record<string, string | SecretSpec>>;
+}
+
+/** A secret as {@link CreateOptions.secrets} takes it. */
+export interface SecretSpec {
+  value: string;
+  /** Whether branch children get it too (default true). */
+  inherit?: boolean;
 }
 
 /** What network a sandbox gets: see {@link CreateOptions.network}. */
@@ -65,6 +80,11 @@ export interface BranchOptions {
   n?: number;
   /** Children's time-to-live; by default the parent's (counted from their start). */
   ttlSecs?: number;
+  /**
+   * One object per child (exactly `n`), added over the parent's `envs` for
+   * that child: tokens, seeds, task ids.
+   */
+  env?: readonly Readonly<Record<string, string>>[];
   /**
    * {@link Sandbox.branch} resolves to the children that came up even when
    * some did not, instead of throwing {@link BranchIncompleteError}.
@@ -172,6 +192,12 @@ export class Sandbox {
     if (opts.network !== undefined) body.network = opts.network;
     if (opts.allowOut !== undefined) body.allow_out = [...opts.allowOut];
     if (opts.denyOut !== undefined) body.deny_out = [...opts.denyOut];
+    if (opts.envs !== undefined) body.envs = { ...opts.envs };
+    if (opts.secrets !== undefined) {
+      body.secrets = Object.fromEntries(
+        Object.entries(opts.secrets).map(([k, v]) => [k, typeof v === "string" ? { value: v } : { ...v }]),
+      );
+    }
     return Sandbox.fromCreate(client, body);
   }
 
@@ -246,8 +272,15 @@ export class Sandbox {
    * did not come up (`failed`); it does not throw for those.
    */
   async branchDetailed(opts: BranchOptions = {}): Promise<BranchResult> {
-    const body: Json = { count: opts.n ?? 1 };
+    const count = opts.n ?? 1;
+    const body: Json = { count };
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
+    if (opts.env !== undefined) {
+      if (opts.env.length !== count) {
+        throw new TypeError(`env takes one object per child: an array of ${count}`);
+      }
+      body.env = opts.env.map((e) => ({ ...e }));
+    }
     const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/branch`, { json: body });
     return branchFromJson(d);
   }

@@ -116,6 +116,29 @@ describe("sandbox handles", () => {
     );
   });
 
+  test("envs, secrets and per-child env are sent as the API takes them", async () => {
+    fake.load([{ status: 201, json: { sandboxes: [SANDBOX] } }, branchAnswer([])]);
+    const client = new Client({ url: fake.url, token: "t" });
+    const sb = await Sandbox.create({
+      client,
+      envs: { TASK: "root" },
+      secrets: { TOKEN: { value: "s3cret", inherit: false }, KEY: "k" },
+    });
+    await sb.branch({ n: 2, env: [{ SEED: "1" }, { SEED: "2" }] });
+    await assert.rejects(sb.branch({ n: 2, env: [{ SEED: "1" }] }), /one object per child/);
+    assert.deepEqual(
+      fake.requests.map((r) => JSON.parse(r.body.toString("utf8"))),
+      [
+        {
+          image: "minimal",
+          envs: { TASK: "root" },
+          secrets: { TOKEN: { value: "s3cret", inherit: false }, KEY: { value: "k" } },
+        },
+        { count: 2, env: [{ SEED: "1" }, { SEED: "2" }] },
+      ],
+    );
+  });
+
   test("an exposed port's host is its URL without the scheme", async () => {
     const port = {
       port: 8080,

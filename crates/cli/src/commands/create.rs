@@ -47,6 +47,17 @@ pub struct CreateArgs {
     /// (repeatable).
     #[arg(long = "deny-out", value_name = "CIDR")]
     deny_out: Vec<String>,
+    /// Environment variable for every command in the sandbox, KEY=VALUE (repeatable;
+    /// `-e KEY` takes the value from this shell). Branch children inherit it.
+    #[arg(short = 'e', long = "env", value_name = "KEY[=VALUE]")]
+    env: Vec<String>,
+    /// Like --env, but never shown by the daemon (repeatable; `--secret KEY` takes the
+    /// value from this shell, keeping it off the command line). Children inherit it.
+    #[arg(long = "secret", value_name = "KEY[=VALUE]")]
+    secret: Vec<String>,
+    /// A secret that branch children do not get (repeatable).
+    #[arg(long = "secret-not-inherited", value_name = "KEY[=VALUE]")]
+    secret_not_inherited: Vec<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -72,7 +83,7 @@ impl Network {
 
 pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
-    let body = request_body(&args);
+    let body = request_body(&args, &|k| std::env::var(k).ok())?;
     let pb = (!args.json).then(|| spinner(&format!("starting {} sandbox(es)", args.count)));
     let made: Result<SandboxList, _> =
         block_on(client.json(Method::POST, "/v1/sandboxes", Some(&body)));
@@ -111,9 +122,26 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// `KEY=VALUE`, or `KEY` with the value from `lookup` (this process's environment).
+fn key_value(
+    flag: &str,
+    arg: &str,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<(String, String)> {
+    match arg.split_once('=') {
+        Some((k, v)) => Ok((k.to_string(), v.to_string())),
+        None => lookup(arg).map(|v| (arg.to_string(), v)).ok_or_else(|| {
+            anyhow::anyhow!("{flag} {arg}: no value given and {arg} is not set in this shell")
+        }),
+    }
+}
+
 /// The `POST /v1/sandboxes` body: only the options given (the daemon has the
 /// defaults), limits always as an object.
-fn request_body(args: &CreateArgs) -> serde_json::Value {
+fn request_body(
+    args: &CreateArgs,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<serde_json::Value> {
     let mut body = json!({
         "n": args.count,
         "limits": {},
@@ -150,7 +178,21 @@ fn request_body(args: &CreateArgs) -> serde_json::Value {
             body["limits"][k] = v;
         }
     }
-    body
+    if !args.env.is_empty() {
+        let envs = args.env.iter().map(|a| key_value("--env", a, lookup));
+        body["envs"] = json!(envs.collect::<anyhow::Result<std::collections::BTreeMap<_, _>>>()?);
+    }
+    let secrets = (args.secret.iter().map(|a| (a, true)))
+        .chain(args.secret_not_inherited.iter().map(|a| (a, false)))
+        .map(|(a, inherit)| {
+            let (k, v) = key_value("--secret", a, lookup)?;
+            Ok((k, json!({"value": v, "inherit": inherit})))
+        })
+        .collect::<anyhow::Result<serde_json::Map<_, _>>>()?;
+    if !secrets.is_empty() {
+        body["secrets"] = json!(secrets);
+    }
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -167,7 +209,10 @@ mod tests {
     fn body_of(argv: &[&str]) -> serde_json::Value {
         let cli = Cli::try_parse_from(std::iter::once("zygote").chain(argv.iter().copied()))
             .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-        request_body(&cli.create)
+        request_body(&cli.create, &|k| {
+            (k == "FROM_SHELL").then(|| "shell".to_string())
+        })
+        .unwrap()
     }
 
     #[test]
@@ -193,5 +238,28 @@ mod tests {
             json!({"n": 1, "limits": {}, "snapshot": "snap-1", "network": "none"})
         );
         assert!(Cli::try_parse_from(["zygote", "--network", "bridged"]).is_err());
+    }
+
+    #[test]
+    fn env_and_secrets_take_values_inline_or_from_the_shell() {
+        let body = body_of(&[
+            "-e",
+            "A=1",
+            "--env",
+            "FROM_SHELL",
+            "--secret",
+            "TOKEN=t",
+            "--secret-not-inherited",
+            "FROM_SHELL",
+        ]);
+        assert_eq!(body["envs"], json!({"A": "1", "FROM_SHELL": "shell"}));
+        assert_eq!(
+            body["secrets"],
+            json!({"TOKEN": {"value": "t", "inherit": true},
+                   "FROM_SHELL": {"value": "shell", "inherit": false}})
+        );
+        let cli = Cli::try_parse_from(["zygote", "-e", "UNSET_ANYWHERE"]).unwrap();
+        let err = request_body(&cli.create, &|_| None).unwrap_err();
+        assert!(err.to_string().contains("not set in this shell"), "{err}");
     }
 }

@@ -18,6 +18,7 @@ impl Manager {
         req.validate()?;
         let n = req.n.unwrap_or(1);
         let policy = req.network_request().policy()?;
+        let env = req.sandbox_env()?;
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
@@ -100,6 +101,7 @@ impl Manager {
                     policy: policy.clone(),
                     attachment: None,
                 },
+                env: env.clone(),
             };
             let this = self.clone();
             let source = source.clone();

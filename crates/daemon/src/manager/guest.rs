@@ -28,6 +28,16 @@ fn stream_name(s: Stream) -> &'static str {
 }
 
 impl Manager {
+    /// `req` as the agent gets it: the sandbox's envs and secrets, the request's own
+    /// `env` over them.
+    fn agent_exec(&self, id: &str, req: &ExecRequest) -> Result<zygote_proto::ExecRequest> {
+        let mut agent_req = req.to_agent();
+        let mut env = self.sandbox_row(id)?.env.exec_env();
+        env.append(&mut agent_req.env);
+        agent_req.env = env;
+        Ok(agent_req)
+    }
+
     /// The agent for `id`; a broken cached connection is replaced once.
     async fn agent_call<T: Send + 'static>(
         self: &Arc<Self>,
@@ -52,7 +62,7 @@ impl Manager {
     pub async fn exec(self: &Arc<Self>, id: &str, req: ExecRequest) -> Result<ExecResponse> {
         req.validate()?;
         let started = Instant::now();
-        let agent_req = req.to_agent();
+        let agent_req = self.agent_exec(id, &req)?;
         let client = self.agent(id).await?;
         // Dropped with this future when the HTTP client goes away: kills the program.
         let guard = ExecGuard::new(client.clone(), id);
@@ -99,7 +109,7 @@ impl Manager {
     ) -> Result<mpsc::Receiver<ExecEvent>> {
         req.validate()?;
         let started = Instant::now();
-        let agent_req = req.to_agent();
+        let agent_req = self.agent_exec(id, &req)?;
         let client = self.agent(id).await?;
         let (tx, rx) = mpsc::channel(64);
         let (started_tx, started_rx) = oneshot::channel();

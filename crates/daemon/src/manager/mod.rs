@@ -253,6 +253,8 @@ impl Manager {
                 .as_ref()
                 .map(|v| v.fork_hooks.iter().map(ForkHook::from).collect())
                 .unwrap_or_default(),
+            envs: r.env.vars.clone(),
+            secrets: r.env.secret_names(),
         }
     }
 

@@ -123,8 +123,11 @@ impl Manager {
         let mut specs = Vec::new();
         let mut deps = parent.depends_on.clone();
         deps.push(point_id.clone());
-        for _ in 0..count {
+        for i in 0..count as usize {
             let id = new_id("sb");
+            let env = parent
+                .env
+                .for_child(req.env.as_ref().and_then(|e| e.get(i)))?;
             let mut child = SandboxRow {
                 hostname: id.clone(),
                 id,
@@ -154,6 +157,7 @@ impl Manager {
                     policy: parent.network.policy.clone(),
                     attachment: None,
                 },
+                env,
             };
             // Placeholder source: the runtime substitutes the branch point. The child
             // wakes up with its parent's agent token.

@@ -8,12 +8,14 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod env;
 mod exec;
 mod fork;
 mod network;
 mod ports;
 mod ttl;
 mod validate;
+pub use env::{validate_vars, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;
 pub use network::{
@@ -121,9 +123,27 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(max_items = 256)]
     pub deny_out: Option<Vec<String>>,
+    /// Environment variables every exec in the sandbox gets (an exec's own `env` wins);
+    /// branch children inherit them. At most 128 variables (with `secrets`), 32 KiB per
+    /// value, 256 KiB in all.
+    #[serde(default)]
+    pub envs: Option<BTreeMap<String, String>>,
+    /// Like `envs`, but their values are never shown by the API, and one with
+    /// `"inherit": false` is not given to branch children. Neither is written into the
+    /// guest: they exist only in the environment of execs.
+    #[serde(default)]
+    pub secrets: Option<BTreeMap<String, SecretSpec>>,
 }
 
 impl CreateSandboxRequest {
+    /// The sandbox's stored environment (validated).
+    pub fn sandbox_env(&self) -> Result<SandboxEnv> {
+        SandboxEnv::new(
+            self.envs.as_ref().unwrap_or(&BTreeMap::new()),
+            self.secrets.as_ref().unwrap_or(&BTreeMap::new()),
+        )
+    }
+
     pub fn network_request(&self) -> NetworkRequest {
         NetworkRequest {
             network: self.network,
@@ -164,6 +184,7 @@ impl Validate for CreateSandboxRequest {
         }
         ttl::validate_ttl(self.ttl_secs)?;
         self.network_request().policy()?;
+        self.sandbox_env()?;
         self.limits.validate()
     }
 }
@@ -230,6 +251,12 @@ pub struct Sandbox {
     /// branched or restored (empty: it has none).
     #[serde(default)]
     pub fork_hooks: Vec<ForkHook>,
+    /// The environment variables its execs get (see `envs` at create).
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    /// Names of its secrets (their values are never shown).
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -288,12 +315,29 @@ pub struct BranchRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
+    /// One object of environment variables per child (exactly `count` of them), added
+    /// over the parent's `envs` for that child's execs: tokens, seeds, task ids.
+    #[serde(default)]
+    pub env: Option<Vec<BTreeMap<String, String>>>,
 }
 
 impl Validate for BranchRequest {
     fn validate(&self) -> Result<()> {
         ttl::validate_ttl(self.ttl_secs)?;
-        in_range("count", self.count.unwrap_or(1), 1, MAX_BRANCH_COUNT)
+        let count = self.count.unwrap_or(1);
+        in_range("count", count, 1, MAX_BRANCH_COUNT)?;
+        if let Some(env) = &self.env {
+            if env.len() != count as usize {
+                return Err(Error::invalid(format!(
+                    "env has {} entries for {count} children: give one object per child",
+                    env.len()
+                )));
+            }
+            for (i, vars) in env.iter().enumerate() {
+                validate_vars(&format!("env[{i}]"), vars)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -2,6 +2,10 @@
 //! every branch child before it is reported ready, with the child's own ids; the
 //! generation counter goes up; each child gets its own machine-id; failing hooks are
 //! reported on the sandbox.
+use std::sync::LazyLock;
+
+use hyper::Method;
+use serde_json::{json, Value};
 use zygote_daemon::client::Client;
 
 use super::{exec, get, read, write};
@@ -68,4 +72,59 @@ pub async fn check_children(c: &Client, parent: &str, parent_generation: u64, ch
         "hooks ran in the parent"
     );
     assert!(get(c, parent).await.fork_hooks.is_empty());
+}
+
+pub static PARENT_ENVS: LazyLock<Value> =
+    LazyLock::new(|| json!({"TASK": "parent", "SHARED": "1"}));
+pub static PARENT_SECRETS: LazyLock<Value> = LazyLock::new(
+    || json!({"API_TOKEN": {"value": "t0k3n-never-shown", "inherit": false}, "KEEP_ME": {"value": "k"}}),
+);
+
+/// One `env` object per child for the branch request: `TASK` says which child it is.
+pub fn child_envs(n: usize) -> Value {
+    Value::Array(
+        (0..n)
+            .map(|i| json!({"TASK": format!("child{i}")}))
+            .collect(),
+    )
+}
+
+/// Execs see the sandbox's envs and secrets (an exec's own env wins); each child has
+/// its own `TASK` and not the secret marked `inherit: false`; no value of a secret is
+/// ever shown by the API.
+pub async fn check_envs(c: &Client, parent: &str, children: &[String]) {
+    let show = "echo \"$TASK $SHARED ${API_TOKEN:-none} ${KEEP_ME:-none}\"";
+    let got = exec(c, parent, show).await.stdout;
+    assert_eq!(got, "parent 1 t0k3n-never-shown k\n");
+    let own: super::ExecResponse = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/exec"),
+            Some(&json!({"argv": ["sh", "-c", "echo $TASK"], "env": {"TASK": "mine"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(own.stdout, "mine\n");
+    let view = get(c, parent).await;
+    assert_eq!(view.secrets, ["API_TOKEN", "KEEP_ME"]);
+    for (i, child) in children.iter().enumerate() {
+        let got = exec(c, child, show).await.stdout;
+        assert_eq!(got, format!("child{i} 1 none k\n"), "{child}");
+        assert_eq!(get(c, child).await.secrets, ["KEEP_ME"]);
+    }
+    let listed = c.raw(Method::GET, "/v1/sandboxes", None).await.unwrap();
+    assert!(
+        !String::from_utf8_lossy(&listed).contains("t0k3n"),
+        "a secret's value is shown by the API"
+    );
+    // One env object per child, or nothing changes.
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{parent}/branch"),
+            Some(&json!({"count": 2, "env": [{"A": "1"}]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("invalid_argument"), "{e}");
 }

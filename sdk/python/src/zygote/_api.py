@@ -113,6 +113,8 @@ def create_sandboxes(
     network: Optional[str] = None,
     allow_out: Optional[Sequence[str]] = None,
     deny_out: Optional[Sequence[str]] = None,
+    envs: Optional[Mapping[str, str]] = None,
+    secrets: Optional[Mapping[str, Any]] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -128,10 +130,28 @@ def create_sandboxes(
         # An empty allow_out is sent: it allows no destination at all.
         ("allow_out", cidrs("allow_out", allow_out)),
         ("deny_out", cidrs("deny_out", deny_out)),
+        ("envs", dict(envs) if envs is not None else None),
+        ("secrets", secret_specs(secrets)),
     ):
         if value is not None:
             body[key] = value
     return Call("POST", "/v1/sandboxes", _sandboxes, json=body)
+
+
+def secret_specs(secrets: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """``{"NAME": "value"}`` (inherited by branch children) or
+    ``{"NAME": {"value": "...", "inherit": False}}``, as the API takes them."""
+    if secrets is None:
+        return None
+    out: dict[str, Any] = {}
+    for name, spec in secrets.items():
+        if isinstance(spec, str):
+            out[name] = {"value": spec}
+        elif isinstance(spec, Mapping) and isinstance(spec.get("value"), str):
+            out[name] = dict(spec)
+        else:
+            raise TypeError(f"secret {name!r}: give a string or {{'value': str, 'inherit': bool}}")
+    return out
 
 
 def cidrs(what: str, value: Optional[Sequence[str]]) -> Optional[list[str]]:
@@ -156,10 +176,19 @@ def delete_sandbox(sid: str) -> Call[None]:
     return Call("DELETE", f"/v1/sandboxes/{seg(sid)}", _none)
 
 
-def branch(sid: str, count: int, ttl_secs: Optional[int] = None) -> Call[BranchResult]:
+def branch(
+    sid: str,
+    count: int,
+    ttl_secs: Optional[int] = None,
+    env: Optional[Sequence[Mapping[str, str]]] = None,
+) -> Call[BranchResult]:
     body: dict[str, Any] = {"count": count}
     if ttl_secs is not None:
         body["ttl_secs"] = ttl_secs
+    if env is not None:
+        if isinstance(env, Mapping) or len(env) != count:
+            raise ValueError(f"env takes one mapping per child: a list of {count}")
+        body["env"] = [dict(e) for e in env]
     return Call("POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json=body)
 
 

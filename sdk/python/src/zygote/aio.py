@@ -5,7 +5,7 @@ context manager is ``async with``."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import List, Mapping, Optional, Sequence, Type, Union
+from typing import Any, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
 from ._api import Command, OutputCallback
@@ -101,6 +101,8 @@ class AsyncSandbox:
         network: Optional[str] = None,
         allow_out: Optional[Sequence[str]] = None,
         deny_out: Optional[Sequence[str]] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Any]] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -118,6 +120,8 @@ class AsyncSandbox:
                 network=network,
                 allow_out=allow_out,
                 deny_out=deny_out,
+                envs=envs,
+                secrets=secrets,
             )
         )
         return cls(made[0].id, client=c)
@@ -171,11 +175,16 @@ class AsyncSandbox:
             return False
 
     async def branch(
-        self, n: int = 1, *, ttl_secs: Optional[int] = None, allow_partial: bool = False
+        self,
+        n: int = 1,
+        *,
+        ttl_secs: Optional[int] = None,
+        env: Optional[Sequence[Mapping[str, str]]] = None,
+        allow_partial: bool = False,
     ) -> List["AsyncSandbox"]:
         """See :meth:`zygote.Sandbox.branch` (raises
         :class:`~zygote.errors.BranchIncomplete` unless ``allow_partial``)."""
-        res = await self.client.call(_api.branch(self.id, n, ttl_secs))
+        res = await self.client.call(_api.branch(self.id, n, ttl_secs, env))
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 

@@ -110,6 +110,10 @@ class SandboxInfo:
     """Its network policy and address (None from daemons without networking)."""
     fork_hooks: tuple[ForkHook, ...] = ()
     """The guest's ``forked.d`` hooks at its last start/branch/restore, in order."""
+    envs: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables every command gets (``envs`` at create, per-child ``env``)."""
+    secrets: tuple[str, ...] = ()
+    """Names of its secrets (values are never shown)."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -131,6 +135,8 @@ class SandboxInfo:
             ttl_secs=_opt_int(d.get("ttl_secs")),
             expires_at=_opt_int(d.get("expires_at")),
             network=NetworkInfo.from_json(net) if isinstance(net, Mapping) else None,
+            envs={str(k): str(v) for k, v in (d.get("envs") or {}).items()},
+            secrets=tuple(str(s) for s in (d.get("secrets") or ())),
             fork_hooks=tuple(
                 ForkHook.from_json(h) for h in (d.get("fork_hooks") or ()) if isinstance(h, Mapping)
             ),

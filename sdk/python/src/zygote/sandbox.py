@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import List, Mapping, Optional, Sequence, Type, Union
+from typing import Any, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
 from ._api import Command, OutputCallback
@@ -126,6 +126,8 @@ class Sandbox:
         network: Optional[str] = None,
         allow_out: Optional[Sequence[str]] = None,
         deny_out: Optional[Sequence[str]] = None,
+        envs: Optional[Mapping[str, str]] = None,
+        secrets: Optional[Mapping[str, Any]] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -141,6 +143,11 @@ class Sandbox:
         CIDRs such as ``"10.77.0.0/24"``, or single addresses) makes those the
         only destinations allowed (an empty list allows none); ``deny_out``
         destinations are always refused. Branch children inherit the policy.
+
+        ``envs`` are environment variables every command in the sandbox gets
+        (a command's own ``env`` wins); ``secrets`` too, but the daemon never
+        shows their values, and one given as ``{"value": ..., "inherit": False}``
+        is not passed to branch children. Neither is written into the guest.
         """
         c = _client(client, url, token)
         made = c.call(
@@ -154,6 +161,8 @@ class Sandbox:
                 network=network,
                 allow_out=allow_out,
                 deny_out=deny_out,
+                envs=envs,
+                secrets=secrets,
             )
         )
         return cls(made[0].id, client=c)
@@ -212,18 +221,27 @@ class Sandbox:
         except SandboxNotFound:
             return False
 
-    def branch(self, n: int = 1, *, ttl_secs: Optional[int] = None, allow_partial: bool = False) -> List["Sandbox"]:
+    def branch(
+        self,
+        n: int = 1,
+        *,
+        ttl_secs: Optional[int] = None,
+        env: Optional[Sequence[Mapping[str, str]]] = None,
+        allow_partial: bool = False,
+    ) -> List["Sandbox"]:
         """Forks this sandbox's live state into ``n`` children (memory,
         processes and files, copy-on-write). Each child then diverges
         independently; this sandbox keeps running. Children get ``ttl_secs``,
-        or without it this sandbox's TTL (counted from their start).
+        or without it this sandbox's TTL (counted from their start). ``env``
+        (one mapping per child) adds to each child's environment, over this
+        sandbox's ``envs``: tokens, seeds, task ids.
 
         When only some of the children came up it raises
         :class:`~zygote.errors.BranchIncomplete`, which carries the running
         ones (``.children``) and the causes (``.failures``); with
         ``allow_partial=True`` it returns the running children instead.
         When none came up the daemon's error is raised."""
-        res = self.client.call(_api.branch(self.id, n, ttl_secs))
+        res = self.client.call(_api.branch(self.id, n, ttl_secs, env))
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 
