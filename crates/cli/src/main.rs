@@ -41,6 +41,10 @@ enum Command {
     Cp(commands::cp::CpArgs),
     /// Branch a running sandbox into copy-on-write children (daemon).
     Branch(commands::branch::BranchArgs),
+    /// Draw a sandbox's branch tree with each branch's memory and disk (daemon).
+    Tree(commands::tree::TreeArgs),
+    /// Keep one branch child: delete its siblings (and with --promote its parent) (daemon).
+    Keep(commands::tree::KeepArgs),
     /// Take, list and delete snapshots (daemon).
     #[command(subcommand)]
     Snapshot(commands::snapshot::SnapshotCommand),
@@ -82,6 +86,8 @@ fn main() {
         Command::Exec(args) => commands::exec::run(args),
         Command::Cp(args) => commands::cp::run(args),
         Command::Branch(args) => commands::branch::run(args),
+        Command::Tree(args) => commands::tree::run_tree(args),
+        Command::Keep(args) => commands::tree::run_keep(args),
         Command::Snapshot(cmd) => commands::snapshot::run(cmd),
         Command::Restore(args) => commands::restore::run(args),
         Command::Ps(args) => commands::ps::run(args),

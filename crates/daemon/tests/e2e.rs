@@ -4,6 +4,8 @@
 mod common;
 #[path = "e2e/fork.rs"]
 mod fork;
+#[path = "e2e/tree.rs"]
+mod tree;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -276,6 +278,11 @@ async fn suite(runtime: &str) {
         t0,
         "forked.d hooks ran in each child as itself; machine-ids differ",
     );
+    tree::check_tree(&c, &a.id, &br.children).await;
+    step(
+        t0,
+        "the tree shows the parent, its children and the branch point",
+    );
 
     // Snapshot + restore (in place), and lineage checks.
     let snap: Snapshot = c
@@ -406,11 +413,14 @@ async fn suite(runtime: &str) {
         all_pids.len() >= 4,
         "two QEMUs and their supervisors: {all_pids:?}"
     );
-    for id in [&a.id, &b, &cc] {
-        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
-            .await
-            .expect("delete");
-    }
+    tree::keep_and_promote(&c, &a.id, &b, &cc).await;
+    step(
+        t0,
+        "kept one child: its sibling and the parent deleted, it took the name",
+    );
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{b}"), None)
+        .await
+        .expect("delete");
     c.raw(Method::DELETE, &format!("/v1/snapshots/{}", snap.id), None)
         .await
         .expect("delete snapshot");

@@ -29,6 +29,7 @@ pub mod rm;
 pub mod run;
 pub mod serve;
 pub mod snapshot;
+pub mod tree;
 pub mod ttl;
 pub mod vm;
 pub mod vm_serve;

@@ -85,6 +85,8 @@ pub fn routes() -> Routes {
         .add(Method::DELETE, "/v1/sandboxes/{id}", sandboxes::delete)
         .add(Method::PUT, "/v1/sandboxes/{id}/ttl", sandboxes::set_ttl)
         .add(Method::POST, "/v1/sandboxes/{id}/branch", sandboxes::branch)
+        .add(Method::GET, "/v1/sandboxes/{id}/tree", sandboxes::tree)
+        .add(Method::POST, "/v1/sandboxes/{id}/keep", sandboxes::keep)
         .add(
             Method::POST,
             "/v1/sandboxes/{id}/restore",

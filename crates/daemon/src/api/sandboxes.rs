@@ -6,8 +6,8 @@ use axum::Json;
 use super::{ApiJson, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
-    BranchRequest, BranchResponse, CreateSandboxRequest, RestoreRequest, Sandbox, SandboxList,
-    SetTtlRequest,
+    BranchRequest, BranchResponse, CreateSandboxRequest, KeepRequest, KeepResponse, RestoreRequest,
+    Sandbox, SandboxList, SandboxTree, SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -104,4 +104,31 @@ pub async fn restore(
               (status = 404, description = "No such sandbox", body = ErrorBody)))]
 pub async fn logs(State(st): State<AppState>, Path(id): Path<String>) -> Result<String> {
     st.manager.logs(&id)
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/tree", tag = "sandboxes",
+    params(("id" = String, Path, description = "Any sandbox of the tree")),
+    responses((status = 200, description = "Its lineage: the topmost existing ancestor and every \
+                descendant, with each one's unique memory and disk layer, and the snapshots \
+                and branch points taken of them", body = SandboxTree),
+              (status = 404, description = "No such sandbox", body = ErrorBody)))]
+pub async fn tree(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<SandboxTree>> {
+    Ok(Json(st.manager.tree(&id)?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/keep", tag = "sandboxes",
+    params(("id" = String, Path, description = "The branch child to keep")),
+    request_body = KeepRequest,
+    responses((status = 200, description = "Its siblings (the other children of its branch \
+                point) and their descendants are deleted; with `promote`, its parent too, \
+                whose name it takes", body = KeepResponse),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Not a branch child, no siblings left, or no parent \
+                to promote over", body = ErrorBody)))]
+pub async fn keep(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<KeepRequest>,
+) -> Result<Json<KeepResponse>> {
+    Ok(Json(st.manager.keep(&id, req).await?))
 }

@@ -13,6 +13,7 @@ mod ops;
 mod ports;
 mod recovery;
 mod startup;
+mod tree;
 mod ttl;
 mod watch;
 

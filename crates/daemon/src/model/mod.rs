@@ -13,6 +13,7 @@ mod exec;
 mod fork;
 mod network;
 mod ports;
+mod tree;
 mod ttl;
 mod validate;
 pub use env::{validate_vars, SandboxEnv, SecretSpec};
@@ -22,6 +23,7 @@ pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
+pub use tree::{KeepRequest, KeepResponse, SandboxTree, TreeNode, TreeSnapshot};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
