@@ -18,7 +18,7 @@ const DIR_MODE: u32 = 0o755;
 
 /// Paths must be absolute: the agent's cwd is an implementation detail the
 /// host should not depend on.
-fn abs_path(path: &str) -> Result<&Path> {
+pub(crate) fn abs_path(path: &str) -> Result<&Path> {
     if !path.starts_with('/') {
         return Err(ErrorBody::new(
             ErrorCode::BadRequest,
@@ -34,7 +34,7 @@ fn abs_path(path: &str) -> Result<&Path> {
     Ok(Path::new(path))
 }
 
-fn io_err(path: &Path) -> impl Fn(io::Error) -> ErrorBody + '_ {
+pub(crate) fn io_err(path: &Path) -> impl Fn(io::Error) -> ErrorBody + '_ {
     move |e| ErrorBody::from_io(&path.display().to_string(), &e)
 }
 
@@ -172,7 +172,7 @@ fn kind_of(ft: fs::FileType) -> FileKind {
     }
 }
 
-fn metadata_of(path: &Path, m: &fs::Metadata) -> Metadata {
+pub(crate) fn metadata_of(path: &Path, m: &fs::Metadata) -> Metadata {
     let kind = kind_of(m.file_type());
     let symlink_target = if kind == FileKind::Symlink {
         fs::read_link(path)

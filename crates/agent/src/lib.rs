@@ -36,6 +36,7 @@ mod port;
 pub mod reaper;
 pub mod system;
 mod vsock;
+mod walk;
 
 pub use reaper::ReapMode;
 pub use vsock::VsockListener;

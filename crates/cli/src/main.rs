@@ -45,6 +45,8 @@ enum Command {
     Tree(commands::tree::TreeArgs),
     /// Keep one branch child: delete its siblings (and with --promote its parent) (daemon).
     Keep(commands::tree::KeepArgs),
+    /// How one sandbox's files differ from another's: A(dded), D(eleted), M(odified) (daemon).
+    Diff(commands::tree::DiffArgs),
     /// Take, list and delete snapshots (daemon).
     #[command(subcommand)]
     Snapshot(commands::snapshot::SnapshotCommand),
@@ -88,6 +90,7 @@ fn main() {
         Command::Branch(args) => commands::branch::run(args),
         Command::Tree(args) => commands::tree::run_tree(args),
         Command::Keep(args) => commands::tree::run_keep(args),
+        Command::Diff(args) => commands::tree::run_diff(args),
         Command::Snapshot(cmd) => commands::snapshot::run(cmd),
         Command::Restore(args) => commands::restore::run(args),
         Command::Ps(args) => commands::ps::run(args),

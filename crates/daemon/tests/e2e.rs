@@ -283,6 +283,8 @@ async fn suite(runtime: &str) {
         t0,
         "the tree shows the parent, its children and the branch point",
     );
+    tree::check_diff(&c, &a.id, &b, &cc).await;
+    step(t0, "diff: siblings and parent compared file by file");
 
     // Snapshot + restore (in place), and lineage checks.
     let snap: Snapshot = c

@@ -32,6 +32,7 @@ pub enum Request {
     Rename(RenameRequest),
     Remove(RemoveRequest),
     Reidentify(ReidentifyRequest),
+    Walk(WalkRequest),
     Shutdown,
 }
 
@@ -50,6 +51,7 @@ impl Request {
         "rename",
         "remove",
         "reidentify",
+        "walk",
         "shutdown",
     ];
 }
@@ -181,6 +183,29 @@ pub struct WriteFileRequest {
 pub struct PathRequest {
     pub path: String,
 }
+
+/// Every entry under a directory, for comparing trees (`walk`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkRequest {
+    pub path: String,
+    /// Also give each regular file's sha256.
+    #[serde(default)]
+    pub hash: bool,
+}
+
+/// One entry of a `walk`: its path relative to the walked directory ('/'-separated),
+/// its metadata (symlinks not followed) and, when asked, a regular file's sha256.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkEntry {
+    pub path: String,
+    #[serde(flatten)]
+    pub meta: Metadata,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+}
+
+/// Most entries one `walk` returns; a larger tree is refused (walk a narrower path).
+pub const MAX_WALK_ENTRIES: usize = 50_000;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatRequest {
@@ -333,6 +358,11 @@ pub enum Response {
     },
     Stat(Metadata),
     Reidentified(ReidentifyReport),
+    /// Entries under the walked directory, sorted by path (the directory itself not
+    /// included).
+    Walked {
+        entries: Vec<WalkEntry>,
+    },
     /// Success without a payload (kill, rename, remove, shutdown).
     Ok,
     Error(ErrorBody),

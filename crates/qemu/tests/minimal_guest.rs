@@ -236,6 +236,7 @@ fn minimal_guest() {
                 hostname: Some("sandbox-42".into()),
                 time: Some(UnixTime::now()),
                 net: None,
+                identity: None,
             })
             .unwrap();
         assert!(report.hostname_set && report.clock_set, "{report:?}");

@@ -247,7 +247,9 @@ mod tests {
         // A per-file copy that keeps user.* xattrs carries the mark, but it
         // names another inode.
         let copy = t.path().join("copy");
+        // A per-file method: as root, Auto would mount an overlay of the sealed tree.
         let opts = Options {
+            method: crate::Method::Copy,
             preserve_xattrs: true,
             ..Options::default()
         };

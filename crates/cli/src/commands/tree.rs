@@ -1,10 +1,11 @@
 //! `zygote tree ID`: draw a sandbox's lineage with what each branch costs;
-//! `zygote keep ID [--promote]`: keep one branch, drop its siblings.
+//! `zygote keep ID [--promote]`: keep one branch, drop its siblings;
+//! `zygote diff A B [PATH]`: how A's files differ from B's.
 use std::collections::BTreeMap;
 
 use serde_json::json;
 use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{KeepResponse, SandboxTree, TreeNode};
+use zygote_daemon::model::{KeepResponse, SandboxDiff, SandboxTree, TreeNode};
 
 use super::daemon_client::{print_json, ApiArgs};
 
@@ -29,6 +30,69 @@ pub struct KeepArgs {
     json: bool,
     #[command(flatten)]
     api: ApiArgs,
+}
+
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The sandbox whose changes are shown.
+    id: String,
+    /// The sandbox compared against (a sibling, the parent, ...).
+    against: String,
+    /// Directory compared in both guests.
+    #[arg(default_value = "/root")]
+    path: String,
+    /// Print the unified diff of each modified text file (up to 256 KiB).
+    #[arg(long, short = 'p')]
+    patch: bool,
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    api: ApiArgs,
+}
+
+pub fn run_diff(args: DiffArgs) -> anyhow::Result<i32> {
+    let query = format!(
+        "against={}&path={}&content={}",
+        args.against,
+        percent_encode(&args.path),
+        args.patch
+    );
+    let d: SandboxDiff = block_on(args.api.client()?.json(
+        Method::GET,
+        &format!("/v1/sandboxes/{}/diff?{query}", args.id),
+        None::<&()>,
+    ))?;
+    if args.json {
+        print_json(&d)?;
+        return Ok(0);
+    }
+    for e in &d.added {
+        println!("A {}", e.path);
+    }
+    for e in &d.removed {
+        println!("D {}", e.path);
+    }
+    for m in &d.modified {
+        println!("M {}", m.path);
+    }
+    for m in d.modified.iter().filter_map(|m| m.unified.as_deref()) {
+        print!("{m}");
+    }
+    // Like diff(1): 1 when the trees differ.
+    let same = d.added.is_empty() && d.removed.is_empty() && d.modified.is_empty();
+    Ok(if same { 0 } else { 1 })
+}
+
+/// A guest path as a query value: every byte but unreserved ones and '/' escaped.
+fn percent_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 pub fn run_tree(args: TreeArgs) -> anyhow::Result<i32> {
@@ -154,6 +218,12 @@ mod tests {
             unique_memory_bytes: Some(1 << 20),
             disk_bytes: None,
         }
+    }
+
+    #[test]
+    fn guest_paths_are_escaped_for_the_query() {
+        assert_eq!(percent_encode("/root/a b&c=d"), "/root/a%20b%26c%3Dd");
+        assert_eq!(percent_encode("/srv/x-y_z.~"), "/srv/x-y_z.~");
     }
 
     #[test]

@@ -114,6 +114,16 @@ fn parameters_are_where_the_router_reads_them() {
                 "{method} {path}: {{{name}}} is not documented"
             );
         }
+        if path.ends_with("/diff") {
+            for (name, required) in [("against", true), ("path", false), ("content", false)] {
+                let p = params
+                    .iter()
+                    .find(|p| p["name"] == name)
+                    .unwrap_or_else(|| panic!("{method} {path}: no {name}"));
+                assert_eq!(p["in"], "query", "{method} {path}: {name}");
+                assert_eq!(p["required"], required, "{method} {path}: {name}");
+            }
+        }
         if path.contains("/files") {
             for (name, required) in [("path", true), ("mode", false), ("special", false)] {
                 let p = params
@@ -125,7 +135,10 @@ fn parameters_are_where_the_router_reads_them() {
             }
         }
     }
-    assert_eq!(query_seen, 9, "path, mode, special on three file routes");
+    assert_eq!(
+        query_seen, 12,
+        "path, mode, special on three file routes; against, path, content on diff"
+    );
 }
 
 /// Whether the API accepts `body` as a `T`: it parses and validates.

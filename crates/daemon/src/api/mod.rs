@@ -87,6 +87,7 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/v1/sandboxes/{id}/branch", sandboxes::branch)
         .add(Method::GET, "/v1/sandboxes/{id}/tree", sandboxes::tree)
         .add(Method::POST, "/v1/sandboxes/{id}/keep", sandboxes::keep)
+        .add(Method::GET, "/v1/sandboxes/{id}/diff", sandboxes::diff)
         .add(
             Method::POST,
             "/v1/sandboxes/{id}/restore",

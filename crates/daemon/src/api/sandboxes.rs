@@ -3,11 +3,11 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 
-use super::{ApiJson, AppState};
+use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
-    BranchRequest, BranchResponse, CreateSandboxRequest, KeepRequest, KeepResponse, RestoreRequest,
-    Sandbox, SandboxList, SandboxTree, SetTtlRequest,
+    BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest, KeepResponse,
+    RestoreRequest, Sandbox, SandboxDiff, SandboxList, SandboxTree, SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -131,4 +131,20 @@ pub async fn keep(
     ApiJson(req): ApiJson<KeepRequest>,
 ) -> Result<Json<KeepResponse>> {
     Ok(Json(st.manager.keep(&id, req).await?))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/diff", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id"), DiffQuery),
+    responses((status = 200, description = "How this sandbox's files under `path` differ from \
+                `against`'s: added, removed and modified entries (both guests walk the \
+                directory and hash every file)", body = SandboxDiff),
+              (status = 400, description = "Invalid path, or a tree over 50000 entries", body = ErrorBody),
+              (status = 404, description = "No such sandbox, or no such directory in a guest", body = ErrorBody),
+              (status = 409, description = "A sandbox is not running", body = ErrorBody)))]
+pub async fn diff(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<DiffQuery>,
+) -> Result<Json<SandboxDiff>> {
+    Ok(Json(st.manager.diff(&id, q).await?))
 }

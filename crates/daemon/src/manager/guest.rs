@@ -39,7 +39,7 @@ impl Manager {
     }
 
     /// The agent for `id`; a broken cached connection is replaced once.
-    async fn agent_call<T: Send + 'static>(
+    pub(super) async fn agent_call<T: Send + 'static>(
         self: &Arc<Self>,
         id: &str,
         f: impl Fn(&AgentClient) -> Result<T, ClientError> + Send + Sync + 'static,

@@ -6,6 +6,7 @@
 //! branch, snapshot, restore) hold that sandbox's lock; exec and file
 //! access do not, so a long exec never delays a delete.
 mod create;
+mod diff;
 mod exec_cancel;
 mod guest;
 pub use guest::FileBody;

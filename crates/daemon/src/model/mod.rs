@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod diff;
 mod env;
 mod exec;
 mod fork;
@@ -16,6 +17,7 @@ mod ports;
 mod tree;
 mod ttl;
 mod validate;
+pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;

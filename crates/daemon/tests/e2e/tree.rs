@@ -2,8 +2,8 @@
 //! branch (siblings dropped, the parent replaced).
 use hyper::Method;
 use serde_json::{json, Value};
-use zygote_daemon::client::Client;
-use zygote_daemon::model::{KeepResponse, SandboxTree};
+use zygote_daemon::client::{Client, ClientError};
+use zygote_daemon::model::{DiffEntry, KeepResponse, SandboxDiff, SandboxTree};
 
 use super::get;
 
@@ -89,4 +89,51 @@ pub async fn keep_and_promote(c: &Client, parent: &str, winner: &str, sibling: &
         .await
         .unwrap_err();
     assert_eq!(e.code(), Some("conflict"), "{e}");
+}
+
+async fn diff(c: &Client, id: &str, query: &str) -> Result<SandboxDiff, ClientError> {
+    c.json(
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/diff?{query}"),
+        None::<&()>,
+    )
+    .await
+}
+
+/// Siblings and parent compared: `b` wrote /root/child.txt, each child's hook wrote its
+/// own /root/forked.txt, the parent wrote /root/parent-after.txt after the branch.
+pub async fn check_diff(c: &Client, parent: &str, b: &str, sibling: &str) {
+    let d = diff(c, b, &format!("against={sibling}&path=/root&content=true"))
+        .await
+        .expect("diff of siblings");
+    let paths = |v: &[DiffEntry]| v.iter().map(|e| e.path.clone()).collect::<Vec<_>>();
+    assert_eq!(paths(&d.added), ["child.txt"], "{d:?}");
+    assert!(d.removed.is_empty(), "{d:?}");
+    assert_eq!(d.modified.len(), 1, "{d:?}");
+    let m = &d.modified[0];
+    assert_eq!(m.path, "forked.txt");
+    let unified = m.unified.as_deref().expect("a text diff");
+    assert!(
+        unified.contains(&format!("-{sibling} ")) && unified.contains(&format!("+{b} ")),
+        "{unified}"
+    );
+    let d = diff(c, b, &format!("against={parent}"))
+        .await
+        .expect("diff against the parent");
+    assert_eq!(d.path, "/root");
+    assert_eq!(paths(&d.added), ["child.txt", "forked.txt"], "{d:?}");
+    assert_eq!(paths(&d.removed), ["parent-after.txt"], "{d:?}");
+    assert!(d.modified.is_empty(), "{d:?}");
+    assert!(d.modified.iter().all(|m| m.unified.is_none()));
+    for (query, code) in [
+        (
+            format!("against={parent}&path=/root/../etc"),
+            "invalid_argument",
+        ),
+        (format!("against={b}"), "invalid_argument"),
+        ("against=sb-000000000000".to_string(), "not_found"),
+    ] {
+        let e = diff(c, b, &query).await.unwrap_err();
+        assert_eq!(e.code(), Some(code), "{query}: {e}");
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use super::{expect_ok, unexpected, AgentClient, ClientError};
 use crate::{
     DirEntry, FileChunk, Metadata, PathRequest, ReadFileRequest, RemoveRequest, RenameRequest,
-    Request, Response, StatRequest, WriteFileRequest, MAX_DATA_CHUNK,
+    Request, Response, StatRequest, WalkEntry, WalkRequest, WriteFileRequest, MAX_DATA_CHUNK,
 };
 
 impl AgentClient {
@@ -125,6 +125,19 @@ impl AgentClient {
         match self.call(Request::WriteFile(req), "write_file")? {
             Response::Written { .. } => Ok(()),
             other => Err(unexpected("write_file", &other)),
+        }
+    }
+
+    /// Every entry under `path` (not following symlinks, not crossing into other
+    /// filesystems), with regular files' sha256 when `hash`.
+    pub fn walk(&self, path: &str, hash: bool) -> Result<Vec<WalkEntry>, ClientError> {
+        let req = Request::Walk(WalkRequest {
+            path: path.into(),
+            hash,
+        });
+        match self.call(req, "walk")? {
+            Response::Walked { entries } => Ok(entries),
+            other => Err(unexpected("walk", &other)),
         }
     }
 
