@@ -15,6 +15,8 @@ import pytest
 
 from zygote import Client
 
+from .fake_daemon import FakeDaemon
+
 EXPECTED_TOOLS = {
     "create_sandbox",
     "exec",
@@ -22,6 +24,8 @@ EXPECTED_TOOLS = {
     "read_file",
     "list_files",
     "branch_sandbox",
+    "sandbox_tree",
+    "keep_branch",
     "snapshot_sandbox",
     "restore_snapshot",
     "kill_sandbox",
@@ -128,6 +132,11 @@ def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
         assert set(exec_schema["required"]) == {"sandbox_id", "command"}
         assert exec_schema["properties"]["timeout_seconds"]["type"] == "number"
         assert tools["branch_sandbox"]["inputSchema"]["properties"]["n"]["type"] == "integer"
+        assert tools["sandbox_tree"]["inputSchema"]["required"] == ["sandbox_id"]
+        keep_schema = tools["keep_branch"]["inputSchema"]
+        assert keep_schema["required"] == ["sandbox_id"]
+        assert keep_schema["properties"]["promote"]["type"] == "boolean"
+        assert keep_schema["properties"]["promote"]["default"] is False
         # A daemon that is down is a tool error the model can read, not a crash.
         res = session.call("exec", sandbox_id="sb-000000000000", command="true")
         assert res["isError"] is True
@@ -137,6 +146,97 @@ def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
         assert session.close() == 0
     finally:
         session.kill()
+
+
+def test_sandbox_tree_and_keep_branch_against_a_fake_daemon() -> None:
+    tree = {
+        "root": "sb-aaaaaaaaaaaa",
+        "sandboxes": [
+            {
+                "id": "sb-aaaaaaaaaaaa",
+                "name": "agent",
+                "state": "running",
+                "parent": None,
+                "started_from": None,
+                "children": ["sb-c00000000001"],
+                "unique_memory_bytes": 2048,
+                "disk_bytes": None,
+            },
+            {
+                "id": "sb-c00000000001",
+                "name": None,
+                "state": "running",
+                "parent": "sb-aaaaaaaaaaaa",
+                "started_from": "snap-bbbbbbbbbbbb",
+                "children": [],
+                "unique_memory_bytes": None,
+                "disk_bytes": 512,
+            },
+        ],
+        "snapshots": [
+            {"id": "snap-bbbbbbbbbbbb", "kind": "branch", "source_sandbox": "sb-aaaaaaaaaaaa", "size_bytes": 9}
+        ],
+    }
+    fake = FakeDaemon().start()
+    fake.load(
+        [
+            {"status": 200, "json": tree},
+            {"status": 200, "json": {"kept": "sb-c00000000001", "deleted": ["sb-aaaaaaaaaaaa"], "name": "agent"}},
+            {"status": 409, "json": {"error": {"code": "conflict", "message": "sb-c00000000001 has no siblings left"}}},
+        ]
+    )
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        assert structured(session.call("sandbox_tree", sandbox_id="sb-c00000000001")) == {
+            "root": "sb-aaaaaaaaaaaa",
+            "sandboxes": [
+                {
+                    "sandbox_id": "sb-aaaaaaaaaaaa",
+                    "name": "agent",
+                    "state": "running",
+                    "parent": None,
+                    "started_from": None,
+                    "children": ["sb-c00000000001"],
+                    "unique_memory_bytes": 2048,
+                    "disk_bytes": None,
+                },
+                {
+                    "sandbox_id": "sb-c00000000001",
+                    "name": None,
+                    "state": "running",
+                    "parent": "sb-aaaaaaaaaaaa",
+                    "started_from": "snap-bbbbbbbbbbbb",
+                    "children": [],
+                    "unique_memory_bytes": None,
+                    "disk_bytes": 512,
+                },
+            ],
+            "snapshots": [
+                {
+                    "snapshot_id": "snap-bbbbbbbbbbbb",
+                    "kind": "branch",
+                    "source_sandbox": "sb-aaaaaaaaaaaa",
+                    "size_bytes": 9,
+                }
+            ],
+        }
+        assert structured(session.call("keep_branch", sandbox_id="sb-c00000000001", promote=True)) == {
+            "kept": "sb-c00000000001",
+            "deleted": ["sb-aaaaaaaaaaaa"],
+            "name": "agent",
+        }
+        refused = session.call("keep_branch", sandbox_id="sb-c00000000001")
+        assert refused["isError"] is True and "[conflict]" in refused["content"][0]["text"]
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert [(r.method, r.path, json.loads(r.body or b"null")) for r in fake.requests] == [
+        ("GET", "/v1/sandboxes/sb-c00000000001/tree", None),
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": True}),
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": False}),
+    ]
 
 
 @pytest.fixture

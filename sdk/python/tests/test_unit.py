@@ -275,6 +275,151 @@ async def test_async_branch_with_a_lost_child_raises_branch_incomplete(fake: Fak
     assert [k.id for k in partial] == [k.id for k in complete] == ["sb-c00000000001", "sb-c00000000003"]
 
 
+TREE: dict[str, Any] = {
+    "root": PARENT,
+    "sandboxes": [
+        {
+            "id": PARENT,
+            "name": "agent",
+            "state": "running",
+            "parent": None,
+            "started_from": None,
+            "children": ["sb-c00000000001", "sb-c00000000002"],
+            "unique_memory_bytes": 52428800,
+            "disk_bytes": 4096,
+        },
+        {
+            "id": "sb-c00000000001",
+            "name": None,
+            "state": "running",
+            "parent": PARENT,
+            "started_from": "snap-bbbbbbbbbbbb",
+            "children": [],
+            "unique_memory_bytes": 1048576,
+            "disk_bytes": None,
+        },
+        {
+            "id": "sb-c00000000002",
+            "name": None,
+            "state": "dead",
+            "parent": PARENT,
+            "started_from": "snap-bbbbbbbbbbbb",
+            "children": [],
+            "unique_memory_bytes": None,
+            "disk_bytes": None,
+        },
+    ],
+    "snapshots": [
+        {"id": "snap-bbbbbbbbbbbb", "kind": "branch", "source_sandbox": PARENT, "size_bytes": 134217728},
+    ],
+}
+
+
+def test_tree_gets_the_lineage_and_parses_every_field(fake: FakeDaemon) -> None:
+    fake.load([{"status": 200, "json": TREE}])
+    with Client(fake.url, "t") as c:
+        tree = Sandbox("sb-c00000000001", client=c).tree()
+    assert [(r.method, r.path, r.body) for r in fake.requests] == [("GET", "/v1/sandboxes/sb-c00000000001/tree", b"")]
+    assert isinstance(tree, zygote.SandboxTree) and tree.root == PARENT
+    root, kept, dead = tree.sandboxes
+    assert root == zygote.TreeNode(
+        id=PARENT,
+        name="agent",
+        state="running",
+        parent=None,
+        started_from=None,
+        children=("sb-c00000000001", "sb-c00000000002"),
+        unique_memory_bytes=52428800,
+        disk_bytes=4096,
+        raw=TREE["sandboxes"][0],
+    )
+    assert (kept.parent, kept.started_from, kept.unique_memory_bytes, kept.disk_bytes) == (
+        PARENT,
+        "snap-bbbbbbbbbbbb",
+        1048576,
+        None,
+    )
+    assert (dead.name, dead.state, dead.children, dead.unique_memory_bytes, dead.disk_bytes) == (
+        None,
+        "dead",
+        (),
+        None,
+        None,
+    )
+    assert tree.snapshots == (
+        zygote.TreeSnapshot(
+            id="snap-bbbbbbbbbbbb", kind="branch", source_sandbox=PARENT, size_bytes=134217728, raw={}
+        ),
+    )
+
+
+def test_keep_posts_promote_and_parses_the_result(fake: FakeDaemon) -> None:
+    fake.load(
+        [
+            {"status": 200, "json": {"kept": "sb-c00000000001", "deleted": ["sb-c00000000002"], "name": None}},
+            {
+                "status": 200,
+                "json": {"kept": "sb-c00000000001", "deleted": ["sb-c00000000003", PARENT], "name": "agent"},
+            },
+        ]
+    )
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-c00000000001", client=c)
+        plain = sb.keep()
+        promoted = sb.keep(promote=True)
+    assert [(r.method, r.path, json.loads(r.body)) for r in fake.requests] == [
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": False}),
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": True}),
+    ]
+    assert plain == zygote.KeepResult(kept="sb-c00000000001", deleted=("sb-c00000000002",), name=None)
+    assert promoted == zygote.KeepResult(kept="sb-c00000000001", deleted=("sb-c00000000003", PARENT), name="agent")
+
+
+def test_keep_refused_is_a_conflict_error_and_a_missing_sandbox_not_found(fake: FakeDaemon) -> None:
+    message = "sb-aaaaaaaaaaaa is not a branch child: there are no siblings to drop"
+    fake.load(
+        [
+            {"status": 409, "json": {"error": {"code": "conflict", "message": message}}},
+            {"status": 404, "json": {"error": {"code": "not_found", "message": 'sandbox "sb-x" not found'}}},
+        ]
+    )
+    with Client(fake.url, "t") as c:
+        with pytest.raises(zygote.ConflictError) as e:
+            Sandbox(PARENT, client=c).keep(promote=True)
+        with pytest.raises(zygote.SandboxNotFound):
+            Sandbox("sb-x", client=c).tree()
+    assert type(e.value) is zygote.ConflictError
+    assert (e.value.code, e.value.status, e.value.message) == ("conflict", 409, message)
+
+
+@pytest.mark.anyio
+async def test_async_tree_and_keep(fake: FakeDaemon) -> None:
+    conflict = {"error": {"code": "conflict", "message": "sb-c00000000001 has no siblings left"}}
+    fake.load(
+        [
+            {"status": 200, "json": TREE},
+            {"status": 200, "json": {"kept": "sb-c00000000001", "deleted": ["sb-c00000000002"], "name": None}},
+            {"status": 409, "json": conflict},
+        ]
+    )
+    async with AsyncClient(fake.url, "t") as c:
+        sb = AsyncSandbox("sb-c00000000001", client=c)
+        tree = await sb.tree()
+        kept = await sb.keep()
+        with pytest.raises(zygote.ConflictError) as e:
+            await sb.keep()
+    assert [n.id for n in tree.sandboxes] == [PARENT, "sb-c00000000001", "sb-c00000000002"]
+    assert tree.sandboxes[2].unique_memory_bytes is None and tree.snapshots[0].kind == "branch"
+    assert kept.deleted == ("sb-c00000000002",) and kept.name is None
+    assert e.value.status == 409
+    assert [(r.method, r.path) for r in fake.requests] == [
+        ("GET", "/v1/sandboxes/sb-c00000000001/tree"),
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep"),
+        ("POST", "/v1/sandboxes/sb-c00000000001/keep"),
+    ]
+    assert json.loads(fake.requests[1].body) == {"promote": False}
+
+
 def test_stream_without_exit_event_is_an_error(fake: FakeDaemon) -> None:
     fake.load([{"status": 200, "ndjson": [{"type": "started", "pid": 1}]}])
     with Client(fake.url, "t") as c:

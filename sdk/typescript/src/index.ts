@@ -26,9 +26,13 @@ export type {
   ExposedPort,
   FileEntry,
   ForkHook,
+  KeepResult,
   NetworkInfo,
   SandboxInfo,
+  SandboxTree,
   Snapshot,
+  TreeNode,
+  TreeSnapshot,
   WriteResult,
 } from "./models.js";
 export {

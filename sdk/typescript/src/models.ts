@@ -139,6 +139,60 @@ export interface BranchResult {
   pauseMs: number | null;
 }
 
+/** One sandbox of a {@link SandboxTree}. */
+export interface TreeNode {
+  id: string;
+  name: string | null;
+  state: string;
+  /** The sandbox it was branched from, or whose snapshot it was started from (null: a root, or its parent is gone). */
+  parent: string | null;
+  /** The branch point (a branch child) or snapshot (a restore) it started from. */
+  startedFrom: string | null;
+  /** Its children's ids, oldest first. */
+  children: string[];
+  /**
+   * Memory of its VM process not shared with any other process: what deleting
+   * it gives back to the host (null: it has no running VM).
+   */
+  uniqueMemoryBytes: number | null;
+  /**
+   * Bytes on disk of its own writable disk layer (null: the runtime keeps the
+   * disk in the VM's memory, or the sandbox has none).
+   */
+  diskBytes: number | null;
+}
+
+/** A snapshot or branch point taken of a sandbox of a {@link SandboxTree}. */
+export interface TreeSnapshot {
+  id: string;
+  /** `full`, `diff`, `live` or `branch` (a branch point). */
+  kind: string;
+  sourceSandbox: string;
+  sizeBytes: number;
+}
+
+/**
+ * A sandbox's lineage (`sb.tree()`): its topmost existing ancestor and every
+ * descendant, and the snapshots and branch points taken of them.
+ */
+export interface SandboxTree {
+  /** The topmost ancestor that still exists. */
+  root: string;
+  /** Every sandbox of the tree, parents before their children. */
+  sandboxes: TreeNode[];
+  snapshots: TreeSnapshot[];
+}
+
+/** What `sb.keep()` did. */
+export interface KeepResult {
+  /** The sandbox kept. */
+  kept: string;
+  /** Its siblings and their descendants (and, with `promote`, its parent), deleted. */
+  deleted: string[];
+  /** The name it took from its parent (`promote`; null otherwise, or when the parent had none). */
+  name: string | null;
+}
+
 const str = (v: unknown, dflt = ""): string => (typeof v === "string" ? v : dflt);
 const num = (v: unknown): number => (typeof v === "number" ? v : 0);
 const optNum = (v: unknown): number | null => (typeof v === "number" ? v : null);
@@ -233,4 +287,32 @@ export function branchFromJson(d: Json): BranchResult {
     durationMs: num(d.duration_ms),
     pauseMs: optNum(d.pause_ms),
   };
+}
+
+export function treeFromJson(d: Json): SandboxTree {
+  const nodes = Array.isArray(d.sandboxes) ? (d.sandboxes as Json[]) : [];
+  const snaps = Array.isArray(d.snapshots) ? (d.snapshots as Json[]) : [];
+  return {
+    root: str(d.root),
+    sandboxes: nodes.map((n) => ({
+      id: str(n.id),
+      name: optStr(n.name),
+      state: str(n.state),
+      parent: optStr(n.parent),
+      startedFrom: optStr(n.started_from),
+      children: strs(n.children),
+      uniqueMemoryBytes: optNum(n.unique_memory_bytes),
+      diskBytes: optNum(n.disk_bytes),
+    })),
+    snapshots: snaps.map((s) => ({
+      id: str(s.id),
+      kind: str(s.kind),
+      sourceSandbox: str(s.source_sandbox),
+      sizeBytes: num(s.size_bytes),
+    })),
+  };
+}
+
+export function keepFromJson(d: Json): KeepResult {
+  return { kept: str(d.kept), deleted: strs(d.deleted), name: optStr(d.name) };
 }

@@ -6,14 +6,18 @@ import {
   type CommandResult,
   type ExposedPort,
   type FileEntry,
+  type KeepResult,
   type SandboxInfo,
+  type SandboxTree,
   type Snapshot,
   type WriteResult,
   branchFromJson,
   exposedPortFromJson,
   fileEntryFromJson,
+  keepFromJson,
   sandboxFromJson,
   snapshotFromJson,
+  treeFromJson,
 } from "./models.js";
 
 export const DEFAULT_IMAGE = "minimal";
@@ -293,6 +297,29 @@ export class Sandbox {
     // null is meaningful (no TTL), so the field is always sent.
     const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/ttl`, { json: { ttl_secs: ttlSecs } });
     return sandboxFromJson(d);
+  }
+
+  /**
+   * The lineage: topmost existing ancestor and every descendant, with each
+   * one's unique memory (what deleting it gives back) and disk layer bytes,
+   * plus snapshots/branch points.
+   */
+  async tree(): Promise<SandboxTree> {
+    return treeFromJson(await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/tree`));
+  }
+
+  /**
+   * Keep this branch child: delete its siblings (other children of its branch
+   * point) and their descendants; with `promote: true` also delete the parent
+   * and take its name. Throws {@link ConflictError} when this sandbox is not a
+   * branch child, has no siblings left (without `promote`), or has no parent
+   * left to promote over.
+   */
+  async keep(opts: { promote?: boolean } = {}): Promise<KeepResult> {
+    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/keep`, {
+      json: { promote: opts.promote ?? false },
+    });
+    return keepFromJson(d);
   }
 
   /** Saves this sandbox's state; `mode` must be a kind the runtime supports. */

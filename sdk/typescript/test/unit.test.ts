@@ -10,11 +10,14 @@ import { after, before, describe, test } from "node:test";
 import {
   BranchIncompleteError,
   Client,
+  ConflictError,
   ConnectionFailed,
   DEFAULT_URL,
   SandboxNotRunning,
   ServerError,
   Sandbox,
+  SandboxNotFound,
+  type SandboxTree,
   ZygoteError,
   errorFor,
   resolveConfig,
@@ -256,6 +259,125 @@ describe("sandbox handles", () => {
     const sb = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
     const kids = await sb.branch({ n: 2 });
     assert.deepEqual(kids.map((k) => k.id), ["sb-c00000000001", "sb-c00000000003"]);
+  });
+
+  const treeAnswer = {
+    root: SANDBOX.id,
+    sandboxes: [
+      {
+        id: SANDBOX.id,
+        name: "agent",
+        state: "running",
+        parent: null,
+        started_from: null,
+        children: ["sb-c00000000001", "sb-c00000000002"],
+        unique_memory_bytes: 52428800,
+        disk_bytes: 4096,
+      },
+      {
+        id: "sb-c00000000001",
+        name: null,
+        state: "running",
+        parent: SANDBOX.id,
+        started_from: "snap-bbbbbbbbbbbb",
+        children: [],
+        unique_memory_bytes: 1048576,
+        disk_bytes: null,
+      },
+      {
+        id: "sb-c00000000002",
+        name: null,
+        state: "dead",
+        parent: SANDBOX.id,
+        started_from: "snap-bbbbbbbbbbbb",
+        children: [],
+        unique_memory_bytes: null,
+        disk_bytes: null,
+      },
+    ],
+    snapshots: [{ id: "snap-bbbbbbbbbbbb", kind: "branch", source_sandbox: SANDBOX.id, size_bytes: 134217728 }],
+  };
+
+  test("tree gets the lineage and parses every field, nulls included", async () => {
+    fake.load([{ status: 200, json: treeAnswer }]);
+    const tree = await new Sandbox("sb-c00000000001", new Client({ url: fake.url, token: "t" })).tree();
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path, r.body.length]),
+      [["GET", "/v1/sandboxes/sb-c00000000001/tree", 0]],
+    );
+    const expected: SandboxTree = {
+      root: SANDBOX.id,
+      sandboxes: [
+        {
+          id: SANDBOX.id,
+          name: "agent",
+          state: "running",
+          parent: null,
+          startedFrom: null,
+          children: ["sb-c00000000001", "sb-c00000000002"],
+          uniqueMemoryBytes: 52428800,
+          diskBytes: 4096,
+        },
+        {
+          id: "sb-c00000000001",
+          name: null,
+          state: "running",
+          parent: SANDBOX.id,
+          startedFrom: "snap-bbbbbbbbbbbb",
+          children: [],
+          uniqueMemoryBytes: 1048576,
+          diskBytes: null,
+        },
+        {
+          id: "sb-c00000000002",
+          name: null,
+          state: "dead",
+          parent: SANDBOX.id,
+          startedFrom: "snap-bbbbbbbbbbbb",
+          children: [],
+          uniqueMemoryBytes: null,
+          diskBytes: null,
+        },
+      ],
+      snapshots: [{ id: "snap-bbbbbbbbbbbb", kind: "branch", sourceSandbox: SANDBOX.id, sizeBytes: 134217728 }],
+    };
+    assert.deepEqual(tree, expected);
+  });
+
+  test("keep posts promote and parses the result", async () => {
+    fake.load([
+      { status: 200, json: { kept: "sb-c00000000001", deleted: ["sb-c00000000002"], name: null } },
+      { status: 200, json: { kept: "sb-c00000000001", deleted: ["sb-c00000000003", SANDBOX.id], name: "agent" } },
+    ]);
+    const sb = new Sandbox("sb-c00000000001", new Client({ url: fake.url, token: "t" }));
+    assert.deepEqual(await sb.keep(), { kept: "sb-c00000000001", deleted: ["sb-c00000000002"], name: null });
+    assert.deepEqual(await sb.keep({ promote: true }), {
+      kept: "sb-c00000000001",
+      deleted: ["sb-c00000000003", SANDBOX.id],
+      name: "agent",
+    });
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path, JSON.parse(r.body.toString("utf8"))]),
+      [
+        ["POST", "/v1/sandboxes/sb-c00000000001/keep", { promote: false }],
+        ["POST", "/v1/sandboxes/sb-c00000000001/keep", { promote: true }],
+      ],
+    );
+  });
+
+  test("a refused keep is a ConflictError; a missing sandbox's tree SandboxNotFound", async () => {
+    const message = "sb-aaaaaaaaaaaa is not a branch child: there are no siblings to drop";
+    fake.load([
+      { status: 409, json: { error: { code: "conflict", message } } },
+      { status: 404, json: { error: { code: "not_found", message: 'sandbox "sb-x" not found' } } },
+    ]);
+    const client = new Client({ url: fake.url, token: "t" });
+    await assert.rejects(new Sandbox(SANDBOX.id, client).keep({ promote: true }), (e: unknown) => {
+      assert.ok(e instanceof ConflictError && e.constructor === ConflictError);
+      assert.deepEqual([e.code, e.status, e.message], ["conflict", 409, message]);
+      return true;
+    });
+    await assert.rejects(new Sandbox("sb-x", client).tree(), SandboxNotFound);
   });
 
   test("a stream without an exit event is a ServerError", async () => {

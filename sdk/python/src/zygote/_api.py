@@ -29,7 +29,17 @@ from .errors import (
     ZygoteError,
     error_for,
 )
-from .models import BranchResult, CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .models import (
+    BranchResult,
+    CommandResult,
+    ExposedPort,
+    FileEntry,
+    KeepResult,
+    SandboxInfo,
+    SandboxTree,
+    Snapshot,
+    WriteResult,
+)
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -224,6 +234,19 @@ def restore_in_place(sid: str, snapshot: str) -> Call[SandboxInfo]:
         f"/v1/sandboxes/{seg(sid)}/restore",
         lambda r: SandboxInfo.from_json(_json(r)),
         json={"snapshot": snapshot},
+    )
+
+
+def tree(sid: str) -> Call[SandboxTree]:
+    return Call("GET", f"/v1/sandboxes/{seg(sid)}/tree", lambda r: SandboxTree.from_json(_json(r)))
+
+
+def keep(sid: str, promote: bool = False) -> Call[KeepResult]:
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{seg(sid)}/keep",
+        lambda r: KeepResult.from_json(_json(r)),
+        json={"promote": promote},
     )
 
 

@@ -11,7 +11,7 @@ from . import _api
 from ._api import Command, OutputCallback
 from ._client import AsyncClient
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles"]
@@ -197,6 +197,18 @@ class AsyncSandbox:
     async def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
         """See :meth:`zygote.Sandbox.set_ttl`."""
         return await self.client.call(_api.set_ttl(self.id, ttl_secs))
+
+    async def tree(self) -> SandboxTree:
+        """The lineage: topmost existing ancestor and every descendant, with
+        each one's unique memory (what deleting it gives back) and disk layer
+        bytes, plus snapshots/branch points."""
+        return await self.client.call(_api.tree(self.id))
+
+    async def keep(self, *, promote: bool = False) -> KeepResult:
+        """Keep this branch child: delete its siblings (other children of its
+        branch point) and their descendants; with ``promote=True`` also delete
+        the parent and take its name (see :meth:`zygote.Sandbox.keep`)."""
+        return await self.client.call(_api.keep(self.id, promote))
 
     async def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
         """See :meth:`zygote.Sandbox.expose_port`."""

@@ -1,6 +1,6 @@
 """An MCP server (stdio) exposing zygote sandboxes as tools, so an MCP
 host (an agent) can create sandboxes, run commands, move files, branch,
-snapshot, restore and kill them.
+inspect a branch tree and keep one branch, snapshot, restore and kill them.
 
 Run it as ``zygote-mcp`` (or ``python -m zygote.mcp_server``); it finds
 the daemon like the SDK does (``ZYGOTE_URL``, ``ZYGOTE_TOKEN`` or the
@@ -30,8 +30,10 @@ INSTRUCTIONS = (
     "Tools for zygote microVM sandboxes. create_sandbox boots a Linux VM and returns its id; "
     "exec runs shell commands in it; write_file/read_file/list_files move data; branch_sandbox "
     "forks a running sandbox into N copy-on-write children (same memory, processes and files) "
-    "to try alternatives in parallel; snapshot_sandbox saves a state and restore_snapshot starts "
-    "a new sandbox from it; kill_sandbox removes one. Kill sandboxes you no longer need."
+    "to try alternatives in parallel; sandbox_tree shows a sandbox's lineage (parents, children, "
+    "memory and disk each one holds) and keep_branch keeps one child of a branch and deletes its "
+    "siblings; snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
+    "kill_sandbox removes one. Kill sandboxes you no longer need."
 )
 
 
@@ -146,6 +148,51 @@ def build_server(
         except ZygoteError as e:
             raise _tool_error(e) from e
         return {"parent": sandbox_id, "children": [session.adopt(c.id) for c in children], "failed": failed}
+
+    @server.tool()
+    async def sandbox_tree(sandbox_id: str) -> dict[str, Any]:
+        """Show the lineage of a sandbox: its topmost existing ancestor and every descendant
+        (parents first), each with its parent, children, the memory deleting it would give
+        back (unique_memory_bytes) and its own disk layer (disk_bytes), plus the snapshots and
+        branch points taken of them."""
+        try:
+            tree = await session.sandbox(sandbox_id).tree()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {
+            "root": tree.root,
+            "sandboxes": [
+                {
+                    "sandbox_id": n.id,
+                    "name": n.name,
+                    "state": n.state,
+                    "parent": n.parent,
+                    "started_from": n.started_from,
+                    "children": list(n.children),
+                    "unique_memory_bytes": n.unique_memory_bytes,
+                    "disk_bytes": n.disk_bytes,
+                }
+                for n in tree.sandboxes
+            ],
+            "snapshots": [
+                {"snapshot_id": s.id, "kind": s.kind, "source_sandbox": s.source_sandbox, "size_bytes": s.size_bytes}
+                for s in tree.snapshots
+            ],
+        }
+
+    @server.tool()
+    async def keep_branch(sandbox_id: str, promote: bool = False) -> dict[str, Any]:
+        """Keep one child of a branch: delete its siblings (the other children of the same
+        branch point) and their descendants. With promote=true also delete its parent and
+        give the kept child the parent's name. Returns the kept id, the deleted ids and the
+        name taken (null without promote)."""
+        try:
+            res = await session.sandbox(sandbox_id).keep(promote=promote)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        for gone in res.deleted:
+            session.created.discard(gone)
+        return {"kept": res.kept, "deleted": list(res.deleted), "name": res.name}
 
     @server.tool()
     async def snapshot_sandbox(sandbox_id: str, name: Optional[str] = None) -> dict[str, Any]:

@@ -20,6 +20,10 @@ __all__ = [
     "Snapshot",
     "BranchResult",
     "BranchFailure",
+    "SandboxTree",
+    "TreeNode",
+    "TreeSnapshot",
+    "KeepResult",
 ]
 
 
@@ -298,3 +302,99 @@ class BranchResult:
             failed=[BranchFailure.from_json(f) for f in d.get("failed") or ()],
             pause_ms=_opt_float(d.get("pause_ms")),
         )
+
+
+@dataclass(frozen=True)
+class TreeNode:
+    """One sandbox of a :class:`SandboxTree`."""
+
+    id: str
+    name: Optional[str]
+    state: str
+    parent: Optional[str]
+    """The sandbox it was branched from, or whose snapshot it was started from
+    (None: a root, or its parent is gone)."""
+    started_from: Optional[str]
+    """The branch point (a branch child) or snapshot (a restore) it started from."""
+    children: tuple[str, ...]
+    """Its children's ids, oldest first."""
+    unique_memory_bytes: Optional[int]
+    """Memory of its VM process not shared with any other process: what deleting
+    it gives back to the host (None: it has no running VM)."""
+    disk_bytes: Optional[int]
+    """Bytes on disk of its own writable disk layer (None: the runtime keeps the
+    disk in the VM's memory, or the sandbox has none)."""
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TreeNode":
+        return cls(
+            id=d["id"],
+            name=d.get("name"),
+            state=d.get("state", ""),
+            parent=d.get("parent"),
+            started_from=d.get("started_from"),
+            children=tuple(d.get("children") or ()),
+            unique_memory_bytes=_opt_int(d.get("unique_memory_bytes")),
+            disk_bytes=_opt_int(d.get("disk_bytes")),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class TreeSnapshot:
+    """A snapshot or branch point taken of a sandbox of a :class:`SandboxTree`."""
+
+    id: str
+    kind: str
+    """``full``, ``diff``, ``live`` or ``branch`` (a branch point)."""
+    source_sandbox: str
+    size_bytes: int
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TreeSnapshot":
+        return cls(
+            id=d["id"],
+            kind=d.get("kind", ""),
+            source_sandbox=d.get("source_sandbox", ""),
+            size_bytes=int(d.get("size_bytes", 0)),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class SandboxTree:
+    """A sandbox's lineage (``sb.tree()``): its topmost existing ancestor and
+    every descendant, and the snapshots and branch points taken of them."""
+
+    root: str
+    """The topmost ancestor that still exists."""
+    sandboxes: tuple[TreeNode, ...]
+    """Every sandbox of the tree, parents before their children."""
+    snapshots: tuple[TreeSnapshot, ...]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SandboxTree":
+        return cls(
+            root=d["root"],
+            sandboxes=tuple(TreeNode.from_json(n) for n in d.get("sandboxes") or ()),
+            snapshots=tuple(TreeSnapshot.from_json(s) for s in d.get("snapshots") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class KeepResult:
+    """What ``sb.keep()`` did."""
+
+    kept: str
+    """The sandbox kept."""
+    deleted: tuple[str, ...]
+    """Its siblings and their descendants (and, with ``promote``, its parent), deleted."""
+    name: Optional[str]
+    """The name it took from its parent (``promote``; None otherwise, or when
+    the parent had none)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "KeepResult":
+        return cls(kept=d["kept"], deleted=tuple(d.get("deleted") or ()), name=d.get("name"))

@@ -9,7 +9,7 @@ from . import _api
 from ._api import Command, OutputCallback
 from ._client import Client
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, SandboxInfo, Snapshot, WriteResult
+from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxInfo, SandboxTree, Snapshot, WriteResult
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -259,6 +259,22 @@ class Sandbox:
         """The daemon deletes this sandbox ``ttl_secs`` from now (replacing any
         earlier deadline); ``None`` keeps it until killed."""
         return self.client.call(_api.set_ttl(self.id, ttl_secs))
+
+    def tree(self) -> SandboxTree:
+        """The lineage: topmost existing ancestor and every descendant, with
+        each one's unique memory (what deleting it gives back) and disk layer
+        bytes, plus snapshots/branch points."""
+        return self.client.call(_api.tree(self.id))
+
+    def keep(self, *, promote: bool = False) -> KeepResult:
+        """Keep this branch child: delete its siblings (other children of its
+        branch point) and their descendants; with ``promote=True`` also delete
+        the parent and take its name.
+
+        Raises :class:`~zygote.errors.ConflictError` when this sandbox is not a
+        branch child, has no siblings left (without ``promote``), or has no
+        parent left to promote over."""
+        return self.client.call(_api.keep(self.id, promote))
 
     def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
         """Makes guest port ``port`` reachable through the daemon's proxy, at
