@@ -252,6 +252,38 @@ def test_envs_secrets_and_per_child_env_are_sent_as_the_api_takes_them(fake: Fak
     assert len(fake.requests) == 2
 
 
+def test_diff_sends_the_query_and_parses_the_answer(fake: FakeDaemon) -> None:
+    answer = {
+        "sandbox": "sb-b",
+        "against": "sb-c",
+        "path": "/root",
+        "added": [{"path": "new.txt", "kind": "file", "size": 3, "mode": 420}],
+        "removed": [],
+        "modified": [
+            {
+                "path": "x",
+                "kind_before": "file",
+                "kind": "file",
+                "size_before": 1,
+                "size": 2,
+                "mode_before": 420,
+                "mode": 420,
+                "unified": "--- a\n+++ b\n",
+            }
+        ],
+        "entries": 2,
+        "against_entries": 1,
+    }
+    fake.load([{"status": 200, "json": answer}])
+    with Client(fake.url, "t") as c:
+        d = Sandbox("sb-b", client=c).diff(Sandbox("sb-c", client=c), "/srv", content=True)
+    assert fake.requests[0].method == "GET"
+    assert fake.requests[0].path == "/v1/sandboxes/sb-b/diff"
+    assert fake.requests[0].query == {"against": "sb-c", "content": "true", "path": "/srv"}
+    assert [e.path for e in d.added] == ["new.txt"] and not d.identical
+    assert d.modified[0].unified == "--- a\n+++ b\n"
+
+
 def test_branch_without_failures_returns_the_children(fake: FakeDaemon) -> None:
     fake.load([branch_answer([])])
     with Client(fake.url, "t") as c:

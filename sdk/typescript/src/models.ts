@@ -316,3 +316,66 @@ export function treeFromJson(d: Json): SandboxTree {
 export function keepFromJson(d: Json): KeepResult {
   return { kept: str(d.kept), deleted: strs(d.deleted), name: optStr(d.name) };
 }
+
+/** An entry only on one side of {@link Sandbox.diff}. */
+export interface DiffEntry {
+  /** Relative to the compared directory. */
+  path: string;
+  /** `file`, `dir`, `symlink` or `other`. */
+  kind: string;
+  size: number;
+  mode: number;
+}
+
+/** An entry on both sides that differs (content, type, mode or link target). */
+export interface DiffChange {
+  path: string;
+  kindBefore: string;
+  kind: string;
+  sizeBefore: number;
+  size: number;
+  modeBefore: number;
+  mode: number;
+  /** With `content: true`, for text files up to 256 KiB: the unified diff. */
+  unified: string | null;
+}
+
+/** How one sandbox's files under `path` differ from another's. */
+export interface SandboxDiff {
+  sandbox: string;
+  against: string;
+  path: string;
+  /** Only in `sandbox`. */
+  added: DiffEntry[];
+  /** Only in `against`. */
+  removed: DiffEntry[];
+  modified: DiffChange[];
+}
+
+const diffEntry = (e: Json): DiffEntry => ({
+  path: str(e.path),
+  kind: str(e.kind),
+  size: num(e.size),
+  mode: num(e.mode),
+});
+
+export function diffFromJson(d: Json): SandboxDiff {
+  const list = (v: unknown): Json[] => (Array.isArray(v) ? (v as Json[]) : []);
+  return {
+    sandbox: str(d.sandbox),
+    against: str(d.against),
+    path: str(d.path),
+    added: list(d.added).map(diffEntry),
+    removed: list(d.removed).map(diffEntry),
+    modified: list(d.modified).map((m) => ({
+      path: str(m.path),
+      kindBefore: str(m.kind_before),
+      kind: str(m.kind),
+      sizeBefore: num(m.size_before),
+      size: num(m.size),
+      modeBefore: num(m.mode_before),
+      mode: num(m.mode),
+      unified: optStr(m.unified),
+    })),
+  };
+}

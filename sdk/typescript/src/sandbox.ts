@@ -7,11 +7,13 @@ import {
   type ExposedPort,
   type FileEntry,
   type KeepResult,
+  type SandboxDiff,
   type SandboxInfo,
   type SandboxTree,
   type Snapshot,
   type WriteResult,
   branchFromJson,
+  diffFromJson,
   exposedPortFromJson,
   fileEntryFromJson,
   keepFromJson,
@@ -315,6 +317,24 @@ export class Sandbox {
    * branch child, has no siblings left (without `promote`), or has no parent
    * left to promote over.
    */
+  /**
+   * How this sandbox's files under `path` (default `/root`) differ from
+   * `other`'s (a sibling, the parent, any sandbox): `added` (only here),
+   * `removed` (only there) and `modified`; with `content: true` each modified
+   * text file up to 256 KiB carries its unified diff.
+   */
+  async diff(
+    other: Sandbox | string,
+    opts: { path?: string; content?: boolean } = {},
+  ): Promise<SandboxDiff> {
+    const query: Record<string, string> = {
+      against: typeof other === "string" ? other : other.id,
+      content: opts.content ? "true" : "false",
+    };
+    if (opts.path !== undefined) query.path = opts.path;
+    return diffFromJson(await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/diff`, { query }));
+  }
+
   async keep(opts: { promote?: boolean } = {}): Promise<KeepResult> {
     const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/keep`, {
       json: { promote: opts.promote ?? false },

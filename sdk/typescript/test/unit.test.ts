@@ -142,6 +142,36 @@ describe("sandbox handles", () => {
     );
   });
 
+  test("diff sends its query and parses the answer", async () => {
+    const answer = {
+      sandbox: "sb-b",
+      against: "sb-c",
+      path: "/srv",
+      added: [{ path: "new.txt", kind: "file", size: 3, mode: 420 }],
+      removed: [],
+      modified: [
+        {
+          path: "x",
+          kind_before: "file",
+          kind: "file",
+          size_before: 1,
+          size: 2,
+          mode_before: 420,
+          mode: 420,
+          unified: "--- a\n+++ b\n",
+        },
+      ],
+    };
+    fake.load([{ status: 200, json: answer }]);
+    const client = new Client({ url: fake.url, token: "t" });
+    const d = await new Sandbox("sb-b", client).diff(new Sandbox("sb-c", client), { path: "/srv", content: true });
+    assert.equal(fake.requests[0]!.path, "/v1/sandboxes/sb-b/diff");
+    assert.deepEqual(fake.requests[0]!.query, { against: "sb-c", content: "true", path: "/srv" });
+    assert.deepEqual(d.added.map((e) => e.path), ["new.txt"]);
+    assert.equal(d.modified[0]!.unified, "--- a\n+++ b\n");
+    assert.equal(d.modified[0]!.sizeBefore, 1);
+  });
+
   test("an exposed port's host is its URL without the scheme", async () => {
     const port = {
       port: 8080,

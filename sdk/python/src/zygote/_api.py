@@ -35,6 +35,7 @@ from .models import (
     ExposedPort,
     FileEntry,
     KeepResult,
+    SandboxDiff,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -247,6 +248,18 @@ def keep(sid: str, promote: bool = False) -> Call[KeepResult]:
         f"/v1/sandboxes/{seg(sid)}/keep",
         lambda r: KeepResult.from_json(_json(r)),
         json={"promote": promote},
+    )
+
+
+def diff(sid: str, against: str, path: Optional[str] = None, content: bool = False) -> Call[SandboxDiff]:
+    params = {"against": against, "content": "true" if content else "false"}
+    if path is not None:
+        params["path"] = path
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{seg(sid)}/diff",
+        lambda r: SandboxDiff.from_json(_json(r)),
+        params=params,
     )
 
 

@@ -398,3 +398,76 @@ class KeepResult:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "KeepResult":
         return cls(kept=d["kept"], deleted=tuple(d.get("deleted") or ()), name=d.get("name"))
+
+
+@dataclass(frozen=True)
+class DiffEntry:
+    """An entry only on one side of :meth:`zygote.Sandbox.diff`."""
+
+    path: str
+    """Relative to the compared directory."""
+    kind: str
+    """``file``, ``dir``, ``symlink`` or ``other``."""
+    size: int
+    mode: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "DiffEntry":
+        return cls(path=d["path"], kind=d["kind"], size=int(d["size"]), mode=int(d["mode"]))
+
+
+@dataclass(frozen=True)
+class DiffChange:
+    """An entry on both sides that differs (content, type, mode or link target)."""
+
+    path: str
+    kind_before: str
+    kind: str
+    size_before: int
+    size: int
+    mode_before: int
+    mode: int
+    unified: Optional[str]
+    """With ``content=True``, for text files up to 256 KiB: the unified diff."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "DiffChange":
+        return cls(
+            path=d["path"],
+            kind_before=d["kind_before"],
+            kind=d["kind"],
+            size_before=int(d["size_before"]),
+            size=int(d["size"]),
+            mode_before=int(d["mode_before"]),
+            mode=int(d["mode"]),
+            unified=d.get("unified"),
+        )
+
+
+@dataclass(frozen=True)
+class SandboxDiff:
+    """How one sandbox's files under ``path`` differ from another's."""
+
+    sandbox: str
+    against: str
+    path: str
+    added: tuple[DiffEntry, ...]
+    """Only in ``sandbox``."""
+    removed: tuple[DiffEntry, ...]
+    """Only in ``against``."""
+    modified: tuple[DiffChange, ...]
+
+    @property
+    def identical(self) -> bool:
+        return not (self.added or self.removed or self.modified)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SandboxDiff":
+        return cls(
+            sandbox=d["sandbox"],
+            against=d["against"],
+            path=d["path"],
+            added=tuple(DiffEntry.from_json(e) for e in d.get("added") or ()),
+            removed=tuple(DiffEntry.from_json(e) for e in d.get("removed") or ()),
+            modified=tuple(DiffChange.from_json(e) for e in d.get("modified") or ()),
+        )

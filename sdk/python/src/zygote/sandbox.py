@@ -9,7 +9,7 @@ from . import _api
 from ._api import Command, OutputCallback
 from ._client import Client
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -265,6 +265,16 @@ class Sandbox:
         each one's unique memory (what deleting it gives back) and disk layer
         bytes, plus snapshots/branch points."""
         return self.client.call(_api.tree(self.id))
+
+    def diff(
+        self, other: Union["Sandbox", str], path: str = "/root", *, content: bool = False
+    ) -> SandboxDiff:
+        """How this sandbox's files under ``path`` differ from ``other``'s
+        (a sibling, the parent, any sandbox): ``added`` (only here),
+        ``removed`` (only there) and ``modified``; with ``content=True`` each
+        modified text file up to 256 KiB carries its unified diff."""
+        other_id = other if isinstance(other, str) else other.id
+        return self.client.call(_api.diff(self.id, other_id, path, content))
 
     def keep(self, *, promote: bool = False) -> KeepResult:
         """Keep this branch child: delete its siblings (other children of its
