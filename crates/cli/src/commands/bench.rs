@@ -3,7 +3,7 @@ use clap::Subcommand;
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
-    /// Materialize generated trees with reflink/copy and compare against a per-file copy.
+    /// Tree materialization, every method (subvolume, overlay, reflink, cp) vs a per-file copy.
     Treeclone(super::bench_treeclone::TreecloneBenchArgs),
     /// Pause and time-to-running of fork-based BRANCH vs live/diff/full snapshots.
     Branch(super::bench_branch::BranchBenchArgs),

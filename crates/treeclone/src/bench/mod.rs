@@ -1,43 +1,56 @@
 //! `zygote bench treeclone`: how much faster is materializing a tree with
-//! [`crate::materialize`] (`Method::Auto`) than a naive per-file copy?
+//! [`crate::materialize`] than a naive per-file copy, for every method?
 //!
 //! Method, and why:
 //! * Trees of random (incompressible) data in the four issue-8 shapes are
-//!   generated once per filesystem and shape; both sides copy the same tree.
-//! * Runs are interleaved (baseline, treatment, baseline, treatment, ...), so
-//!   drift in machine state (other builds on a shared host, writeback) hits
-//!   both sides alike. We report medians of `runs` runs of each.
-//! * Page cache: we cannot require dropping it, so both sides read a source
+//!   generated once per filesystem and shape; every side copies the same tree.
+//! * Sides (`--methods` names): `baseline`, a sequential per-file copy (what
+//!   every speedup is against; always run); `per_file`, `materialize` with
+//!   `Method::Auto` on the plain generated tree (reflink per file on XFS and
+//!   btrfs); `floor`, the same directories and empty files only; `cp` and
+//!   `cp_reflink`, GNU `cp -r --reflink=never` and `--reflink=always` as
+//!   outside references; `subvolume` and `overlay`, the constant-time
+//!   whole-tree methods, cloning a tree sealed once per shape ([`crate::seal`],
+//!   untimed, its time reported apart). A side that cannot run on a
+//!   filesystem (no btrfs, not root, no reflink) is skipped with the reason.
+//! * Runs are interleaved (every side once, then again, ...), so drift in
+//!   machine state (other builds on a shared host, writeback) hits all sides
+//!   alike. We report medians of `runs` runs of each.
+//! * Page cache: we cannot require dropping it, so every side reads a source
 //!   that is warm (just generated). That flatters the baseline, if anything.
-//! * An outside reference, GNU `cp -r --reflink=never` (when installed), is
-//!   timed the same way: the per-file copy people actually run.
 //! * Two clocks per run, from one start: *visible* stops when the call
 //!   returns (the baseline's bytes may sit in the page cache only), and
 //!   *complete* when a `syncfs` issued right after it returns (the side's
 //!   writeback included). Without the second, the baseline's dominant cost,
 //!   writing its bytes out, would land in the untimed `syncfs` that starts
 //!   the next run (it keeps one run's leftovers out of the next).
-//! * A third side, the *floor*, creates the same directories and empty
-//!   files and nothing else. Every method that gives each file its own
-//!   inode pays at least that, so baseline / floor bounds the visible
-//!   speedup any such method can reach on this filesystem and machine.
-//! * Filesystems: (a) a loop-mounted XFS with reflink, made and torn down
-//!   here (skipped with a reason when that is impossible), and (b) whatever
-//!   filesystem the work directory is on.
+//! * The *floor* bounds what any method that gives each file its own inode
+//!   can reach: baseline / floor is that ceiling. Whole-tree methods create
+//!   no inode per file and are not bound by it.
+//! * Every run's clone is checked (file count and bytes, contents and
+//!   FIEMAP sharing on the first run) and removed, untimed, with
+//!   [`crate::remove`] (an overlay clone is a mount).
+//! * Filesystems: (a) a loop-mounted XFS with reflink and (b) a loop-mounted
+//!   btrfs, made and torn down here (skipped with a reason when that is
+//!   impossible), and (c) whatever filesystem the work directory is on.
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
-use crate::loopfs::{LoopFsError, LoopXfs};
-use crate::{fiemap, materialize, FileMethod, MethodCounts, Options};
+use crate::loopfs::{LoopFs, LoopFsError, LoopFsKind};
+use crate::Options;
 
 mod report;
 mod shapes;
-use report::{host_info, utc_now, Samples};
-pub use report::{BenchReport, FsResult, HostInfo, ShapeResult, SideTimes};
-pub use shapes::{
-    cp_reference, create_empty_tree, generate, gnu_cp_available, naive_copy, Shape, SHAPES,
+mod sides;
+use report::{host_info, utc_now};
+pub use report::{
+    BenchReport, FsResult, HostInfo, ShapeResult, SideDescription, SideKind, SideResult, SideTimes,
 };
+pub use shapes::{
+    cp_reference, cp_reflink_availability, cp_reflink_reference, create_empty_tree, file_path,
+    generate, gnu_cp_available, naive_copy, Shape, SHAPES,
+};
+use sides::{bench_shape, Caps, ShapeCtx};
 
 /// Fewer runs than this make a median meaningless.
 pub const MIN_RUNS: usize = 5;
@@ -52,6 +65,11 @@ pub struct BenchOptions {
     pub shapes: Vec<String>,
     /// Try the loop-mounted XFS part.
     pub xfs: bool,
+    /// Try the loop-mounted btrfs part.
+    pub btrfs: bool,
+    /// Side names to run (see [`SideKind`]); empty means all. The baseline
+    /// always runs: every speedup is against it.
+    pub methods: Vec<String>,
     /// Run on the work directory's own filesystem.
     pub default_fs: bool,
     /// Treatment worker threads; 0 = one per core.
@@ -65,6 +83,8 @@ impl Default for BenchOptions {
             work_dir: None,
             shapes: Vec::new(),
             xfs: true,
+            btrfs: true,
+            methods: Vec::new(),
             default_fs: true,
             threads: 0,
         }
@@ -83,6 +103,10 @@ pub enum BenchError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "unknown method {0:?} (known: baseline, per_file, floor, cp, cp_reflink, subvolume, overlay)"
+    )]
+    UnknownMethod(String),
     #[error("treatment failed: {0}")]
     Materialize(#[from] crate::Error),
     #[error("sanity check failed: {0}")]
@@ -118,55 +142,48 @@ pub fn run_bench(
             })
             .collect::<Result<_, _>>()?
     };
+    let sides = select_sides(&opts.methods)?;
     let work = opts.work_dir.clone().unwrap_or_else(std::env::temp_dir);
     let treatment_opts = Options {
         threads: opts.threads,
         ..Options::default()
     };
+    let threads = treatment_opts.effective_threads();
     let mut report = BenchReport {
         date_utc: utc_now(),
         host: host_info(),
         runs: opts.runs,
-        treatment: format!(
-            "zygote_treeclone::materialize, Method::Auto, {} threads",
-            treatment_opts.effective_threads()
-        ),
+        treatment: format!("zygote_treeclone::materialize, Method::Auto, {threads} threads"),
         baseline: "sequential per-file read-whole-file + write(2), like cp -r without reflink"
             .into(),
-        floor: format!(
-            "create the same directories and empty files only, {} threads",
-            treatment_opts.effective_threads()
-        ),
+        floor: format!("create the same directories and empty files only, {threads} threads"),
+        sides: sides
+            .iter()
+            .map(|&side| SideDescription {
+                side,
+                description: describe(side, threads),
+            })
+            .collect(),
         filesystems: Vec::new(),
     };
+    let ctx = Run {
+        shapes: &shapes,
+        sides: &sides,
+        runs: opts.runs,
+        topts: &treatment_opts,
+    };
 
-    if opts.xfs {
-        let label = "xfs (loop, reflink=1)".to_string();
-        // Room for one shape's source plus one full baseline copy at a time,
-        // with generous slack; the image is sparse so slack costs nothing.
-        let biggest = shapes.iter().map(Shape::bytes).max().unwrap_or(0);
-        let size = (2 * biggest + (1 << 30)).next_multiple_of(1 << 30);
-        progress(&format!(
-            "{label}: creating a {} GiB sparse image in {}",
-            size >> 30,
-            work.display()
-        ));
-        match LoopXfs::create(&work, size) {
-            Ok(xfs) => {
-                progress(&format!(
-                    "{label}: mounted {} at {}",
-                    xfs.device().unwrap_or("?"),
-                    xfs.path().display()
-                ));
-                let res = bench_fs(&label, xfs.path(), &shapes, opts, &treatment_opts, progress);
-                drop(xfs);
-                progress(&format!("{label}: unmounted and removed"));
-                report.filesystems.push(res?);
-            }
-            Err(e) => {
-                progress(&format!("{label}: skipped: {e}"));
-                report.filesystems.push(skipped(label, e.to_string()));
-            }
+    // Room for one shape's source plus two full copies at a time (btrfs
+    // frees space late), with generous slack; sparse, so slack costs nothing.
+    let biggest = shapes.iter().map(Shape::bytes).max().unwrap_or(0);
+    let size = (3 * biggest + (1 << 30)).next_multiple_of(1 << 30);
+    for (on, kind, label) in [
+        (opts.xfs, LoopFsKind::Xfs, "xfs (loop, reflink=1)"),
+        (opts.btrfs, LoopFsKind::Btrfs, "btrfs (loop)"),
+    ] {
+        if on {
+            let r = bench_loop(&ctx, kind, label, &work, size, progress)?;
+            report.filesystems.push(r);
         }
     }
     if opts.default_fs {
@@ -176,17 +193,98 @@ pub fn run_bench(
             .prefix("zygote-treeclone-bench-")
             .tempdir_in(&work)
             .map_err(io_err("create scratch dir in", &work))?;
-        let res = bench_fs(
-            &label,
-            scratch.path(),
-            &shapes,
-            opts,
-            &treatment_opts,
-            progress,
-        )?;
+        let res = bench_fs(&ctx, &label, scratch.path(), progress)?;
         report.filesystems.push(res);
     }
     Ok(report)
+}
+
+/// The selected sides in run order, the baseline always first.
+fn select_sides(methods: &[String]) -> Result<Vec<SideKind>, BenchError> {
+    let mut wanted = vec![SideKind::Baseline];
+    for m in methods.iter().flat_map(|m| m.split(',')) {
+        let m = m.trim();
+        if m.is_empty() {
+            continue;
+        }
+        wanted.push(SideKind::parse(m).ok_or_else(|| BenchError::UnknownMethod(m.into()))?);
+    }
+    if methods.is_empty() {
+        wanted = SideKind::ALL.to_vec();
+    }
+    Ok(SideKind::ALL
+        .into_iter()
+        .filter(|k| wanted.contains(k))
+        .collect())
+}
+
+fn describe(side: SideKind, threads: usize) -> String {
+    match side {
+        SideKind::Baseline => {
+            "sequential per-file read-whole-file + write(2), like cp -r without reflink".into()
+        }
+        SideKind::PerFile => format!(
+            "materialize, Method::Auto on the plain tree: per file (reflink where possible), \
+             {threads} threads"
+        ),
+        SideKind::Floor => {
+            format!("create the same directories and empty files only, {threads} threads")
+        }
+        SideKind::Cp => {
+            "GNU cp -r --reflink=never (outside reference, process start included)".into()
+        }
+        SideKind::CpReflink => {
+            "GNU cp -r --reflink=always (outside reference, process start included)".into()
+        }
+        SideKind::Subvolume => {
+            "materialize, Method::Subvolume: writable snapshot of the tree sealed once \
+             (untimed) as a read-only btrfs subvolume"
+                .into()
+        }
+        SideKind::Overlay => "materialize, Method::Overlay: overlayfs mount over the tree \
+                              sealed once (untimed), private upper dir beside it (root only)"
+            .into(),
+    }
+}
+
+/// What every filesystem's part shares.
+struct Run<'a> {
+    shapes: &'a [Shape],
+    sides: &'a [SideKind],
+    runs: usize,
+    topts: &'a Options,
+}
+
+fn bench_loop(
+    ctx: &Run,
+    kind: LoopFsKind,
+    label: &str,
+    work: &Path,
+    size: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<FsResult, BenchError> {
+    progress(&format!(
+        "{label}: creating a {} GiB sparse image in {}",
+        size >> 30,
+        work.display()
+    ));
+    match LoopFs::create_kind(work, size, kind) {
+        Ok(lfs) => {
+            progress(&format!(
+                "{label}: mounted {} at {}",
+                lfs.device().unwrap_or("?"),
+                lfs.path().display()
+            ));
+            let res = bench_fs(ctx, label, lfs.path(), progress);
+            drop(lfs);
+            progress(&format!("{label}: unmounted and removed"));
+            res
+        }
+        Err(e) => {
+            progress(&format!("{label}: skipped: {e}"));
+            Ok(skipped(label.into(), e.to_string()))
+        }
+    }
 }
 
 fn skipped(label: String, reason: String) -> FsResult {
@@ -200,16 +298,15 @@ fn skipped(label: String, reason: String) -> FsResult {
 }
 
 fn bench_fs(
+    ctx: &Run,
     label: &str,
     root: &Path,
-    shapes: &[Shape],
-    opts: &BenchOptions,
-    topts: &Options,
     progress: &mut dyn FnMut(&str),
 ) -> Result<FsResult, BenchError> {
     let fs_type = crate::fs_type_name(root).ok();
+    let caps = Caps::probe(root);
     let mut results = Vec::new();
-    for (k, shape) in shapes.iter().enumerate() {
+    for (k, shape) in ctx.shapes.iter().enumerate() {
         let src = root.join(format!("src-{}", shape.name));
         progress(&format!(
             "{label}: generating {} ({} x {} KiB, {:.1} MiB)",
@@ -219,7 +316,15 @@ fn bench_fs(
             shape.bytes() as f64 / (1 << 20) as f64
         ));
         generate(shape, &src, 0x5eed + k as u64).map_err(io_err("generate", &src))?;
-        let r = bench_shape(label, root, &src, shape, opts, topts, progress);
+        let sctx = ShapeCtx {
+            label,
+            root,
+            src: &src,
+            shape,
+            runs: ctx.runs,
+            topts: ctx.topts,
+        };
+        let r = bench_shape(&sctx, ctx.sides, &caps, progress);
         // Free the space before the next shape whatever happened.
         let _ = fs::remove_dir_all(&src);
         results.push(r?);
@@ -231,175 +336,6 @@ fn bench_fs(
         skipped: None,
         shapes: results,
     })
-}
-
-fn bench_shape(
-    label: &str,
-    root: &Path,
-    src: &Path,
-    shape: &Shape,
-    opts: &BenchOptions,
-    topts: &Options,
-    progress: &mut dyn FnMut(&str),
-) -> Result<ShapeResult, BenchError> {
-    let remove = |p: &Path| fs::remove_dir_all(p).map_err(io_err("remove", p));
-    let threads = topts.effective_threads();
-    // Probed once, outside every timer.
-    let have_cp = gnu_cp_available();
-    let (mut base, mut treat, mut floor, mut cp) = (
-        Samples::default(),
-        Samples::default(),
-        Samples::default(),
-        Samples::default(),
-    );
-    let mut methods = MethodCounts::default();
-    let mut shared = None;
-    for run in 0..opts.runs {
-        let dst = root.join(format!("baseline-{}-{run}", shape.name));
-        let (copied, b) = timed(root, || {
-            naive_copy(src, &dst).map_err(io_err("naive copy to", &dst))
-        })?;
-        remove(&dst)?;
-        if copied != shape.bytes() {
-            return Err(BenchError::Verify(format!(
-                "baseline copied {copied} bytes, expected {}",
-                shape.bytes()
-            )));
-        }
-
-        let dst = root.join(format!("treatment-{}-{run}", shape.name));
-        let (rep, tr) = timed(root, || Ok(materialize(src, &dst, topts)?))?;
-        let check = verify_treatment(&rep, shape, src, &dst, run == 0);
-        remove(&dst)?;
-        if let Some(s) = check? {
-            shared = Some(s);
-        }
-        for m in rep.per_file.iter().map(|f| f.method) {
-            methods.add(m);
-        }
-
-        let dst = root.join(format!("floor-{}-{run}", shape.name));
-        let (made, fl) = timed(root, || {
-            create_empty_tree(src, &dst, threads).map_err(io_err("create empty tree", &dst))
-        })?;
-        remove(&dst)?;
-        if made != shape.files {
-            return Err(BenchError::Verify(format!(
-                "floor created {made} files, expected {}",
-                shape.files
-            )));
-        }
-
-        let cp_note = if have_cp {
-            let dst = root.join(format!("cp-{}-{run}", shape.name));
-            let ((), c) = timed(root, || {
-                cp_reference(src, &dst).map_err(io_err("cp -r --reflink=never to", &dst))
-            })?;
-            remove(&dst)?;
-            cp.push(c);
-            format!("{:.1}/{:.1}", c.0, c.1)
-        } else {
-            "n/a (no GNU cp)".into()
-        };
-
-        progress(&format!(
-            "{label}: {} run {}/{}: visible/complete ms: baseline {:.1}/{:.1}, \
-             treatment {:.1}/{:.1} ({}), floor {:.1}/{:.1}, cp -r {cp_note}",
-            shape.name,
-            run + 1,
-            opts.runs,
-            b.0,
-            b.1,
-            tr.0,
-            tr.1,
-            rep.by_method,
-            fl.0,
-            fl.1,
-        ));
-        base.push(b);
-        treat.push(tr);
-        floor.push(fl);
-    }
-    let (baseline, treatment, floor) = (base.finish(), treat.finish(), floor.finish());
-    let cp = have_cp.then(|| cp.finish());
-    Ok(ShapeResult {
-        shape: shape.name.into(),
-        files: shape.files,
-        bytes: shape.bytes(),
-        speedup_visible: baseline.visible_median_ms / treatment.visible_median_ms,
-        speedup_complete: baseline.complete_median_ms / treatment.complete_median_ms,
-        ceiling_visible: baseline.visible_median_ms / floor.visible_median_ms,
-        cp_speedup: cp.as_ref().map(|c| {
-            [
-                c.visible_median_ms / treatment.visible_median_ms,
-                c.complete_median_ms / treatment.complete_median_ms,
-            ]
-        }),
-        cp,
-        baseline,
-        treatment,
-        floor,
-        treatment_method: methods.dominant(),
-        treatment_methods: methods,
-        shared_extents_verified: shared,
-    })
-}
-
-/// Runs `op` after syncing `root` (untimed), returning its value and
-/// (visible, complete) in ms: complete also waits for a `syncfs` right
-/// after `op` returned. See the module docs.
-fn timed<T>(
-    root: &Path,
-    op: impl FnOnce() -> Result<T, BenchError>,
-) -> Result<(T, (f64, f64)), BenchError> {
-    let sync = || crate::syncfs(root).map_err(io_err("syncfs", root));
-    sync()?;
-    let t = Instant::now();
-    let value = op()?;
-    let visible = t.elapsed().as_secs_f64() * 1e3;
-    sync()?;
-    Ok((value, (visible, t.elapsed().as_secs_f64() * 1e3)))
-}
-
-/// Make sure the treatment really produced the tree (a fast wrong answer is
-/// not a speedup). On the first run also compare one file's bytes and, when
-/// it was reflinked, confirm with FIEMAP that its extents are shared.
-fn verify_treatment(
-    rep: &crate::Report,
-    shape: &Shape,
-    src: &Path,
-    dst: &Path,
-    deep: bool,
-) -> Result<Option<bool>, BenchError> {
-    if rep.files != shape.files as u64 || rep.bytes != shape.bytes() {
-        return Err(BenchError::Verify(format!(
-            "treatment made {} files / {} bytes, expected {} / {}",
-            rep.files,
-            rep.bytes,
-            shape.files,
-            shape.bytes()
-        )));
-    }
-    if !deep {
-        return Ok(None);
-    }
-    let Some(first) = rep.per_file.first() else {
-        return Ok(None);
-    };
-    let (a, b) = (src.join(&first.path), dst.join(&first.path));
-    let same =
-        fs::read(&a).map_err(io_err("read", &a))? == fs::read(&b).map_err(io_err("read", &b))?;
-    if !same {
-        return Err(BenchError::Verify(format!(
-            "{} differs from its source",
-            b.display()
-        )));
-    }
-    if first.method != FileMethod::Reflink {
-        return Ok(None);
-    }
-    let shared = fiemap::fully_shared(&b).map_err(io_err("FIEMAP", &b))?;
-    Ok(Some(shared))
 }
 
 #[cfg(test)]
@@ -424,6 +360,25 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn method_selection_keeps_run_order_and_the_baseline() {
+        assert_eq!(select_sides(&[]).unwrap(), SideKind::ALL.to_vec());
+        let picked = select_sides(&["overlay,per_file".into(), "cp".into()]).unwrap();
+        assert_eq!(
+            picked,
+            [
+                SideKind::Baseline,
+                SideKind::PerFile,
+                SideKind::Cp,
+                SideKind::Overlay
+            ]
+        );
+        assert!(matches!(
+            select_sides(&["reflink".into()]),
+            Err(BenchError::UnknownMethod(_))
+        ));
+    }
+
     /// The whole pipeline on the smallest shape and the default filesystem:
     /// the report must hold real, consistent measurements.
     #[test]
@@ -434,6 +389,7 @@ mod tests {
             work_dir: Some(work.path().into()),
             shapes: vec!["small_flat".into()],
             xfs: false,
+            btrfs: false,
             ..Default::default()
         };
         let mut lines = Vec::new();
@@ -444,7 +400,8 @@ mod tests {
             (s.shape.as_str(), s.files, s.bytes),
             ("small_flat", 64, 64 * 1024)
         );
-        for side in [&s.baseline, &s.treatment, &s.floor] {
+        let (treatment, floor) = (s.treatment.as_ref().unwrap(), s.floor.as_ref().unwrap());
+        for side in [&s.baseline, treatment, floor] {
             assert_eq!((side.visible_ms.len(), side.complete_ms.len()), (5, 5));
             // Both clocks start together; complete also waited for syncfs.
             for (v, c) in side.visible_ms.iter().zip(&side.complete_ms) {
@@ -452,10 +409,11 @@ mod tests {
             }
         }
         let ratio = |a: &SideTimes, b: &SideTimes| a.visible_median_ms / b.visible_median_ms;
-        assert!((s.speedup_visible - ratio(&s.baseline, &s.treatment)).abs() < 1e-9);
-        assert!((s.ceiling_visible - ratio(&s.baseline, &s.floor)).abs() < 1e-9);
-        let complete = s.baseline.complete_median_ms / s.treatment.complete_median_ms;
-        assert!((s.speedup_complete - complete).abs() < 1e-9);
+        let speedup = s.speedup_visible.unwrap();
+        assert!((speedup - ratio(&s.baseline, treatment)).abs() < 1e-9);
+        assert!((s.ceiling_visible.unwrap() - ratio(&s.baseline, floor)).abs() < 1e-9);
+        let complete = s.baseline.complete_median_ms / treatment.complete_median_ms;
+        assert!((s.speedup_complete.unwrap() - complete).abs() < 1e-9);
         // The cp reference runs every time GNU cp is installed (it is on Debian).
         let cp_here = gnu_cp_available();
         assert_eq!(s.cp.is_some(), cp_here);
@@ -467,8 +425,35 @@ mod tests {
             + s.treatment_methods.copy_file_range
             + s.treatment_methods.copy;
         assert_eq!(counted, 5 * 64);
-        assert!(lines.iter().any(|l| l.contains("run 5/5")));
-        // Scratch trees are cleaned up.
+        // Every side is listed, measured or skipped with a reason; speedups
+        // are against the baseline on the same clock.
+        let kinds: Vec<_> = s.sides.iter().map(|x| x.side).collect();
+        assert_eq!(kinds, SideKind::ALL.to_vec());
+        for side in &s.sides {
+            match (&side.times, &side.skipped) {
+                (Some(t), None) => {
+                    assert_eq!(t.visible_ms.len(), 5);
+                    let v = s.baseline.visible_median_ms / t.visible_median_ms;
+                    assert!((side.speedup_visible.unwrap() - v).abs() < 1e-9);
+                }
+                (None, Some(why)) => assert!(!why.is_empty()),
+                other => panic!("{:?}: {other:?}", side.side),
+            }
+        }
+        let subvolume = s.side(SideKind::Subvolume).unwrap();
+        assert_eq!(
+            subvolume.skipped.is_none(),
+            crate::btrfs::is_btrfs(work.path())
+        );
+        // As root the overlay side runs here too (its seal is reported).
+        let overlay = s.side(SideKind::Overlay).unwrap();
+        if crate::overlay_availability().is_ok() {
+            assert!(overlay.times.is_some(), "{:?}", overlay.skipped);
+            assert!(overlay.prepare_ms.is_some());
+            assert_eq!(overlay.how.as_deref(), Some("overlay"));
+        }
+        assert!(lines.iter().any(|l| l.contains("run 5/5 per_file")));
+        // Scratch trees, sealed trees and overlay mounts are cleaned up.
         let left: Vec<_> = fs::read_dir(work.path()).unwrap().collect();
         assert!(left.is_empty(), "bench left {left:?} behind");
         assert!(rep.to_string().contains("small_flat"));

@@ -67,6 +67,107 @@ pub(super) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// One compared side, named as `--methods` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideKind {
+    /// Sequential per-file read + write(2) copy: what speedups are against.
+    Baseline,
+    /// `materialize`, `Method::Auto`, on a plain (unsealed) source: per file
+    /// (reflink on XFS and btrfs).
+    PerFile,
+    /// The same directories and empty files only.
+    Floor,
+    /// GNU `cp -r --reflink=never`.
+    Cp,
+    /// GNU `cp -r --reflink=always`.
+    CpReflink,
+    /// `materialize`, `Method::Subvolume`, from a sealed tree (btrfs).
+    Subvolume,
+    /// `materialize`, `Method::Overlay`, from a sealed tree (root).
+    Overlay,
+}
+
+impl SideKind {
+    /// Every side, in the order each run goes through them.
+    pub const ALL: [SideKind; 7] = [
+        SideKind::Baseline,
+        SideKind::PerFile,
+        SideKind::Floor,
+        SideKind::Cp,
+        SideKind::CpReflink,
+        SideKind::Subvolume,
+        SideKind::Overlay,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SideKind::Baseline => "baseline",
+            SideKind::PerFile => "per_file",
+            SideKind::Floor => "floor",
+            SideKind::Cp => "cp",
+            SideKind::CpReflink => "cp_reflink",
+            SideKind::Subvolume => "subvolume",
+            SideKind::Overlay => "overlay",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SideKind> {
+        SideKind::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// Whether it clones from a tree sealed once (untimed) per shape.
+    pub fn needs_seal(self) -> bool {
+        matches!(self, SideKind::Subvolume | SideKind::Overlay)
+    }
+}
+
+/// What one side does, stated once per report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideDescription {
+    pub side: SideKind,
+    pub description: String,
+}
+
+/// One side on one shape and filesystem.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideResult {
+    pub side: SideKind,
+    /// Why it was not measured here; None when it was.
+    pub skipped: Option<String>,
+    pub times: Option<SideTimes>,
+    /// baseline / this side, visible medians.
+    pub speedup_visible: Option<f64>,
+    /// baseline / this side, complete medians.
+    pub speedup_complete: Option<f64>,
+    /// Untimed one-time preparation: sealing the generated tree (ms).
+    pub prepare_ms: Option<f64>,
+    /// How the clone was made: the strategy, or per-file method counts
+    /// summed over all runs.
+    pub how: Option<String>,
+    /// FIEMAP on the first run's first file: all its extents are shared with
+    /// the source. None when not checked (not a reflinked or snapshot side).
+    pub shared_extents_verified: Option<bool>,
+    /// Anything else worth knowing about how this side's trees look.
+    pub notes: Vec<String>,
+}
+
+impl SideResult {
+    pub(super) fn skipped(side: SideKind, why: String) -> SideResult {
+        SideResult {
+            side,
+            skipped: Some(why),
+            times: None,
+            speedup_visible: None,
+            speedup_complete: None,
+            prepare_ms: None,
+            how: None,
+            shared_extents_verified: None,
+            notes: Vec::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct ShapeResult {
     pub shape: String,
@@ -74,15 +175,15 @@ pub struct ShapeResult {
     pub bytes: u64,
     /// Sequential per-file read + write(2) copy.
     pub baseline: SideTimes,
-    /// `materialize` with `Method::Auto`.
-    pub treatment: SideTimes,
+    /// `materialize` with `Method::Auto` (per file); None when not selected.
+    pub treatment: Option<SideTimes>,
     /// Creating the same directories and empty files only (no data, no
     /// metadata copying), with the treatment's thread count.
-    pub floor: SideTimes,
+    pub floor: Option<SideTimes>,
     /// baseline / treatment, visible medians.
-    pub speedup_visible: f64,
+    pub speedup_visible: Option<f64>,
     /// baseline / treatment, complete medians.
-    pub speedup_complete: f64,
+    pub speedup_complete: Option<f64>,
     /// GNU `cp -r --reflink=never`, timed like the other sides; None
     /// without GNU cp.
     pub cp: Option<SideTimes>,
@@ -90,7 +191,7 @@ pub struct ShapeResult {
     pub cp_speedup: Option<[f64; 2]>,
     /// baseline / floor, visible medians: no method that creates one inode
     /// per file can beat the baseline by more than this in this comparison.
-    pub ceiling_visible: f64,
+    pub ceiling_visible: Option<f64>,
     /// The method used for most files in the treatment runs.
     pub treatment_method: Option<FileMethod>,
     /// Per-method file counts summed over all treatment runs.
@@ -98,6 +199,15 @@ pub struct ShapeResult {
     /// For reflinked trees: FIEMAP confirmed the clone's first file shares
     /// all its extents with the source. None when not applicable.
     pub shared_extents_verified: Option<bool>,
+    /// Every selected side (baseline included), measured or skipped, in run
+    /// order.
+    pub sides: Vec<SideResult>,
+}
+
+impl ShapeResult {
+    pub fn side(&self, kind: SideKind) -> Option<&SideResult> {
+        self.sides.iter().find(|s| s.side == kind)
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -118,6 +228,8 @@ pub struct BenchReport {
     pub treatment: String,
     pub baseline: String,
     pub floor: String,
+    /// Every selected side and what it does.
+    pub sides: Vec<SideDescription>,
     pub filesystems: Vec<FsResult>,
 }
 
@@ -190,14 +302,17 @@ impl fmt::Display for BenchReport {
             "treeclone bench, {}: {} cores, Linux {}, {}, load average at start {}",
             self.date_utc, self.host.cores, self.host.kernel, self.host.os, self.host.load_average
         )?;
+        for s in &self.sides {
+            writeln!(f, "  {:<11} {}", s.side.as_str(), s.description)?;
+        }
         writeln!(
             f,
-            "treatment: {}\nbaseline:  {}\nfloor:     {}\ncp -r:     GNU cp -r --reflink=never (outside reference)\n\
-             median of {} interleaved runs per side; syncfs (untimed) before every run.\n\
+            "median of {} interleaved runs per side; syncfs (untimed) before every run.\n\
              visible = until the call returns (data may be in page cache only);\n\
              complete = until a syncfs right after it returns (that side's writeback included).\n\
-             ceiling = baseline / floor (visible): the most any one-inode-per-file method can reach.",
-            self.treatment, self.baseline, self.floor, self.runs,
+             speedup = baseline median / side median on the same clock; for the floor that is\n\
+             the ceiling of any one-inode-per-file method.",
+            self.runs,
         )?;
         for fsr in &self.filesystems {
             writeln!(f)?;
@@ -205,101 +320,69 @@ impl fmt::Display for BenchReport {
                 writeln!(f, "{}: skipped: {why}", fsr.label)?;
                 continue;
             }
-            for clock in [Clock::Visible, Clock::Complete] {
-                write_table(f, &fsr.label, &fsr.shapes, clock)?;
-            }
+            write_table(f, &fsr.label, &fsr.shapes)?;
         }
         Ok(())
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Clock {
-    Visible,
-    Complete,
+fn ratio(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |r| format!("{r:.1}x"))
 }
 
-impl Clock {
-    fn median(self, side: &SideTimes) -> f64 {
-        match self {
-            Clock::Visible => side.visible_median_ms,
-            Clock::Complete => side.complete_median_ms,
-        }
-    }
-}
-
-/// One table per filesystem and clock. Only the visible table has the
-/// ceiling, method and FIEMAP columns (they do not depend on the clock).
-fn write_table(
-    f: &mut fmt::Formatter<'_>,
-    label: &str,
-    shapes: &[ShapeResult],
-    clock: Clock,
-) -> fmt::Result {
-    let visible = clock == Clock::Visible;
-    let title = if visible {
-        "until visible"
-    } else {
-        "until complete (synced)"
-    };
-    writeln!(f, "{label}, {title}:")?;
-    write!(
+/// One table per filesystem: a row per shape and side, both clocks.
+fn write_table(f: &mut fmt::Formatter<'_>, label: &str, shapes: &[ShapeResult]) -> fmt::Result {
+    writeln!(f, "{label}:")?;
+    writeln!(
         f,
-        "  {:<12} {:>6} {:>7} {:>12} {:>13} {:>8} {:>9} {:>9} {:>7}",
-        "shape",
-        "files",
-        "MiB",
-        "baseline ms",
-        "treatment ms",
-        "speedup",
-        "floor ms",
-        "cp -r ms",
-        "vs cp"
+        "  {:<12} {:>5} {:>6}  {:<11} {:>10} {:>8} {:>11} {:>8}  notes",
+        "shape", "files", "MiB", "side", "visible ms", "speedup", "complete ms", "speedup"
     )?;
-    if visible {
-        write!(f, " {:>8}  {:<16} shared extents", "ceiling", "method")?;
-    }
-    writeln!(f)?;
     for s in shapes {
-        let (cp_ms, vs_cp) = match (&s.cp, s.cp_speedup) {
-            (Some(cp), Some([v, c])) => (
-                format!("{:.1}", clock.median(cp)),
-                format!("{:.1}x", if visible { v } else { c }),
-            ),
-            _ => ("n/a".into(), "n/a".into()),
-        };
-        let speedup = if visible {
-            s.speedup_visible
-        } else {
-            s.speedup_complete
-        };
-        write!(
-            f,
-            "  {:<12} {:>6} {:>7.1} {:>12.1} {:>13.1} {:>7.1}x {:>9.1} {:>9} {:>7}",
-            s.shape,
-            s.files,
-            s.bytes as f64 / (1 << 20) as f64,
-            clock.median(&s.baseline),
-            clock.median(&s.treatment),
-            speedup,
-            clock.median(&s.floor),
-            cp_ms,
-            vs_cp,
-        )?;
-        if visible {
+        for (i, side) in s.sides.iter().enumerate() {
+            let (name, files, mib) = if i == 0 {
+                (
+                    s.shape.clone(),
+                    s.files.to_string(),
+                    format!("{:.1}", s.bytes as f64 / (1 << 20) as f64),
+                )
+            } else {
+                Default::default()
+            };
             write!(
                 f,
-                " {:>7.1}x  {:<16} {}",
-                s.ceiling_visible,
-                s.treatment_method.map_or("-", FileMethod::as_str),
-                match s.shared_extents_verified {
-                    Some(true) => "yes (FIEMAP)",
-                    Some(false) => "NO",
-                    None => "n/a",
-                }
+                "  {name:<12} {files:>5} {mib:>6}  {:<11}",
+                side.side.as_str()
             )?;
+            match (&side.skipped, &side.times) {
+                (Some(why), _) => writeln!(f, " skipped: {why}")?,
+                (None, Some(t)) => {
+                    write!(
+                        f,
+                        " {:>10.1} {:>8} {:>11.1} {:>8} ",
+                        t.visible_median_ms,
+                        ratio(side.speedup_visible),
+                        t.complete_median_ms,
+                        ratio(side.speedup_complete)
+                    )?;
+                    let mut notes = Vec::new();
+                    if let Some(how) = &side.how {
+                        notes.push(how.clone());
+                    }
+                    if let Some(ms) = side.prepare_ms {
+                        notes.push(format!("seal {ms:.0} ms untimed"));
+                    }
+                    match side.shared_extents_verified {
+                        Some(true) => notes.push("shared extents (FIEMAP)".into()),
+                        Some(false) => notes.push("extents NOT shared".into()),
+                        None => {}
+                    }
+                    notes.extend(side.notes.iter().cloned());
+                    writeln!(f, " {}", notes.join("; "))?;
+                }
+                (None, None) => writeln!(f, " -")?,
+            }
         }
-        writeln!(f)?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@ use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::plan;
@@ -59,7 +59,7 @@ pub const SHAPES: [Shape; 4] = [
 /// Relative path of file `i`. Nested shapes put file `i` at depth 2..=6
 /// under three-way branching directories, giving a tree with many small
 /// directories at several depths.
-fn file_path(shape: &Shape, i: usize) -> PathBuf {
+pub fn file_path(shape: &Shape, i: usize) -> PathBuf {
     let mut p = PathBuf::new();
     if shape.nested {
         let depth = 2 + i % 5;
@@ -144,16 +144,53 @@ pub fn gnu_cp_available() -> bool {
 /// per-file copy people actually run (timed with its process start, a few
 /// ms). Check [`gnu_cp_available`] first.
 pub fn cp_reference(src: &Path, dst: &Path) -> io::Result<()> {
-    let status = Command::new("cp")
-        .args(["-r", "--reflink=never", "--"])
+    cp_r(src, dst, "--reflink=never")
+}
+
+/// The same with `--reflink=always`: GNU cp's own per-file reflink clone
+/// (FICLONE per file), which fails where the filesystem cannot reflink.
+pub fn cp_reflink_reference(src: &Path, dst: &Path) -> io::Result<()> {
+    cp_r(src, dst, "--reflink=always")
+}
+
+fn cp_r(src: &Path, dst: &Path, reflink: &str) -> io::Result<()> {
+    let out = Command::new("cp")
+        .args(["-r", reflink, "--"])
         .arg(src)
         .arg(dst)
-        .status()?;
-    if status.success() {
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    if out.status.success() {
         Ok(())
     } else {
-        Err(io::Error::other(format!("cp exited with {status}")))
+        let err = String::from_utf8_lossy(&out.stderr);
+        let first = err.lines().next().unwrap_or("").trim();
+        Err(io::Error::other(format!(
+            "cp -r {reflink} exited with {}: {first}",
+            out.status
+        )))
     }
+}
+
+/// Whether GNU `cp --reflink=always` works in `dir` (tried on a scratch
+/// file there), or why not.
+pub fn cp_reflink_availability(dir: &Path) -> Result<(), String> {
+    if !gnu_cp_available() {
+        return Err("GNU cp not installed".into());
+    }
+    let t = tempfile::Builder::new()
+        .prefix(".cp-reflink-probe-")
+        .tempdir_in(dir)
+        .map_err(|e| format!("scratch dir in {}: {e}", dir.display()))?;
+    let a = t.path().join("a");
+    fs::write(&a, [7u8; 4096]).map_err(|e| format!("write {}: {e}", a.display()))?;
+    cp_r(&a, &t.path().join("b"), "--reflink=always").map_err(|e| {
+        // cp names the probe's scratch paths; keep only its verdict.
+        let e = e.to_string();
+        let why = e.rsplit(": ").next().unwrap_or(&e).to_string();
+        format!("cp --reflink=always cannot clone here: {why}")
+    })
 }
 
 /// The floor: create the tree's directories and one *empty* file per source
