@@ -1,5 +1,7 @@
-//! Building ext4 root filesystems from recipes, without mounting anything:
+//! Building ext4 root filesystems from recipes, without mounting any image:
 //! the tree is assembled in a staging directory and packed by `mkfs.ext4 -d`.
+//! A debootstrap base is staged as an overlay on the cached tree where the
+//! host allows it (root, overlayfs), else hard-linked (see [`overlay`]).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -13,6 +15,9 @@ use crate::recipe::{find_recipe, Base, Recipe};
 use crate::store::{
     image_path, locate_image, lookup_by_recipe_key, save_info, sha256_file, FileLock, ImageInfo,
 };
+
+#[path = "overlay.rs"]
+mod overlay;
 
 /// Bumped whenever this builder's output changes for the same inputs, so that
 /// old cached images stop matching.
@@ -77,6 +82,9 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
     let raw = TempPath(tmp_dir.join(format!("{stamp}.ext4")));
     staging.clear()?;
     raw.clear()?;
+    // Declared after the paths above so that it drops first: the overlay is
+    // unmounted before they are removed, on every return.
+    let mut staging_overlay = None;
 
     match &base.kind {
         BaseKind::Busybox => {
@@ -85,18 +93,14 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
         }
         BaseKind::Debootstrap(spec) => {
             let tree = ensure_tree(&spec.as_spec(), opts.refresh_base, progress)?;
-            progress("linking the cached tree into a staging directory");
-            // Hard links make this instant; every file we add later is
-            // unlinked and recreated, so the cached tree is never modified.
-            run_quiet(
-                Command::new("cp").arg("-al").arg(&tree).arg(&staging.0),
-                "cp -al (staging tree)",
-            )?;
+            staging_overlay = overlay::stage_cached_tree(&tree, &staging.0, progress)?;
         }
     }
     add_common_files(&staging.0, &recipe, &agent, progress)?;
     progress(&format!("mkfs.ext4 -d ({} MiB, sparse)", recipe.size_mib));
     mkfs(&staging.0, &raw.0, &recipe, &key)?;
+    // The image holds the tree now: unmount before hashing.
+    drop(staging_overlay);
     progress("hashing the image");
     let sha = sha256_file(&raw.0)?;
     let final_path = image_path(&dir, &recipe.name, &sha);
@@ -407,22 +411,26 @@ pub(crate) fn resolve_parent(root: &Path, guest: &str) -> Result<PathBuf> {
 }
 
 /// Removes `<name>-<pid>.{root,ext4}` scratch entries of builds whose process
-/// is gone (killed mid-build, so their Drop never ran).
+/// is gone (killed mid-build, so their Drop never ran), unmounting a staging
+/// overlay left on `.root` and removing its upper layer.
 fn remove_stale_staging(tmp_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp_dir) else {
         return;
     };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .rsplit_once('.')
-            .and_then(|(stem, _)| stem.rsplit_once('-'))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = TempPath(entry.path()).clear();
-            }
-        }
+    let stale: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .rsplit_once('.')
+                .and_then(|(stem, _)| stem.rsplit_once('-'))
+                .and_then(|(_, pid)| pid.parse::<u32>().ok());
+            pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .map(|entry| entry.path())
+        .collect();
+    for path in stale {
+        let _ = TempPath(path).clear();
     }
 }
 
@@ -438,9 +446,7 @@ struct TempPath(PathBuf);
 impl TempPath {
     fn clear(&self) -> Result<()> {
         match std::fs::symlink_metadata(&self.0) {
-            Ok(m) if m.is_dir() => {
-                std::fs::remove_dir_all(&self.0).ctx(|| format!("removing {}", self.0.display()))
-            }
+            Ok(m) if m.is_dir() => overlay::remove_dir_tree(&self.0),
             Ok(_) => std::fs::remove_file(&self.0).ctx(|| format!("removing {}", self.0.display())),
             Err(_) => Ok(()),
         }

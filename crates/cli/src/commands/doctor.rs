@@ -1,9 +1,11 @@
 //! `zygote doctor [--json]`: what this host can run, and why.
 //!
 //! Three stages, each in its own module: `facts` reads the host into plain
-//! data (read-only: nothing is created or loaded), `classify` turns facts into
-//! findings and a runtime summary (pure, unit-tested with constructed hosts),
-//! `render` prints a grouped table or a JSON document.
+//! data (read-only: nothing is created or loaded, except the scratch
+//! directory `treeclone` makes and removes inside existing directories),
+//! `classify` turns facts into findings and a runtime summary (pure,
+//! unit-tested with constructed hosts), `render` prints a grouped table or a
+//! JSON document.
 //!
 //! JSON document (`--json`), `schema_version` 1:
 //! - `kvm`: `flavor` ("vmx" | "svm" | "pvm" | "unknown" | "none"), `present`,
@@ -18,8 +20,11 @@
 //!   unprivileged,dev_userfaultfd}`, `ksm{present,writable,run}`,
 //!   `cgroup_v2{mounted,mount_point,unified,controllers,own_path,writable}`,
 //!   `reflink{kernel_xfs,kernel_btrfs,mkfs_xfs,cache_dir,probed_dir,cache_fs,
-//!   cache_fs_magic,cache_reflink}`, `loop_control`/`tun`/`vhost_vsock`/
-//!   `vhost_net` as `{path,present,accessible}`, `qemu{system,version,img}`.
+//!   cache_fs_magic,cache_reflink}`, `treeclone[]` (`{place: "state"|"images",
+//!   dir,probed_dir,fs,methods[{method,available,detail}]}`: which tree-clone
+//!   methods work in the daemon's state directory and the image cache),
+//!   `loop_control`/`tun`/`vhost_vsock`/`vhost_net` as
+//!   `{path,present,accessible}`, `qemu{system,version,img}`.
 //! - `network`: `backend` ("isolated" | "user": what `zygote serve` run by this
 //!   user would take), `ip{path,version}`, `nft{path,version}`, `netns_dir`,
 //!   `namespaces` (count of /run/netns/zygote-*), `ip_forward`, `route_clashes[]`
@@ -39,6 +44,7 @@ mod facts;
 mod host_checks;
 mod parse;
 mod render;
+mod treeclone;
 
 use std::io::Write as _;
 

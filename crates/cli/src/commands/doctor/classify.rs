@@ -129,6 +129,7 @@ pub fn classify(facts: &Facts) -> Report {
     kvm_findings(facts, flavor, &mut out);
     host_checks::host_findings(facts, &mut out);
     host_checks::feature_findings(facts, &mut out);
+    super::treeclone::findings(facts, &mut out);
     host_checks::network_findings(facts, &mut out);
     let runtimes = runtimes(facts, flavor);
     runtime_findings(facts, flavor, &runtimes, &mut out);

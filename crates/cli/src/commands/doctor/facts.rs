@@ -3,7 +3,9 @@
 //! verdicts be tested with constructed hosts (VMX, PVM, no KVM, ...).
 //!
 //! Every probe here is read-only: nothing is created, written or loaded (the
-//! network probes only list: no namespace, nftables rule or sysctl is touched).
+//! network probes only list: no namespace, nftables rule or sysctl is touched),
+//! except the tree-clone probe (`super::treeclone`): a scratch directory made
+//! and removed inside an existing directory.
 use super::parse;
 use serde::Serialize;
 use std::ffi::CString;
@@ -108,6 +110,8 @@ pub struct FeatureFacts {
     pub ksm: KsmFacts,
     pub cgroup_v2: CgroupFacts,
     pub reflink: ReflinkFacts,
+    /// Tree-clone methods per place (state directory, image cache).
+    pub treeclone: Vec<super::treeclone::PlaceFacts>,
     pub loop_control: DeviceFacts,
     pub tun: DeviceFacts,
     pub vhost_vsock: DeviceFacts,
@@ -247,6 +251,7 @@ pub fn gather() -> Facts {
             ksm: gather_ksm(),
             cgroup_v2: gather_cgroup(),
             reflink: gather_reflink(),
+            treeclone: super::treeclone::gather(),
             loop_control: device("/dev/loop-control"),
             tun: device("/dev/net/tun"),
             vhost_vsock: device("/dev/vhost-vsock"),
