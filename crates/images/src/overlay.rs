@@ -74,7 +74,9 @@ mod tests {
     fn mounted(path: &Path) -> bool {
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         let p = path.display().to_string();
-        mounts.lines().any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+        mounts
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
     }
 
     #[test]
@@ -86,8 +88,7 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", tree.join("abs")).unwrap();
         let staging = dir.path().join("x.root");
         let mut lines = Vec::new();
-        let handle =
-            stage_cached_tree(&tree, &staging, &mut |l| lines.push(l.to_owned())).unwrap();
+        let handle = stage_cached_tree(&tree, &staging, &mut |l| lines.push(l.to_owned())).unwrap();
         // As root on a filesystem that can hold an upper layer, it is an overlay.
         let fs = zygote_treeclone::fs_type_name(dir.path()).unwrap();
         if zygote_treeclone::overlay_availability().is_ok()
