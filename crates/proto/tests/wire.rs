@@ -114,6 +114,10 @@ fn every_request_type_is_listed() {
             recursive: true,
         }),
         Request::Reidentify(ReidentifyRequest::default()),
+        Request::Walk(WalkRequest {
+            path: "/root".into(),
+            hash: true,
+        }),
         Request::Shutdown,
     ];
     assert_eq!(samples.len(), Request::TYPES.len());
