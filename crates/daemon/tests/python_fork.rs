@@ -33,6 +33,9 @@ while True:
     time.sleep(0.02)
 "#;
 
+/// Children of one branch.
+const CHILDREN: usize = 8;
+
 async fn exec(c: &Client, id: &str, script: &str) -> ExecResponse {
     c.json(
         Method::POST,
@@ -97,7 +100,7 @@ async fn python_processes_reseed_after_a_branch() {
         .json(
             Method::POST,
             "/v1/sandboxes",
-            Some(&json!({"image": "python", "mem_mib": 512})),
+            Some(&json!({"image": "python", "mem_mib": 256})),
         )
         .await
         .expect("create");
@@ -130,11 +133,37 @@ async fn python_processes_reseed_after_a_branch() {
         .json(
             Method::POST,
             &format!("/v1/sandboxes/{parent}/branch"),
-            Some(&json!({"count": 2})),
+            Some(&json!({"count": CHILDREN})),
         )
         .await
         .expect("branch");
     step(t0, &format!("branched into {:?}", br.children));
+    assert_eq!(br.children.len(), CHILDREN);
+    // Kernel randomness: the first bytes read in each child right after the branch
+    // differ from every sibling's and from the parent's (/dev/urandom and getrandom()).
+    let first_bytes = "head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \\n'; echo; \
+                       python3 -c 'import os; print(os.getrandom(16).hex())'";
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for id in br.children.iter().chain([&parent]) {
+        let out = exec(&c, id, first_bytes).await.stdout;
+        let mut lines = out.lines().map(str::to_string);
+        let pair = (
+            lines.next().unwrap_or_default(),
+            lines.next().unwrap_or_default(),
+        );
+        assert!(pair.0.len() == 32 && pair.1.len() == 32, "{id}: {out:?}");
+        for (u, g) in &seen {
+            assert!(
+                u != &pair.0 && g != &pair.1,
+                "{id} repeats another sandbox's bytes: {seen:?}"
+            );
+        }
+        seen.push(pair);
+    }
+    step(
+        t0,
+        &format!("/dev/urandom and getrandom() differ in all {CHILDREN} children and the parent"),
+    );
     let generation = parent_generation + 1;
     // Both children continue from the same iteration; from the later of their first
     // iterations in the new generation on, both have reseeded.
@@ -147,6 +176,10 @@ async fn python_processes_reseed_after_a_branch() {
         log_through(&c, &br.children[0], at).await,
         log_through(&c, &br.children[1], at).await,
     );
+    let mut rest = Vec::new();
+    for child in &br.children[2..] {
+        rest.push(log_through(&c, child, at).await);
+    }
     for n in from..=at {
         let (x, y) = (&a[&n], &b[&n]);
         assert_eq!((x.0, y.0), (generation, generation), "iteration {n}");
@@ -157,6 +190,19 @@ async fn python_processes_reseed_after_a_branch() {
             x.1
         );
     }
+    // And every child's draw at `at` is its own.
+    let mut at_draws: Vec<&str> = [&a, &b]
+        .into_iter()
+        .chain(&rest)
+        .map(|log| log[&at].1.as_str())
+        .collect();
+    at_draws.sort_unstable();
+    at_draws.dedup();
+    assert_eq!(
+        at_draws.len(),
+        CHILDREN,
+        "children repeat each other's draws at {at}"
+    );
     step(
         t0,
         &format!(
