@@ -1,5 +1,5 @@
-"""The README's tree-search example runs to completion against the live
-daemon and leaves no sandbox behind."""
+"""The examples run to completion against the live
+daemon and leave no sandbox behind."""
 
 from __future__ import annotations
 
@@ -32,4 +32,27 @@ def test_tree_search_example(live_env: dict[str, str]) -> None:
         # Three levels of three tries each, then the winner found greedily.
         assert sum(" tries " in line for line in lines) == 9, proc.stdout
         assert lines[-1] == "best: +7 *2 *2 -> 40 (target 40, distance 0)", proc.stdout
+        assert {s.id for s in c.sandboxes()} == before, "the example left sandboxes behind"
+
+
+FIX_SEARCH = EXAMPLE.with_name("fix_search.py")
+
+
+@pytest.mark.live
+def test_fix_search_example(live_env: dict[str, str]) -> None:
+    """Branch four ways with per-child env, diff the passing child against the
+    parent, keep it in the parent's place; nothing is left behind."""
+    with Client(live_env["url"], live_env["token"]) as c:
+        before = {s.id for s in c.sandboxes()}
+        env = dict(os.environ, ZYGOTE_URL=live_env["url"], ZYGOTE_TOKEN=live_env["token"])
+        proc = subprocess.run(
+            [sys.executable, str(FIX_SEARCH)], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        out = proc.stdout
+        assert sum(" tries " in line for line in out.splitlines()) == 4, out
+        assert "tries add: passes" in out and out.count(": passes") == 1, out
+        assert "-add() { echo $(( $1 - $2 )); }" in out, out
+        assert "+add() { echo $(( $1 + $2 )); }" in out, out
+        assert "as 'fix-search'; deleted 4" in out, out
         assert {s.id for s in c.sandboxes()} == before, "the example left sandboxes behind"

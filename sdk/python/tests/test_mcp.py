@@ -26,6 +26,7 @@ EXPECTED_TOOLS = {
     "branch_sandbox",
     "sandbox_tree",
     "keep_branch",
+    "diff_sandboxes",
     "snapshot_sandbox",
     "restore_snapshot",
     "kill_sandbox",

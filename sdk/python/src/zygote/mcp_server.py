@@ -31,8 +31,9 @@ INSTRUCTIONS = (
     "exec runs shell commands in it; write_file/read_file/list_files move data; branch_sandbox "
     "forks a running sandbox into N copy-on-write children (same memory, processes and files) "
     "to try alternatives in parallel; sandbox_tree shows a sandbox's lineage (parents, children, "
-    "memory and disk each one holds) and keep_branch keeps one child of a branch and deletes its "
-    "siblings; snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
+    "memory and disk each one holds), diff_sandboxes compares two sandboxes' files (pick the "
+    "best child), and keep_branch keeps one child of a branch and deletes its siblings; "
+    "snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
     "kill_sandbox removes one. Kill sandboxes you no longer need."
 )
 
@@ -193,6 +194,26 @@ def build_server(
         for gone in res.deleted:
             session.created.discard(gone)
         return {"kept": res.kept, "deleted": list(res.deleted), "name": res.name}
+
+    @server.tool()
+    async def diff_sandboxes(
+        sandbox_id: str, against: str, path: str = "/root", content: bool = False
+    ) -> dict[str, Any]:
+        """How one sandbox's files under `path` differ from another's (a sibling, its
+        parent): paths added (only in sandbox_id), removed (only in against) and
+        modified; with content=true, a unified diff per modified text file."""
+        try:
+            d = await session.sandbox(sandbox_id).diff(against, path, content=content)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {
+            "added": [e.path for e in d.added],
+            "removed": [e.path for e in d.removed],
+            "modified": [
+                {"path": m.path, **({"unified": m.unified} if m.unified is not None else {})}
+                for m in d.modified
+            ],
+        }
 
     @server.tool()
     async def snapshot_sandbox(sandbox_id: str, name: Optional[str] = None) -> dict[str, Any]:
