@@ -26,6 +26,9 @@ pub(crate) fn walk(req: &WalkRequest) -> Result<Response, ErrorBody> {
         ));
     }
     let mut entries = Vec::new();
+    // One read buffer for every file: allocating (and zeroing) one per file costs more
+    // than hashing small files.
+    let mut buf = vec![0u8; 64 * 1024];
     let mut pending: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(rel) = pending.pop() {
         let dir = root.join(&rel);
@@ -52,7 +55,7 @@ pub(crate) fn walk(req: &WalkRequest) -> Result<Response, ErrorBody> {
                 pending.push(rel_child.clone());
             }
             let sha256 = (req.hash && meta.kind == FileKind::File)
-                .then(|| hash_file(&full))
+                .then(|| hash_file(&full, &mut buf))
                 .transpose()?;
             entries.push(WalkEntry {
                 path: rel_child.to_string_lossy().into_owned(),
@@ -65,18 +68,27 @@ pub(crate) fn walk(req: &WalkRequest) -> Result<Response, ErrorBody> {
     Ok(Response::Walked { entries })
 }
 
-fn hash_file(path: &Path) -> Result<String, ErrorBody> {
+fn hash_file(path: &Path, buf: &mut [u8]) -> Result<String, ErrorBody> {
     let mut f = File::open(path).map_err(io_err(path))?;
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = f.read(&mut buf).map_err(io_err(path))?;
+        let n = f.read(buf).map_err(io_err(path))?;
         if n == 0 {
             break;
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex(&h.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    s
 }
 
 #[cfg(test)]
