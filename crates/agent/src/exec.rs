@@ -28,6 +28,21 @@ fn bad(message: impl Into<String>) -> ErrorBody {
     ErrorBody::new(ErrorCode::BadRequest, message)
 }
 
+/// The agent blocks SIGTERM/SIGCHLD in its own threads (as PID 1 it handles them
+/// synchronously); programs it starts must begin with nothing blocked, or `kill -TERM`
+/// would never reach them. Set it explicitly rather than rely on the spawn path doing so.
+pub(crate) fn start_unblocked(cmd: &mut Command) {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+}
+
 fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
     let Some(program) = req.argv.first() else {
         return Err(bad("argv must not be empty"));
@@ -64,18 +79,7 @@ fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
     // Own process group, so timeouts, kills and disconnects reach everything
     // the program starts, not only the program itself.
     cmd.process_group(0);
-    // The agent blocks SIGTERM/SIGCHLD in its own threads (as PID 1 it handles them
-    // synchronously); programs must start with nothing blocked, or `kill -TERM` would
-    // never reach them. Set it explicitly rather than rely on the spawn path doing so.
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            Ok(())
-        });
-    }
+    start_unblocked(&mut cmd);
     cmd.stdin(if req.stdin.is_some() {
         Stdio::piped()
     } else {

@@ -206,16 +206,7 @@ fn run_hook(
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .process_group(0);
-    // SAFETY: only async-signal-safe calls between fork and exec: start the
-    // hook with no signals blocked (the agent blocks some in its threads).
-    unsafe {
-        cmd.pre_exec(|| {
-            let mut empty: libc::sigset_t = std::mem::zeroed();
-            libc::sigemptyset(&mut empty);
-            libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            Ok(())
-        });
-    }
+    crate::exec::start_unblocked(&mut cmd);
     let (mut child, watch) = match reaper.spawn(&mut cmd) {
         Ok(c) => c,
         Err(e) => {

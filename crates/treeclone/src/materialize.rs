@@ -33,16 +33,7 @@ pub fn materialize(source: &Path, destination: &Path, opts: &Options) -> Result<
 
     let mut staging = Staging::create(target.parent, target.name)?;
     let built = fill(&plan, source, &staging.path, opts)?;
-    match sys::rename_noreplace(&staging.path, destination) {
-        Ok(()) => staging.keep = true,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
-            // Someone created it while we were building; theirs wins.
-            return Err(Error::DestinationExists {
-                path: destination.into(),
-            });
-        }
-        Err(e) => return Err(Error::io("publish (rename) to", destination, e)),
-    }
+    staging.publish(destination)?;
     Ok(per_file_report(
         source,
         destination,
@@ -188,6 +179,24 @@ impl Staging {
     /// drop unless published.
     pub(crate) fn adopt(path: PathBuf) -> Self {
         Staging { path, keep: false }
+    }
+
+    /// Rename the finished tree to `destination` (which must still not exist) and
+    /// keep it from then on.
+    pub(crate) fn publish(&mut self, destination: &Path) -> Result<()> {
+        match sys::rename_noreplace(&self.path, destination) {
+            Ok(()) => {
+                self.keep = true;
+                Ok(())
+            }
+            // Someone created it while we were building; theirs wins.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
+                Err(Error::DestinationExists {
+                    path: destination.into(),
+                })
+            }
+            Err(e) => Err(Error::io("publish (rename) to", destination, e)),
+        }
     }
 
     pub(crate) fn create(parent: &Path, name: &OsStr) -> Result<Self> {

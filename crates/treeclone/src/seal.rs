@@ -162,15 +162,7 @@ pub fn seal(source: &Path, destination: &Path, opts: &Options) -> Result<Report>
         btrfs::set_readonly(&staging.path, true)
             .map_err(|e| Error::io("make read-only", &staging.path, e))?;
     }
-    match sys::rename_noreplace(&staging.path, destination) {
-        Ok(()) => staging.keep = true,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
-            return Err(Error::DestinationExists {
-                path: destination.into(),
-            })
-        }
-        Err(e) => return Err(Error::io("publish (rename) to", destination, e)),
-    }
+    staging.publish(destination)?;
     report.strategy = if on_btrfs {
         Strategy::Subvolume
     } else {

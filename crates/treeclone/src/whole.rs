@@ -133,15 +133,7 @@ fn subvolume(source: &Path, target: &Target, opts: &Options, started: Instant) -
             (Validation::Scanned, info)
         }
     };
-    match sys::rename_noreplace(&staging.path, target.path) {
-        Ok(()) => staging.keep = true,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
-            return Err(Error::DestinationExists {
-                path: target.path.into(),
-            })
-        }
-        Err(e) => return Err(Error::io("publish (rename) to", target.path, e)),
-    }
+    staging.publish(target.path)?;
     let r = whole_report(
         source,
         target,
