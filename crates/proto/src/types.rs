@@ -438,6 +438,18 @@ pub enum FileKind {
     Other,
 }
 
+impl FileKind {
+    /// The name on the wire (`file`, `dir`, `symlink`, `other`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DirEntry {
     /// File name (not UTF-8 names are converted lossily).

@@ -222,3 +222,15 @@ fn max_data_chunk_fits_a_frame() {
     };
     assert!(serde_json::to_vec(&req).unwrap().len() < MAX_FRAME_LEN);
 }
+
+#[test]
+fn file_kind_names_are_the_wire_names() {
+    for k in [
+        FileKind::File,
+        FileKind::Dir,
+        FileKind::Symlink,
+        FileKind::Other,
+    ] {
+        assert_eq!(to_value(&k), json!(k.as_str()));
+    }
+}

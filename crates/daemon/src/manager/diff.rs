@@ -12,19 +12,10 @@ use crate::model::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 /// Largest file whose text is compared line by line (`content=true`).
 const MAX_TEXT_DIFF: u64 = 256 * 1024;
 
-fn kind(k: FileKind) -> &'static str {
-    match k {
-        FileKind::File => "file",
-        FileKind::Dir => "dir",
-        FileKind::Symlink => "symlink",
-        FileKind::Other => "other",
-    }
-}
-
 fn entry(e: &WalkEntry) -> DiffEntry {
     DiffEntry {
         path: e.path.clone(),
-        kind: kind(e.meta.kind).into(),
+        kind: e.meta.kind.as_str().into(),
         size: e.meta.size,
         mode: e.meta.mode,
     }
@@ -85,8 +76,8 @@ impl Manager {
             };
             modified.push(DiffChange {
                 path: e.path.clone(),
-                kind_before: kind(b.meta.kind).into(),
-                kind: kind(e.meta.kind).into(),
+                kind_before: b.meta.kind.as_str().into(),
+                kind: e.meta.kind.as_str().into(),
                 size_before: b.meta.size,
                 size: e.meta.size,
                 mode_before: b.meta.mode,

@@ -264,10 +264,7 @@ impl Manager {
             entries: entries
                 .into_iter()
                 .map(|e| FileEntry {
-                    kind: serde_json::to_value(e.meta.kind)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
+                    kind: e.meta.kind.as_str().into(),
                     name: e.name,
                     size: e.meta.size,
                     mode: e.meta.mode,
