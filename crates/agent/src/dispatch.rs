@@ -33,6 +33,7 @@ pub(crate) fn handle(reply: Reply, request: Request) {
         Request::Rename(r) => files::rename(&r),
         Request::Remove(r) => files::remove(&r),
         Request::Walk(r) => crate::walk::walk(&r),
+        Request::Apply(r) => crate::apply::apply(&r),
         Request::Reidentify(r) => {
             let agent = reply.agent();
             system::reidentify(&r, agent.options.dry_run, &agent.reaper).map(Response::Reidentified)

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod apply;
 mod auth;
 pub mod config;
 mod conn;

@@ -139,6 +139,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_taps: vec![],
             child_cgroups: vec![],
             child_netns: vec![],
+            point_snapshot: None,
             ready_timeout_ms: 30_000,
         })
         .unwrap();
@@ -191,6 +192,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
             child_taps: vec![],
             child_cgroups: vec![],
             child_netns: vec![],
+            point_snapshot: None,
             ready_timeout_ms: 1000,
         })
         .unwrap_err();

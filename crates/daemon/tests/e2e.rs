@@ -4,6 +4,8 @@
 mod common;
 #[path = "e2e/fork.rs"]
 mod fork;
+#[path = "e2e/merge.rs"]
+mod merge;
 #[path = "e2e/tree.rs"]
 mod tree;
 
@@ -285,6 +287,11 @@ async fn suite(runtime: &str) {
     );
     tree::check_diff(&c, &a.id, &b, &cc).await;
     step(t0, "diff: siblings and parent compared file by file");
+    merge::check_merge(&c, &a.id).await;
+    step(
+        t0,
+        "merge: a child's changes into its parent (conflict, then theirs) and its sibling",
+    );
 
     // Snapshot + restore (in place), and lineage checks.
     let snap: Snapshot = c
@@ -341,7 +348,8 @@ async fn suite(runtime: &str) {
         String::from_utf8(c.raw(Method::GET, "/metrics", None).await.unwrap().to_vec()).unwrap();
     for needle in [
         "zygote_sandboxes{state=\"running\"} 3",
-        "zygote_branch_duration_seconds_count 1",
+        // The children and the merge check's mergeable branch.
+        "zygote_branch_duration_seconds_count 2",
         "zygote_exec_duration_seconds_bucket",
         &format!(
             "zygote_vm_memory_bytes{{sandbox=\"{}\",kind=\"private\"}}",

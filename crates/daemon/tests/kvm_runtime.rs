@@ -187,7 +187,9 @@ fn kvm_runtime_manages_vmm_processes() {
     let point_dir = root.join("snapshots").join("point");
     std::fs::create_dir_all(&point_dir).unwrap();
     let next = root.join("layers").join("after-branch");
-    let (point, results) = rt.branch(&mut a, &point_dir, &next, &kids).expect("branch");
+    let (point, results) = rt
+        .branch(&mut a, &point_dir, &next, &kids, false)
+        .expect("branch");
     assert_eq!(a.disk, next);
     let children: Vec<VmRecord> = results.into_iter().map(|r| r.expect("child")).collect();
     for (child, s) in children.iter().zip(&kids) {
@@ -210,6 +212,33 @@ fn kvm_runtime_manages_vmm_processes() {
     assert!(matches!(err, RuntimeError::Unsupported(_)), "{err}");
     // (The manager discards a failed sandbox's directory.)
     std::fs::remove_dir_all(root.join("vms/x")).unwrap();
+
+    // A kept point (for merges): the VMM's spawner writes it once the child runs,
+    // and a VM then starts from it.
+    let kept_dir = root.join("snapshots").join("kept-point");
+    std::fs::create_dir_all(&kept_dir).unwrap();
+    let kept_kid = [spec(&root, "k", BootSource::Image(PathBuf::new()))];
+    let after_kept = root.join("layers").join("after-kept");
+    let (kept, kept_results) = rt
+        .branch(&mut a, &kept_dir, &after_kept, &kept_kid, true)
+        .expect("branch keeping its point");
+    assert_eq!(a.disk, after_kept);
+    let kept_child = kept_results.into_iter().next().unwrap().expect("child");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !kept.state_file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the kept point {} was never written",
+            kept.state_file.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let from_point = rt
+        .start(&spec(&root, "from-point", BootSource::Snapshot(kept)))
+        .expect("start from a kept branch point");
+    assert_eq!(status(&from_point).state, VmRunState::Running);
+    rt.destroy(&from_point);
+    rt.destroy(&kept_child);
 
     // Restore from the full and the diff snapshot: new supervised VMMs.
     let mut restored = Vec::new();

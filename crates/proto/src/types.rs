@@ -33,6 +33,7 @@ pub enum Request {
     Remove(RemoveRequest),
     Reidentify(ReidentifyRequest),
     Walk(WalkRequest),
+    Apply(ApplyRequest),
     Shutdown,
 }
 
@@ -52,6 +53,7 @@ impl Request {
         "remove",
         "reidentify",
         "walk",
+        "apply",
         "shutdown",
     ];
 }
@@ -229,6 +231,40 @@ pub struct RemoveRequest {
     pub recursive: bool,
 }
 
+/// A batch of tree changes the agent makes in order (a `merge` applies one): it stops
+/// at the first that fails and answers `applied` with how many were made, or an error
+/// naming the failed one. Once received, the batch runs to its end whether or not the
+/// host is still connected, so a host that dies mid-way never leaves it half-sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyRequest {
+    pub ops: Vec<TreeOp>,
+}
+
+/// Most operations one `apply` takes (as many as a `walk` returns entries, plus slack).
+pub const MAX_APPLY_OPS: usize = 2 * MAX_WALK_ENTRIES;
+
+/// One change of an [`ApplyRequest`]. Paths are absolute; none of them follows a
+/// symlink in its last component.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum TreeOp {
+    /// Create a directory (an existing one is kept) and set its permission bits.
+    Mkdir { path: String, mode: u32 },
+    /// Make `path` a symlink to `target`, replacing a file or symlink there.
+    Symlink { path: String, target: String },
+    /// Move a staged file into place, replacing a file or symlink there, then set its
+    /// permission bits.
+    Install { from: String, to: String, mode: u32 },
+    /// Remove a file, symlink or (with `recursive`) directory tree; absent is fine.
+    Remove {
+        path: String,
+        #[serde(default, skip_serializing_if = "is_false")]
+        recursive: bool,
+    },
+    /// Set permission bits (symlinks have none to set).
+    Chmod { path: String, mode: u32 },
+}
+
 /// Give a freshly branched/restored VM its own identity: fresh entropy, a
 /// hostname and the current time (a restored guest wakes with the clock and
 /// RNG state of the snapshot).
@@ -362,6 +398,10 @@ pub enum Response {
     /// included).
     Walked {
         entries: Vec<WalkEntry>,
+    },
+    /// How many operations of an `apply` were made (all of them).
+    Applied {
+        done: u32,
     },
     /// Success without a payload (kill, rename, remove, shutdown).
     Ok,

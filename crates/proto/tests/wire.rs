@@ -118,6 +118,12 @@ fn every_request_type_is_listed() {
             path: "/root".into(),
             hash: true,
         }),
+        Request::Apply(ApplyRequest {
+            ops: vec![TreeOp::Remove {
+                path: "/a".into(),
+                recursive: false,
+            }],
+        }),
         Request::Shutdown,
     ];
     assert_eq!(samples.len(), Request::TYPES.len());

@@ -93,7 +93,18 @@ fn branch(
     child_main: &dyn Fn(ChildContext) -> i32,
     keep_fds: Vec<RawFd>,
 ) -> Result<zygote_vmm::vmm::branch::BranchReport, BranchError> {
-    vm.vmm.branch(&BranchRequest {
+    branch_saving_point(vm, count, child_main, keep_fds, None)
+}
+
+/// [`branch`], also saving the branch point into `point`.
+fn branch_saving_point(
+    vm: &mut ProbeVm,
+    count: usize,
+    child_main: &dyn Fn(ChildContext) -> i32,
+    keep_fds: Vec<RawFd>,
+    point: Option<&std::path::Path>,
+) -> Result<zygote_vmm::vmm::branch::BranchReport, BranchError> {
+    let req = BranchRequest {
         count,
         child_serial: &sink,
         child_devices: &|_| Default::default(),
@@ -102,7 +113,8 @@ fn branch(
         child_main,
         keep_fds,
         ready_timeout: Duration::from_secs(30),
-    })
+    };
+    vm.vmm.branch_saving_point(&req, point)
 }
 
 #[test]
@@ -398,5 +410,70 @@ fn children_join_their_cgroups_before_building_their_vm() {
         unsafe { libc::kill(c.pid, libc::SIGKILL) };
     }
     vm.vmm.reap_children(true);
+    vm.vmm.shutdown();
+}
+
+/// A branch that keeps its point: the spawner (used even for one child) writes a full
+/// snapshot of the branch point after forking the children, while parent and child
+/// run; it restores to exactly the state the child started from.
+#[test]
+fn a_saved_branch_point_restores_the_state_children_started_from() {
+    let Some(mut vm) = support::boot_spin(1) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let point = dir.path().join("point");
+    let mem = vm.vmm.guest_ram().memory();
+    mem.write_obj(PARENT_MARK, GuestAddress(SCRATCH_PARENT))
+        .unwrap();
+    let before = heartbeat(&vm);
+    let reports = Reports::new();
+    let child_main = reporting_child(reports.w, 1);
+    let report =
+        branch_saving_point(&mut vm, 1, &child_main, vec![reports.w], Some(&point)).unwrap();
+    assert!(report.spawner.is_some(), "saving the point uses a spawner");
+    // Changed after the branch point: neither the child nor the point sees it.
+    vm.vmm
+        .guest_ram()
+        .memory()
+        .write_obj(0u64, GuestAddress(SCRATCH_PARENT))
+        .unwrap();
+    let [_, child_beat, parent_mark] = reports
+        .recv(Duration::from_secs(20))
+        .expect("child reports");
+    assert_eq!(parent_mark, PARENT_MARK);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !point.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the point's snapshot never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let restored = zygote_vmm::Vmm::restore_snapshot(
+        &point,
+        zygote_vmm::vmm::RestoreConfig::new(support::sink(), true),
+        true,
+    )
+    .expect("the saved point restores");
+    let mem = restored.guest_ram().memory();
+    let mark: u64 = mem.read_obj(GuestAddress(SCRATCH_PARENT)).unwrap();
+    assert_eq!(
+        mark, PARENT_MARK,
+        "the point holds the state before the branch"
+    );
+    let point_beat = probe::read_mailbox(restored.guest_ram()).unwrap().heartbeat;
+    assert!(
+        (before..=child_beat).contains(&point_beat),
+        "point heartbeat {point_beat}: after {before} (read before the branch), \
+         at most the child's {child_beat}"
+    );
+    restored.shutdown();
+    for pid in vm.vmm.children().to_vec() {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    for c in &report.children {
+        unsafe { libc::kill(c.pid, libc::SIGKILL) };
+    }
     vm.vmm.shutdown();
 }

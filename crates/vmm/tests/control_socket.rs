@@ -99,6 +99,7 @@ fn branch(sockets: Vec<PathBuf>, cgroups: Vec<Option<PathBuf>>) -> Request {
         child_taps: vec![],
         child_cgroups: cgroups,
         child_netns: vec![],
+        point_snapshot: None,
         ready_timeout_ms: 1000,
     }
 }

@@ -91,7 +91,7 @@ impl utoipa::Modify for CommonResponses {
         system::list_images, system::build_image,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
-        sandboxes::tree, sandboxes::keep, sandboxes::diff,
+        sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
         ports::expose, ports::list, ports::unexpose,
         guest::exec, guest::exec_stream, guest::read_file, guest::write_file, guest::list_dir,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,

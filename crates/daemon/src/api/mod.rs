@@ -88,6 +88,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/v1/sandboxes/{id}/tree", sandboxes::tree)
         .add(Method::POST, "/v1/sandboxes/{id}/keep", sandboxes::keep)
         .add(Method::GET, "/v1/sandboxes/{id}/diff", sandboxes::diff)
+        .add(Method::POST, "/v1/sandboxes/{id}/merge", sandboxes::merge)
         .add(
             Method::POST,
             "/v1/sandboxes/{id}/restore",

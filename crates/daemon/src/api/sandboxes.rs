@@ -7,7 +7,8 @@ use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{
     BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest, KeepResponse,
-    RestoreRequest, Sandbox, SandboxDiff, SandboxList, SandboxTree, SetTtlRequest,
+    MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff, SandboxList, SandboxTree,
+    SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -147,4 +148,23 @@ pub async fn diff(
     ApiQuery(q): ApiQuery<DiffQuery>,
 ) -> Result<Json<SandboxDiff>> {
     Ok(Json(st.manager.diff(&id, q).await?))
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/merge", tag = "sandboxes",
+    params(("id" = String, Path, description = "The sandbox merged into")),
+    request_body = MergeRequest,
+    responses((status = 200, description = "What `from` changed under `paths` since the common \
+                branch point, made here: `applied` is true. When a path changed on both sides \
+                differently and `on_conflict` is `fail`, nothing is changed, `applied` is false \
+                and `conflicts` lists them (as it does with `dry_run`)", body = MergeReport),
+              (status = 400, description = "Invalid paths or from", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "A sandbox is not running, the two are not of one \
+                tree, or their common state was not kept", body = ErrorBody)))]
+pub async fn merge(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<MergeRequest>,
+) -> Result<Json<MergeReport>> {
+    Ok(Json(st.manager.merge(&id, req).await?))
 }

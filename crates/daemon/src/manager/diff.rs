@@ -23,7 +23,7 @@ fn entry(e: &WalkEntry) -> DiffEntry {
 
 /// Same entry on both sides? Directories compare by type and mode (their contents
 /// are entries of their own); mtimes are ignored: a copy of a file is not a change.
-fn same(a: &WalkEntry, b: &WalkEntry) -> bool {
+pub(super) fn same(a: &WalkEntry, b: &WalkEntry) -> bool {
     a.meta.kind == b.meta.kind
         && a.meta.mode == b.meta.mode
         && a.meta.symlink_target == b.meta.symlink_target

@@ -9,6 +9,8 @@ mod create;
 mod diff;
 mod exec_cancel;
 mod guest;
+mod merge;
+mod merge_plan;
 pub use guest::FileBody;
 mod ops;
 mod ports;

@@ -110,11 +110,18 @@ impl Manager {
     ) -> Result<BranchResponse> {
         req.validate()?;
         let count = req.count.unwrap_or(1);
+        let keep_point = req.mergeable.unwrap_or(false);
         let started = Instant::now();
         let _guard = self.lock(parent_id).await;
         let mut parent = self.sandbox_row(parent_id)?;
         let mut vm = self.running_vm(&parent)?;
-        self.check_space(SnapshotKind::Branch, parent.mem_mib)?;
+        // A kept point is a full capture of the parent's memory.
+        let kind = if keep_point {
+            SnapshotKind::Full
+        } else {
+            SnapshotKind::Branch
+        };
+        self.check_space(kind, parent.mem_mib)?;
         let point_id = new_id("snap");
         let point_dir = self.dirs.snapshots.join(&point_id);
         std::fs::create_dir_all(&point_dir)
@@ -187,7 +194,7 @@ impl Manager {
         let (result, vm, nets) = self
             .blocking(move || {
                 let r = attach_all(&net, &child_ids, &mut nets, &mut specs)
-                    .and_then(|()| rt.branch(&mut vm, &point_dir, &next_disk, &specs));
+                    .and_then(|()| rt.branch(&mut vm, &point_dir, &next_disk, &specs, keep_point));
                 (r, vm, nets)
             })
             .await?;

@@ -10,7 +10,10 @@ use crate::model::{KeepRequest, KeepResponse, Origin, SandboxTree, TreeNode, Tre
 impl Manager {
     /// The parent of each sandbox in lineage terms: the branch parent, or the source
     /// sandbox of the snapshot it was started from.
-    fn lineage_parents(&self, rows: &[SandboxRow]) -> Result<BTreeMap<String, (String, String)>> {
+    pub(super) fn lineage_parents(
+        &self,
+        rows: &[SandboxRow],
+    ) -> Result<BTreeMap<String, (String, String)>> {
         let snapshots: BTreeMap<String, String> = self
             .db
             .snapshots()?

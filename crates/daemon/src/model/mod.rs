@@ -12,6 +12,7 @@ mod diff;
 mod env;
 mod exec;
 mod fork;
+mod merge;
 mod network;
 mod ports;
 mod tree;
@@ -21,6 +22,7 @@ pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;
+pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
@@ -323,6 +325,12 @@ pub struct BranchRequest {
     /// over the parent's `envs` for that child's execs: tokens, seeds, task ids.
     #[serde(default)]
     pub env: Option<Vec<BTreeMap<String, String>>>,
+    /// Keep the branch point's state so that the children can later be merged with
+    /// their parent or each other (`POST .../merge`). The qemu runtime always keeps it;
+    /// on the kvm runtime it costs a full memory file of the parent, written after the
+    /// children run (the pause does not grow).
+    #[serde(default)]
+    pub mergeable: Option<bool>,
 }
 
 impl Validate for BranchRequest {

@@ -393,6 +393,7 @@ impl Runtime for KvmRuntime {
         point_dir: &Path,
         next_disk: &Path,
         children: &[StartSpec],
+        keep_point: bool,
     ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
         let files: Vec<VmFiles> = children.iter().map(|c| VmFiles::in_dir(&c.dir)).collect();
         for (f, c) in files.iter().zip(children) {
@@ -416,13 +417,16 @@ impl Runtime for KvmRuntime {
                 .filter_map(|c| tap(c))
                 .map(|t| Some(t.netns.clone()))
                 .collect(),
+            // Written by the VMM's frozen spawner after the children run: no longer pause.
+            point_snapshot: keep_point.then(|| point_dir.join(VM_SNAPSHOT)),
             ready_timeout_ms: BRANCH_READY_MS,
         };
         let info: BranchInfo = control(&parent.control)
             .request(&req)
             .map_err(|e| RuntimeError::Boot(format!("branching {}: {e}", parent.dir.display())))?;
         parent.disk = next_disk.to_path_buf();
-        // Fork-based: no state file; the point records lineage only.
+        // Fork-based: the point records lineage only, unless kept (its state file then
+        // appears once the spawner has written it).
         let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT), info.pause_ms);
         let results = supervisor::start_children(children, |i, spec| {
             let child = info.children.iter().find(|c| c.index == i);

@@ -204,13 +204,16 @@ pub trait Runtime: Send + Sync {
 
     /// Branches `parent` into `children.len()` new VMs sharing its state at
     /// one instant; `point_dir`/`next_disk` as for [`Runtime::snapshot`].
-    /// Returns the branch point and one result per child.
+    /// With `keep_point`, the point's state must be restorable later (a merge starts
+    /// it); a runtime may write it after returning. Returns the branch point and one
+    /// result per child.
     fn branch(
         &self,
         parent: &mut VmRecord,
         point_dir: &Path,
         next_disk: &Path,
         children: &[StartSpec],
+        keep_point: bool,
     ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError>;
 
     /// After a daemon restart, for a capture ([`Runtime::snapshot`] or

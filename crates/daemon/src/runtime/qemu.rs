@@ -293,6 +293,8 @@ impl Runtime for QemuRuntime {
         point_dir: &Path,
         next_disk: &Path,
         children: &[StartSpec],
+        // Always kept: a branch point here is a saved state file.
+        _keep_point: bool,
     ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
         let point = self.capture(parent, point_dir, next_disk)?;
         // Children load the same state file concurrently.

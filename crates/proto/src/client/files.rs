@@ -5,8 +5,9 @@ use std::sync::atomic::Ordering;
 
 use super::{expect_ok, unexpected, AgentClient, ClientError};
 use crate::{
-    DirEntry, FileChunk, Metadata, PathRequest, ReadFileRequest, RemoveRequest, RenameRequest,
-    Request, Response, StatRequest, WalkEntry, WalkRequest, WriteFileRequest, MAX_DATA_CHUNK,
+    ApplyRequest, DirEntry, FileChunk, Metadata, PathRequest, ReadFileRequest, RemoveRequest,
+    RenameRequest, Request, Response, StatRequest, TreeOp, WalkEntry, WalkRequest,
+    WriteFileRequest, MAX_DATA_CHUNK,
 };
 
 impl AgentClient {
@@ -138,6 +139,14 @@ impl AgentClient {
         match self.call(req, "walk")? {
             Response::Walked { entries } => Ok(entries),
             other => Err(unexpected("walk", &other)),
+        }
+    }
+
+    /// Makes `ops` in order in the guest (see [`ApplyRequest`]); returns how many.
+    pub fn apply(&self, ops: Vec<TreeOp>) -> Result<u32, ClientError> {
+        match self.call(Request::Apply(ApplyRequest { ops }), "apply")? {
+            Response::Applied { done } => Ok(done),
+            other => Err(unexpected("apply", &other)),
         }
     }
 

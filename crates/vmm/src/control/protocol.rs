@@ -35,6 +35,11 @@ pub enum Request {
         /// in the parent's).
         #[serde(default)]
         child_netns: Vec<Option<PathBuf>>,
+        /// Also save the branch point: a full snapshot written to this (new) directory
+        /// by the frozen copy that forks the children, after the reply's children run;
+        /// the directory appears complete when it is done.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        point_snapshot: Option<PathBuf>,
         #[serde(default = "default_ready_timeout_ms")]
         ready_timeout_ms: u64,
     },

@@ -184,6 +184,7 @@ impl Server {
                 child_taps,
                 child_cgroups,
                 child_netns,
+                point_snapshot,
                 ready_timeout_ms,
             } => branch(
                 vmm,
@@ -195,6 +196,7 @@ impl Server {
                     cgroups: child_cgroups,
                     netns: child_netns,
                 },
+                point_snapshot.as_deref(),
                 ready_timeout_ms,
                 &self.opts,
             ),
@@ -260,8 +262,17 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
     }
 }
 
-fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64, opts: &ServeOptions) -> Reply {
+fn branch(
+    vmm: &mut Vmm,
+    paths: BranchPaths,
+    point: Option<&Path>,
+    timeout_ms: u64,
+    opts: &ServeOptions,
+) -> Reply {
     if let Err(e) = check_branch(&paths) {
+        return Reply::err("bad_request", e);
+    }
+    if let Some(Err(e)) = point.map(|p| opts.snapshots.check(p)) {
         return Reply::err("bad_request", e);
     }
     let sockets = &paths.sockets;
@@ -307,7 +318,7 @@ fn branch(vmm: &mut Vmm, paths: BranchPaths, timeout_ms: u64, opts: &ServeOption
         keep_fds: listener_fds.clone(),
         ready_timeout: Duration::from_millis(timeout_ms),
     };
-    let result = vmm.branch(&req);
+    let result = vmm.branch_saving_point(&req, point);
     drop(listeners);
     match result {
         Ok(r) => Reply::ok(BranchInfo {

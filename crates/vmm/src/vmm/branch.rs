@@ -8,14 +8,17 @@
 //! runs again, so the parent's pause does not grow with N; the spawner then drops its
 //! guest memory and only reaps. The spawner leads a process group its children share, so
 //! a failed branch is cleaned up with one kill; a child that runs outlives the spawner and
-//! the parent (until then it dies with the spawner).
+//! the parent (until then it dies with the spawner). Asked to keep the branch point
+//! ([`Vmm::branch_saving_point`]), the spawner (used then even for one child) also writes
+//! a full snapshot of the point from its frozen memory after forking the children, while
+//! parent and children run: the point can be restored later without pausing anyone longer.
 //!
 //! Each child is single-threaded after fork: it unmaps the parent's kvm_run pages and
 //! closes every inherited fd (KVM objects, eventfds, sockets, listeners), builds a new
 //! KVM VM over the inherited memory, restores the state, starts new threads, reports
 //! readiness over a pipe, then runs the caller's child main.
 use std::os::fd::RawFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::ready::{self, ReadyRecord, WaitError};
@@ -162,6 +165,19 @@ pub(super) fn exit_now(code: i32) -> ! {
 impl Vmm {
     /// Fork `req.count` children that continue this VM. Returns in the parent only.
     pub fn branch(&mut self, req: &BranchRequest) -> Result<BranchReport, BranchError> {
+        self.branch_saving_point(req, None)
+    }
+
+    /// [`Vmm::branch`], and with `point`, a full snapshot of the branch point written
+    /// there by the spawner once the children are forked (`<point>` appears, complete,
+    /// when it is done; on failure the spawner's stderr says why and it does not).
+    pub fn branch_saving_point(
+        &mut self,
+        req: &BranchRequest,
+        point: Option<&Path>,
+    ) -> Result<BranchReport, BranchError> {
+        let point = point.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()));
+        let use_spawner = req.count > 1 || point.is_some();
         if req.count == 0 {
             return Err(BranchError::ZeroCount);
         }
@@ -189,10 +205,10 @@ impl Vmm {
         if pid == 0 {
             // SAFETY: the child has no use for the read end.
             unsafe { libc::close(ready_r) };
-            if req.count == 1 {
+            if !use_spawner {
                 self.become_child(&state, 0, ready_w, req);
             }
-            self.become_spawner(&state, ready_w, req);
+            self.become_spawner(&state, ready_w, req, point.as_deref());
         }
         let fork_time = fork_started.elapsed();
         let fork_err = (pid < 0).then(std::io::Error::last_os_error);
@@ -209,7 +225,7 @@ impl Vmm {
             resumed?;
             return Err(BranchError::Fork(err));
         }
-        if req.count > 1 {
+        if use_spawner {
             // The spawner's own process group (it sets it too; whoever runs first wins).
             // SAFETY: plain setpgid on our child.
             unsafe { libc::setpgid(pid, pid) };
@@ -225,7 +241,7 @@ impl Vmm {
             Err(e) => {
                 // Don't leave half-started children behind: the spawner's children are
                 // in its process group, a direct child is the pid itself.
-                let target = if req.count > 1 { -pid } else { pid };
+                let target = if use_spawner { -pid } else { pid };
                 // SAFETY: signalling processes we created.
                 unsafe { libc::kill(target, libc::SIGKILL) };
                 self.reap_children(true);
@@ -253,7 +269,7 @@ impl Vmm {
                     restore: Duration::from_nanos(r.restore_ns),
                 })
                 .collect(),
-            spawner: (req.count > 1).then_some(pid),
+            spawner: use_spawner.then_some(pid),
             pause,
             capture: captured,
             fork: fork_time,
@@ -345,8 +361,15 @@ impl Vmm {
         }
     }
 
-    /// Runs in the frozen spawner (count > 1): forks every child, then only reaps.
-    fn become_spawner(&mut self, state: &VmState, ready_w: RawFd, req: &BranchRequest) -> ! {
+    /// Runs in the frozen spawner (count > 1, or a point to save): forks every child,
+    /// writes the point's snapshot if asked, then only reaps.
+    fn become_spawner(
+        &mut self,
+        state: &VmState,
+        ready_w: RawFd,
+        req: &BranchRequest,
+        point: Option<&Path>,
+    ) -> ! {
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.release_parent_objects(ready_w, &req.keep_fds);
             // Its own process group, inherited by the children: a failed branch ends
@@ -391,6 +414,13 @@ impl Vmm {
             for &fd in &req.keep_fds {
                 // SAFETY: as above; nothing in the spawner uses them.
                 unsafe { libc::close(fd) };
+            }
+            if let Some(dest) = point {
+                // Still the branch point: this process's memory and device objects are
+                // the frozen copy the children started from.
+                if let Err(e) = self.write_full_snapshot(state, dest) {
+                    eprintln!("zygote: saving branch point {}: {e}", dest.display());
+                }
             }
             // The children hold their own copy-on-write references; the spawner needs no
             // guest memory while it waits.

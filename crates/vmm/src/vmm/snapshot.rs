@@ -298,6 +298,29 @@ impl Vmm {
         Ok((meta.pages_written, pause))
     }
 
+    /// A full snapshot of this process's memory as it is, for a frozen copy (the branch
+    /// spawner) in which nothing else runs.
+    pub(super) fn write_full_snapshot(
+        &self,
+        state: &VmState,
+        dest: &Path,
+    ) -> Result<u64, PersistError> {
+        // SAFETY: called in a frozen copy; nothing else writes its memory.
+        let mem = MemoryView {
+            bytes: unsafe { self.ram.host_slice() },
+        };
+        let data = self.device_private_data()?;
+        write_snapshot(
+            dest,
+            SnapshotMode::Full,
+            state,
+            &self.cpu,
+            &mem,
+            None,
+            &data,
+        )
+    }
+
     fn snapshot_writer_child(
         &self,
         dest: &Path,
