@@ -47,6 +47,8 @@ enum Command {
     Keep(commands::tree::KeepArgs),
     /// How one sandbox's files differ from another's: A(dded), D(eleted), M(odified) (daemon).
     Diff(commands::tree::DiffArgs),
+    /// Bring another sandbox's file changes since the common branch point in (daemon).
+    Merge(commands::merge::MergeArgs),
     /// Take, list and delete snapshots (daemon).
     #[command(subcommand)]
     Snapshot(commands::snapshot::SnapshotCommand),
@@ -91,6 +93,7 @@ fn main() {
         Command::Tree(args) => commands::tree::run_tree(args),
         Command::Keep(args) => commands::tree::run_keep(args),
         Command::Diff(args) => commands::tree::run_diff(args),
+        Command::Merge(args) => commands::merge::run(args),
         Command::Snapshot(cmd) => commands::snapshot::run(cmd),
         Command::Restore(args) => commands::restore::run(args),
         Command::Ps(args) => commands::ps::run(args),

@@ -123,7 +123,7 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
 }
 
 /// `KEY=VALUE`, or `KEY` with the value from `lookup` (this process's environment).
-fn key_value(
+pub(super) fn key_value(
     flag: &str,
     arg: &str,
     lookup: &dyn Fn(&str) -> Option<String>,

@@ -20,6 +20,7 @@ pub mod exec;
 pub mod image;
 pub mod images;
 pub mod logs;
+pub mod merge;
 pub mod port;
 pub mod private_daemon;
 pub mod probe;
