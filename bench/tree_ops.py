@@ -9,7 +9,10 @@ Through a running daemon (ZYGOTE_URL / ZYGOTE_TOKEN or the token file):
    and without the per-file text diffs, next to a `walk` baseline: `find | sha256sum`
    of the same tree run as an exec in each guest (what a client could do without the
    API);
-4. `keep` of the changed child is timed, and so is the time until the siblings' VM
+4. `merge` of the changed child into the parent: ROUNDS dry runs (the common state
+   started in a short-lived sandbox, three walks, the plan), then the real merge once
+   (the same plus copying the changed files and applying them);
+5. `keep` of the changed child is timed, and so is the time until the siblings' VM
    processes are gone and the host's MemAvailable has grown back.
 
     python3 bench/tree_ops.py [--files 10000] [--changed 100] [--rounds 5]
@@ -70,7 +73,7 @@ def main() -> int:
             )
             parent.commands.run(make, timeout=1800, check=True)
             print(f"{a.files} files in {dirs} directories made in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            children = parent.branch(n=2)
+            children = parent.branch(n=2, mergeable=True)
             made += children
             changed, sibling = children
             change = (
@@ -93,6 +96,16 @@ def main() -> int:
                 walk_ms.append(ms(both))
                 print(f"round {r + 1}/{a.rounds}: diff {diff_ms[-1]:.0f} ms, with text {text_ms[-1]:.0f} ms, "
                       f"find|sha256sum in both guests {walk_ms[-1]:.0f} ms", file=sys.stderr)
+            merge_dry_ms = []
+            for r in range(a.rounds):
+                merge_dry_ms.append(ms(lambda: parent.merge(changed, paths=["/root/tree"], dry_run=True)))
+                print(f"round {r + 1}/{a.rounds}: merge dry run {merge_dry_ms[-1]:.0f} ms", file=sys.stderr)
+            t = time.perf_counter()
+            merged = parent.merge(changed, paths=["/root/tree"])
+            merge_ms = (time.perf_counter() - t) * 1e3
+            assert merged.applied and len(merged.changes) == a.changed, merged
+            print(f"merge: {merge_ms:.0f} ms ({len(merged.changes)} files, {merged.bytes_copied} bytes)",
+                  file=sys.stderr)
             # keep: the sibling and the parent go; how soon is their memory back?
             pids = [s.info().pid for s in (sibling, parent)]
             avail_before = mem_available_kib()
@@ -114,6 +127,8 @@ def main() -> int:
                 "diff_ms": summary(diff_ms),
                 "diff_with_text_ms": summary(text_ms),
                 "find_sha256sum_both_guests_ms": summary(walk_ms),
+                "merge_dry_run_ms": summary(merge_dry_ms),
+                "merge_ms": round(merge_ms, 1),
                 "keep_ms": round(keep_ms, 1),
                 "siblings_gone_ms": round(gone_ms, 1),
                 "mem_available_gain_mib": round(freed_mib, 1),

@@ -1,7 +1,7 @@
 //! Issue 19, defect 3: a daemon killed in the middle of a multi-step operation leaves
 //! nothing broken. Each fault point (`ZYGOTE_FAULT`, crates/daemon/src/fault.rs) kills the
-//! daemon with SIGKILL at one step of a snapshot, branch, restore, snapshot deletion or
-//! sandbox deletion; a clean daemon on the same state then has to show the sandbox
+//! daemon with SIGKILL at one step of a snapshot, branch, restore, merge, snapshot
+//! deletion or sandbox deletion; a clean daemon on the same state then has to show the sandbox
 //! running with every write its guest made, its VM holding no deleted file, later
 //! snapshots and branches working, half-made children gone, and no file or process left
 //! that no record explains. Before the fix, a kill after the disk-layer switch made the
@@ -336,6 +336,85 @@ async fn suite(runtime: &str) {
         step(t0, &format!("{point}: restored again, marks intact"));
         drop(d);
     }
+
+    // Merge: killed once the common state's sandbox runs, or with the files staged in
+    // the guest; the sandbox merged into is unchanged, the short-lived sandbox and the
+    // staging are gone after the restart, and merging again works.
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    sh(&c, &a, "mkdir -p /root/m").await;
+    let br: BranchResponse = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/branch"),
+            Some(&json!({"count": 1, "mergeable": true})),
+        )
+        .await
+        .expect("mergeable branch");
+    let k = br.children[0].clone();
+    sh(&c, &k, "echo merged > /root/m/f").await;
+    drop(d);
+    let merge_req = json!({"from": k, "paths": ["/root/m"]});
+    for point in ["merge.base-started", "merge.staged"] {
+        let d = faulty(point);
+        let c = d.client();
+        let before: Vec<String> = (c
+            .json::<SandboxList>(Method::GET, "/v1/sandboxes", None::<&()>)
+            .await
+            .unwrap()
+            .sandboxes)
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        let r = c
+            .json::<Value>(
+                Method::POST,
+                &format!("/v1/sandboxes/{a}/merge"),
+                Some(&merge_req),
+            )
+            .await;
+        expect_killed(d, point, r).await;
+        let d = start_daemon(state, &args);
+        let c = d.client();
+        let after: Vec<String> = (c
+            .json::<SandboxList>(Method::GET, "/v1/sandboxes", None::<&()>)
+            .await
+            .unwrap()
+            .sandboxes)
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(after, before, "{point}: the base sandbox is gone");
+        assert_eq!(
+            sh(&c, &a, "ls -A /root/m").await,
+            "",
+            "{point}: nothing merged, no staging left"
+        );
+        assert_vm_processes(&c, state, point).await;
+        assert_no_orphans(&c, state, point).await;
+        step(
+            t0,
+            &format!("{point}: unchanged, base sandbox and staging gone"),
+        );
+        drop(d);
+    }
+    let d = start_daemon(state, &args);
+    let c = d.client();
+    let merged: Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/merge"),
+            Some(&merge_req),
+        )
+        .await
+        .expect("merge after the crashes");
+    assert_eq!(merged["applied"], json!(true), "{merged}");
+    assert_eq!(sh(&c, &a, "cat /root/m/f").await, "merged\n");
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{k}"), None)
+        .await
+        .unwrap();
+    step(t0, "merged after the crashes");
+    drop(d);
 
     // Deletion: finished by the next start, whether the VM was killed yet or not.
     for (point, id) in [("delete.recorded", &a), ("delete.destroyed", &b)] {

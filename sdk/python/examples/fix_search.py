@@ -1,10 +1,12 @@
-"""Try several fixes from one live state, keep the one that passes.
+"""Try several fixes from one live state, merge the one that passes back.
 
 An agent-style search over a branch tree: a sandbox holds a small project with a
-failing test. It is branched four ways; each child gets its own candidate (through the
-per-child ``env`` of the branch), applies it and runs the test. The example shows the
-winner's change against the parent (``diff``), then keeps the winner: its siblings are
-deleted and it replaces the parent, taking its name (``keep(promote=True)``).
+failing test. It is branched four ways (``mergeable``, so a child's changes can be
+merged back); each child gets its own candidate (through the per-child ``env`` of the
+branch), applies it and runs the test. The example shows the winner's change against
+the parent (``diff``), merges it into the parent (``merge``: only the project
+directory, and only what the winner changed since the branch), deletes the four
+branches and runs the test in the parent, which now passes.
 
     python examples/fix_search.py
 
@@ -52,7 +54,7 @@ def main() -> int:
             print(f"[{time.monotonic() - t0:5.1f}s] {parent.id}: the test fails (exit {failing.exit_code})")
 
             env = [{"CANDIDATE": sed} for _, sed in CANDIDATES]
-            children = parent.branch(n=len(CANDIDATES), env=env)
+            children = parent.branch(n=len(CANDIDATES), env=env, mergeable=True)
             made += children
 
             def attempt(child: Sandbox) -> Optional[int]:
@@ -77,12 +79,23 @@ def main() -> int:
                 print(f"M {m.path}")
                 print(m.unified or "", end="")
 
-            kept = winner.keep(promote=True)
-            made = [winner]
-            print(f"[{time.monotonic() - t0:5.1f}s] kept {kept.kept} as {kept.name!r}; deleted {len(kept.deleted)}")
-            tree = winner.tree()
+            # The parent did not touch the project since the branch, so nothing can
+            # conflict; if it had, MergeConflictError would say where and change nothing.
+            merged = parent.merge(winner, paths=[PROJECT])
+            print(f"[{time.monotonic() - t0:5.1f}s] merged {winner.id} into {parent.id}:")
+            for c in merged.changes:
+                print(f"  {c.action} {c.path} ({c.size} bytes)")
+            for child in children:
+                child.kill()
+            made = [parent]
+            print(f"[{time.monotonic() - t0:5.1f}s] deleted {len(children)} branches")
+
+            check = parent.commands.run(f"cd {PROJECT} && sh test.sh")
+            verdict = "passes" if check.exit_code == 0 else f"fails ({check.exit_code})"
+            print(f"[{time.monotonic() - t0:5.1f}s] {parent.id}: the test now {verdict}")
+            tree = parent.tree()
             print(f"tree now: {[n.id for n in tree.sandboxes]}")
-            return 0
+            return 0 if check.exit_code == 0 else 1
         finally:
             for sb in made:
                 sb.kill()

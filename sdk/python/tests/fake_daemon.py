@@ -1,11 +1,15 @@
 """A scripted stand-in for zygoted: answers requests with the responses of
 a test-vector case, in order, and records what it was sent so the test can
-compare it with the expected requests."""
+compare it with the expected requests. With a :class:`FakeFiles` attached,
+file reads and writes, branches and merges are answered from its state
+instead, the way zygoted does for regular files."""
 
 from __future__ import annotations
 
 import base64
 import json
+import itertools
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,10 +26,127 @@ class Recorded:
     body: bytes
 
 
+Files = dict[str, str]
+Answer = tuple[int, Any]
+
+
+def _error(status: int, code: str, message: str) -> Answer:
+    return status, {"error": {"code": code, "message": message}}
+
+
+@dataclass
+class FakeFiles:
+    """Sandboxes holding regular files (absolute path -> text), branched and
+    merged like zygoted does it: a branch copies the parent's files into each
+    child and, when ``mergeable`` (or ``keeps_points``, as on the qemu
+    runtime), keeps them as the branch point's state; a merge compares, under
+    each merged directory, that state with both sandboxes' files (three-way)
+    and answers a MergeReport. Directories, modes and links are not modelled."""
+
+    sandboxes: dict[str, Files] = field(default_factory=dict)
+    keeps_points: bool = False
+    # child -> (parent, branch point id); point id -> the files it kept (None: not kept).
+    origin: dict[str, tuple[str, str]] = field(default_factory=dict)
+    points: dict[str, Optional[Files]] = field(default_factory=dict)
+    _ids: "itertools.count[int]" = field(default_factory=lambda: itertools.count(1))
+
+    def answer(self, method: str, path: str, query: dict[str, str], body: bytes) -> Optional[tuple[int, Any]]:
+        """The answer to a request this model handles (JSON, or bytes for a read), else None."""
+        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/(files|branch|merge)", path)
+        if m is None or m[1] not in self.sandboxes:
+            return None
+        sid, route = m[1], m[2]
+        files = self.sandboxes[sid]
+        if route == "files" and method == "GET":
+            if query["path"] not in files:
+                return _error(404, "guest_not_found", f"{query['path']}: no such file")
+            return 200, files[query["path"]].encode()
+        if route == "files" and method == "PUT":
+            files[query["path"]] = body.decode()
+            return 200, {"path": query["path"], "size": len(body)}
+        req = json.loads(body)
+        if route == "branch":
+            point = f"snap-{next(self._ids):012x}"
+            self.points[point] = dict(files) if self.keeps_points or req.get("mergeable") else None
+            children = [f"sb-{next(self._ids):012x}" for _ in range(req.get("count", 1))]
+            for child in children:
+                self.sandboxes[child] = dict(files)
+                self.origin[child] = (sid, point)
+            return 201, {"parent": sid, "branch_point": point, "children": children, "failed": [], "duration_ms": 1}
+        return self.merge(sid, req)
+
+    def _common_point(self, a: str, b: str) -> Optional[str]:
+        # Parent and child, or two children of one branch point: the simple trees.
+        for x, y in ((a, b), (b, a)):
+            if self.origin.get(y, ("", ""))[0] == x:
+                return self.origin[y][1]
+        if a in self.origin and self.origin[a][1] == self.origin.get(b, ("", ""))[1]:
+            return self.origin[a][1]
+        return None
+
+    def merge(self, sid: str, req: dict[str, Any]) -> Answer:
+        src, on_conflict, dry_run = req["from"], req.get("on_conflict", "fail"), req.get("dry_run", False)
+        if src not in self.sandboxes:
+            return _error(404, "not_found", f'sandbox "{src}" not found')
+        point = self._common_point(sid, src)
+        if point is None:
+            return _error(409, "conflict", f"{sid} and {src} are not of one tree")
+        base = self.points[point]
+        if base is None:
+            return _error(409, "conflict", f"the common state of {sid} and {src} ({point}) was not saved")
+        dirs = sorted(p.rstrip("/") for p in req.get("paths") or ["/root"])
+        ours, theirs = self.sandboxes[sid], self.sandboxes[src]
+        changes: list[dict[str, Any]] = []
+        conflicts: list[dict[str, Any]] = []
+        take: dict[str, Optional[str]] = {}
+
+        def did(before: Optional[str], after: Optional[str]) -> str:
+            return "added" if before is None else "removed" if after is None else "modified"
+
+        for path in sorted(set(base) | set(theirs)):
+            if not any(path.startswith(d + "/") for d in dirs):
+                continue
+            b, o, t = base.get(path), ours.get(path), theirs.get(path)
+            if t == b or t == o:
+                continue  # theirs did not change it, or both made the same change
+            if o != b:
+                conflicts.append(
+                    {"path": path, "ours": did(b, o), "theirs": did(b, t)}
+                    | ({} if on_conflict == "fail" else {"resolution": on_conflict})
+                )
+                if on_conflict != "theirs":
+                    continue
+            take[path] = t
+            action = "remove" if t is None else "add" if b is None else "modify"
+            changes.append({"path": path, "action": action, "kind": "file", "size": len(t or "")})
+        applied = not (on_conflict == "fail" and conflicts) and not dry_run and bool(take)
+        if applied:
+            for path, text in take.items():
+                if text is None:
+                    del ours[path]
+                else:
+                    ours[path] = text
+        report = {
+            "sandbox": sid,
+            "from": src,
+            "base": point,
+            "paths": dirs,
+            "applied": applied,
+            "changes": changes,
+            "conflicts": conflicts,
+            "skipped": [],
+            "bytes_copied": sum(c["size"] for c in changes) if applied else 0,
+            "duration_ms": 1,
+        }
+        return 200, report
+
+
 @dataclass
 class FakeDaemon:
     responses: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Recorded] = field(default_factory=list)
+    files: Optional[FakeFiles] = None
+    _scripted: int = 0
     _server: Optional[ThreadingHTTPServer] = None
 
     @property
@@ -37,6 +158,7 @@ class FakeDaemon:
         """Script the next exchanges (and forget earlier requests)."""
         self.responses = list(responses)
         self.requests = []
+        self._scripted = 0
 
     def start(self) -> "FakeDaemon":
         fake = self
@@ -51,16 +173,26 @@ class FakeDaemon:
                 parts = urlsplit(self.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
                 fake.requests.append(
                     Recorded(
                         method=self.command,
                         path=parts.path,
-                        query={k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()},
+                        query=query,
                         headers={k.lower(): v for k, v in self.headers.items()},
                         body=body,
                     )
                 )
-                index = len(fake.requests) - 1
+                modelled = fake.files.answer(self.command, parts.path, query, body) if fake.files else None
+                if modelled is not None:
+                    status, answer = modelled
+                    if isinstance(answer, bytes):
+                        self._send(status, "application/octet-stream", answer)
+                    else:
+                        self._send(status, "application/json", json.dumps(answer).encode())
+                    return
+                index = fake._scripted
+                fake._scripted += 1
                 if index >= len(fake.responses):
                     self._send(599, "application/json", b'{"error":{"code":"fake_exhausted","message":"unexpected request"}}')
                     return

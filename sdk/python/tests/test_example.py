@@ -41,7 +41,8 @@ FIX_SEARCH = EXAMPLE.with_name("fix_search.py")
 @pytest.mark.live
 def test_fix_search_example(live_env: dict[str, str]) -> None:
     """Branch four ways with per-child env, diff the passing child against the
-    parent, keep it in the parent's place; nothing is left behind."""
+    parent, merge its change into the parent, drop the branches; the parent then
+    passes the test and nothing is left behind."""
     with Client(live_env["url"], live_env["token"]) as c:
         before = {s.id for s in c.sandboxes()}
         env = dict(os.environ, ZYGOTE_URL=live_env["url"], ZYGOTE_TOKEN=live_env["token"])
@@ -54,5 +55,9 @@ def test_fix_search_example(live_env: dict[str, str]) -> None:
         assert "tries add: passes" in out and out.count(": passes") == 1, out
         assert "-add() { echo $(( $1 - $2 )); }" in out, out
         assert "+add() { echo $(( $1 + $2 )); }" in out, out
-        assert "as 'fix-search'; deleted 4" in out, out
+        assert "\n  modify /root/work/calc.sh (" in out, out
+        assert "deleted 4 branches" in out, out
+        assert ": the test now passes" in out, out
+        # Only the parent is left of the tree.
+        assert out.splitlines()[-1].count("sb-") == 1, out
         assert {s.id for s in c.sandboxes()} == before, "the example left sandboxes behind"

@@ -173,6 +173,48 @@ def test_branch_into_three_children_that_diverge(sb: Sandbox) -> None:
             c.kill()
 
 
+def test_merge_a_childs_changes_back_and_a_conflict_changes_nothing(sb: Sandbox) -> None:
+    work = "/root/merge"
+    sb.commands.run(f"mkdir -p {work} && echo v1 > {work}/calc.txt && echo keep > {work}/keep.txt", check=True)
+    [child] = sb.branch(n=1, mergeable=True)
+    try:
+        child.files.write(f"{work}/new.txt", "from the child\n")
+        child.commands.run(f"echo v2 > {work}/calc.txt && rm {work}/keep.txt", check=True)
+        sb.files.write(f"{work}/parent.txt", "the parent's own\n")
+
+        report = sb.merge(child, paths=[work])
+        assert report.applied and report.conflicts == () and (report.sandbox, report.from_) == (sb.id, child.id)
+        assert report.base == child.info().origin["branch"]["branch_point"]
+        assert sorted((c.path, c.action) for c in report.changes) == [
+            (f"{work}/calc.txt", "modify"),
+            (f"{work}/keep.txt", "remove"),
+            (f"{work}/new.txt", "add"),
+        ]
+        assert report.bytes_copied == len("v2\n") + len("from the child\n")
+        assert sb.files.read(f"{work}/new.txt") == "from the child\n"
+        assert sb.files.read(f"{work}/calc.txt") == "v2\n"
+        assert sb.files.read(f"{work}/parent.txt") == "the parent's own\n"
+        with pytest.raises(zygote.FileNotFound):
+            sb.files.read(f"{work}/keep.txt")
+
+        # Both change calc.txt now: the merge stops and changes nothing, the child's
+        # other new file included.
+        child.files.write(f"{work}/calc.txt", "child v3\n")
+        child.files.write(f"{work}/later.txt", "later\n")
+        sb.files.write(f"{work}/calc.txt", "parent v3\n")
+        with pytest.raises(zygote.MergeConflictError) as e:
+            sb.merge(child, [work])
+        assert [(c.path, c.ours, c.theirs, c.resolution) for c in e.value.conflicts] == [
+            (f"{work}/calc.txt", "modified", "modified", None)
+        ]
+        assert not e.value.report.applied and f"{work}/calc.txt" in str(e.value)
+        assert sb.files.read(f"{work}/calc.txt") == "parent v3\n"
+        with pytest.raises(zygote.FileNotFound):
+            sb.files.read(f"{work}/later.txt")
+    finally:
+        child.kill()
+
+
 def test_snapshot_restore_and_rollback(sb: Sandbox, client: Client, snapshots: list[zygote.Snapshot]) -> None:
     sb.files.write("/root/version.txt", "v1")
     snap = sb.snapshot(mode="full")
@@ -262,7 +304,7 @@ async def test_async_surface(live_env: dict[str, str]) -> None:
                 await asb.commands.run("sleep 20", timeout=1)
             info = await asb.set_ttl(900)
             assert info.ttl_secs == 900 and info.expires_at is not None
-            [child] = await asb.branch(n=1)
+            [child] = await asb.branch(n=1, mergeable=True)
             try:
                 # Children inherit the parent's TTL length.
                 assert (await child.info()).ttl_secs == 900
@@ -270,6 +312,11 @@ async def test_async_surface(live_env: dict[str, str]) -> None:
                 assert await child.files.read("/root/async.txt") == "async ok"
                 await child.files.write("/root/async.txt", "child")
                 assert await asb.files.read("/root/async.txt") == "async ok"
+                # The child's change, merged back with theirs over the parent's own.
+                await asb.files.write("/root/async.txt", "parent")
+                merged = await asb.merge(child, on_conflict="theirs")
+                assert [(c.path, c.resolution) for c in merged.conflicts] == [("/root/async.txt", "theirs")]
+                assert merged.applied and await asb.files.read("/root/async.txt") == "child"
             finally:
                 assert await child.kill()
             sid = asb.id

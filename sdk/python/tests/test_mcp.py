@@ -15,7 +15,7 @@ import pytest
 
 from zygote import Client
 
-from .fake_daemon import FakeDaemon
+from .fake_daemon import FakeDaemon, FakeFiles
 
 EXPECTED_TOOLS = {
     "create_sandbox",
@@ -27,6 +27,7 @@ EXPECTED_TOOLS = {
     "sandbox_tree",
     "keep_branch",
     "diff_sandboxes",
+    "merge_sandboxes",
     "snapshot_sandbox",
     "restore_snapshot",
     "kill_sandbox",
@@ -138,6 +139,11 @@ def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
         assert keep_schema["required"] == ["sandbox_id"]
         assert keep_schema["properties"]["promote"]["type"] == "boolean"
         assert keep_schema["properties"]["promote"]["default"] is False
+        assert tools["branch_sandbox"]["inputSchema"]["properties"]["mergeable"]["default"] is False
+        merge_schema = tools["merge_sandboxes"]["inputSchema"]
+        assert merge_schema["required"] == ["sandbox_id", "from_sandbox_id"]
+        assert merge_schema["properties"]["on_conflict"]["enum"] == ["fail", "theirs", "ours"]
+        assert merge_schema["properties"]["dry_run"]["default"] is False
         # A daemon that is down is a tool error the model can read, not a crash.
         res = session.call("exec", sandbox_id="sb-000000000000", command="true")
         assert res["isError"] is True
@@ -237,6 +243,60 @@ def test_sandbox_tree_and_keep_branch_against_a_fake_daemon() -> None:
         ("GET", "/v1/sandboxes/sb-c00000000001/tree", None),
         ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": True}),
         ("POST", "/v1/sandboxes/sb-c00000000001/keep", {"promote": False}),
+    ]
+
+
+def test_merge_sandboxes_reports_conflicts_as_a_result_against_a_fake_daemon() -> None:
+    parent = "sb-aaaaaaaaaaaa"
+    fake = FakeDaemon().start()
+    fake.files = FakeFiles(sandboxes={parent: {"/root/work/calc.sh": "a - b"}})
+    # The two children the session made are killed when it ends.
+    fake.load([{"status": 204}, {"status": 204}])
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        branched = structured(session.call("branch_sandbox", sandbox_id=parent, n=2, mergeable=True))
+        child, _ = branched["children"]
+        structured(session.call("write_file", sandbox_id=child, path="/root/work/calc.sh", content="a + b"))
+        structured(session.call("write_file", sandbox_id=child, path="/root/work/test.sh", content="test"))
+        structured(session.call("write_file", sandbox_id=parent, path="/root/work/calc.sh", content="a * b"))
+
+        stopped = structured(session.call("merge_sandboxes", sandbox_id=parent, from_sandbox_id=child))
+        unchanged = session.call("read_file", sandbox_id=parent, path="/root/work/calc.sh")
+        settled = structured(
+            session.call(
+                "merge_sandboxes",
+                sandbox_id=parent,
+                from_sandbox_id=child,
+                paths=["/root/work"],
+                on_conflict="theirs",
+            )
+        )
+        merged = session.call("read_file", sandbox_id=parent, path="/root/work/test.sh")
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    calc = {"path": "/root/work/calc.sh", "ours": "modified", "theirs": "modified"}
+    assert (stopped["applied"], stopped["conflicts"]) == (False, [calc | {"resolution": None}])
+    assert (stopped["sandbox_id"], stopped["from_sandbox_id"], stopped["paths"]) == (parent, child, ["/root"])
+    assert unchanged["content"][0]["text"] == "a * b"
+    assert settled["applied"] is True and settled["conflicts"] == [calc | {"resolution": "theirs"}]
+    assert [(c["path"], c["action"]) for c in settled["changes"]] == [
+        ("/root/work/calc.sh", "modify"),
+        ("/root/work/test.sh", "add"),
+    ]
+    assert settled["bytes_copied"] == len("a + b") + len("test")
+    assert merged["content"][0]["text"] == "test"
+    sent = [(r.method, r.path, json.loads(r.body)) for r in fake.requests if r.method == "POST"]
+    assert sent == [
+        ("POST", f"/v1/sandboxes/{parent}/branch", {"count": 2, "mergeable": True}),
+        ("POST", f"/v1/sandboxes/{parent}/merge", {"from": child, "on_conflict": "fail", "dry_run": False}),
+        (
+            "POST",
+            f"/v1/sandboxes/{parent}/merge",
+            {"from": child, "paths": ["/root/work"], "on_conflict": "theirs", "dry_run": False},
+        ),
     ]
 
 

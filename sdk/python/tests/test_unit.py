@@ -19,7 +19,7 @@ import zygote
 from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
 from zygote._config import DEFAULT_URL, resolve
 
-from .fake_daemon import FakeDaemon
+from .fake_daemon import FakeDaemon, FakeFiles
 
 SANDBOX = {"id": "sb-aaaaaaaaaaaa", "state": "running"}
 
@@ -450,6 +450,118 @@ async def test_async_tree_and_keep(fake: FakeDaemon) -> None:
         ("POST", "/v1/sandboxes/sb-c00000000001/keep"),
     ]
     assert json.loads(fake.requests[1].body) == {"promote": False}
+
+
+WORK = "/root/work"
+
+
+def project(fake: FakeDaemon, *, keeps_points: bool = False) -> None:
+    """The parent holds a small project (and a file outside it) in the fake's file model."""
+    fake.files = FakeFiles(
+        sandboxes={PARENT: {f"{WORK}/calc.sh": "a - b", f"{WORK}/README": "calc", "/root/notes": "n"}},
+        keeps_points=keeps_points,
+    )
+
+
+def test_merge_brings_a_childs_changes_into_the_parent_and_keeps_the_parents_own(fake: FakeDaemon) -> None:
+    project(fake)
+    with Client(fake.url, "t") as c:
+        parent = Sandbox(PARENT, client=c)
+        [child] = parent.branch(mergeable=True)
+        child.files.write(f"{WORK}/calc.sh", "a + b")
+        child.files.write(f"{WORK}/test.sh", "test")
+        child.files.write("/root/notes", "outside the merged directory")
+        parent.files.write(f"{WORK}/parent.txt", "the parent's own")
+
+        preview = parent.merge(child, [WORK], dry_run=True)
+        assert not preview.applied and parent.files.read(f"{WORK}/calc.sh") == "a - b"
+
+        report = parent.merge(child, paths=[WORK])
+        paths = (f"{WORK}/calc.sh", f"{WORK}/test.sh", f"{WORK}/parent.txt", "/root/notes")
+        after = {p: parent.files.read(p) for p in paths}
+    assert json.loads(fake.requests[0].body) == {"count": 1, "mergeable": True}
+    merges = [json.loads(r.body) for r in fake.requests if r.path.endswith("/merge")]
+    assert merges == [
+        {"from": child.id, "paths": [WORK], "on_conflict": "fail", "dry_run": True},
+        {"from": child.id, "paths": [WORK], "on_conflict": "fail", "dry_run": False},
+    ]
+    assert isinstance(report, zygote.MergeReport) and report.applied
+    assert (report.sandbox, report.from_, report.paths, report.conflicts) == (PARENT, child.id, (WORK,), ())
+    assert [(ch.path, ch.action, ch.kind, ch.size) for ch in report.changes] == [
+        (f"{WORK}/calc.sh", "modify", "file", 5),
+        (f"{WORK}/test.sh", "add", "file", 4),
+    ]
+    assert preview.changes == report.changes and report.bytes_copied == 9
+    assert after == {
+        f"{WORK}/calc.sh": "a + b",
+        f"{WORK}/test.sh": "test",
+        f"{WORK}/parent.txt": "the parent's own",
+        "/root/notes": "n",
+    }
+
+
+def test_a_merge_stopped_by_conflicts_raises_merge_conflict_error_and_changes_nothing(fake: FakeDaemon) -> None:
+    project(fake, keeps_points=True)
+    with Client(fake.url, "t") as c:
+        parent = Sandbox(PARENT, client=c)
+        [child] = parent.branch()
+        child.files.write(f"{WORK}/calc.sh", "a + b")
+        child.files.write(f"{WORK}/test.sh", "test")
+        parent.files.write(f"{WORK}/calc.sh", "a * b")
+        with pytest.raises(zygote.MergeConflictError) as e:
+            parent.merge(child.id, [WORK])
+        with pytest.raises(zygote.FileNotFound):
+            parent.files.read(f"{WORK}/test.sh")
+        unchanged = parent.files.read(f"{WORK}/calc.sh")
+        # A dry run reports the conflict without raising; `theirs` settles it.
+        dry = parent.merge(child, [WORK], dry_run=True)
+        theirs = parent.merge(child, [WORK], on_conflict="theirs")
+        settled = parent.files.read(f"{WORK}/calc.sh")
+    err = e.value
+    assert isinstance(err, zygote.ZygoteError) and not isinstance(err, zygote.ConflictError)
+    assert (err.code, err.status) == ("merge_conflict", None)
+    assert not err.report.applied and err.report.from_ == child.id
+    assert err.conflicts == (
+        zygote.MergeConflict(path=f"{WORK}/calc.sh", ours="modified", theirs="modified", resolution=None),
+    )
+    assert f"{WORK}/calc.sh (ours modified, theirs modified)" in str(err) and "nothing was changed" in str(err)
+    assert unchanged == "a * b"
+    assert not dry.applied and dry.unresolved == err.conflicts
+    assert theirs.applied and [k.resolution for k in theirs.conflicts] == ["theirs"] and theirs.unresolved == ()
+    assert settled == "a + b"
+
+
+def test_merge_refusals_are_conflict_errors_and_paths_must_be_a_list(fake: FakeDaemon) -> None:
+    project(fake)  # the kvm runtime: a branch point is kept only when asked
+    with Client(fake.url, "t") as c:
+        parent = Sandbox(PARENT, client=c)
+        [child] = parent.branch()
+        with pytest.raises(TypeError, match="paths takes a list"):
+            parent.merge(child, WORK)
+        with pytest.raises(zygote.ConflictError, match="was not saved") as e:
+            parent.merge(child)
+    assert type(e.value) is zygote.ConflictError and e.value.status == 409
+    assert json.loads(fake.requests[-1].body) == {"from": child.id, "on_conflict": "fail", "dry_run": False}
+
+
+@pytest.mark.anyio
+async def test_async_merge_between_siblings_with_ours_and_a_conflict(fake: FakeDaemon) -> None:
+    project(fake)
+    async with AsyncClient(fake.url, "t") as c:
+        parent = AsyncSandbox(PARENT, client=c)
+        x, y = await parent.branch(2, mergeable=True)
+        await x.files.write(f"{WORK}/calc.sh", "a + b")
+        await x.files.write(f"{WORK}/test.sh", "test")
+        await y.files.write(f"{WORK}/calc.sh", "b + a")
+        with pytest.raises(zygote.MergeConflictError) as e:
+            await y.merge(x, [WORK])
+        ours = await y.merge(x, [WORK], on_conflict="ours")
+        kept = await y.files.read(f"{WORK}/calc.sh")
+        added = await y.files.read(f"{WORK}/test.sh")
+    assert [ch.path for ch in e.value.report.changes] == [f"{WORK}/test.sh"]
+    assert ours.applied and [(k.path, k.resolution) for k in ours.conflicts] == [(f"{WORK}/calc.sh", "ours")]
+    assert [ch.path for ch in ours.changes] == [f"{WORK}/test.sh"]
+    assert (kept, added) == ("b + a", "test")
 
 
 def test_stream_without_exit_event_is_an_error(fake: FakeDaemon) -> None:

@@ -4,7 +4,7 @@
  * can use `instanceof SandboxNotFound` instead of comparing strings. Every
  * error keeps the original `code` (and HTTP `status` when there was one).
  */
-import type { BranchFailure, CommandResult } from "./models.js";
+import type { BranchFailure, CommandResult, MergeConflict, MergeReport } from "./models.js";
 import type { Sandbox } from "./sandbox.js";
 
 export class ZygoteError extends Error {
@@ -114,6 +114,27 @@ export class BranchIncompleteError extends ZygoteError {
     readonly failures: BranchFailure[],
   ) {
     super(message);
+  }
+}
+
+/**
+ * `merge()` stopped because both sandboxes changed the same paths differently
+ * since their common branch point (`onConflict: "fail"`): nothing was changed.
+ * `report` is the daemon's {@link MergeReport} (what the merge would have
+ * changed, and why it did not), `conflicts` its conflicts. Merge again with
+ * `onConflict: "theirs"` or `"ours"` to settle them.
+ */
+export class MergeConflictError extends ZygoteError {
+  static override readonly defaultCode: string = "merge_conflict";
+  constructor(
+    message: string,
+    readonly report: MergeReport,
+  ) {
+    super(message);
+  }
+
+  get conflicts(): MergeConflict[] {
+    return this.report.conflicts;
   }
 }
 

@@ -379,3 +379,78 @@ export function diffFromJson(d: Json): SandboxDiff {
     })),
   };
 }
+
+/** One change {@link Sandbox.merge} made (or, not applied, would make). */
+export interface MergeChange {
+  /** Absolute path in the guest merged into. */
+  path: string;
+  /** `add`, `modify`, `remove` or `mode` (permissions only). */
+  action: string;
+  /** The kind it has afterwards (`file`, `dir`, `symlink`); for `remove`, the kind removed. */
+  kind: string;
+  /** Bytes copied for it (files). */
+  size: number;
+}
+
+/** A path both sandboxes changed differently since their common branch point. */
+export interface MergeConflict {
+  path: string;
+  /**
+   * What the sandbox merged into did to it: `added`, `modified`, `removed`, or
+   * `changed below` (a directory the other side removed or replaced has changes of ours inside).
+   */
+  ours: string;
+  /** What the sandbox merged from did to it. */
+  theirs: string;
+  /** `theirs` or `ours` when `onConflict` settled it; null when it stopped the merge. */
+  resolution: string | null;
+}
+
+/** What `parent.merge(child)` did: `child`'s changes under `paths` since the two parted, made in `parent`. */
+export interface MergeReport {
+  /** The sandbox merged into. */
+  sandbox: string;
+  /** The sandbox merged from. */
+  from: string;
+  /** The snapshot (branch point) holding the state both descend from. */
+  base: string;
+  /** The directories merged. */
+  paths: string[];
+  /**
+   * Whether the changes were made: false with `dryRun`, when a conflict stopped
+   * the merge (then nothing was changed), or when there was nothing to change.
+   */
+  applied: boolean;
+  changes: MergeChange[];
+  conflicts: MergeConflict[];
+  /** Entries of the other sandbox that cannot be merged (FIFOs, sockets, devices), left alone. */
+  skipped: string[];
+  bytesCopied: number;
+  durationMs: number;
+}
+
+export function mergeFromJson(d: Json): MergeReport {
+  const list = (v: unknown): Json[] => (Array.isArray(v) ? (v as Json[]) : []);
+  return {
+    sandbox: str(d.sandbox),
+    from: str(d.from),
+    base: str(d.base),
+    paths: strs(d.paths),
+    applied: d.applied === true,
+    changes: list(d.changes).map((c) => ({
+      path: str(c.path),
+      action: str(c.action),
+      kind: str(c.kind),
+      size: num(c.size),
+    })),
+    conflicts: list(d.conflicts).map((c) => ({
+      path: str(c.path),
+      ours: str(c.ours),
+      theirs: str(c.theirs),
+      resolution: optStr(c.resolution),
+    })),
+    skipped: strs(d.skipped),
+    bytesCopied: num(d.bytes_copied),
+    durationMs: num(d.duration_ms),
+  };
+}

@@ -1,12 +1,20 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
 import { Client, type ClientOptions, type Command, type RunOptions, seg } from "./client.js";
-import { BranchIncompleteError, SandboxBusy, SandboxNotFound, SandboxNotRunning, ZygoteError } from "./errors.js";
+import {
+  BranchIncompleteError,
+  MergeConflictError,
+  SandboxBusy,
+  SandboxNotFound,
+  SandboxNotRunning,
+  ZygoteError,
+} from "./errors.js";
 import {
   type BranchResult,
   type CommandResult,
   type ExposedPort,
   type FileEntry,
   type KeepResult,
+  type MergeReport,
   type SandboxDiff,
   type SandboxInfo,
   type SandboxTree,
@@ -17,6 +25,7 @@ import {
   exposedPortFromJson,
   fileEntryFromJson,
   keepFromJson,
+  mergeFromJson,
   sandboxFromJson,
   snapshotFromJson,
   treeFromJson,
@@ -96,6 +105,29 @@ export interface BranchOptions {
    * some did not, instead of throwing {@link BranchIncompleteError}.
    */
   allowPartial?: boolean;
+  /**
+   * Keep the branch point's state so the children can later be merged into the
+   * parent or into each other ({@link Sandbox.merge}). The qemu runtime always
+   * keeps it, the kvm runtime only when asked (it costs a memory file of the
+   * parent, written after the children run).
+   */
+  mergeable?: boolean;
+}
+
+/** What a merge does with a path both sides changed: see {@link MergeOptions.onConflict}. */
+export type OnConflict = "fail" | "theirs" | "ours";
+
+export interface MergeOptions {
+  /** Directories merged (absolute; default `["/root"]`). */
+  paths?: readonly string[];
+  /**
+   * Where both sandboxes changed a path differently: `fail` (the default)
+   * changes nothing and throws {@link MergeConflictError}; `theirs` takes the
+   * other sandbox's version, `ours` keeps this one's.
+   */
+  onConflict?: OnConflict;
+  /** Report what would be done (conflicts included) and change nothing; never throws for conflicts. */
+  dryRun?: boolean;
 }
 
 export type SnapshotMode = "full" | "diff" | "live";
@@ -281,6 +313,7 @@ export class Sandbox {
     const count = opts.n ?? 1;
     const body: Json = { count };
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
+    if (opts.mergeable) body.mergeable = true;
     if (opts.env !== undefined) {
       if (opts.env.length !== count) {
         throw new TypeError(`env takes one object per child: an array of ${count}`);
@@ -311,13 +344,6 @@ export class Sandbox {
   }
 
   /**
-   * Keep this branch child: delete its siblings (other children of its branch
-   * point) and their descendants; with `promote: true` also delete the parent
-   * and take its name. Throws {@link ConflictError} when this sandbox is not a
-   * branch child, has no siblings left (without `promote`), or has no parent
-   * left to promote over.
-   */
-  /**
    * How this sandbox's files under `path` (default `/root`) differ from
    * `other`'s (a sibling, the parent, any sandbox): `added` (only here),
    * `removed` (only there) and `modified`; with `content: true` each modified
@@ -335,11 +361,57 @@ export class Sandbox {
     return diffFromJson(await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/diff`, { query }));
   }
 
+  /**
+   * Keep this branch child: delete its siblings (other children of its branch
+   * point) and their descendants; with `promote: true` also delete the parent
+   * and take its name. Throws {@link ConflictError} when this sandbox is not a
+   * branch child, has no siblings left (without `promote`), or has no parent
+   * left to promote over.
+   */
   async keep(opts: { promote?: boolean } = {}): Promise<KeepResult> {
     const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/keep`, {
       json: { promote: opts.promote ?? false },
     });
     return keepFromJson(d);
+  }
+
+  /**
+   * Brings the changes `other` made to its files under `paths` (directories,
+   * default `["/root"]`) since the two parted into this sandbox, three-way:
+   * `other` is a child (of a `mergeable` branch), a sibling or any sandbox of
+   * the same tree. What this sandbox changed itself is kept.
+   *
+   * Where both changed a path differently, `onConflict` decides: `fail` (the
+   * default) changes nothing and throws {@link MergeConflictError}, whose
+   * `report` and `conflicts` say what conflicts; `theirs` takes `other`'s
+   * version, `ours` keeps this one's. `dryRun: true` resolves to what would be
+   * done, conflicts included. Throws {@link ConflictError} when the two are not
+   * of one tree or their common state was not kept (kvm: branch with `mergeable`).
+   */
+  async merge(other: Sandbox | string, opts: MergeOptions = {}): Promise<MergeReport> {
+    const dryRun = opts.dryRun ?? false;
+    const body: Json = {
+      from: typeof other === "string" ? other : other.id,
+      on_conflict: opts.onConflict ?? "fail",
+      dry_run: dryRun,
+    };
+    if (opts.paths !== undefined) body.paths = [...opts.paths];
+    const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/merge`, { json: body });
+    const report = mergeFromJson(d);
+    // The daemon answers a merge stopped by conflicts with 200 and `applied: false`, as it
+    // does a dry run or nothing to merge: the unsettled conflicts tell it apart.
+    const stuck = report.conflicts.filter((c) => c.resolution === null);
+    if (dryRun || stuck.length === 0) return report;
+    const shown = stuck
+      .slice(0, 10)
+      .map((c) => `${c.path} (ours ${c.ours}, theirs ${c.theirs})`)
+      .join(", ");
+    const more = stuck.length > 10 ? ` and ${stuck.length - 10} more` : "";
+    throw new MergeConflictError(
+      `merging ${report.from} into ${report.sandbox} stopped on ${stuck.length} conflict(s), ` +
+        `nothing was changed: ${shown}${more}`,
+      report,
+    );
   }
 
   /** Saves this sandbox's state; `mode` must be a kind the runtime supports. */

@@ -1,6 +1,8 @@
 /**
  * A scripted stand-in for zygoted: answers requests with a test-vector
- * case's responses in order and records what it was sent.
+ * case's responses in order and records what it was sent. With a
+ * {@link FakeFiles} attached, file reads and writes, branches and merges are
+ * answered from its state instead, the way zygoted does for regular files.
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -22,9 +24,145 @@ export interface Recorded {
   body: Buffer;
 }
 
+type Files = Map<string, string>;
+type Answer = { status: number; json?: unknown; bytes?: Buffer };
+
+const failure = (status: number, code: string, message: string): Answer => ({
+  status,
+  json: { error: { code, message } },
+});
+
+/**
+ * Sandboxes holding regular files (absolute path -> text), branched and merged
+ * like zygoted does it: a branch copies the parent's files into each child and,
+ * when `mergeable` (or `keepsPoints`, as on the qemu runtime), keeps them as the
+ * branch point's state; a merge compares, under each merged directory, that
+ * state with both sandboxes' files (three-way) and answers a MergeReport.
+ * Directories, modes and links are not modelled.
+ */
+export class FakeFiles {
+  readonly sandboxes = new Map<string, Files>();
+  /** child -> [parent, branch point]; branch point -> the files it kept (null: not kept). */
+  private readonly origin = new Map<string, [string, string]>();
+  private readonly points = new Map<string, Files | null>();
+  private ids = 0;
+
+  constructor(
+    sandboxes: Record<string, Record<string, string>>,
+    readonly keepsPoints = false,
+  ) {
+    for (const [id, files] of Object.entries(sandboxes)) this.sandboxes.set(id, new Map(Object.entries(files)));
+  }
+
+  private nextId(prefix: string): string {
+    return `${prefix}-${(++this.ids).toString(16).padStart(12, "0")}`;
+  }
+
+  /** The answer to a request this model handles, else undefined. */
+  answer(method: string, path: string, query: Record<string, string>, body: Buffer): Answer | undefined {
+    const m = /^\/v1\/sandboxes\/([^/]+)\/(files|branch|merge)$/.exec(path);
+    const files = m ? this.sandboxes.get(m[1]!) : undefined;
+    if (!m || !files) return undefined;
+    const [, sid, route] = m as unknown as [string, string, string];
+    const file = query.path ?? "";
+    if (route === "files" && method === "GET") {
+      const text = files.get(file);
+      return text === undefined
+        ? failure(404, "guest_not_found", `${file}: no such file`)
+        : { status: 200, bytes: Buffer.from(text) };
+    }
+    if (route === "files" && method === "PUT") {
+      files.set(file, body.toString("utf8"));
+      return { status: 200, json: { path: file, size: body.length } };
+    }
+    const req = JSON.parse(body.toString("utf8")) as Record<string, unknown>;
+    if (route === "branch") {
+      const point = this.nextId("snap");
+      this.points.set(point, this.keepsPoints || req.mergeable === true ? new Map(files) : null);
+      const children = Array.from({ length: (req.count as number | undefined) ?? 1 }, () => this.nextId("sb"));
+      for (const child of children) {
+        this.sandboxes.set(child, new Map(files));
+        this.origin.set(child, [sid, point]);
+      }
+      return { status: 201, json: { parent: sid, branch_point: point, children, failed: [], duration_ms: 1 } };
+    }
+    return this.merge(sid, req);
+  }
+
+  /** Parent and child, or two children of one branch point: the simple trees. */
+  private commonPoint(a: string, b: string): string | undefined {
+    for (const [x, y] of [
+      [a, b],
+      [b, a],
+    ] as const) {
+      const o = this.origin.get(y);
+      if (o && o[0] === x) return o[1];
+    }
+    const [oa, ob] = [this.origin.get(a), this.origin.get(b)];
+    return oa && ob && oa[1] === ob[1] ? oa[1] : undefined;
+  }
+
+  private merge(sid: string, req: Record<string, unknown>): Answer {
+    const src = String(req.from);
+    const onConflict = (req.on_conflict as string | undefined) ?? "fail";
+    const theirs = this.sandboxes.get(src);
+    if (!theirs) return failure(404, "not_found", `sandbox "${src}" not found`);
+    const point = this.commonPoint(sid, src);
+    if (point === undefined) return failure(409, "conflict", `${sid} and ${src} are not of one tree`);
+    const base = this.points.get(point);
+    if (!base) return failure(409, "conflict", `the common state of ${sid} and ${src} (${point}) was not saved`);
+    const dirs = ((req.paths as string[] | undefined) ?? ["/root"]).map((p) => p.replace(/\/+$/, "")).sort();
+    const ours = this.sandboxes.get(sid)!;
+    const changes: { path: string; action: string; kind: string; size: number }[] = [];
+    const conflicts: Record<string, string>[] = [];
+    const take = new Map<string, string | undefined>();
+    const did = (before?: string, after?: string) =>
+      before === undefined ? "added" : after === undefined ? "removed" : "modified";
+    for (const path of [...new Set([...base.keys(), ...theirs.keys()])].sort()) {
+      if (!dirs.some((d) => path.startsWith(`${d}/`))) continue;
+      const [b, o, t] = [base.get(path), ours.get(path), theirs.get(path)];
+      if (t === b || t === o) continue; // theirs did not change it, or both made the same change
+      if (o !== b) {
+        conflicts.push({
+          path,
+          ours: did(b, o),
+          theirs: did(b, t),
+          ...(onConflict === "fail" ? {} : { resolution: onConflict }),
+        });
+        if (onConflict !== "theirs") continue;
+      }
+      take.set(path, t);
+      const action = t === undefined ? "remove" : b === undefined ? "add" : "modify";
+      changes.push({ path, action, kind: "file", size: t?.length ?? 0 });
+    }
+    const applied = !(onConflict === "fail" && conflicts.length > 0) && req.dry_run !== true && take.size > 0;
+    if (applied) {
+      for (const [path, text] of take) {
+        if (text === undefined) ours.delete(path);
+        else ours.set(path, text);
+      }
+    }
+    const report = {
+      sandbox: sid,
+      from: src,
+      base: point,
+      paths: dirs,
+      applied,
+      changes,
+      conflicts,
+      skipped: [],
+      bytes_copied: applied ? changes.reduce((n, c) => n + c.size, 0) : 0,
+      duration_ms: 1,
+    };
+    return { status: 200, json: report };
+  }
+}
+
 export class FakeDaemon {
   responses: ScriptedResponse[] = [];
   requests: Recorded[] = [];
+  files: FakeFiles | undefined;
+  private scripted = 0;
   private server: Server | undefined;
 
   get url(): string {
@@ -36,6 +174,7 @@ export class FakeDaemon {
   load(responses: ScriptedResponse[]): void {
     this.responses = [...responses];
     this.requests = [];
+    this.scripted = 0;
   }
 
   async start(): Promise<this> {
@@ -57,7 +196,18 @@ export class FakeDaemon {
       headers: req.headers,
       body,
     });
-    const r = this.responses[this.requests.length - 1];
+    const modelled = this.files?.answer(req.method ?? "", url.pathname, Object.fromEntries(url.searchParams), body);
+    if (modelled) {
+      if (modelled.bytes) {
+        res.writeHead(modelled.status, { "content-type": "application/octet-stream" });
+        res.end(modelled.bytes);
+      } else {
+        res.writeHead(modelled.status, { "content-type": "application/json" });
+        res.end(JSON.stringify(modelled.json));
+      }
+      return;
+    }
+    const r = this.responses[this.scripted++];
     if (!r) {
       res.writeHead(599, { "content-type": "application/json" });
       res.end(JSON.stringify({ error: { code: "fake_exhausted", message: "unexpected request" } }));

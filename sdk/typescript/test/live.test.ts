@@ -13,6 +13,7 @@ import {
   CommandTimeout,
   FileNotFound,
   InvalidArgument,
+  MergeConflictError,
   Sandbox,
   SandboxNotFound,
   type Snapshot,
@@ -135,6 +136,43 @@ describe("live zygoted", { skip }, () => {
       }
     } finally {
       for (const c of children) await c.kill();
+    }
+  });
+
+  test("merge a child's changes back; a conflict changes nothing", async () => {
+    const work = "/root/tsmerge";
+    await sb.commands.run(`mkdir -p ${work} && echo v1 > ${work}/calc.txt`, { check: true });
+    const [child] = await sb.branch({ mergeable: true });
+    try {
+      await child!.files.write(`${work}/new.txt`, "from the child\n");
+      await child!.files.write(`${work}/calc.txt`, "v2\n");
+      await sb.files.write(`${work}/parent.txt`, "the parent's own\n");
+      const report = await sb.merge(child!, { paths: [work] });
+      assert.deepEqual([report.applied, report.sandbox, report.from, report.conflicts], [true, sb.id, child!.id, []]);
+      assert.deepEqual(report.changes.map((c) => [c.path, c.action]).sort(), [
+        [`${work}/calc.txt`, "modify"],
+        [`${work}/new.txt`, "add"],
+      ]);
+      assert.equal(await sb.files.read(`${work}/new.txt`), "from the child\n");
+      assert.equal(await sb.files.read(`${work}/calc.txt`), "v2\n");
+      assert.equal(await sb.files.read(`${work}/parent.txt`), "the parent's own\n");
+
+      await child!.files.write(`${work}/calc.txt`, "child v3\n");
+      await child!.files.write(`${work}/later.txt`, "later\n");
+      await sb.files.write(`${work}/calc.txt`, "parent v3\n");
+      await assert.rejects(sb.merge(child!, { paths: [work] }), (e: unknown) => {
+        assert.ok(e instanceof MergeConflictError);
+        assert.deepEqual(
+          e.conflicts.map((c) => [c.path, c.ours, c.theirs, c.resolution]),
+          [[`${work}/calc.txt`, "modified", "modified", null]],
+        );
+        assert.equal(e.report.applied, false);
+        return true;
+      });
+      assert.equal(await sb.files.read(`${work}/calc.txt`), "parent v3\n");
+      await assert.rejects(sb.files.read(`${work}/later.txt`), FileNotFound);
+    } finally {
+      await child!.kill();
     }
   });
 

@@ -13,6 +13,8 @@ import {
   ConflictError,
   ConnectionFailed,
   DEFAULT_URL,
+  FileNotFound,
+  MergeConflictError,
   SandboxNotRunning,
   ServerError,
   Sandbox,
@@ -22,7 +24,7 @@ import {
   errorFor,
   resolveConfig,
 } from "../dist/index.js";
-import { FakeDaemon } from "./fake-daemon.js";
+import { FakeDaemon, FakeFiles } from "./fake-daemon.js";
 
 const SANDBOX = { id: "sb-aaaaaaaaaaaa", state: "running" };
 
@@ -408,6 +410,131 @@ describe("sandbox handles", () => {
       return true;
     });
     await assert.rejects(new Sandbox("sb-x", client).tree(), SandboxNotFound);
+  });
+
+  const WORK = "/root/work";
+  /** The parent holds a small project (and a file outside it) in the fake's file model. */
+  const project = (keepsPoints = false): void => {
+    fake.load([]);
+    fake.files = new FakeFiles(
+      { [SANDBOX.id]: { [`${WORK}/calc.sh`]: "a - b", [`${WORK}/README`]: "calc", "/root/notes": "n" } },
+      keepsPoints,
+    );
+  };
+  const merges = () =>
+    fake.requests.filter((r) => r.path.endsWith("/merge")).map((r) => JSON.parse(r.body.toString("utf8")));
+
+  test("merge brings a child's changes into the parent and keeps the parent's own", async () => {
+    project();
+    try {
+      const parent = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+      const [child] = await parent.branch({ mergeable: true });
+      await child!.files.write(`${WORK}/calc.sh`, "a + b");
+      await child!.files.write(`${WORK}/test.sh`, "test");
+      await child!.files.write("/root/notes", "outside the merged directory");
+      await parent.files.write(`${WORK}/parent.txt`, "the parent's own");
+
+      const preview = await parent.merge(child!, { paths: [WORK], dryRun: true });
+      assert.equal(preview.applied, false);
+      assert.equal(await parent.files.read(`${WORK}/calc.sh`), "a - b");
+
+      const report = await parent.merge(child!, { paths: [WORK] });
+      assert.deepEqual(JSON.parse(fake.requests[0]!.body.toString("utf8")), { count: 1, mergeable: true });
+      assert.deepEqual(merges(), [
+        { from: child!.id, on_conflict: "fail", dry_run: true, paths: [WORK] },
+        { from: child!.id, on_conflict: "fail", dry_run: false, paths: [WORK] },
+      ]);
+      assert.deepEqual(
+        [report.applied, report.sandbox, report.from, report.paths, report.conflicts],
+        [true, SANDBOX.id, child!.id, [WORK], []],
+      );
+      assert.deepEqual(report.changes, [
+        { path: `${WORK}/calc.sh`, action: "modify", kind: "file", size: 5 },
+        { path: `${WORK}/test.sh`, action: "add", kind: "file", size: 4 },
+      ]);
+      assert.deepEqual([preview.changes, report.bytesCopied], [report.changes, 9]);
+      const after: Record<string, string> = {};
+      for (const p of [`${WORK}/calc.sh`, `${WORK}/test.sh`, `${WORK}/parent.txt`, "/root/notes"]) {
+        after[p] = await parent.files.read(p);
+      }
+      assert.deepEqual(after, {
+        [`${WORK}/calc.sh`]: "a + b",
+        [`${WORK}/test.sh`]: "test",
+        [`${WORK}/parent.txt`]: "the parent's own",
+        "/root/notes": "n",
+      });
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  test("a merge stopped by conflicts throws MergeConflictError and changes nothing", async () => {
+    project(true);
+    try {
+      const parent = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+      const [child] = await parent.branch();
+      await child!.files.write(`${WORK}/calc.sh`, "a + b");
+      await child!.files.write(`${WORK}/test.sh`, "test");
+      await parent.files.write(`${WORK}/calc.sh`, "a * b");
+      const calc = { path: `${WORK}/calc.sh`, ours: "modified", theirs: "modified" };
+      await assert.rejects(parent.merge(child!.id, { paths: [WORK] }), (e: unknown) => {
+        assert.ok(e instanceof MergeConflictError && e instanceof ZygoteError && !(e instanceof ConflictError));
+        assert.deepEqual([e.name, e.code, e.status], ["MergeConflictError", "merge_conflict", undefined]);
+        assert.deepEqual([e.report.applied, e.report.from], [false, child!.id]);
+        assert.deepEqual(e.conflicts, [{ ...calc, resolution: null }]);
+        assert.match(e.message, /\/root\/work\/calc\.sh \(ours modified, theirs modified\)/);
+        assert.match(e.message, /nothing was changed/);
+        return true;
+      });
+      await assert.rejects(parent.files.read(`${WORK}/test.sh`), FileNotFound);
+      assert.equal(await parent.files.read(`${WORK}/calc.sh`), "a * b");
+      // A dry run reports the conflict without throwing; `theirs` settles it.
+      const dry = await parent.merge(child!, { paths: [WORK], dryRun: true });
+      assert.deepEqual([dry.applied, dry.conflicts], [false, [{ ...calc, resolution: null }]]);
+      const theirs = await parent.merge(child!, { paths: [WORK], onConflict: "theirs" });
+      assert.deepEqual([theirs.applied, theirs.conflicts], [true, [{ ...calc, resolution: "theirs" }]]);
+      assert.equal(await parent.files.read(`${WORK}/calc.sh`), "a + b");
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  test("merge refusals are ConflictErrors; siblings merge with ours", async () => {
+    project();
+    try {
+      const parent = new Sandbox(SANDBOX.id, new Client({ url: fake.url, token: "t" }));
+      // The kvm runtime: a branch point is kept only when asked.
+      const [lone] = await parent.branch();
+      await assert.rejects(parent.merge(lone!), (e: unknown) => {
+        assert.ok(e instanceof ConflictError && e.constructor === ConflictError);
+        assert.equal(e.status, 409);
+        assert.match(e.message, /was not saved/);
+        return true;
+      });
+      assert.deepEqual(merges(), [{ from: lone!.id, on_conflict: "fail", dry_run: false }]);
+
+      const [x, y] = await parent.branch({ n: 2, mergeable: true });
+      await x!.files.write(`${WORK}/calc.sh`, "a + b");
+      await x!.files.write(`${WORK}/test.sh`, "test");
+      await y!.files.write(`${WORK}/calc.sh`, "b + a");
+      await assert.rejects(y!.merge(x!, { paths: [WORK] }), MergeConflictError);
+      const ours = await y!.merge(x!, { paths: [WORK], onConflict: "ours" });
+      assert.equal(ours.applied, true);
+      assert.deepEqual(
+        ours.conflicts.map((c) => [c.path, c.resolution]),
+        [[`${WORK}/calc.sh`, "ours"]],
+      );
+      assert.deepEqual(
+        ours.changes.map((c) => c.path),
+        [`${WORK}/test.sh`],
+      );
+      assert.deepEqual(
+        [await y!.files.read(`${WORK}/calc.sh`), await y!.files.read(`${WORK}/test.sh`)],
+        ["b + a", "test"],
+      );
+    } finally {
+      fake.files = undefined;
+    }
   });
 
   test("a stream without an exit event is a ServerError", async () => {

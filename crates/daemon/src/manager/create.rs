@@ -15,8 +15,25 @@ use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
 impl Manager {
     /// Creates `n` sandboxes (all or none).
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Vec<Sandbox>> {
+        let ids = (0..req.n.unwrap_or(1)).map(|_| new_id("sb")).collect();
+        self.create_with_ids(req, ids).await
+    }
+
+    /// [`Manager::create`] with the ids chosen by the caller (one per sandbox), so that
+    /// it can record them before anything exists.
+    pub(super) async fn create_with_ids(
+        self: &Arc<Self>,
+        req: CreateSandboxRequest,
+        ids: Vec<String>,
+    ) -> Result<Vec<Sandbox>> {
         req.validate()?;
         let n = req.n.unwrap_or(1);
+        if ids.len() != n as usize {
+            return Err(Error::Internal(format!(
+                "{} ids for {n} sandboxes",
+                ids.len()
+            )));
+        }
         let policy = req.network_request().policy()?;
         let env = req.sandbox_env()?;
         self.network
@@ -71,8 +88,7 @@ impl Manager {
                 )
             };
         let mut tasks = Vec::new();
-        for i in 0..n {
-            let id = new_id("sb");
+        for (i, id) in ids.into_iter().enumerate() {
             let name = req.name.as_ref().map(|base| match n {
                 1 => base.clone(),
                 _ => format!("{base}-{i}"),

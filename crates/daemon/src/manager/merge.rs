@@ -17,9 +17,11 @@ use sha2::{Digest, Sha256};
 use zygote_proto::client::{AgentClient, ClientError};
 use zygote_proto::{ErrorCode, FileKind, Metadata, TreeOp, WalkEntry, WriteFileRequest};
 
+use super::merge_intent::MergeIntent;
 use super::merge_plan::{self, Plan, Step, Tree};
 use super::Manager;
 use crate::error::{Error, Result};
+use crate::fault;
 use crate::model::{
     CreateSandboxRequest, MergeReport, MergeRequest, NetworkMode, OnConflict, Validate,
 };
@@ -56,28 +58,50 @@ impl Manager {
                 self.runtime.name()
             )));
         }
-        // The base sandbox boots while the two live trees are walked.
+        // The base sandbox boots while the two live trees are walked. What the merge
+        // makes that must not outlive it is recorded first (`merge_intent`).
+        let nonce = super::random_hex(6);
+        let intent = MergeIntent {
+            base_sandbox: super::new_id("sb"),
+            target: id.to_string(),
+            staging: dirs.iter().map(|d| staging_dir(d, &nonce)).collect(),
+        };
+        intent.record(self)?;
         let (base_sb, ours, theirs) = tokio::join!(
-            self.create(CreateSandboxRequest {
-                snapshot: Some(base.clone()),
-                ttl_secs: Some(BASE_SANDBOX_TTL_SECS),
-                network: Some(NetworkMode::None),
-                ..Default::default()
-            }),
+            self.create_with_ids(
+                CreateSandboxRequest {
+                    snapshot: Some(base.clone()),
+                    ttl_secs: Some(BASE_SANDBOX_TTL_SECS),
+                    network: Some(NetworkMode::None),
+                    ..Default::default()
+                },
+                vec![intent.base_sandbox.clone()],
+            ),
             self.walk_dirs(id, &dirs),
             self.walk_dirs(from, &dirs),
         );
-        let base_sb = base_sb?.remove(0).id;
         let result = async {
+            let base_sb = base_sb?.remove(0).id;
+            fault::point("merge.base-started");
             let (ours, theirs) = (ours?, theirs?);
             let base_trees = self.walk_dirs(&base_sb, &dirs).await?;
-            self.merge_trees(id, &req, &dirs, &base, [base_trees, ours, theirs], started)
-                .await
+            let trees = [base_trees, ours, theirs];
+            let mut report = self
+                .merge_trees(id, &req, &dirs, &base, trees, &nonce)
+                .await?;
+            report.duration_ms = started.elapsed().as_millis() as u64;
+            Ok(report)
         }
         .await;
-        if let Err(e) = self.delete(&base_sb).await {
-            tracing::warn!("merge into {id}: deleting the base sandbox {base_sb}: {e}");
+        if self.sandbox_row(&intent.base_sandbox).is_ok() {
+            if let Err(e) = self.delete(&intent.base_sandbox).await {
+                tracing::warn!(
+                    "merge into {id}: deleting the base sandbox {}: {e}",
+                    intent.base_sandbox
+                );
+            }
         }
+        intent.forget(self);
         result
     }
 
@@ -88,7 +112,7 @@ impl Manager {
         dirs: &[String],
         base: &str,
         [base_trees, ours, theirs]: [Vec<Tree>; 3],
-        started: Instant,
+        nonce: &str,
     ) -> Result<MergeReport> {
         let on_conflict = req.on_conflict.unwrap_or_default();
         let plans: Vec<Plan> = (0..dirs.len())
@@ -122,20 +146,31 @@ impl Manager {
         }
         let blocked = on_conflict == OnConflict::Fail && !report.conflicts.is_empty();
         let has_steps = plans.iter().any(|p| !p.steps.is_empty());
-        if !blocked && !req.dry_run.unwrap_or(false) && has_steps {
+        if blocked || req.dry_run.unwrap_or(false) {
+            return Ok(report);
+        }
+        // Nothing to change is a merge done too.
+        report.applied = true;
+        if has_steps {
             let _guard = self.lock(id).await;
             let ours_client = self.agent(id).await?;
             let theirs_client = self.agent(&req.from).await?;
             let dirs = dirs.to_vec();
             let from = req.from.clone();
             let roots: Vec<bool> = ours.iter().map(|t| t.contains_key("")).collect();
+            let nonce = nonce.to_string();
             report.bytes_copied = self
                 .blocking(move || {
-                    apply_plans(&ours_client, &theirs_client, &from, &dirs, &roots, &plans)
+                    let staged = Staged {
+                        from: &from,
+                        dirs: &dirs,
+                        roots: &roots,
+                        nonce: &nonce,
+                    };
+                    apply_plans(&ours_client, &theirs_client, staged, &plans)
                 })
                 .await?
                 .map_err(Error::agent)?;
-            report.applied = true;
             tracing::info!(
                 "merged {} into {id}: {} changes, {} bytes",
                 req.from,
@@ -143,7 +178,6 @@ impl Manager {
                 report.bytes_copied
             );
         }
-        report.duration_ms = started.elapsed().as_millis() as u64;
         Ok(report)
     }
 
@@ -330,16 +364,31 @@ fn root_entry() -> WalkEntry {
     }
 }
 
+fn staging_dir(dir: &str, nonce: &str) -> String {
+    format!("{dir}/{STAGING_PREFIX}{nonce}")
+}
+
+/// Where [`apply_plans`] stages: per merged directory, whether it exists here.
+struct Staged<'a> {
+    from: &'a str,
+    dirs: &'a [String],
+    roots: &'a [bool],
+    nonce: &'a str,
+}
+
 /// Stages every file, then sends one `apply`. Returns the bytes copied.
 fn apply_plans(
     ours: &AgentClient,
     theirs: &AgentClient,
-    from: &str,
-    dirs: &[String],
-    roots: &[bool],
+    s: Staged<'_>,
     plans: &[Plan],
 ) -> std::result::Result<u64, ClientError> {
-    let nonce = super::random_hex(6);
+    let Staged {
+        from,
+        dirs,
+        roots,
+        nonce,
+    } = s;
     let mut ops = Vec::new();
     let mut staging_dirs = Vec::new();
     let mut copied = 0;
@@ -355,7 +404,7 @@ fn apply_plans(
                     mode: 0o755,
                 }])?;
             }
-            let staging = format!("{dir}/{STAGING_PREFIX}{nonce}");
+            let staging = staging_dir(dir, nonce);
             staging_dirs.push(staging.clone());
             ours.apply(vec![TreeOp::Mkdir {
                 path: staging.clone(),
@@ -411,6 +460,7 @@ fn apply_plans(
         return Err(e);
     }
     ops.extend(cleanup);
+    crate::fault::point("merge.staged");
     ours.apply(ops)?;
     Ok(copied)
 }

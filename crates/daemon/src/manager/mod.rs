@@ -10,6 +10,7 @@ mod diff;
 mod exec_cancel;
 mod guest;
 mod merge;
+mod merge_intent;
 mod merge_plan;
 pub use guest::FileBody;
 mod ops;
@@ -57,6 +58,8 @@ pub struct Dirs {
     pub layers: PathBuf,
     /// `snapshots/<snapshot>/`: memory and device state.
     pub snapshots: PathBuf,
+    /// `merges/<sandbox>.json`: merges in progress (`merge_intent`).
+    pub merges: PathBuf,
     /// `agent.key`: derives each sandbox's agent token.
     pub agent_key: AgentKey,
 }
@@ -74,10 +77,11 @@ impl Dirs {
             vms: state.join("vms"),
             layers: state.join("layers"),
             snapshots: state.join("snapshots"),
+            merges: state.join("merges"),
             agent_key: AgentKey::load_or_create(&state)?,
             state,
         };
-        for dir in [&d.vms, &d.layers, &d.snapshots] {
+        for dir in [&d.vms, &d.layers, &d.snapshots, &d.merges] {
             std::fs::create_dir_all(dir)
                 .map_err(Error::io(format!("creating {}", dir.display())))?;
         }

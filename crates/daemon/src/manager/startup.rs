@@ -79,6 +79,7 @@ impl Manager {
             }
         }
         self.reattach_networks().await?;
+        self.finish_interrupted_merges().await?;
         self.remove_orphans()?;
         self.collect_garbage()
     }

@@ -14,7 +14,7 @@ import codecs
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Generic, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Generic, Literal, Mapping, Optional, Sequence, TypeVar, Union
 from urllib.parse import quote
 
 import httpx
@@ -23,6 +23,7 @@ from .errors import (
     BranchIncomplete,
     CommandFailed,
     CommandTimeout,
+    MergeConflictError,
     SandboxBusy,
     SandboxNotRunning,
     ServerError,
@@ -35,6 +36,7 @@ from .models import (
     ExposedPort,
     FileEntry,
     KeepResult,
+    MergeReport,
     SandboxDiff,
     SandboxInfo,
     SandboxTree,
@@ -49,6 +51,9 @@ S = TypeVar("S")
 # coroutine function.
 OutputCallback = Callable[[str], Union[None, Awaitable[None]]]
 Command = Union[str, Sequence[str]]
+# What a merge does with a path both sides changed: stop (nothing is changed),
+# take the other sandbox's version, or keep this one's.
+OnConflict = Literal["fail", "theirs", "ours"]
 
 # Commands run by default for at most this long; the daemon kills them
 # after it (an agent's stuck command should not hang its caller forever).
@@ -192,10 +197,13 @@ def branch(
     count: int,
     ttl_secs: Optional[int] = None,
     env: Optional[Sequence[Mapping[str, str]]] = None,
+    mergeable: bool = False,
 ) -> Call[BranchResult]:
     body: dict[str, Any] = {"count": count}
     if ttl_secs is not None:
         body["ttl_secs"] = ttl_secs
+    if mergeable:
+        body["mergeable"] = True
     if env is not None:
         if isinstance(env, Mapping) or len(env) != count:
             raise ValueError(f"env takes one mapping per child: a list of {count}")
@@ -260,6 +268,44 @@ def diff(sid: str, against: str, path: Optional[str] = None, content: bool = Fal
         f"/v1/sandboxes/{seg(sid)}/diff",
         lambda r: SandboxDiff.from_json(_json(r)),
         params=params,
+    )
+
+
+def merge(
+    sid: str,
+    from_id: str,
+    paths: Optional[Sequence[str]] = None,
+    on_conflict: OnConflict = "fail",
+    dry_run: bool = False,
+) -> Call[MergeReport]:
+    body: dict[str, Any] = {"from": from_id, "on_conflict": on_conflict, "dry_run": dry_run}
+    if paths is not None:
+        if isinstance(paths, str):
+            # One string is a Sequence[str] too: refused rather than sent as characters.
+            raise TypeError(f"paths takes a list of directories, not one string (write [{paths!r}])")
+        body["paths"] = list(paths)
+    return Call(
+        "POST",
+        f"/v1/sandboxes/{seg(sid)}/merge",
+        lambda r: MergeReport.from_json(_json(r)),
+        json=body,
+    )
+
+
+def merged(report: MergeReport, dry_run: bool) -> MergeReport:
+    """``report``, or :class:`~zygote.errors.MergeConflictError` carrying it when
+    conflicts stopped the merge. The daemon answers that case with 200 and
+    ``applied: false`` (as it does for a dry run, or for nothing to merge): the
+    unsettled conflicts are what tell it apart."""
+    stuck = report.unresolved
+    if dry_run or not stuck:
+        return report
+    shown = ", ".join(f"{c.path} (ours {c.ours}, theirs {c.theirs})" for c in stuck[:10])
+    more = f" and {len(stuck) - 10} more" if len(stuck) > 10 else ""
+    raise MergeConflictError(
+        f"merging {report.from_} into {report.sandbox} stopped on {len(stuck)} conflict(s), "
+        f"nothing was changed: {shown}{more}",
+        report=report,
     )
 
 

@@ -8,10 +8,10 @@ from types import TracebackType
 from typing import Any, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
-from ._api import Command, OutputCallback
+from ._api import Command, OnConflict, OutputCallback
 from ._client import AsyncClient
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles"]
@@ -181,10 +181,12 @@ class AsyncSandbox:
         ttl_secs: Optional[int] = None,
         env: Optional[Sequence[Mapping[str, str]]] = None,
         allow_partial: bool = False,
+        mergeable: bool = False,
     ) -> List["AsyncSandbox"]:
         """See :meth:`zygote.Sandbox.branch` (raises
-        :class:`~zygote.errors.BranchIncomplete` unless ``allow_partial``)."""
-        res = await self.client.call(_api.branch(self.id, n, ttl_secs, env))
+        :class:`~zygote.errors.BranchIncomplete` unless ``allow_partial``;
+        ``mergeable=True`` keeps the branch point for :meth:`merge`)."""
+        res = await self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 
@@ -219,6 +221,21 @@ class AsyncSandbox:
         branch point) and their descendants; with ``promote=True`` also delete
         the parent and take its name (see :meth:`zygote.Sandbox.keep`)."""
         return await self.client.call(_api.keep(self.id, promote))
+
+    async def merge(
+        self,
+        other: Union["AsyncSandbox", str],
+        paths: Optional[Sequence[str]] = None,
+        *,
+        on_conflict: OnConflict = "fail",
+        dry_run: bool = False,
+    ) -> MergeReport:
+        """See :meth:`zygote.Sandbox.merge`: raises
+        :class:`~zygote.errors.MergeConflictError` (with ``.report``) when
+        conflicts stopped it and ``on_conflict`` is ``"fail"``."""
+        other_id = other if isinstance(other, str) else other.id
+        report = await self.client.call(_api.merge(self.id, other_id, paths, on_conflict, dry_run))
+        return _api.merged(report, dry_run)
 
     async def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
         """See :meth:`zygote.Sandbox.expose_port`."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Generic, Optional, TypeVar
 
 if TYPE_CHECKING:
-    from .models import BranchFailure, CommandResult
+    from .models import BranchFailure, CommandResult, MergeConflict, MergeReport
 
 # The kind of sandbox handle a BranchIncomplete carries (Sandbox or AsyncSandbox).
 _S = TypeVar("_S")
@@ -39,6 +39,7 @@ __all__ = [
     "CommandTimeout",
     "CommandFailed",
     "BranchIncomplete",
+    "MergeConflictError",
     "ServerError",
     "error_for",
 ]
@@ -193,6 +194,26 @@ class BranchIncomplete(ZygoteError, Generic[_S]):
         self.parent = parent
         self.children = children
         self.failures = failures
+
+
+class MergeConflictError(ZygoteError):
+    """``merge()`` stopped because both sandboxes changed the same paths
+    differently since their common branch point (``on_conflict="fail"``):
+    nothing was changed. ``report`` is the daemon's
+    :class:`~zygote.models.MergeReport` (what the merge would have changed,
+    and why it did not), ``conflicts`` its conflicts. Merge again with
+    ``on_conflict="theirs"`` or ``"ours"`` to settle them, or first make the
+    two sides agree."""
+
+    default_code = "merge_conflict"
+
+    def __init__(self, message: str, *, report: "MergeReport") -> None:
+        super().__init__(message)
+        self.report = report
+
+    @property
+    def conflicts(self) -> "tuple[MergeConflict, ...]":
+        return self.report.conflicts
 
 
 class ServerError(ZygoteError):

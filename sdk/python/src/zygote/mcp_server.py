@@ -1,6 +1,7 @@
 """An MCP server (stdio) exposing zygote sandboxes as tools, so an MCP
 host (an agent) can create sandboxes, run commands, move files, branch,
-inspect a branch tree and keep one branch, snapshot, restore and kill them.
+inspect a branch tree, merge a branch's changes back and keep one branch,
+snapshot, restore and kill them.
 
 Run it as ``zygote-mcp`` (or ``python -m zygote.mcp_server``); it finds
 the daemon like the SDK does (``ZYGOTE_URL``, ``ZYGOTE_TOKEN`` or the
@@ -19,10 +20,12 @@ from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from . import _api
+from ._api import OnConflict
 from ._client import AsyncClient
 from ._version import __version__
 from .aio import AsyncSandbox
-from .errors import BranchIncomplete, CommandTimeout, ZygoteError
+from .errors import BranchIncomplete, CommandTimeout, MergeConflictError, ZygoteError
+from .models import MergeReport
 
 __all__ = ["build_server", "main"]
 
@@ -32,7 +35,9 @@ INSTRUCTIONS = (
     "forks a running sandbox into N copy-on-write children (same memory, processes and files) "
     "to try alternatives in parallel; sandbox_tree shows a sandbox's lineage (parents, children, "
     "memory and disk each one holds), diff_sandboxes compares two sandboxes' files (pick the "
-    "best child), and keep_branch keeps one child of a branch and deletes its siblings; "
+    "best child), merge_sandboxes brings one sandbox's file changes since the branch point into "
+    "another (a winning child's into its parent; branch with mergeable=true), and keep_branch "
+    "keeps one child of a branch and deletes its siblings; "
     "snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
     "kill_sandbox removes one. Kill sandboxes you no longer need."
 )
@@ -51,6 +56,22 @@ class _Session:
     def adopt(self, sandbox_id: str) -> str:
         self.created.add(sandbox_id)
         return sandbox_id
+
+
+def _report(r: MergeReport) -> dict[str, Any]:
+    return {
+        "sandbox_id": r.sandbox,
+        "from_sandbox_id": r.from_,
+        "base": r.base,
+        "paths": list(r.paths),
+        "applied": r.applied,
+        "changes": [{"path": c.path, "action": c.action, "kind": c.kind, "size": c.size} for c in r.changes],
+        "conflicts": [
+            {"path": c.path, "ours": c.ours, "theirs": c.theirs, "resolution": c.resolution} for c in r.conflicts
+        ],
+        "skipped": list(r.skipped),
+        "bytes_copied": r.bytes_copied,
+    }
 
 
 def _tool_error(e: ZygoteError) -> ToolError:
@@ -134,13 +155,15 @@ def build_server(
         return {"path": path, "entries": [{"name": e.name, "kind": e.kind, "size": e.size} for e in entries]}
 
     @server.tool()
-    async def branch_sandbox(sandbox_id: str, n: int = 2) -> dict[str, Any]:
+    async def branch_sandbox(sandbox_id: str, n: int = 2, mergeable: bool = False) -> dict[str, Any]:
         """Fork a running sandbox into n copy-on-write children that start from its exact
         current state and then diverge independently; returns their sandbox ids, and in
-        "failed" the children that could not be brought up (index among the n, error)."""
+        "failed" the children that could not be brought up (index among the n, error).
+        mergeable=true keeps the branch point so a child's changes can later be merged
+        back (merge_sandboxes)."""
         failed: list[dict[str, Any]] = []
         try:
-            children = await session.sandbox(sandbox_id).branch(n)
+            children = await session.sandbox(sandbox_id).branch(n, mergeable=mergeable)
         except BranchIncomplete as e:
             # Some children run: hand them over (and kill them with the session) and
             # say which ones are missing, rather than losing the running ones.
@@ -214,6 +237,32 @@ def build_server(
                 for m in d.modified
             ],
         }
+
+    @server.tool()
+    async def merge_sandboxes(
+        sandbox_id: str,
+        from_sandbox_id: str,
+        paths: Optional[list[str]] = None,
+        on_conflict: OnConflict = "fail",
+        dry_run: bool = False,
+    ) -> dict[str, Any]:
+        """Bring the file changes from_sandbox_id made under `paths` (directories, default
+        ["/root"]) since the two parted into sandbox_id, three-way (e.g. a winning child's
+        into its parent); sandbox_id's own changes are kept. Returns the changes made
+        (path, action add/modify/remove/mode). Where both changed a path differently it is
+        listed in "conflicts": with on_conflict="fail" nothing is changed ("applied": false)
+        so you can decide, then merge again with "theirs" (take from_sandbox_id's version)
+        or "ours" (keep sandbox_id's). dry_run=true only reports."""
+        try:
+            report = await session.sandbox(sandbox_id).merge(
+                from_sandbox_id, paths, on_conflict=on_conflict, dry_run=dry_run
+            )
+        except MergeConflictError as e:
+            # A conflict is an outcome for the model to act on, not a failure.
+            report = e.report
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return _report(report)
 
     @server.tool()
     async def snapshot_sandbox(sandbox_id: str, name: Optional[str] = None) -> dict[str, Any]:

@@ -24,6 +24,12 @@ __all__ = [
     "TreeNode",
     "TreeSnapshot",
     "KeepResult",
+    "DiffEntry",
+    "DiffChange",
+    "SandboxDiff",
+    "MergeChange",
+    "MergeConflict",
+    "MergeReport",
 ]
 
 
@@ -470,4 +476,91 @@ class SandboxDiff:
             added=tuple(DiffEntry.from_json(e) for e in d.get("added") or ()),
             removed=tuple(DiffEntry.from_json(e) for e in d.get("removed") or ()),
             modified=tuple(DiffChange.from_json(e) for e in d.get("modified") or ()),
+        )
+
+
+@dataclass(frozen=True)
+class MergeChange:
+    """One change :meth:`zygote.Sandbox.merge` made (or, not applied, would make)."""
+
+    path: str
+    """Absolute path in the guest merged into."""
+    action: str
+    """``add``, ``modify``, ``remove`` or ``mode`` (permissions only)."""
+    kind: str
+    """The kind it has afterwards (``file``, ``dir``, ``symlink``); for ``remove``,
+    the kind removed."""
+    size: int
+    """Bytes copied for it (files)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "MergeChange":
+        return cls(path=d["path"], action=d["action"], kind=d.get("kind", ""), size=int(d.get("size", 0)))
+
+
+@dataclass(frozen=True)
+class MergeConflict:
+    """A path both sandboxes changed differently since their common branch point."""
+
+    path: str
+    ours: str
+    """What the sandbox merged into did to it: ``added``, ``modified``, ``removed``,
+    or ``changed below`` (a directory the other side removed or replaced has
+    changes of ours inside)."""
+    theirs: str
+    """What the sandbox merged from did to it."""
+    resolution: Optional[str]
+    """``theirs`` or ``ours`` when ``on_conflict`` settled it; None when it stopped
+    the merge."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "MergeConflict":
+        return cls(path=d["path"], ours=d.get("ours", ""), theirs=d.get("theirs", ""), resolution=d.get("resolution"))
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What ``parent.merge(child)`` did: the changes ``child`` made under
+    ``paths`` since the two parted, made in ``parent``."""
+
+    sandbox: str
+    """The sandbox merged into."""
+    from_: str
+    """The sandbox merged from (``from`` in the API)."""
+    base: str
+    """The snapshot (branch point) holding the state both descend from."""
+    paths: tuple[str, ...]
+    """The directories merged."""
+    applied: bool
+    """Whether the changes were made: False with ``dry_run``, when a conflict
+    stopped the merge (then nothing was changed), or when there was nothing to
+    change."""
+    changes: tuple[MergeChange, ...]
+    conflicts: tuple[MergeConflict, ...]
+    skipped: tuple[str, ...]
+    """Entries of the other sandbox that cannot be merged (FIFOs, sockets,
+    devices), left alone."""
+    bytes_copied: int
+    duration_ms: int
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def unresolved(self) -> tuple[MergeConflict, ...]:
+        """The conflicts that stop the merge (none settled by ``on_conflict``)."""
+        return tuple(c for c in self.conflicts if c.resolution is None)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "MergeReport":
+        return cls(
+            sandbox=d["sandbox"],
+            from_=d["from"],
+            base=d.get("base", ""),
+            paths=tuple(d.get("paths") or ()),
+            applied=bool(d.get("applied", False)),
+            changes=tuple(MergeChange.from_json(c) for c in d.get("changes") or ()),
+            conflicts=tuple(MergeConflict.from_json(c) for c in d.get("conflicts") or ()),
+            skipped=tuple(d.get("skipped") or ()),
+            bytes_copied=int(d.get("bytes_copied", 0)),
+            duration_ms=int(d.get("duration_ms", 0)),
+            raw=d,
         )

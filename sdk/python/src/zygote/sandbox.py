@@ -6,10 +6,10 @@ from types import TracebackType
 from typing import Any, List, Mapping, Optional, Sequence, Type, Union
 
 from . import _api
-from ._api import Command, OutputCallback
+from ._api import Command, OnConflict, OutputCallback
 from ._client import Client
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, KeepResult, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -228,6 +228,7 @@ class Sandbox:
         ttl_secs: Optional[int] = None,
         env: Optional[Sequence[Mapping[str, str]]] = None,
         allow_partial: bool = False,
+        mergeable: bool = False,
     ) -> List["Sandbox"]:
         """Forks this sandbox's live state into ``n`` children (memory,
         processes and files, copy-on-write). Each child then diverges
@@ -240,8 +241,13 @@ class Sandbox:
         :class:`~zygote.errors.BranchIncomplete`, which carries the running
         ones (``.children``) and the causes (``.failures``); with
         ``allow_partial=True`` it returns the running children instead.
-        When none came up the daemon's error is raised."""
-        res = self.client.call(_api.branch(self.id, n, ttl_secs, env))
+        When none came up the daemon's error is raised.
+
+        ``mergeable=True`` keeps the branch point's state so the children can
+        later be merged into this sandbox or into each other (:meth:`merge`);
+        the qemu runtime always keeps it, the kvm runtime only when asked (it
+        costs a memory file of this sandbox, written after the children run)."""
+        res = self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 
@@ -285,6 +291,35 @@ class Sandbox:
         branch child, has no siblings left (without ``promote``), or has no
         parent left to promote over."""
         return self.client.call(_api.keep(self.id, promote))
+
+    def merge(
+        self,
+        other: Union["Sandbox", str],
+        paths: Optional[Sequence[str]] = None,
+        *,
+        on_conflict: OnConflict = "fail",
+        dry_run: bool = False,
+    ) -> MergeReport:
+        """Brings the changes ``other`` made to its files under ``paths``
+        (directories, default ``["/root"]``) since the two parted into this
+        sandbox, three-way: ``other`` is a child (of a ``mergeable`` branch),
+        a sibling or any sandbox of the same tree. What this sandbox changed
+        itself is kept. Returns the :class:`~zygote.models.MergeReport`.
+
+        Where both changed a path differently, ``on_conflict`` decides:
+        ``"fail"`` (the default) changes nothing and raises
+        :class:`~zygote.errors.MergeConflictError`, whose ``.report`` and
+        ``.conflicts`` say what conflicts; ``"theirs"`` takes ``other``'s
+        version, ``"ours"`` keeps this one's (each conflict's ``resolution``
+        says which). ``dry_run=True`` reports what would be done, conflicts
+        included, and raises nothing.
+
+        Raises :class:`~zygote.errors.ConflictError` when the two are not of
+        one tree, or their common state was not kept (on the kvm runtime,
+        branch with ``mergeable=True``)."""
+        other_id = other if isinstance(other, str) else other.id
+        report = self.client.call(_api.merge(self.id, other_id, paths, on_conflict, dry_run))
+        return _api.merged(report, dry_run)
 
     def expose_port(self, port: int, *, public: bool = False) -> ExposedPort:
         """Makes guest port ``port`` reachable through the daemon's proxy, at
