@@ -53,6 +53,14 @@ async fn snapshots(c: &Client) -> SnapshotList {
         .expect("list snapshots")
 }
 
+async fn sandbox_ids(c: &Client) -> Vec<String> {
+    let list: SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .expect("list sandboxes");
+    list.sandboxes.into_iter().map(|s| s.id).collect()
+}
+
 /// A snapshot name for a fault point (names take no dots).
 fn name_at(what: &str, point: &str) -> String {
     format!("{what}-{}", point.replace('.', "-"))
@@ -358,14 +366,7 @@ async fn suite(runtime: &str) {
     for point in ["merge.base-started", "merge.staged"] {
         let d = faulty(point);
         let c = d.client();
-        let before: Vec<String> = (c
-            .json::<SandboxList>(Method::GET, "/v1/sandboxes", None::<&()>)
-            .await
-            .unwrap()
-            .sandboxes)
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
+        let before = sandbox_ids(&c).await;
         let r = c
             .json::<Value>(
                 Method::POST,
@@ -376,14 +377,7 @@ async fn suite(runtime: &str) {
         expect_killed(d, point, r).await;
         let d = start_daemon(state, &args);
         let c = d.client();
-        let after: Vec<String> = (c
-            .json::<SandboxList>(Method::GET, "/v1/sandboxes", None::<&()>)
-            .await
-            .unwrap()
-            .sandboxes)
-            .into_iter()
-            .map(|s| s.id)
-            .collect();
+        let after = sandbox_ids(&c).await;
         assert_eq!(after, before, "{point}: the base sandbox is gone");
         assert_eq!(
             sh(&c, &a, "ls -A /root/m").await,
