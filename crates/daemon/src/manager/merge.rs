@@ -3,8 +3,10 @@
 //!
 //! The common state is a snapshot: the branch point (or snapshot) where the two lines
 //! of descent part. Its files are read by starting a short-lived sandbox from it (no
-//! network, a TTL so even a daemon killed mid-merge does not leak it) and walking its
-//! directory, like the two live sandboxes' (`merge_plan` decides what to do). File
+//! network; recorded, so a daemon killed mid-merge removes it at start-up) and walking
+//! its directory, like the two live sandboxes' (`merge_plan` decides what to do). A
+//! snapshot never changes, so its walks are kept with it: later merges from the same
+//! point start no sandbox. File
 //! contents are then streamed from `from` into hidden staging files inside the merged
 //! directory here, each checked against the hash the walk reported, and one `apply`
 //! request moves everything into place: until that request, this sandbox is unchanged;
@@ -35,6 +37,8 @@ const PER_SANDBOX_PATHS: &[&str] = &["/etc/machine-id", "/etc/hostname", "/run/z
 const STATE_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Bytes read from `from` per request while copying a file.
 const COPY_CHUNK: u64 = 4 << 20;
+/// Where a snapshot's directory keeps the walks of its trees merges made.
+const WALK_CACHE_DIR: &str = "merge-walks";
 /// Staging directories are named this, plus a nonce.
 const STAGING_PREFIX: &str = ".zygote-merge-";
 
@@ -58,8 +62,9 @@ impl Manager {
                 self.runtime.name()
             )));
         }
-        // The base sandbox boots while the two live trees are walked. What the merge
-        // makes that must not outlive it is recorded first (`merge_intent`).
+        // The common state's trees (walked once per snapshot and directory, in a sandbox
+        // started from it) while the two live trees are walked. What the merge makes
+        // that must not outlive it is recorded first (`merge_intent`).
         let nonce = super::random_hex(6);
         let intent = MergeIntent {
             base_sandbox: super::new_id("sb"),
@@ -67,25 +72,13 @@ impl Manager {
             staging: dirs.iter().map(|d| staging_dir(d, &nonce)).collect(),
         };
         intent.record(self)?;
-        let (base_sb, ours, theirs) = tokio::join!(
-            self.create_with_ids(
-                CreateSandboxRequest {
-                    snapshot: Some(base.clone()),
-                    ttl_secs: Some(BASE_SANDBOX_TTL_SECS),
-                    network: Some(NetworkMode::None),
-                    ..Default::default()
-                },
-                vec![intent.base_sandbox.clone()],
-            ),
+        let (base_trees, ours, theirs) = tokio::join!(
+            self.base_trees(&snap.data.dir, &base, &dirs, &intent.base_sandbox),
             self.walk_dirs(id, &dirs),
             self.walk_dirs(from, &dirs),
         );
         let result = async {
-            let base_sb = base_sb?.remove(0).id;
-            fault::point("merge.base-started");
-            let (ours, theirs) = (ours?, theirs?);
-            let base_trees = self.walk_dirs(&base_sb, &dirs).await?;
-            let trees = [base_trees, ours, theirs];
+            let trees = [base_trees?, ours?, theirs?];
             let mut report = self
                 .merge_trees(id, &req, &dirs, &base, trees, &nonce)
                 .await?;
@@ -203,16 +196,65 @@ impl Manager {
     async fn walk_dirs(self: &Arc<Self>, id: &str, dirs: &[String]) -> Result<Vec<Tree>> {
         let mut trees = Vec::new();
         for dir in dirs {
-            let d = dir.clone();
-            let walked = self
-                .agent_call(id, move |c| match c.walk(&d, true) {
-                    Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
-                    r => r.map(Some),
-                })
-                .await?;
-            trees.push(tree_of(id, dir, walked)?);
+            trees.push(tree_of(id, dir, self.walk_raw(id, dir).await?)?);
         }
         Ok(trees)
+    }
+
+    /// `dir` as sandbox `id`'s agent walks it (None: no such directory).
+    async fn walk_raw(self: &Arc<Self>, id: &str, dir: &str) -> Result<Option<Vec<WalkEntry>>> {
+        let d = dir.to_string();
+        self.agent_call(id, move |c| match c.walk(&d, true) {
+            Err(e) if e.code() == Some(ErrorCode::NotFound) => Ok(None),
+            r => r.map(Some),
+        })
+        .await
+    }
+
+    /// The trees of snapshot `base` (files in `snap_dir`): walks kept from an earlier
+    /// merge, the others walked in sandbox `sandbox_id` started from the snapshot for
+    /// that (and deleted by the caller) and kept for the next merge: the snapshot never
+    /// changes.
+    async fn base_trees(
+        self: &Arc<Self>,
+        snap_dir: &std::path::Path,
+        base: &str,
+        dirs: &[String],
+        sandbox_id: &str,
+    ) -> Result<Vec<Tree>> {
+        let cache = snap_dir.join(WALK_CACHE_DIR);
+        let cached = |dir: &str| -> Option<Option<Vec<WalkEntry>>> {
+            let kept: CachedWalk =
+                serde_json::from_slice(&std::fs::read(cache.join(cache_name(dir))).ok()?).ok()?;
+            (kept.dir == dir).then_some(kept.entries)
+        };
+        let mut walks: Vec<Option<Option<Vec<WalkEntry>>>> =
+            dirs.iter().map(|d| cached(d)).collect();
+        if walks.iter().any(Option::is_none) {
+            let sb = self
+                .create_with_ids(
+                    CreateSandboxRequest {
+                        snapshot: Some(base.to_string()),
+                        ttl_secs: Some(BASE_SANDBOX_TTL_SECS),
+                        network: Some(NetworkMode::None),
+                        ..Default::default()
+                    },
+                    vec![sandbox_id.to_string()],
+                )
+                .await?;
+            fault::point("merge.base-started");
+            for (dir, walk) in dirs.iter().zip(walks.iter_mut()) {
+                if walk.is_none() {
+                    let entries = self.walk_raw(&sb[0].id, dir).await?;
+                    keep_walk(&cache, dir, &entries);
+                    *walk = Some(entries);
+                }
+            }
+        }
+        dirs.iter()
+            .zip(walks)
+            .map(|(dir, w)| tree_of(base, dir, w.flatten()))
+            .collect()
     }
 }
 
@@ -285,6 +327,36 @@ async fn saved_state(state_file: &std::path::Path, dir: &std::path::Path) -> boo
             return false;
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+/// A walk of a snapshot's directory, kept in the snapshot's own directory.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CachedWalk {
+    dir: String,
+    entries: Option<Vec<WalkEntry>>,
+}
+
+fn cache_name(dir: &str) -> String {
+    format!(
+        "{}.json",
+        &hex::encode(Sha256::digest(dir.as_bytes()))[..16]
+    )
+}
+
+/// Best effort: a walk not kept is walked again next time.
+fn keep_walk(cache: &std::path::Path, dir: &str, entries: &Option<Vec<WalkEntry>>) {
+    let body = CachedWalk {
+        dir: dir.to_string(),
+        entries: entries.clone(),
+    };
+    let path = cache.join(cache_name(dir));
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::create_dir_all(cache)
+        .and_then(|()| std::fs::write(&tmp, serde_json::to_vec(&body).unwrap_or_default()))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!("keeping the walk of {dir} in {}: {e}", cache.display());
     }
 }
 

@@ -16,6 +16,16 @@ async fn merge(c: &Client, id: &str, body: Value) -> Result<MergeReport, ClientE
     .await
 }
 
+/// Sandboxes the daemon has started (`zygote_boot_duration_seconds_count`).
+async fn boot_count(c: &Client) -> u64 {
+    let body = c.raw(Method::GET, "/metrics", None).await.expect("metrics");
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find_map(|l| l.strip_prefix("zygote_boot_duration_seconds_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a boot count in /metrics")
+}
+
 async fn sh(c: &Client, id: &str, script: &str) -> String {
     let r = exec(c, id, script).await;
     assert_eq!(r.exit_code, Some(0), "{script} in {id}: {}", r.stderr);
@@ -75,7 +85,9 @@ pub async fn check_merge(c: &Client, parent: &str) {
     );
     assert_eq!(sh(c, parent, "cat /root/m/edit.txt").await, "old\n");
 
-    // A dry run says what `theirs` would do, and does nothing.
+    // A dry run says what `theirs` would do, and does nothing. The common state's walk
+    // was kept: no sandbox is started for it again.
+    let boots = boot_count(c).await;
     let r = merge(
         c,
         parent,
@@ -84,6 +96,11 @@ pub async fn check_merge(c: &Client, parent: &str) {
     .await
     .expect("dry run");
     assert!(!r.applied);
+    assert_eq!(
+        boot_count(c).await,
+        boots,
+        "no base sandbox for a known point"
+    );
     let mut changes: Vec<(String, String)> = r
         .changes
         .iter()
