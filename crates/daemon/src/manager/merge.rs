@@ -6,21 +6,18 @@
 //! network; recorded, so a daemon killed mid-merge removes it at start-up) and walking
 //! its directory, like the two live sandboxes' (`merge_plan` decides what to do). A
 //! snapshot never changes, so its walks are kept with it: later merges from the same
-//! point start no sandbox. File
-//! contents are then streamed from `from` into hidden staging files inside the merged
-//! directory here, each checked against the hash the walk reported, and one `apply`
-//! request moves everything into place: until that request, this sandbox is unchanged;
-//! once sent, the guest agent completes it even if the daemon dies.
+//! point start no sandbox. The changes are then made by `merge_apply`.
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use sha2::{Digest, Sha256};
-use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{ErrorCode, FileKind, Metadata, TreeOp, WalkEntry, WriteFileRequest};
+use zygote_proto::client::ClientError;
+use zygote_proto::{ErrorCode, FileKind, Metadata, WalkEntry};
 
+use super::merge_apply::{apply_plans, staging_dir, Staged, STAGING_PREFIX};
 use super::merge_intent::MergeIntent;
-use super::merge_plan::{self, Plan, Step, Tree};
+use super::merge_plan::{self, Plan, Tree};
 use super::Manager;
 use crate::error::{Error, Result};
 use crate::fault;
@@ -35,12 +32,8 @@ const BASE_SANDBOX_TTL_SECS: u64 = 900;
 const PER_SANDBOX_PATHS: &[&str] = &["/etc/machine-id", "/etc/hostname", "/run/zygote"];
 /// How long a merge waits for a branch point's state still being written.
 const STATE_WRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
-/// Bytes read from `from` per request while copying a file.
-const COPY_CHUNK: u64 = 4 << 20;
 /// Where a snapshot's directory keeps the walks of its trees merges made.
 const WALK_CACHE_DIR: &str = "merge-walks";
-/// Staging directories are named this, plus a nonce.
-const STAGING_PREFIX: &str = ".zygote-merge-";
 
 impl Manager {
     pub async fn merge(self: &Arc<Self>, id: &str, req: MergeRequest) -> Result<MergeReport> {
@@ -360,7 +353,7 @@ fn keep_walk(cache: &std::path::Path, dir: &str, entries: &Option<Vec<WalkEntry>
     }
 }
 
-fn join(dir: &str, rel: &str) -> String {
+pub(super) fn join(dir: &str, rel: &str) -> String {
     if rel.is_empty() {
         dir.to_string()
     } else {
@@ -434,148 +427,6 @@ fn root_entry() -> WalkEntry {
         },
         sha256: None,
     }
-}
-
-fn staging_dir(dir: &str, nonce: &str) -> String {
-    format!("{dir}/{STAGING_PREFIX}{nonce}")
-}
-
-/// Where [`apply_plans`] stages: per merged directory, whether it exists here.
-struct Staged<'a> {
-    from: &'a str,
-    dirs: &'a [String],
-    roots: &'a [bool],
-    nonce: &'a str,
-}
-
-/// Stages every file, then sends one `apply`. Returns the bytes copied.
-fn apply_plans(
-    ours: &AgentClient,
-    theirs: &AgentClient,
-    s: Staged<'_>,
-    plans: &[Plan],
-) -> std::result::Result<u64, ClientError> {
-    let Staged {
-        from,
-        dirs,
-        roots,
-        nonce,
-    } = s;
-    let mut ops = Vec::new();
-    let mut staging_dirs = Vec::new();
-    let mut copied = 0;
-    let staged = (|| {
-        for ((dir, plan), root_exists) in dirs.iter().zip(plans).zip(roots) {
-            if plan.steps.is_empty() {
-                continue;
-            }
-            if !root_exists {
-                // Made first, on its own: the staging directory lives in it.
-                ours.apply(vec![TreeOp::Mkdir {
-                    path: dir.clone(),
-                    mode: 0o755,
-                }])?;
-            }
-            let staging = staging_dir(dir, nonce);
-            staging_dirs.push(staging.clone());
-            ours.apply(vec![TreeOp::Mkdir {
-                path: staging.clone(),
-                mode: 0o700,
-            }])?;
-            for (n, step) in plan.steps.iter().enumerate() {
-                let abs = |rel: &str| join(dir, rel);
-                ops.push(match step {
-                    Step::Remove { rel, recursive } => TreeOp::Remove {
-                        path: abs(rel),
-                        recursive: *recursive,
-                    },
-                    Step::Mkdir { rel, mode } => TreeOp::Mkdir {
-                        path: abs(rel),
-                        mode: *mode,
-                    },
-                    Step::Symlink { rel, target } => TreeOp::Symlink {
-                        path: abs(rel),
-                        target: target.clone(),
-                    },
-                    Step::Chmod { rel, mode } => TreeOp::Chmod {
-                        path: abs(rel),
-                        mode: *mode,
-                    },
-                    Step::Write {
-                        rel,
-                        mode,
-                        size,
-                        sha256,
-                    } => {
-                        let to = format!("{staging}/{n}");
-                        copied += copy_file(theirs, from, &abs(rel), ours, &to, *size, sha256)?;
-                        TreeOp::Install {
-                            from: to,
-                            to: abs(rel),
-                            mode: *mode,
-                        }
-                    }
-                });
-            }
-        }
-        Ok(())
-    })();
-    let cleanup: Vec<TreeOp> = staging_dirs
-        .iter()
-        .map(|s| TreeOp::Remove {
-            path: s.clone(),
-            recursive: true,
-        })
-        .collect();
-    if let Err(e) = staged {
-        let _ = ours.apply(cleanup);
-        return Err(e);
-    }
-    ops.extend(cleanup);
-    crate::fault::point("merge.staged");
-    ours.apply(ops)?;
-    Ok(copied)
-}
-
-/// Streams `src` in `theirs` into the new file `dst` in `ours`, checking that it is
-/// still what the walk hashed.
-fn copy_file(
-    theirs: &AgentClient,
-    from: &str,
-    src: &str,
-    ours: &AgentClient,
-    dst: &str,
-    size: u64,
-    sha256: &str,
-) -> std::result::Result<u64, ClientError> {
-    let mut hasher = Sha256::new();
-    let mut offset = 0u64;
-    loop {
-        let chunk = theirs.read_file_range(src, offset, Some(COPY_CHUNK))?;
-        hasher.update(&chunk.data);
-        offset += chunk.data.len() as u64;
-        if offset > size {
-            break;
-        }
-        ours.write_file_with(WriteFileRequest {
-            path: dst.to_string(),
-            data: chunk.data,
-            mode: Some(0o600),
-            append: true,
-            create_parents: false,
-        })?;
-        if chunk.eof {
-            break;
-        }
-    }
-    let digest = hex::encode(hasher.finalize());
-    if offset != size || digest != sha256 {
-        return Err(ClientError::Protocol(format!(
-            "{src} changed in {from} during the merge (walked {size} bytes, read {offset}); \
-             nothing was merged: try again"
-        )));
-    }
-    Ok(size)
 }
 
 #[cfg(test)]

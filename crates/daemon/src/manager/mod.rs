@@ -10,6 +10,7 @@ mod diff;
 mod exec_cancel;
 mod guest;
 mod merge;
+mod merge_apply;
 mod merge_intent;
 mod merge_plan;
 pub use guest::FileBody;
