@@ -55,6 +55,18 @@ pub enum Error {
     },
     #[error("{0}")]
     Unsupported(String),
+    /// Branch children that each copy their parent's memory, more than the host holds.
+    #[error(
+        "{requested} children of {per_child_mib} MiB each do not fit: this runtime's children \
+         each copy the parent's memory and the host has {available_mib} MiB available, \
+         room for {fit}"
+    )]
+    InsufficientMemory {
+        requested: u32,
+        fit: u32,
+        per_child_mib: u32,
+        available_mib: u64,
+    },
     #[error("guest: {0}")]
     Guest(ClientError),
     #[error("cannot reach the sandbox's agent: {0}")]
@@ -125,6 +137,7 @@ impl Error {
             Error::Conflict(_) => (S::CONFLICT, "conflict"),
             Error::NoSpace { .. } => (S::INSUFFICIENT_STORAGE, "no_space"),
             Error::Unsupported(_) => (S::UNPROCESSABLE_ENTITY, "unsupported"),
+            Error::InsufficientMemory { .. } => (S::UNPROCESSABLE_ENTITY, "insufficient_memory"),
             Error::Guest(e) => match e.code() {
                 Some(ErrorCode::NotFound) => (S::NOT_FOUND, "guest_not_found"),
                 Some(ErrorCode::PermissionDenied) => (S::FORBIDDEN, "guest_permission_denied"),

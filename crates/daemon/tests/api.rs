@@ -338,7 +338,7 @@ async fn auth_validation_and_documents() {
         (
             Method::POST,
             "/v1/sandboxes/sb-none/branch",
-            Some(r#"{"count":99}"#),
+            Some(r#"{"count":257}"#),
             400,
             "invalid_argument",
         ),
@@ -346,6 +346,13 @@ async fn auth_validation_and_documents() {
             Method::POST,
             "/v1/sandboxes/sb-none/branch",
             Some(r#"{"count":2}"#),
+            404,
+            "not_found",
+        ),
+        (
+            Method::POST,
+            "/v1/sandboxes/sb-none/branch",
+            Some(r#"{"count":256}"#),
             404,
             "not_found",
         ),

@@ -286,6 +286,7 @@ async fn suite(runtime: &str) {
         "the tree shows the parent, its children and the branch point",
     );
     tree::check_diff(&c, &a.id, &b, &cc).await;
+    tree::check_branch_capacity(&c, &a.id, runtime).await;
     step(t0, "diff: siblings and parent compared file by file");
     merge::check_merge(&c, &a.id).await;
     step(

@@ -71,6 +71,9 @@ pub async fn set_ttl(
                 children that did not come up, with the cause", body = BranchResponse),
               (status = 500, description = "No child came up (the causes)", body = ErrorBody),
               (status = 400, description = "Invalid count", body = ErrorBody),
+              (status = 422, description = "More children than the host's memory holds, on a \
+                runtime whose children each copy the parent's memory (insufficient_memory: \
+                the message says how many fit)", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody)))]
 pub async fn branch(

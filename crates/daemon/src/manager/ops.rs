@@ -122,6 +122,18 @@ impl Manager {
             SnapshotKind::Branch
         };
         self.check_space(kind, parent.mem_mib)?;
+        if let Some(per_child_mib) = self.runtime.branch_child_copy_mib(parent.mem_mib) {
+            let available_mib = super::watch::mem_available_mib().unwrap_or(u64::MAX);
+            let fit = children_that_fit(available_mib, per_child_mib);
+            if count > fit {
+                return Err(Error::InsufficientMemory {
+                    requested: count,
+                    fit,
+                    per_child_mib,
+                    available_mib,
+                });
+            }
+        }
         let point_id = new_id("snap");
         let point_dir = self.dirs.snapshots.join(&point_id);
         std::fs::create_dir_all(&point_dir)
@@ -361,6 +373,14 @@ impl Manager {
     }
 }
 
+/// How many children of `per_child_mib` each the host's `available_mib` holds, keeping
+/// a tenth of it (at least 256 MiB) for the host and the parent going on.
+fn children_that_fit(available_mib: u64, per_child_mib: u32) -> u32 {
+    let reserve = (available_mib / 10).max(256);
+    let usable = available_mib.saturating_sub(reserve);
+    u32::try_from(usable / u64::from(per_child_mib.max(1))).unwrap_or(u32::MAX)
+}
+
 /// Makes every branch child's namespace, at once (each is a few `ip`/`nft` runs that
 /// mostly wait on the kernel), and points its spec at it. On error the namespaces made
 /// stay recorded in `nets`, for the children's clean-up to remove.
@@ -385,4 +405,19 @@ fn attach_all(
         spec.net = r?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::children_that_fit;
+
+    #[test]
+    fn children_fit_in_what_the_host_has_less_a_reserve() {
+        // 20 GiB available: 2 GiB kept, 18 GiB for 256 MiB children.
+        assert_eq!(children_that_fit(20 * 1024, 256), 72);
+        // Little memory: the 256 MiB reserve is kept.
+        assert_eq!(children_that_fit(1024, 256), 3);
+        assert_eq!(children_that_fit(200, 64), 0);
+        assert_eq!(children_that_fit(u64::MAX, 256), u32::MAX);
+    }
 }

@@ -36,7 +36,9 @@ pub use validate::{validate_guest_path, validate_name, Validate};
 pub const MAX_FAN_OUT: u32 = 16;
 /// Guest RAM when a create request names none.
 pub const DEFAULT_MEM_MIB: u32 = 256;
-pub const MAX_BRANCH_COUNT: u32 = 16;
+/// Children of one branch (where children copy their parent's memory, also bounded by
+/// what the host has: `Manager::branch`).
+pub const MAX_BRANCH_COUNT: u32 = 256;
 pub const MIN_MEM_MIB: u32 = 64;
 pub const MAX_MEM_MIB: u32 = 65536;
 pub const MAX_VCPUS: u32 = 32;
@@ -313,9 +315,10 @@ pub struct WriteResult {
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchRequest {
-    /// Number of children, 1..=16.
+    /// Number of children, 1..=256. On a runtime whose children each copy the parent's
+    /// memory (qemu), at most as many as the host's available memory holds.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 16)]
+    #[schema(minimum = 1, maximum = 256)]
     pub count: Option<u32>,
     /// Children's time-to-live (1..=604800); when absent they get the parent's `ttl_secs`.
     #[serde(default)]

@@ -378,6 +378,11 @@ impl Runtime for KvmRuntime {
         Ok(snapshot_data(snap_dir, &vm_dir, info.pause_ms))
     }
 
+    fn branch_child_copy_mib(&self, _mem_mib: u32) -> Option<u32> {
+        // Forked: guest RAM is shared copy-on-write with the parent and siblings.
+        None
+    }
+
     fn capture_bytes(&self, kind: SnapshotKind, mem_mib: u32) -> Option<u64> {
         match kind {
             // A sparse memory file of the touched pages, at most all of RAM.

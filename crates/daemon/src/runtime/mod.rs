@@ -202,6 +202,11 @@ pub trait Runtime: Send + Sync {
     /// whose size is known up front.
     fn capture_bytes(&self, kind: SnapshotKind, mem_mib: u32) -> Option<u64>;
 
+    /// Host memory (MiB) each branch child of a `mem_mib` VM takes for itself from the
+    /// start: all of it where a child is a full copy, None where children share the
+    /// parent's memory copy-on-write (they then grow only by what they write).
+    fn branch_child_copy_mib(&self, mem_mib: u32) -> Option<u32>;
+
     /// Branches `parent` into `children.len()` new VMs sharing its state at
     /// one instant; `point_dir`/`next_disk` as for [`Runtime::snapshot`].
     /// With `keep_point`, the point's state must be restorable later (a merge starts

@@ -281,6 +281,11 @@ impl Runtime for QemuRuntime {
         }
     }
 
+    fn branch_child_copy_mib(&self, mem_mib: u32) -> Option<u32> {
+        // Each child is a QEMU of its own that loads the branch point's RAM.
+        Some(mem_mib)
+    }
+
     fn capture_bytes(&self, _kind: SnapshotKind, mem_mib: u32) -> Option<u64> {
         // Branch points too: a state file of RAM (zero pages take almost nothing) and
         // device state, for every kind.
