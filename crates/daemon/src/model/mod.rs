@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod branch;
 mod diff;
 mod env;
 mod exec;
@@ -18,6 +19,7 @@ mod ports;
 mod tree;
 mod ttl;
 mod validate;
+pub use branch::{BranchFailure, BranchRequest, BranchResponse};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
@@ -310,75 +312,6 @@ pub struct DirListing {
 pub struct WriteResult {
     pub path: String,
     pub size: u64,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BranchRequest {
-    /// Number of children, 1..=256. On a runtime whose children each copy the parent's
-    /// memory (qemu), at most as many as the host's available memory holds.
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 256)]
-    pub count: Option<u32>,
-    /// Children's time-to-live (1..=604800); when absent they get the parent's `ttl_secs`.
-    #[serde(default)]
-    #[schema(minimum = 1, maximum = 604800)]
-    pub ttl_secs: Option<u64>,
-    /// One object of environment variables per child (exactly `count` of them), added
-    /// over the parent's `envs` for that child's execs: tokens, seeds, task ids.
-    #[serde(default)]
-    pub env: Option<Vec<BTreeMap<String, String>>>,
-    /// Keep the branch point's state so that the children can later be merged with
-    /// their parent or each other (`POST .../merge`). The qemu runtime always keeps it;
-    /// on the kvm runtime it costs a full memory file of the parent, written after the
-    /// children run (the pause does not grow).
-    #[serde(default)]
-    pub mergeable: Option<bool>,
-}
-
-impl Validate for BranchRequest {
-    fn validate(&self) -> Result<()> {
-        ttl::validate_ttl(self.ttl_secs)?;
-        let count = self.count.unwrap_or(1);
-        in_range("count", count, 1, MAX_BRANCH_COUNT)?;
-        if let Some(env) = &self.env {
-            if env.len() != count as usize {
-                return Err(Error::invalid(format!(
-                    "env has {} entries for {count} children: give one object per child",
-                    env.len()
-                )));
-            }
-            for (i, vars) in env.iter().enumerate() {
-                validate_vars(&format!("env[{i}]"), vars)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct BranchResponse {
-    pub parent: String,
-    /// The snapshot the children (and the parent's new disk layer) share.
-    pub branch_point: String,
-    /// The children that run, each answering through its agent.
-    pub children: Vec<String>,
-    /// The requested children that could not be brought up (nothing of theirs is
-    /// left). The request succeeds when at least one child runs; it fails with the
-    /// causes when none does.
-    #[serde(default)]
-    pub failed: Vec<BranchFailure>,
-    pub duration_ms: u64,
-    /// How long the parent's vCPUs were stopped for the branch.
-    pub pause_ms: Option<f64>,
-}
-
-/// One child of a branch that did not come up, and why.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct BranchFailure {
-    /// Its position among the requested children (0-based).
-    pub index: u32,
-    pub error: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
