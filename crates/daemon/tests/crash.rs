@@ -404,6 +404,17 @@ async fn suite(runtime: &str) {
         .expect("merge after the crashes");
     assert_eq!(merged["applied"], json!(true), "{merged}");
     assert_eq!(sh(&c, &a, "cat /root/m/f").await, "merged\n");
+    // a and b were created side by side from the image: no common branch point.
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{a}/merge"),
+            Some(&json!({"from": b, "paths": ["/root/m"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("conflict"), "{e}");
+    assert!(e.to_string().contains("not of one tree"), "{e}");
     c.raw(Method::DELETE, &format!("/v1/sandboxes/{k}"), None)
         .await
         .unwrap();
