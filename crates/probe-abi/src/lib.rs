@@ -94,6 +94,19 @@ pub const fn dirty_word(cmd: u64, page: u64, k: u64) -> u64 {
     (cmd << 16 | page << 4 | k).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+/// `spin` also keeps a *dirty window* busy, for benchmarks of a guest that writes memory
+/// while it is paused, snapshotted or branched: while scratch[SCRATCH_DIRTY_WINDOW_PAGES]
+/// is a non-zero `n`, the guest writes one word into each of the `n` 4 KiB pages from
+/// [`DIRTY_WINDOW_GPA`] (clamped to its RAM below the MMIO hole), in order, over and
+/// over, bumping the heartbeat after every page (so progress stays visible mid-pass) and
+/// counting finished passes in scratch[SCRATCH_DIRTY_PASSES]. One word per page is all
+/// it takes to dirty a page, and keeps the pass short under an emulated ring 0.
+pub const SCRATCH_DIRTY_WINDOW_PAGES: usize = 5;
+pub const SCRATCH_DIRTY_PASSES: usize = 6;
+/// Start of the dirty window: 128 MiB, above the probe image, the virtio area and the
+/// small dirty area; the host must give the guest at least this plus the window.
+pub const DIRTY_WINDOW_GPA: u64 = 128 << 20;
+
 // ---------------------------------------------------------------------------
 // Boot-path conventions the probe relies on. The VMM owns these addresses; they
 // are listed here so host tests and the VMM can assert they agree with the probe.
@@ -206,6 +219,11 @@ mod tests {
         // The SIPI vector is 8 bits of page number.
         assert!(AP_TRAMPOLINE_GPA >> 12 < 0x100);
         assert!(PROBE_LOAD_GPA >= 1 << 20);
+        // The dirty window starts above everything else the probe writes.
+        assert!(DIRTY_WINDOW_GPA >= DIRTY_AREA_GPA + DIRTY_AREA_PAGES * 4096);
+        assert!(DIRTY_WINDOW_GPA >= VIRTIO_AREA_GPA + VIRTIO_AREA_SIZE);
+        assert!(DIRTY_WINDOW_GPA.is_multiple_of(4096));
+        assert!(SCRATCH_DIRTY_WINDOW_PAGES != SCRATCH_DIRTY_PASSES);
     };
 
     #[test]

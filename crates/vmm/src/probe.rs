@@ -13,6 +13,8 @@ use crate::devices::serial::CallbackWriter;
 use crate::memory::GuestRam;
 use crate::{ExitReason, VmConfig, Vmm, VmmError};
 
+pub mod progress;
+
 /// Where the probe ELF is built by `guest/probe/build.sh`, relative to the repository.
 const PROBE_REL_PATH: &str = "guest/probe/target/x86_64-unknown-none/release/zygote-probe";
 
@@ -30,6 +32,10 @@ pub enum ProbeError {
     Failed(String),
     #[error("reading the probe mailbox failed: {0}")]
     Mailbox(String),
+    #[error(
+        "the probe's heartbeat stayed at {heartbeat} for {waited:?}: the guest is not running"
+    )]
+    Stalled { heartbeat: u64, waited: Duration },
 }
 
 fn repo_root() -> PathBuf {
@@ -219,13 +225,20 @@ impl ProbeVm {
     }
 }
 
+/// One u64 of the mailbox page at byte offset `off`, straight out of guest RAM.
+pub fn read_mailbox_word(ram: &GuestRam, off: u64) -> Result<u64, ProbeError> {
+    ram.memory()
+        .read_obj::<u64>(GuestAddress(abi::MAILBOX_GPA + off))
+        .map_err(|e| ProbeError::Mailbox(e.to_string()))
+}
+
+fn scratch_offset(index: usize) -> u64 {
+    abi::MAILBOX_OFF_SCRATCH + 8 * index as u64
+}
+
 /// Read the probe's mailbox page straight out of guest RAM.
 pub fn read_mailbox(ram: &GuestRam) -> Result<abi::Mailbox, ProbeError> {
-    let mem = ram.memory();
-    let word = |off: u64| -> Result<u64, ProbeError> {
-        mem.read_obj::<u64>(GuestAddress(abi::MAILBOX_GPA + off))
-            .map_err(|e| ProbeError::Mailbox(e.to_string()))
-    };
+    let word = |off: u64| read_mailbox_word(ram, off);
     let mut mb = abi::Mailbox {
         magic: word(abi::MAILBOX_OFF_MAGIC)?,
         status: word(abi::MAILBOX_OFF_STATUS)?,
@@ -234,9 +247,39 @@ pub fn read_mailbox(ram: &GuestRam) -> Result<abi::Mailbox, ProbeError> {
         scratch: [0; 12],
     };
     for (i, s) in mb.scratch.iter_mut().enumerate() {
-        *s = word(abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)?;
+        *s = word(scratch_offset(i))?;
     }
     Ok(mb)
+}
+
+/// Write scratch word `index` of the mailbox (a host command to the probe).
+pub fn write_scratch(ram: &GuestRam, index: usize, value: u64) -> Result<(), ProbeError> {
+    ram.memory()
+        .write_obj(
+            value,
+            GuestAddress(abi::MAILBOX_GPA + scratch_offset(index)),
+        )
+        .map_err(|e| ProbeError::Mailbox(e.to_string()))
+}
+
+/// Pages of the `spin` probe's dirty window for a guest of `mem_mib` asked to rewrite
+/// `window_mib`: the window starts at [`abi::DIRTY_WINDOW_GPA`] and must end in RAM
+/// below the MMIO hole. None when it does not fit.
+pub fn dirty_window_pages(mem_mib: u64, window_mib: u64) -> Option<u64> {
+    let end = abi::DIRTY_WINDOW_GPA.checked_add(window_mib.checked_mul(1 << 20)?)?;
+    let ram_end = (mem_mib << 20).min(abi::MMIO_HOLE_START);
+    (end <= ram_end).then_some(window_mib * 256)
+}
+
+/// Start (pages > 0) or stop (0) the `spin` probe's dirty window, in the VM that owns
+/// `ram` (and, after a branch, in its children, which inherit the command).
+pub fn set_dirty_window(ram: &GuestRam, pages: u64) -> Result<(), ProbeError> {
+    write_scratch(ram, abi::SCRATCH_DIRTY_WINDOW_PAGES, pages)
+}
+
+/// Passes over the dirty window the `spin` probe has finished.
+pub fn dirty_passes(ram: &GuestRam) -> Result<u64, ProbeError> {
+    read_mailbox_word(ram, scratch_offset(abi::SCRATCH_DIRTY_PASSES))
 }
 
 /// Outcome of a complete probe run.
@@ -266,4 +309,26 @@ pub fn run_probe(
         transcript: std::mem::take(&mut vm.transcript),
         exit,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirty_window_fits_between_its_start_and_the_end_of_low_ram() {
+        // 1 GiB guest: 64 MiB from 128 MiB fits, 896 MiB exactly, 897 not.
+        assert_eq!(dirty_window_pages(1024, 64), Some(64 * 256));
+        assert_eq!(dirty_window_pages(1024, 896), Some(896 * 256));
+        assert_eq!(dirty_window_pages(1024, 897), None);
+        // Too small a guest for any window beyond its start.
+        assert_eq!(dirty_window_pages(128, 1), None);
+        // RAM above the MMIO hole does not count (the window is contiguous below it).
+        assert_eq!(dirty_window_pages(8192, 3072), None);
+        assert_eq!(
+            dirty_window_pages(8192, 3072 - 128),
+            Some((3072 - 128) * 256)
+        );
+        assert_eq!(dirty_window_pages(1024, u64::MAX), None);
+    }
 }

@@ -32,7 +32,7 @@ use crate::vstate::vm::{HostKvm, Vm, VmError};
 
 pub mod branch;
 pub mod diagnose;
-mod ready;
+pub(crate) mod ready;
 pub mod snapshot;
 
 /// What to boot.

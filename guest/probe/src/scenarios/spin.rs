@@ -4,13 +4,15 @@
 //! Mailbox: scratch[SCRATCH_SPIN_MARKER] = SPIN_MARKER once the checks passed.
 //! It also obeys the dirty-page command (see `SCRATCH_DIRTY_CMD` in probe-abi): the
 //! guest itself rewrites a small area so that KVM's dirty log records it; and the
-//! chatter command (`SCRATCH_CHATTER`): one byte to COM1 per turn.
+//! chatter command (`SCRATCH_CHATTER`): one byte to COM1 per turn; and the dirty window
+//! (`SCRATCH_DIRTY_WINDOW_PAGES`): a page-by-page rewrite of up to the rest of its RAM.
 
 use crate::checks::{BootInfo, Fail};
 use crate::{mailbox, say};
 use zygote_probe_abi::{
-    dirty_word, CHATTER_BYTE, COM1_PORT, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WORD_OFFSETS,
-    REPORT_READY, SCRATCH_CHATTER, SCRATCH_DIRTY_ACK, SCRATCH_DIRTY_CMD, SCRATCH_SPIN_MARKER,
+    dirty_word, CHATTER_BYTE, COM1_PORT, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WINDOW_GPA,
+    DIRTY_WORD_OFFSETS, MMIO_HOLE_START, REPORT_READY, SCRATCH_CHATTER, SCRATCH_DIRTY_ACK,
+    SCRATCH_DIRTY_CMD, SCRATCH_DIRTY_PASSES, SCRATCH_DIRTY_WINDOW_PAGES, SCRATCH_SPIN_MARKER,
     SPIN_MARKER,
 };
 
@@ -26,7 +28,23 @@ fn fill_dirty_area(cmd: u64) {
     mailbox::set_scratch(SCRATCH_DIRTY_ACK, cmd);
 }
 
-pub fn run(_info: &BootInfo) -> Result<(), Fail> {
+/// One pass over the dirty window: a word per page, the heartbeat after each, so that a
+/// host watching the heartbeat sees the guest run even during a pass of many
+/// milliseconds. Returns the heartbeat to continue from.
+fn dirty_window_pass(pages: u64, mut n: u64, heartbeat: *mut u64) -> u64 {
+    for page in 0..pages {
+        n = n.wrapping_add(1);
+        // SAFETY: the caller clamped `pages` to RAM below the MMIO hole, above everything
+        // else the probe uses; the heartbeat is in the mailbox page.
+        unsafe {
+            core::ptr::write_volatile((DIRTY_WINDOW_GPA + page * 4096) as *mut u64, n);
+            core::ptr::write_volatile(heartbeat, n);
+        }
+    }
+    n
+}
+
+pub fn run(info: &BootInfo) -> Result<(), Fail> {
     mailbox::set_scratch(SCRATCH_SPIN_MARKER, SPIN_MARKER);
     say!(REPORT_READY);
     let heartbeat = mailbox::heartbeat_ptr();
@@ -35,6 +53,11 @@ pub fn run(_info: &BootInfo) -> Result<(), Fail> {
     // branched VM continues from where its memory says.
     let mut n: u64 = 0;
     let mut done: u64 = 0;
+    // The window must stay inside RAM whatever the host asks for: a write past it would
+    // fault, and the probe has no handler.
+    let ram_end = info.ram_top.min(MMIO_HOLE_START);
+    let max_window_pages = ram_end.saturating_sub(DIRTY_WINDOW_GPA) / 4096;
+    let mut passes: u64 = 0;
     loop {
         n = n.wrapping_add(1);
         // SAFETY: the heartbeat word is in the mailbox page (checked RAM).
@@ -46,6 +69,12 @@ pub fn run(_info: &BootInfo) -> Result<(), Fail> {
         }
         if mailbox::scratch(SCRATCH_CHATTER) != 0 {
             crate::arch::outb(COM1_PORT, CHATTER_BYTE);
+        }
+        let window = mailbox::scratch(SCRATCH_DIRTY_WINDOW_PAGES).min(max_window_pages);
+        if window != 0 {
+            n = dirty_window_pass(window, n, heartbeat);
+            passes += 1;
+            mailbox::set_scratch(SCRATCH_DIRTY_PASSES, passes);
         }
     }
 }
