@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use super::{read_mailbox_word, ProbeError};
 use crate::memory::GuestRam;
-use crate::vmm::ready::mono_ns;
+/// CLOCK_MONOTONIC in ns, the clock of [`Progress::seen_mono_ns`] and of branch
+/// readiness: take it just before a branch to measure from the request.
+pub use crate::vmm::ready::mono_ns;
 use zygote_probe_abi as abi;
 
 /// The guest made progress: its heartbeat went from `before` to `after`, and the host saw
