@@ -8,6 +8,7 @@ APT_PACKAGES=(
   qemu-system-x86 linux-source-6.1 busybox-static debootstrap musl-tools
   e2fsprogs xfsprogs btrfs-progs util-linux iproute2 python3-venv
   qemu-utils nftables iperf3
+  fonts-dejavu-core  # text in `zygote bench ... --plot` pictures (read at run time)
 )
 RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
 RUST_COMPONENTS=(rustfmt clippy)

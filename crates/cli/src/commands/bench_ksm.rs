@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::bench_branch::boot_populated;
+use super::bench_branch_measure::boot_populated;
 
 const KSM: &str = "/sys/kernel/mm/ksm";
 
@@ -113,12 +113,16 @@ pub fn run(args: KsmBenchArgs) -> anyhow::Result<i32> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout);
     // Converged: two full scans completed and sharing stopped growing.
-    let mut last = 0;
+    let (mut last, mut reported_scans) = (0, 0);
     loop {
         std::thread::sleep(Duration::from_millis(250));
         let sharing = read("pages_sharing")?;
         let scans = read("full_scans")? - scans0;
-        eprint!("\rksmd: {scans} full scans, {sharing} pages sharing   ");
+        // A whole line per finished scan: "\r" redraws ran together in logs.
+        if scans != reported_scans {
+            eprintln!("ksmd: {scans} full scans, {sharing} pages sharing");
+            reported_scans = scans;
+        }
         if scans >= 2 && sharing == last && sharing > 0 {
             break;
         }
@@ -129,7 +133,6 @@ pub fn run(args: KsmBenchArgs) -> anyhow::Result<i32> {
         );
         last = sharing;
     }
-    eprintln!();
     let converge = started.elapsed();
     let result = KsmResult {
         vms: args.vms,

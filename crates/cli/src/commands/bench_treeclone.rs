@@ -4,7 +4,9 @@
 //! timed until visible and until synced.
 use std::path::PathBuf;
 
-use zygote_treeclone::bench::{run_bench, BenchOptions, MIN_RUNS};
+use zygote_treeclone::bench::{run_bench, BenchOptions, BenchReport, SideKind, MIN_RUNS};
+
+use super::bench_plot::{self, BarPanel, BarSeries};
 
 #[derive(clap::Args)]
 pub struct TreecloneBenchArgs {
@@ -40,6 +42,55 @@ pub struct TreecloneBenchArgs {
     /// Treatment worker threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Also draw each method's median (visible clock) as bars, one chart per filesystem,
+    /// into this PNG.
+    #[arg(long, value_name = "FILE.png")]
+    plot: Option<PathBuf>,
+}
+
+/// One bar chart per filesystem that ran: shapes along x, a bar per side that ran on it
+/// (sides skipped there have no bar).
+fn bar_panels(report: &BenchReport) -> Vec<BarPanel> {
+    report
+        .filesystems
+        .iter()
+        .filter(|fs| fs.skipped.is_none() && !fs.shapes.is_empty())
+        .map(|fs| {
+            let ran = |kind: SideKind| {
+                fs.shapes
+                    .iter()
+                    .any(|sh| sh.sides.iter().any(|s| s.side == kind && s.times.is_some()))
+            };
+            let series = SideKind::ALL
+                .into_iter()
+                .enumerate()
+                .filter(|&(_, k)| ran(k))
+                .map(|(color, kind)| {
+                    let per_shape = fs
+                        .shapes
+                        .iter()
+                        .map(|sh| {
+                            sh.sides
+                                .iter()
+                                .find(|s| s.side == kind)
+                                .and_then(|s| s.times.as_ref())
+                                .map(|t| t.visible_median_ms)
+                        })
+                        .collect();
+                    BarSeries {
+                        label: kind.as_str().to_string(),
+                        color,
+                        values: per_shape,
+                    }
+                })
+                .collect();
+            BarPanel {
+                title: fs.fs_type.clone().unwrap_or_else(|| fs.label.clone()),
+                groups: fs.shapes.iter().map(|s| s.shape.clone()).collect(),
+                series,
+            }
+        })
+        .collect()
 }
 
 pub fn run(args: TreecloneBenchArgs) -> anyhow::Result<i32> {
@@ -55,6 +106,14 @@ pub fn run(args: TreecloneBenchArgs) -> anyhow::Result<i32> {
         threads: args.threads,
     };
     let report = run_bench(&opts, &mut |line| eprintln!("[treeclone] {line}"))?;
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "bench treeclone: median time until the clone is visible, {} runs per method",
+            report.runs
+        );
+        bench_plot::bar_panels(path, &title, "ms (log scale)", &bar_panels(&report))?;
+        eprintln!("plot written to {}", path.display());
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

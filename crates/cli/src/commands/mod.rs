@@ -2,12 +2,15 @@
 //! `run(...) -> anyhow::Result<i32>` returning the process exit code.
 pub mod bench;
 pub mod bench_branch;
+pub mod bench_branch_measure;
 pub mod bench_fanout;
 pub mod bench_ksm;
 pub mod bench_linux;
 pub mod bench_net;
 pub mod bench_net_remote;
 pub mod bench_net_report;
+pub mod bench_plot;
+pub mod bench_progress;
 pub mod bench_soak;
 pub mod bench_stats;
 pub mod bench_treeclone;
