@@ -44,8 +44,11 @@ pub fn heartbeat(ram: &GuestRam) -> Result<u64, ProbeError> {
 }
 
 /// Read the heartbeat, then wait until it is larger: proof that guest code ran after this
-/// call began. Yields between reads so that, on a host with few cores, the vCPU thread
-/// being waited for gets the CPU. Fails with [`ProbeError::Stalled`] after `timeout`.
+/// call began. Sleeps [`POLL`] between reads rather than spinning or yielding: on a host
+/// with few cores and many branch children, a polling loop would take CPU from the very
+/// vCPU threads it waits for. The price is that progress is seen up to about one poll
+/// (plus timer slack, ~0.1 ms in all) late. Fails with [`ProbeError::Stalled`] after
+/// `timeout`.
 pub fn wait_for_progress(ram: &GuestRam, timeout: Duration) -> Result<Progress, ProbeError> {
     let started = Instant::now();
     let before = heartbeat(ram)?;
@@ -64,9 +67,12 @@ pub fn wait_for_progress(ram: &GuestRam, timeout: Duration) -> Result<Progress, 
                 waited: timeout,
             });
         }
-        std::thread::yield_now();
+        std::thread::sleep(POLL);
     }
 }
+
+/// Interval between heartbeat reads in [`wait_for_progress`].
+pub const POLL: Duration = Duration::from_micros(50);
 
 /// What one child posted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
