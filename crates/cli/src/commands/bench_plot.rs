@@ -3,6 +3,8 @@
 //! Text is rendered by plotters' pure-Rust `ab_glyph` feature from a TTF file read at run
 //! time (DejaVu Sans from Debian's fonts-dejavu-core, installed by scripts/setup.sh, or
 //! `$ZYGOTE_PLOT_FONT`), so building needs neither fontconfig nor freetype.
+//! Only the major grid is drawn (the minor one is set to white): the fine grid cluttered
+//! the pictures and made the PNGs compress poorly.
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -202,6 +204,7 @@ pub fn cdf_panels(
                 .map_err(text)?;
             chart
                 .configure_mesh()
+                .light_line_style(WHITE)
                 .x_desc(x_desc)
                 .y_desc("fraction of samples")
                 .x_label_formatter(&|v| tick(*v))
@@ -244,6 +247,7 @@ pub fn timeline(
             .map_err(text)?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
             .x_desc(x_desc)
             .y_desc(y_desc)
             .x_label_formatter(&|v| tick(*v))
@@ -338,6 +342,7 @@ fn bar_chart(
         .map_err(text)?;
     chart
         .configure_mesh()
+        .light_line_style(WHITE)
         .disable_x_mesh()
         .y_desc(y_desc)
         .y_label_formatter(&|v| tick(*v))
