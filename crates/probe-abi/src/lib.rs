@@ -95,14 +95,17 @@ pub const fn dirty_word(cmd: u64, page: u64, k: u64) -> u64 {
 }
 
 /// `spin` also keeps a *dirty window* busy, for benchmarks of a guest that writes memory
-/// while it is paused, snapshotted or branched: while scratch[SCRATCH_DIRTY_WINDOW_PAGES]
-/// is a non-zero `n`, the guest writes one word into each of the `n` 4 KiB pages from
-/// [`DIRTY_WINDOW_GPA`] (clamped to its RAM below the MMIO hole), in order, over and
-/// over, bumping the heartbeat after every page (so progress stays visible mid-pass) and
-/// counting finished passes in scratch[SCRATCH_DIRTY_PASSES]. One word per page is all
-/// it takes to dirty a page, and keeps the pass short under an emulated ring 0.
-pub const SCRATCH_DIRTY_WINDOW_PAGES: usize = 5;
-pub const SCRATCH_DIRTY_PASSES: usize = 6;
+/// while it is paused, snapshotted or branched: while the mailbox word at
+/// [`MAILBOX_OFF_DIRTY_WINDOW_PAGES`] is a non-zero `n`, the guest writes one word into
+/// each of the `n` 4 KiB pages from [`DIRTY_WINDOW_GPA`] (clamped to its RAM below the
+/// MMIO hole), in order, over and over, bumping the heartbeat after every page (so
+/// progress stays visible mid-pass) and counting finished passes in the word at
+/// [`MAILBOX_OFF_DIRTY_PASSES`]. One word per page is all it takes to dirty a page, and
+/// keeps the pass short under an emulated ring 0. Both words lie in the mailbox page past
+/// [`Mailbox`] (which ends at 128 bytes), not in `scratch`: host tests use the free
+/// scratch words as markers, and a marker must not start the window.
+pub const MAILBOX_OFF_DIRTY_WINDOW_PAGES: u64 = 0x100;
+pub const MAILBOX_OFF_DIRTY_PASSES: u64 = 0x108;
 /// Start of the dirty window: 128 MiB, above the probe image, the virtio area and the
 /// small dirty area; the host must give the guest at least this plus the window.
 pub const DIRTY_WINDOW_GPA: u64 = 128 << 20;
@@ -223,7 +226,9 @@ mod tests {
         assert!(DIRTY_WINDOW_GPA >= DIRTY_AREA_GPA + DIRTY_AREA_PAGES * 4096);
         assert!(DIRTY_WINDOW_GPA >= VIRTIO_AREA_GPA + VIRTIO_AREA_SIZE);
         assert!(DIRTY_WINDOW_GPA.is_multiple_of(4096));
-        assert!(SCRATCH_DIRTY_WINDOW_PAGES != SCRATCH_DIRTY_PASSES);
+        assert!(MAILBOX_OFF_DIRTY_WINDOW_PAGES >= core::mem::size_of::<Mailbox>() as u64);
+        assert!(MAILBOX_OFF_DIRTY_PASSES >= MAILBOX_OFF_DIRTY_WINDOW_PAGES + 8);
+        assert!(MAILBOX_OFF_DIRTY_PASSES + 8 <= 4096);
     };
 
     #[test]

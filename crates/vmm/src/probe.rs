@@ -232,10 +232,6 @@ pub fn read_mailbox_word(ram: &GuestRam, off: u64) -> Result<u64, ProbeError> {
         .map_err(|e| ProbeError::Mailbox(e.to_string()))
 }
 
-fn scratch_offset(index: usize) -> u64 {
-    abi::MAILBOX_OFF_SCRATCH + 8 * index as u64
-}
-
 /// Read the probe's mailbox page straight out of guest RAM.
 pub fn read_mailbox(ram: &GuestRam) -> Result<abi::Mailbox, ProbeError> {
     let word = |off: u64| read_mailbox_word(ram, off);
@@ -247,18 +243,15 @@ pub fn read_mailbox(ram: &GuestRam) -> Result<abi::Mailbox, ProbeError> {
         scratch: [0; 12],
     };
     for (i, s) in mb.scratch.iter_mut().enumerate() {
-        *s = word(scratch_offset(i))?;
+        *s = word(abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)?;
     }
     Ok(mb)
 }
 
-/// Write scratch word `index` of the mailbox (a host command to the probe).
-pub fn write_scratch(ram: &GuestRam, index: usize, value: u64) -> Result<(), ProbeError> {
+/// Write the u64 at byte offset `off` of the mailbox page (a host command to the probe).
+pub fn write_mailbox_word(ram: &GuestRam, off: u64, value: u64) -> Result<(), ProbeError> {
     ram.memory()
-        .write_obj(
-            value,
-            GuestAddress(abi::MAILBOX_GPA + scratch_offset(index)),
-        )
+        .write_obj(value, GuestAddress(abi::MAILBOX_GPA + off))
         .map_err(|e| ProbeError::Mailbox(e.to_string()))
 }
 
@@ -274,12 +267,12 @@ pub fn dirty_window_pages(mem_mib: u64, window_mib: u64) -> Option<u64> {
 /// Start (pages > 0) or stop (0) the `spin` probe's dirty window, in the VM that owns
 /// `ram` (and, after a branch, in its children, which inherit the command).
 pub fn set_dirty_window(ram: &GuestRam, pages: u64) -> Result<(), ProbeError> {
-    write_scratch(ram, abi::SCRATCH_DIRTY_WINDOW_PAGES, pages)
+    write_mailbox_word(ram, abi::MAILBOX_OFF_DIRTY_WINDOW_PAGES, pages)
 }
 
 /// Passes over the dirty window the `spin` probe has finished.
 pub fn dirty_passes(ram: &GuestRam) -> Result<u64, ProbeError> {
-    read_mailbox_word(ram, scratch_offset(abi::SCRATCH_DIRTY_PASSES))
+    read_mailbox_word(ram, abi::MAILBOX_OFF_DIRTY_PASSES)
 }
 
 /// Outcome of a complete probe run.

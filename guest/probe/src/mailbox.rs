@@ -3,7 +3,10 @@
 //! store when it happens.
 
 use core::ptr::{addr_of_mut, read_volatile, write_volatile};
-use zygote_probe_abi::{Mailbox, MAILBOX_GPA, MAILBOX_MAGIC, SCRATCH_EXTRA_ENTRY, STATUS_RUNNING};
+use zygote_probe_abi::{
+    Mailbox, MAILBOX_GPA, MAILBOX_MAGIC, MAILBOX_OFF_DIRTY_PASSES, MAILBOX_OFF_DIRTY_WINDOW_PAGES,
+    SCRATCH_EXTRA_ENTRY, STATUS_RUNNING,
+};
 
 fn mb() -> *mut Mailbox {
     MAILBOX_GPA as *mut Mailbox
@@ -25,6 +28,9 @@ pub fn init() {
                 write_volatile(addr_of_mut!((*m).scratch[i]), 0);
             }
         }
+        for off in [MAILBOX_OFF_DIRTY_WINDOW_PAGES, MAILBOX_OFF_DIRTY_PASSES] {
+            write_volatile((MAILBOX_GPA + off) as *mut u64, 0);
+        }
         write_volatile(addr_of_mut!((*m).status), STATUS_RUNNING);
         write_volatile(addr_of_mut!((*m).magic), MAILBOX_MAGIC);
     }
@@ -43,6 +49,18 @@ pub fn set_scratch(index: usize, value: u64) {
 pub fn scratch(index: usize) -> u64 {
     // SAFETY: as in init.
     unsafe { read_volatile(addr_of_mut!((*mb()).scratch[index])) }
+}
+
+/// A u64 of the mailbox page past [`Mailbox`], at byte offset `off` (a probe-abi
+/// `MAILBOX_OFF_*` constant).
+pub fn word(off: u64) -> u64 {
+    // SAFETY: as in init; callers pass 8-byte aligned offsets inside the page.
+    unsafe { read_volatile((MAILBOX_GPA + off) as *const u64) }
+}
+
+pub fn set_word(off: u64, value: u64) {
+    // SAFETY: as in word.
+    unsafe { write_volatile((MAILBOX_GPA + off) as *mut u64, value) }
 }
 
 pub fn cpus_alive() -> u64 {

@@ -5,14 +5,14 @@
 //! It also obeys the dirty-page command (see `SCRATCH_DIRTY_CMD` in probe-abi): the
 //! guest itself rewrites a small area so that KVM's dirty log records it; and the
 //! chatter command (`SCRATCH_CHATTER`): one byte to COM1 per turn; and the dirty window
-//! (`SCRATCH_DIRTY_WINDOW_PAGES`): a page-by-page rewrite of up to the rest of its RAM.
+//! (`MAILBOX_OFF_DIRTY_WINDOW_PAGES`): a page-by-page rewrite of up to the rest of its RAM.
 
 use crate::checks::{BootInfo, Fail};
 use crate::{mailbox, say};
 use zygote_probe_abi::{
     dirty_word, CHATTER_BYTE, COM1_PORT, DIRTY_AREA_GPA, DIRTY_AREA_PAGES, DIRTY_WINDOW_GPA,
-    DIRTY_WORD_OFFSETS, MMIO_HOLE_START, REPORT_READY, SCRATCH_CHATTER, SCRATCH_DIRTY_ACK,
-    SCRATCH_DIRTY_CMD, SCRATCH_DIRTY_PASSES, SCRATCH_DIRTY_WINDOW_PAGES, SCRATCH_SPIN_MARKER,
+    DIRTY_WORD_OFFSETS, MAILBOX_OFF_DIRTY_PASSES, MAILBOX_OFF_DIRTY_WINDOW_PAGES, MMIO_HOLE_START,
+    REPORT_READY, SCRATCH_CHATTER, SCRATCH_DIRTY_ACK, SCRATCH_DIRTY_CMD, SCRATCH_SPIN_MARKER,
     SPIN_MARKER,
 };
 
@@ -70,11 +70,11 @@ pub fn run(info: &BootInfo) -> Result<(), Fail> {
         if mailbox::scratch(SCRATCH_CHATTER) != 0 {
             crate::arch::outb(COM1_PORT, CHATTER_BYTE);
         }
-        let window = mailbox::scratch(SCRATCH_DIRTY_WINDOW_PAGES).min(max_window_pages);
+        let window = mailbox::word(MAILBOX_OFF_DIRTY_WINDOW_PAGES).min(max_window_pages);
         if window != 0 {
             n = dirty_window_pass(window, n, heartbeat);
             passes += 1;
-            mailbox::set_scratch(SCRATCH_DIRTY_PASSES, passes);
+            mailbox::set_word(MAILBOX_OFF_DIRTY_PASSES, passes);
         }
     }
 }
