@@ -18,8 +18,8 @@ use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
-/// `sandboxes.env`.
-const SCHEMA_VERSION: i64 = 6;
+/// `sandboxes.env`; 7 added `sandboxes.metadata`.
+const SCHEMA_VERSION: i64 = 7;
 
 #[path = "db_ports.rs"]
 mod ports;
@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at INTEGER,
     pending TEXT,
     network TEXT,
-    env TEXT
+    env TEXT,
+    metadata TEXT
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -104,6 +105,8 @@ pub struct SandboxRow {
     pub network: NetRecord,
     /// Its execs' default environment and secrets (rows from before: none).
     pub env: SandboxEnv,
+    /// The user's labels (rows from before: none).
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// The intent record of a snapshot or branch: written before the runtime changes the
@@ -192,6 +195,7 @@ const SANDBOX_COLUMNS_SINCE_V1: &[(&str, &str)] = &[
     ("pending", "TEXT"),
     ("network", "TEXT"),
     ("env", "TEXT"),
+    ("metadata", "TEXT"),
 ];
 
 fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
@@ -271,9 +275,9 @@ impl Db {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
                 vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
-                ttl_secs, expires_at, pending, network, env)
+                ttl_secs, expires_at, pending, network, env, metadata)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18, ?19, ?20)",
+                ?18, ?19, ?20, ?21)",
             params![
                 s.id,
                 s.name,
@@ -295,6 +299,7 @@ impl Db {
                 s.pending.as_ref().map(to_json),
                 to_json(&s.network),
                 to_json(&s.env),
+                to_json(&s.metadata),
             ],
         )?;
         Ok(())
@@ -334,12 +339,16 @@ impl Db {
                 Some(t) => from_json(19, t)?,
                 None => SandboxEnv::default(),
             },
+            metadata: match r.get::<_, Option<String>>(20)? {
+                Some(t) => from_json(20, t)?,
+                None => Default::default(),
+            },
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
         created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at,
-        pending, network, env";
+        pending, network, env, metadata";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);

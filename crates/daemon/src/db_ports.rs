@@ -144,6 +144,7 @@ mod tests {
             pending: None,
             network: Default::default(),
             env: Default::default(),
+            metadata: Default::default(),
         }
     }
 

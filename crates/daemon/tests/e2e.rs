@@ -88,6 +88,7 @@ async fn suite(runtime: &str) {
                 "limits": {"memory_mib": 1024, "pids": 512},
                 "envs": fork::PARENT_ENVS.clone(),
                 "secrets": fork::PARENT_SECRETS.clone(),
+                "metadata": {"team": "search", "run": "e2e"},
             })),
         )
         .await
@@ -281,6 +282,7 @@ async fn suite(runtime: &str) {
         "forked.d hooks ran in each child as itself; machine-ids differ",
     );
     tree::check_tree(&c, &a.id, &br.children).await;
+    tree::check_metadata(&c, &a.id, &br.children).await;
     step(
         t0,
         "the tree shows the parent, its children and the branch point",

@@ -58,6 +58,15 @@ pub struct CreateArgs {
     /// A secret that branch children do not get (repeatable).
     #[arg(long = "secret-not-inherited", value_name = "KEY[=VALUE]")]
     secret_not_inherited: Vec<String>,
+    /// A label on the sandbox, kept by its branch children; `zygote ps --filter
+    /// KEY=VALUE` finds it (repeatable).
+    #[arg(
+        short = 'l',
+        long = "metadata",
+        visible_alias = "label",
+        value_name = "KEY=VALUE"
+    )]
+    metadata: Vec<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -192,6 +201,15 @@ fn request_body(
     if !secrets.is_empty() {
         body["secrets"] = json!(secrets);
     }
+    if !args.metadata.is_empty() {
+        let labels = args.metadata.iter().map(|a| {
+            a.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("--metadata {a:?}: want KEY=VALUE"))
+        });
+        body["metadata"] =
+            json!(labels.collect::<anyhow::Result<std::collections::BTreeMap<_, _>>>()?);
+    }
     Ok(body)
 }
 
@@ -238,6 +256,19 @@ mod tests {
             json!({"n": 1, "limits": {}, "snapshot": "snap-1", "network": "none"})
         );
         assert!(Cli::try_parse_from(["zygote", "--network", "bridged"]).is_err());
+    }
+
+    #[test]
+    fn metadata_labels_are_key_value_pairs() {
+        let body = body_of(&["--metadata", "team=search", "-l", "q=a=b", "--label", "x="]);
+        assert_eq!(
+            body["metadata"],
+            json!({"team": "search", "q": "a=b", "x": ""})
+        );
+        assert!(body_of(&[]).get("metadata").is_none());
+        let cli = Cli::try_parse_from(["zygote", "--metadata", "novalue"]).unwrap();
+        let e = request_body(&cli.create, &|_| None).unwrap_err();
+        assert!(e.to_string().contains("want KEY=VALUE"), "{e}");
     }
 
     #[test]

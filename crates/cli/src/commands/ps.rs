@@ -6,16 +6,37 @@ use super::daemon_client::{age, expires_in, print_json, print_table, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct PsArgs {
+    /// Only sandboxes whose metadata has KEY=VALUE (repeatable: all must match), e.g.
+    /// `--filter zygote.parent=sb-...` for a sandbox's branch children.
+    #[arg(long, short = 'f', value_name = "KEY=VALUE")]
+    filter: Vec<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     api: ApiArgs,
 }
 
+/// `/v1/sandboxes` with one `metadata=KEY=VALUE` query parameter per filter.
+fn list_path(filters: &[String]) -> anyhow::Result<String> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for f in filters {
+        if !f.contains('=') {
+            anyhow::bail!("--filter {f:?}: want KEY=VALUE");
+        }
+        query.append_pair("metadata", f);
+    }
+    let query = query.finish();
+    Ok(if query.is_empty() {
+        "/v1/sandboxes".into()
+    } else {
+        format!("/v1/sandboxes?{query}")
+    })
+}
+
 pub fn run(args: PsArgs) -> anyhow::Result<i32> {
     let list: SandboxList = block_on(args.api.client()?.json(
         Method::GET,
-        "/v1/sandboxes",
+        &list_path(&args.filter)?,
         None::<&()>,
     ))?;
     if args.json {
@@ -54,4 +75,19 @@ pub fn run(args: PsArgs) -> anyhow::Result<i32> {
         &rows,
     );
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::list_path;
+
+    #[test]
+    fn filters_become_metadata_query_parameters() {
+        assert_eq!(list_path(&[]).unwrap(), "/v1/sandboxes");
+        assert_eq!(
+            list_path(&["team=a b".into(), "zygote.parent=sb-1".into()]).unwrap(),
+            "/v1/sandboxes?metadata=team%3Da+b&metadata=zygote.parent%3Dsb-1"
+        );
+        assert!(list_path(&["novalue".into()]).is_err());
+    }
 }

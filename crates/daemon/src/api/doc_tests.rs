@@ -124,6 +124,14 @@ fn parameters_are_where_the_router_reads_them() {
                 assert_eq!(p["required"], required, "{method} {path}: {name}");
             }
         }
+        if path == "/v1/sandboxes" && method == "get" {
+            let p = params
+                .iter()
+                .find(|p| p["name"] == "metadata")
+                .expect("GET /v1/sandboxes: no metadata filter");
+            assert_eq!(p["in"], "query");
+            assert_eq!(p["explode"], true, "repeated metadata=key=value");
+        }
         if path.contains("/files") {
             for (name, required) in [("path", true), ("mode", false), ("special", false)] {
                 let p = params
@@ -136,8 +144,9 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 12,
-        "path, mode, special on three file routes; against, path, content on diff"
+        query_seen, 13,
+        "path, mode, special on three file routes; against, path, content on diff; \
+         the list's metadata filter"
     );
 }
 

@@ -1,10 +1,11 @@
 //! Sandbox lifecycle routes.
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::Json;
 
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
+use crate::model::metadata;
 use crate::model::{
     BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest, KeepResponse,
     MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff, SandboxList, SandboxTree,
@@ -12,10 +13,17 @@ use crate::model::{
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
-    responses((status = 200, description = "All sandboxes", body = SandboxList)))]
-pub async fn list(State(st): State<AppState>) -> Result<Json<SandboxList>> {
+    params(("metadata" = Option<Vec<String>>, Query, explode = true,
+        description = "`key=value`: only sandboxes whose metadata has it (repeat to AND several)")),
+    responses((status = 200, description = "All sandboxes (matching every metadata filter)", body = SandboxList),
+              (status = 400, description = "A filter that is not key=value, or an unknown parameter", body = ErrorBody)))]
+pub async fn list(
+    State(st): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Json<SandboxList>> {
+    let filters = metadata::parse_filters(query.as_deref())?;
     Ok(Json(SandboxList {
-        sandboxes: st.manager.list()?,
+        sandboxes: st.manager.list(&filters)?,
     }))
 }
 

@@ -118,6 +118,7 @@ impl Manager {
                     attachment: None,
                 },
                 env: env.clone(),
+                metadata: req.metadata.clone().unwrap_or_default(),
             };
             let this = self.clone();
             let source = source.clone();

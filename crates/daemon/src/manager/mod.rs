@@ -218,8 +218,15 @@ impl Manager {
         Ok(self.view(&self.sandbox_row(id)?))
     }
 
-    pub fn list(&self) -> Result<Vec<Sandbox>> {
-        Ok(self.db.sandboxes()?.iter().map(|r| self.view(r)).collect())
+    /// Every sandbox whose metadata has each `(key, value)` of `filters`.
+    pub fn list(&self, filters: &[(String, String)]) -> Result<Vec<Sandbox>> {
+        Ok(self
+            .db
+            .sandboxes()?
+            .iter()
+            .filter(|r| crate::model::metadata::matches(&r.metadata, filters))
+            .map(|r| self.view(r))
+            .collect())
     }
 
     /// Why a running sandbox's VM stopped on its own, if it did.
@@ -244,6 +251,7 @@ impl Manager {
             },
             runtime: r.runtime.clone(),
             origin: r.origin.clone(),
+            metadata: r.metadata.clone(),
             hostname: r.hostname.clone(),
             mem_mib: r.mem_mib,
             vcpus: r.vcpus,

@@ -177,6 +177,7 @@ impl Manager {
                     attachment: None,
                 },
                 env,
+                metadata: crate::model::metadata::for_child(&parent.id, &parent.metadata),
             };
             // Placeholder source: the runtime substitutes the branch point. The child
             // wakes up with its parent's agent token.

@@ -14,6 +14,7 @@ mod env;
 mod exec;
 mod fork;
 mod merge;
+pub mod metadata;
 mod network;
 mod ports;
 mod tree;
@@ -143,6 +144,11 @@ pub struct CreateSandboxRequest {
     /// guest: they exist only in the environment of execs.
     #[serde(default)]
     pub secrets: Option<BTreeMap<String, SecretSpec>>,
+    /// Your own labels (at most 63 keys of 1-128 characters of `A-Za-z0-9._-/`, values up
+    /// to 1024 bytes; keys starting `zygote.` are reserved): shown on the sandbox, kept by
+    /// its branch children (which add `zygote.parent`), filterable in the list.
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 impl CreateSandboxRequest {
@@ -195,6 +201,9 @@ impl Validate for CreateSandboxRequest {
         ttl::validate_ttl(self.ttl_secs)?;
         self.network_request().policy()?;
         self.sandbox_env()?;
+        if let Some(m) = &self.metadata {
+            metadata::validate_metadata(m)?;
+        }
         self.limits.validate()
     }
 }
@@ -240,6 +249,9 @@ pub struct Sandbox {
     pub origin: Origin,
     /// Guest hostname given at boot/branch.
     pub hostname: String,
+    /// Labels given at create (and `zygote.parent` on a branch child).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
     pub mem_mib: u32,
     pub vcpus: u32,
     pub created_at: u64,

@@ -2,8 +2,10 @@
 //! branch (siblings dropped, the parent replaced).
 use hyper::Method;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use zygote_daemon::client::{Client, ClientError};
-use zygote_daemon::model::{DiffEntry, KeepResponse, SandboxDiff, SandboxTree};
+
+use zygote_daemon::model::{DiffEntry, KeepResponse, SandboxDiff, SandboxList, SandboxTree};
 
 use super::get;
 
@@ -48,6 +50,48 @@ pub async fn check_tree(c: &Client, parent: &str, children: &[String]) {
             t.snapshots
         );
     }
+}
+
+/// The parent was created with metadata team=search, run=e2e: its children have it too,
+/// with `zygote.parent`, and the list filters on it.
+pub async fn check_metadata(c: &Client, parent: &str, children: &[String]) {
+    let want_parent: BTreeMap<String, String> = [("run", "e2e"), ("team", "search")]
+        .map(|(k, v)| (k.into(), v.into()))
+        .into();
+    assert_eq!(get(c, parent).await.metadata, want_parent);
+    for child in children {
+        let mut want = want_parent.clone();
+        want.insert("zygote.parent".into(), parent.into());
+        assert_eq!(get(c, child).await.metadata, want, "{child}");
+    }
+    let ids = |query: &'static str| async move {
+        let list: SandboxList = c
+            .json(Method::GET, &format!("/v1/sandboxes?{query}"), None::<&()>)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: {e}"));
+        let mut ids: Vec<String> = list.sandboxes.into_iter().map(|s| s.id).collect();
+        ids.sort();
+        ids
+    };
+    let mut family: Vec<String> = children.to_vec();
+    family.push(parent.to_string());
+    family.sort();
+    assert_eq!(ids("metadata=team=search").await, family);
+    let mut kids = children.to_vec();
+    kids.sort();
+    let by_parent = format!("metadata=zygote.parent={parent}&metadata=run=e2e");
+    let list: SandboxList = c
+        .json(
+            Method::GET,
+            &format!("/v1/sandboxes?{by_parent}"),
+            None::<&()>,
+        )
+        .await
+        .expect("filter by parent");
+    let mut got: Vec<String> = list.sandboxes.into_iter().map(|s| s.id).collect();
+    got.sort();
+    assert_eq!(got, kids, "ANDed filters");
+    assert!(ids("metadata=team=other").await.is_empty());
 }
 
 /// Keep `winner` over its `sibling` and replace `parent` by it; returns nothing left
