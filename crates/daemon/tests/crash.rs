@@ -143,7 +143,10 @@ async fn assert_vm_processes(c: &Client, state: &Path, what: &str) {
         .into_iter()
         .filter(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            comm.trim().starts_with("qemu") || comm.trim().starts_with("zygote")
+            // A zygote VMM process without a KVM VM is a branch spawner (it forked the
+            // children, wrote a kept branch point and only reaps): not a VM.
+            comm.trim().starts_with("qemu")
+                || (comm.trim().starts_with("zygote") && holds_kvm_vm(*pid))
         })
         .filter(|pid| !is_daemon(*pid))
         .collect();
@@ -153,6 +156,17 @@ async fn assert_vm_processes(c: &Client, state: &Path, what: &str) {
             "{what}: VM process {pid} runs but no sandbox records it ({recorded:?})"
         );
     }
+}
+
+/// Whether the process has a KVM VM open (`anon_inode:kvm-vm`).
+fn holds_kvm_vm(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.to_string_lossy().contains("kvm-vm"))
+        })
 }
 
 fn is_daemon(pid: u32) -> bool {

@@ -1,8 +1,9 @@
 """A scripted stand-in for zygoted: answers requests with the responses of
 a test-vector case, in order, and records what it was sent so the test can
 compare it with the expected requests. With a :class:`FakeFiles` attached,
-file reads and writes, branches and merges are answered from its state
-instead, the way zygoted does for regular files."""
+creating, listing, getting and deleting sandboxes, file reads and writes,
+branches and merges are answered from its state instead, the way zygoted
+does (metadata included)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, urlsplit
 
 
 @dataclass
@@ -24,6 +25,8 @@ class Recorded:
     query: dict[str, str]
     headers: dict[str, str]
     body: bytes
+    raw_query: str = ""
+    """The query string as sent (``query`` keeps only a repeated name's last value)."""
 
 
 Files = dict[str, str]
@@ -34,6 +37,44 @@ def _error(status: int, code: str, message: str) -> Answer:
     return status, {"error": {"code": code, "message": message}}
 
 
+# zygoted's metadata rules (crates/daemon/src/model/metadata.rs).
+MAX_METADATA_KEYS = 64
+METADATA_KEY = re.compile(r"[A-Za-z0-9._/-]{1,128}")
+MAX_METADATA_VALUE_LEN = 1024
+PARENT_KEY = "zygote.parent"
+
+
+def metadata_error(m: Any) -> Optional[str]:
+    """Why zygoted refuses ``m`` as a create's metadata (None: it takes it)."""
+    if not isinstance(m, dict):
+        return "metadata must be an object of strings"
+    if len(m) > MAX_METADATA_KEYS - 1:
+        return f"metadata has {len(m)} keys; at most {MAX_METADATA_KEYS - 1}"
+    for k, v in m.items():
+        if not METADATA_KEY.fullmatch(k):
+            return f"metadata key {k!r} must be 1-128 characters of A-Z a-z 0-9 . _ - /"
+        if k.startswith("zygote."):
+            return f"metadata key {k!r}: keys starting with 'zygote.' are zygote's own"
+        if not isinstance(v, str) or len(v.encode()) > MAX_METADATA_VALUE_LEN or "\0" in v:
+            return f"metadata value of {k!r} must be at most {MAX_METADATA_VALUE_LEN} bytes, without NUL"
+    return None
+
+
+def parse_filters(raw_query: str) -> "list[tuple[str, str]] | Answer":
+    """The list's ``metadata=key=value`` filters, or zygoted's 400 answer."""
+    filters: list[tuple[str, str]] = []
+    for name, value in parse_qsl(raw_query, keep_blank_values=True):
+        if name != "metadata":
+            return _error(400, "invalid_argument", f"unknown query parameter {name!r} (filter with metadata=key=value)")
+        key, eq, val = value.partition("=")
+        if not eq:
+            return _error(400, "invalid_argument", f"metadata filter {value!r}: want key=value")
+        if not METADATA_KEY.fullmatch(key):
+            return _error(400, "invalid_argument", f"metadata key {key!r} must be 1-128 characters of A-Z a-z 0-9 . _ - /")
+        filters.append((key, val))
+    return filters
+
+
 @dataclass
 class FakeFiles:
     """Sandboxes holding regular files (absolute path -> text), branched and
@@ -41,17 +82,37 @@ class FakeFiles:
     child and, when ``mergeable`` (or ``keeps_points``, as on the qemu
     runtime), keeps them as the branch point's state; a merge compares, under
     each merged directory, that state with both sandboxes' files (three-way)
-    and answers a MergeReport. Directories, modes and links are not modelled."""
+    and answers a MergeReport. Directories, modes and links are not modelled.
+
+    Sandboxes carry metadata like zygoted's: validated at create (400
+    ``invalid_argument``), inherited by branch children with ``zygote.parent``
+    added, shown in every sandbox view and used to filter the list."""
 
     sandboxes: dict[str, Files] = field(default_factory=dict)
+    metadata: dict[str, dict[str, str]] = field(default_factory=dict)
     keeps_points: bool = False
     # child -> (parent, branch point id); point id -> the files it kept (None: not kept).
     origin: dict[str, tuple[str, str]] = field(default_factory=dict)
     points: dict[str, Optional[Files]] = field(default_factory=dict)
     _ids: "itertools.count[int]" = field(default_factory=lambda: itertools.count(1))
 
-    def answer(self, method: str, path: str, query: dict[str, str], body: bytes) -> Optional[tuple[int, Any]]:
+    def view(self, sid: str) -> dict[str, Any]:
+        """A sandbox as zygoted shows it (the fields this model keeps)."""
+        return {"id": sid, "state": "running", "name": None, "metadata": dict(self.metadata.get(sid, {}))}
+
+    def answer(
+        self, method: str, path: str, query: dict[str, str], body: bytes, raw_query: str = ""
+    ) -> Optional[tuple[int, Any]]:
         """The answer to a request this model handles (JSON, or bytes for a read), else None."""
+        if path == "/v1/sandboxes":
+            return self.create(json.loads(body)) if method == "POST" else self.list_sandboxes(raw_query)
+        one = re.fullmatch(r"/v1/sandboxes/([^/]+)", path)
+        if one is not None and one[1] in self.sandboxes and method in ("GET", "DELETE"):
+            if method == "GET":
+                return 200, self.view(one[1])
+            del self.sandboxes[one[1]]
+            self.metadata.pop(one[1], None)
+            return 204, None
         m = re.fullmatch(r"/v1/sandboxes/([^/]+)/(files|branch|merge)", path)
         if m is None or m[1] not in self.sandboxes:
             return None
@@ -71,9 +132,35 @@ class FakeFiles:
             children = [f"sb-{next(self._ids):012x}" for _ in range(req.get("count", 1))]
             for child in children:
                 self.sandboxes[child] = dict(files)
+                self.metadata[child] = self.metadata.get(sid, {}) | {PARENT_KEY: sid}
                 self.origin[child] = (sid, point)
             return 201, {"parent": sid, "branch_point": point, "children": children, "failed": [], "duration_ms": 1}
         return self.merge(sid, req)
+
+    def create(self, req: dict[str, Any]) -> Answer:
+        meta = req.get("metadata") or {}
+        why = metadata_error(meta)
+        if why is not None:
+            return _error(400, "invalid_argument", why)
+        made = []
+        for _ in range(req.get("n", 1)):
+            sid = f"sb-{next(self._ids):012x}"
+            self.sandboxes[sid] = {}
+            self.metadata[sid] = dict(meta)
+            made.append(self.view(sid))
+        return 201, {"sandboxes": made}
+
+    def list_sandboxes(self, raw_query: str) -> Answer:
+        filters = parse_filters(raw_query)
+        if isinstance(filters, tuple):
+            return filters
+        return 200, {
+            "sandboxes": [
+                self.view(sid)
+                for sid in self.sandboxes
+                if all(self.metadata.get(sid, {}).get(k) == v for k, v in filters)
+            ]
+        }
 
     def _common_point(self, a: str, b: str) -> Optional[str]:
         # Parent and child, or two children of one branch point: the simple trees.
@@ -181,12 +268,17 @@ class FakeDaemon:
                         query=query,
                         headers={k.lower(): v for k, v in self.headers.items()},
                         body=body,
+                        raw_query=parts.query,
                     )
                 )
-                modelled = fake.files.answer(self.command, parts.path, query, body) if fake.files else None
+                modelled = (
+                    fake.files.answer(self.command, parts.path, query, body, parts.query) if fake.files else None
+                )
                 if modelled is not None:
                     status, answer = modelled
-                    if isinstance(answer, bytes):
+                    if answer is None:
+                        self._send(status, None, b"")
+                    elif isinstance(answer, bytes):
                         self._send(status, "application/octet-stream", answer)
                     else:
                         self._send(status, "application/json", json.dumps(answer).encode())

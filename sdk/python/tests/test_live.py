@@ -18,6 +18,8 @@ from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
 pytestmark = pytest.mark.live
 
 MISSING = "sb-000000000000"
+# The shared sandbox's labels; the value has characters a query string gives meaning to.
+METADATA = {"suite": "python-live", "run/id": "a=b&c d+e"}
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,7 @@ def snapshots(client: Client) -> Iterator[list[zygote.Snapshot]]:
 def sb(client: Client, snapshots: list[zygote.Snapshot]) -> Iterator[Sandbox]:
     # `snapshots` is requested first so it is torn down after this one:
     # a sandbox reads its snapshots' disk layers until it is killed.
-    with Sandbox.create(image="minimal", memory_mib=128, client=client) as s:
+    with Sandbox.create(image="minimal", memory_mib=128, metadata=METADATA, client=client) as s:
         yield s
 
 
@@ -47,6 +49,7 @@ def test_create_gives_a_running_sandbox(sb: Sandbox, client: Client) -> None:
     info = sb.info()
     assert info.id == sb.id
     assert info.state == "running"
+    assert info.metadata == METADATA
     assert info.runtime == client.info()["runtime"]["name"]
     assert info.memory_mib == 128
     assert sb.id in [s.id for s in Sandbox.list(client=client)]
@@ -121,6 +124,13 @@ def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> N
 
     with pytest.raises(zygote.InvalidArgument):
         sb.files.read("relative/path")
+    # Refused before anything boots: a bad key, a reserved one, a bad filter key.
+    for refused in ({"no spaces": "x"}, {"zygote.parent": sb.id}):
+        with pytest.raises(zygote.InvalidArgument) as inv:
+            Sandbox.create(metadata=refused, client=client)
+        assert (inv.value.code, inv.value.status) == ("invalid_argument", 400)
+    with pytest.raises(zygote.InvalidArgument):
+        client.sandboxes(metadata={"no spaces": "x"})
 
     ghost = Sandbox(MISSING, client=client)
     for action in (lambda: ghost.commands.run("true"), ghost.info, lambda: ghost.files.read("/etc/hostname")):
@@ -147,6 +157,14 @@ def test_branch_into_three_children_that_diverge(sb: Sandbox) -> None:
     children = sb.branch(n=3)
     try:
         assert len(children) == 3 and len({c.id for c in children}) == 3
+        # Children inherit the metadata, name their parent, and are found by it.
+        for c in children:
+            assert c.info().metadata == {**METADATA, "zygote.parent": sb.id}
+        found = Sandbox.list(metadata={"zygote.parent": sb.id}, client=sb.client)
+        assert sorted(f.id for f in found) == sorted(c.id for c in children)
+        family = sb.client.sandboxes(metadata={"run/id": METADATA["run/id"], "suite": "python-live"})
+        assert sorted(f.id for f in family) == sorted([sb.id] + [c.id for c in children])
+        assert sb.client.sandboxes(metadata={"run/id": "a=b"}) == []
         for c in children:
             assert c.files.read("/root/base.txt") == "shared base"
             pid = c.files.read("/root/loop.pid").strip()
@@ -289,7 +307,7 @@ def test_ttl_set_cleared_and_expiring(client: Client) -> None:
 @pytest.mark.anyio
 async def test_async_surface(live_env: dict[str, str]) -> None:
     async with AsyncClient(live_env["url"], live_env["token"]) as ac:
-        async with await AsyncSandbox.create(memory_mib=128, client=ac) as asb:
+        async with await AsyncSandbox.create(memory_mib=128, metadata={"suite": "python-async"}, client=ac) as asb:
             seen: list[str] = []
 
             async def on_stdout(text: str) -> None:
@@ -306,8 +324,12 @@ async def test_async_surface(live_env: dict[str, str]) -> None:
             assert info.ttl_secs == 900 and info.expires_at is not None
             [child] = await asb.branch(n=1, mergeable=True)
             try:
-                # Children inherit the parent's TTL length.
-                assert (await child.info()).ttl_secs == 900
+                # Children inherit the parent's TTL length and metadata.
+                child_info = await child.info()
+                assert child_info.ttl_secs == 900
+                assert child_info.metadata == {"suite": "python-async", "zygote.parent": asb.id}
+                found = await AsyncSandbox.list(metadata={"zygote.parent": asb.id}, client=ac)
+                assert [f.id for f in found] == [child.id]
                 assert (await asb.set_ttl(None)).ttl_secs is None
                 assert await child.files.read("/root/async.txt") == "async ok"
                 await child.files.write("/root/async.txt", "child")

@@ -300,6 +300,47 @@ def test_merge_sandboxes_reports_conflicts_as_a_result_against_a_fake_daemon() -
     ]
 
 
+def test_create_and_list_sandboxes_with_metadata_against_a_fake_daemon() -> None:
+    fake = FakeDaemon().start()
+    fake.files = FakeFiles()
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        made = structured(session.call("create_sandbox", metadata={"team": "search", "q": "a=b&c d"}))
+        sid = made["sandbox_id"]
+        assert made["metadata"] == {"team": "search", "q": "a=b&c d"}
+        other = structured(session.call("create_sandbox"))["sandbox_id"]
+        [child] = structured(session.call("branch_sandbox", sandbox_id=sid, n=1))["children"]
+        kids = structured(session.call("list_sandboxes", metadata={"zygote.parent": sid}))
+        tagged = structured(session.call("list_sandboxes", metadata={"q": "a=b&c d"}))
+        everything = structured(session.call("list_sandboxes"))
+        bad = session.call("create_sandbox", metadata={"zygote.parent": "x"})
+        bad_filter = session.call("list_sandboxes", metadata={"a=b": "c"})
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert kids == {
+        "sandboxes": [
+            {
+                "sandbox_id": child,
+                "state": "running",
+                "name": None,
+                "metadata": {"team": "search", "q": "a=b&c d", "zygote.parent": sid},
+            }
+        ]
+    }
+    assert sorted(x["sandbox_id"] for x in tagged["sandboxes"]) == sorted([sid, child])
+    assert sorted(x["sandbox_id"] for x in everything["sandboxes"]) == sorted([sid, child, other])
+    assert bad["isError"] is True and "[invalid_argument]" in bad["content"][0]["text"]
+    assert bad_filter["isError"] is True and "[invalid_argument]" in bad_filter["content"][0]["text"]
+    assert json.loads(fake.requests[0].body) == {"image": "minimal", "metadata": {"team": "search", "q": "a=b&c d"}}
+    # The session killed the three sandboxes it made on exit.
+    assert sorted(r.path for r in fake.requests if r.method == "DELETE") == sorted(
+        f"/v1/sandboxes/{x}" for x in (sid, child, other)
+    )
+
+
 @pytest.fixture
 def live_session(live_env: dict[str, str]) -> Iterator[McpSession]:
     session = McpSession("--url", live_env["url"], "--token", live_env["token"])
@@ -315,9 +356,9 @@ def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_e
     s.initialize()
     assert {t["name"] for t in s.request("tools/list")["result"]["tools"]} == EXPECTED_TOOLS
 
-    made = structured(s.call("create_sandbox", image="minimal", memory_mib=128))
+    made = structured(s.call("create_sandbox", image="minimal", memory_mib=128, metadata={"suite": "mcp-live"}))
     sid = made["sandbox_id"]
-    assert made["state"] == "running"
+    assert made["state"] == "running" and made["metadata"] == {"suite": "mcp-live"}
 
     out = structured(s.call("exec", sandbox_id=sid, command="echo hello; echo oops >&2; exit 2"))
     assert out == {"stdout": "hello\n", "stderr": "oops\n", "exit_code": 2, "timed_out": False}
@@ -334,6 +375,8 @@ def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_e
 
     [child] = structured(s.call("branch_sandbox", sandbox_id=sid, n=1))["children"]
     assert structured(s.call("exec", sandbox_id=child, command="cat /root/mcp.txt"))["stdout"] == "via mcp"
+    kids = structured(s.call("list_sandboxes", metadata={"zygote.parent": sid}))["sandboxes"]
+    assert [(k["sandbox_id"], k["metadata"]) for k in kids] == [(child, {"suite": "mcp-live", "zygote.parent": sid})]
 
     assert structured(s.call("kill_sandbox", sandbox_id=sid)) == {"sandbox_id": sid, "killed": True}
     gone = s.call("exec", sandbox_id=sid, command="true")

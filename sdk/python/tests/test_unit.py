@@ -12,11 +12,12 @@ import threading
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import parse_qsl
 
 import pytest
 
 import zygote
-from zygote import AsyncClient, AsyncSandbox, Client, Sandbox
+from zygote import AsyncClient, AsyncSandbox, Client, Sandbox, _api
 from zygote._config import DEFAULT_URL, resolve
 
 from .fake_daemon import FakeDaemon, FakeFiles
@@ -613,3 +614,86 @@ def test_unix_socket_urls_work() -> None:
             server.server_close()
     assert ids == ["sb-aaaaaaaaaaaa"]
     assert seen["auth"] == "Bearer sock-token"
+
+
+# --- metadata ------------------------------------------------------------------
+
+# A value with the characters a query string gives meaning to.
+TRICKY = "a=b&c d+e%f?"
+
+
+def test_metadata_is_sent_at_create_inherited_by_branches_and_filters_the_list(fake: FakeDaemon) -> None:
+    fake.files = FakeFiles()
+    with Client(fake.url, "t") as c:
+        sb = Sandbox.create(client=c, metadata={"team": "search", "run/id": TRICKY})
+        other = Sandbox.create(client=c, metadata={"team": "infra"})
+        assert json.loads(fake.requests[0].body) == {"image": "minimal", "metadata": {"team": "search", "run/id": TRICKY}}
+        assert sb.info().metadata == {"team": "search", "run/id": TRICKY}
+        kids = sb.branch(n=2)
+        assert all(k.info().metadata == {"team": "search", "run/id": TRICKY, "zygote.parent": sb.id} for k in kids)
+
+        by_parent = Sandbox.list(client=c, metadata={"zygote.parent": sb.id})
+        assert sorted(s.id for s in by_parent) == sorted(k.id for k in kids)
+        assert all(type(s) is Sandbox and s.client is c for s in by_parent)
+        # Several pairs are ANDed; the value travels intact.
+        both = c.sandboxes(metadata={"team": "search", "run/id": TRICKY})
+        assert sorted(s.id for s in both) == sorted([sb.id] + [k.id for k in kids])
+        assert [s.id for s in c.sandboxes(metadata={"team": "infra"})] == [other.id]
+        assert c.sandboxes(metadata={"team": "search", "run/id": "a=b"}) == []
+        assert len(c.sandboxes()) == 4 and len(c.sandboxes(metadata={})) == 4
+    listed = [r for r in fake.requests if (r.method, r.path) == ("GET", "/v1/sandboxes")]
+    # One metadata=key=value parameter per pair, each encoded: '=', '&', ' ', '+', '%' survive.
+    assert parse_qsl(listed[1].raw_query) == [("metadata", "team=search"), ("metadata", f"run/id={TRICKY}")]
+    assert "&metadata=" in listed[1].raw_query and TRICKY not in listed[1].raw_query
+    assert listed[-1].raw_query == "" and listed[-2].raw_query == ""
+
+
+def test_invalid_metadata_and_filters_raise_invalid_argument(fake: FakeDaemon) -> None:
+    fake.files = FakeFiles()
+    with Client(fake.url, "t") as c:
+        for bad in ({"sp ace": "x"}, {"zygote.parent": "sb-1"}, {"k": "v" * 1025}, {f"k{i}": "v" for i in range(64)}):
+            with pytest.raises(zygote.InvalidArgument) as e:
+                Sandbox.create(client=c, metadata=bad)
+            assert (e.value.code, e.value.status) == ("invalid_argument", 400)
+        with pytest.raises(zygote.InvalidArgument):
+            c.sandboxes(metadata={"bad key": "x"})
+        sent = len(fake.requests)
+        # A key with '=' would be split there by the daemon: refused before sending.
+        with pytest.raises(ValueError, match="without '='"):
+            Sandbox.list(client=c, metadata={"a=b": "c"})
+        with pytest.raises(TypeError):
+            c.sandboxes(metadata="team=search")  # type: ignore[arg-type]
+        assert len(fake.requests) == sent
+        assert c.sandboxes() == []
+
+
+def test_the_fake_refuses_filters_the_daemon_refuses(fake: FakeDaemon) -> None:
+    # Raw queries the SDK never sends, checked against the daemon's rules.
+    fake.files = FakeFiles()
+    with Client(fake.url, "t") as c:
+        for params in ({"metadata": "novalue"}, {"state": "running"}):
+            with pytest.raises(zygote.InvalidArgument, match="key=value|unknown query parameter"):
+                c.call(_api.Call("GET", "/v1/sandboxes", _api._sandboxes, params=params))
+
+
+def test_sandbox_info_without_metadata_has_an_empty_mapping() -> None:
+    old = zygote.SandboxInfo.from_json({"id": "sb-1", "state": "running"})
+    assert old.metadata == {}
+    new = zygote.SandboxInfo.from_json({"id": "sb-1", "state": "running", "metadata": {"k": "v"}})
+    assert new.metadata == {"k": "v"}
+
+
+@pytest.mark.anyio
+async def test_async_metadata_create_branch_and_list(fake: FakeDaemon) -> None:
+    fake.files = FakeFiles()
+    async with AsyncClient(fake.url, "t") as c:
+        sb = await AsyncSandbox.create(client=c, metadata={"task": TRICKY})
+        [kid] = await sb.branch()
+        assert (await kid.info()).metadata == {"task": TRICKY, "zygote.parent": sb.id}
+        found = await AsyncSandbox.list(client=c, metadata={"zygote.parent": sb.id})
+        assert [s.id for s in found] == [kid.id] and type(found[0]) is AsyncSandbox
+        assert {s.id for s in await c.sandboxes(metadata={"task": TRICKY})} == {sb.id, kid.id}
+        with pytest.raises(zygote.InvalidArgument):
+            await AsyncSandbox.create(client=c, metadata={"zygote.x": "y"})
+        assert await kid.kill() is True
+        assert [s.id for s in await c.sandboxes()] == [sb.id]

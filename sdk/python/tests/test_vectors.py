@@ -62,7 +62,7 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
     if op == "connect":
         return {"id": Sandbox.connect(a["id"], client=client).id}
     if op == "list":
-        return {"ids": [s.id for s in Sandbox.list(client=client)]}
+        return {"ids": [s.id for s in Sandbox.list(client=client, **a)]}
     if op == "restore":
         return {"id": Sandbox.restore(a["snapshot"], client=client).id}
     if op == "delete_snapshot":
@@ -105,7 +105,7 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
     if op == "connect":
         return {"id": (await AsyncSandbox.connect(a["id"], client=client)).id}
     if op == "list":
-        return {"ids": [s.id for s in await AsyncSandbox.list(client=client)]}
+        return {"ids": [s.id for s in await AsyncSandbox.list(client=client, **a)]}
     if op == "restore":
         return {"id": (await AsyncSandbox.restore(a["snapshot"], client=client)).id}
     if op == "delete_snapshot":

@@ -58,7 +58,8 @@ export interface RunOptions {
 }
 
 export interface RequestSpec {
-  query?: Record<string, string>;
+  /** Query parameters: an object, or `[name, value]` pairs when a name repeats. */
+  query?: Record<string, string> | readonly (readonly [string, string])[];
   json?: unknown;
   body?: Uint8Array | string;
 }
@@ -101,7 +102,8 @@ export class Client {
 
   private async fetch(method: string, path: string, spec: RequestSpec, timeoutMs: number | null): Promise<Response> {
     const url = new URL(this.config.url + path);
-    for (const [k, v] of Object.entries(spec.query ?? {})) url.searchParams.set(k, v);
+    const query = spec.query ?? {};
+    for (const [k, v] of Array.isArray(query) ? query : Object.entries(query)) url.searchParams.append(k, v);
     let body: string | Uint8Array | undefined;
     const extra: Record<string, string> = {};
     if (spec.json !== undefined) {
@@ -206,8 +208,14 @@ export class Client {
     return this.json("GET", "/v1/info");
   }
 
-  async sandboxes(): Promise<SandboxInfo[]> {
-    const d = await this.json<{ sandboxes: Json[] }>("GET", "/v1/sandboxes");
+  /**
+   * Every sandbox; with `metadata`, only those whose metadata has all of
+   * those key/value pairs (e.g. `{ "zygote.parent": id }`: a sandbox's branch children).
+   */
+  async sandboxes(opts: ListOptions = {}): Promise<SandboxInfo[]> {
+    const d = await this.json<{ sandboxes: Json[] }>("GET", "/v1/sandboxes", {
+      query: metadataFilters(opts.metadata),
+    });
     return d.sandboxes.map(sandboxFromJson);
   }
 
@@ -223,6 +231,31 @@ export class Client {
   async deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
     await this.request("DELETE", `/v1/snapshots/${seg(typeof snapshot === "string" ? snapshot : snapshot.id)}`);
   }
+}
+
+export interface ListOptions {
+  /** Only sandboxes whose metadata has every one of these key/value pairs. */
+  metadata?: Readonly<Record<string, string>>;
+}
+
+/**
+ * `{k: v, ...}` as the list's query: one `metadata=k=v` per pair (the daemon
+ * ANDs them), each URL-encoded (a value may hold `=`, `&` or spaces). The
+ * daemon splits a filter at its first `=`, so a key holding one (never a
+ * valid key) is refused here rather than silently read as another filter.
+ */
+export function metadataFilters(metadata: Readonly<Record<string, string>> | undefined): [string, string][] {
+  if (metadata === undefined) return [];
+  if (metadata === null || typeof metadata !== "object" || Array.isArray(metadata)) {
+    throw new TypeError("metadata filters are an object of key to value, e.g. { team: \"search\" }");
+  }
+  return Object.entries(metadata).map(([k, v]) => {
+    if (typeof v !== "string") throw new TypeError(`metadata filter ${JSON.stringify(k)}: values are strings`);
+    if (k === "" || k.includes("=")) {
+      throw new TypeError(`metadata filter key ${JSON.stringify(k)} must be non-empty and without '='`);
+    }
+    return ["metadata", `${k}=${v}`];
+  });
 }
 
 /** One path segment (ids come from callers; keep `/` and `?` out of paths). */

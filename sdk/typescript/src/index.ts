@@ -11,6 +11,7 @@ export {
   Client,
   type ClientOptions,
   type Command,
+  type ListOptions,
   type OutputCallback,
   type RunOptions,
   DEFAULT_COMMAND_TIMEOUT_MS,

@@ -29,6 +29,11 @@ export interface SandboxInfo {
   envs: Record<string, string>;
   /** Names of its secrets (values are never shown). */
   secrets: string[];
+  /**
+   * Its labels: `metadata` given at create; a branch child has its parent's
+   * plus `zygote.parent` (the parent's id). Empty from daemons without metadata.
+   */
+  metadata: Record<string, string>;
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
 }
@@ -198,6 +203,10 @@ const num = (v: unknown): number => (typeof v === "number" ? v : 0);
 const optNum = (v: unknown): number | null => (typeof v === "number" ? v : null);
 const optStr = (v: unknown): string | null => (typeof v === "string" ? v : null);
 const strs = (v: unknown): string[] => (Array.isArray(v) ? v.map(String) : []);
+const strMap = (v: unknown): Record<string, string> =>
+  v && typeof v === "object" && !Array.isArray(v)
+    ? Object.fromEntries(Object.entries(v as Json).map(([k, x]) => [k, String(x)]))
+    : {};
 
 export function sandboxFromJson(d: Json): SandboxInfo {
   return {
@@ -221,6 +230,7 @@ export function sandboxFromJson(d: Json): SandboxInfo {
         ? Object.fromEntries(Object.entries(d.envs as Json).map(([k, v]) => [k, String(v)]))
         : {},
     secrets: strs(d.secrets),
+    metadata: strMap(d.metadata),
     forkHooks: Array.isArray(d.fork_hooks)
       ? (d.fork_hooks as Json[]).map((h) => ({
           name: str(h.name),

@@ -1,5 +1,5 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
-import { Client, type ClientOptions, type Command, type RunOptions, seg } from "./client.js";
+import { Client, type ClientOptions, type Command, type ListOptions, type RunOptions, seg } from "./client.js";
 import {
   BranchIncompleteError,
   MergeConflictError,
@@ -73,6 +73,14 @@ export interface CreateOptions extends Connection {
    * written into the guest.
    */
   secrets?: Readonly<Record<string, string | SecretSpec>>;
+  /**
+   * Your own labels (`{ team: "search" }`; at most 63 keys of 1-128 characters
+   * of `A-Za-z0-9._-/`, values up to 1024 bytes; keys starting `zygote.` are
+   * reserved): shown in {@link Sandbox.info}, kept by branch children (which
+   * add `zygote.parent`) and usable to filter {@link Sandbox.list}. Invalid
+   * ones throw {@link InvalidArgument}.
+   */
+  metadata?: Readonly<Record<string, string>>;
 }
 
 /** A secret as {@link CreateOptions.secrets} takes it. */
@@ -236,6 +244,7 @@ export class Sandbox {
         Object.entries(opts.secrets).map(([k, v]) => [k, typeof v === "string" ? { value: v } : { ...v }]),
       );
     }
+    if (opts.metadata !== undefined) body.metadata = { ...opts.metadata };
     return Sandbox.fromCreate(client, body);
   }
 
@@ -264,9 +273,14 @@ export class Sandbox {
     return new Sandbox(id, client);
   }
 
-  static async list(opts: Connection = {}): Promise<Sandbox[]> {
+  /**
+   * Handles on the daemon's sandboxes; with `metadata`, only those whose
+   * metadata has every one of those pairs, e.g.
+   * `Sandbox.list({ metadata: { "zygote.parent": sb.id } })` for a sandbox's branch children.
+   */
+  static async list(opts: Connection & ListOptions = {}): Promise<Sandbox[]> {
     const client = clientOf(opts);
-    return (await client.sandboxes()).map((s) => new Sandbox(s.id, client));
+    return (await client.sandboxes({ metadata: opts.metadata })).map((s) => new Sandbox(s.id, client));
   }
 
   /** Current state from the daemon. */

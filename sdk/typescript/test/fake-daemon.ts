@@ -1,8 +1,9 @@
 /**
  * A scripted stand-in for zygoted: answers requests with a test-vector
  * case's responses in order and records what it was sent. With a
- * {@link FakeFiles} attached, file reads and writes, branches and merges are
- * answered from its state instead, the way zygoted does for regular files.
+ * {@link FakeFiles} attached, creating, listing, getting and deleting
+ * sandboxes, file reads and writes, branches and merges are answered from its
+ * state instead, the way zygoted does (metadata included).
  */
 import { createServer, type IncomingMessage, type Server, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
@@ -22,6 +23,8 @@ export interface Recorded {
   query: Record<string, string>;
   headers: IncomingMessage["headers"];
   body: Buffer;
+  /** The query string as sent (`query` keeps one value per name). */
+  rawQuery: string;
 }
 
 type Files = Map<string, string>;
@@ -32,6 +35,47 @@ const failure = (status: number, code: string, message: string): Answer => ({
   json: { error: { code, message } },
 });
 
+// zygoted's metadata rules (crates/daemon/src/model/metadata.rs).
+const MAX_METADATA_KEYS = 64;
+const METADATA_KEY = /^[A-Za-z0-9._/-]{1,128}$/;
+const MAX_METADATA_VALUE_LEN = 1024;
+const PARENT_KEY = "zygote.parent";
+
+/** Why zygoted refuses `m` as a create's metadata (undefined: it takes it). */
+export function metadataError(m: unknown): string | undefined {
+  if (!m || typeof m !== "object" || Array.isArray(m)) return "metadata must be an object of strings";
+  const entries = Object.entries(m);
+  if (entries.length > MAX_METADATA_KEYS - 1) {
+    return `metadata has ${entries.length} keys; at most ${MAX_METADATA_KEYS - 1}`;
+  }
+  for (const [k, v] of entries) {
+    if (!METADATA_KEY.test(k)) return `metadata key ${JSON.stringify(k)} must be 1-128 characters of A-Z a-z 0-9 . _ - /`;
+    if (k.startsWith("zygote.")) return `metadata key ${JSON.stringify(k)}: keys starting with "zygote." are zygote's own`;
+    if (typeof v !== "string" || Buffer.byteLength(v) > MAX_METADATA_VALUE_LEN || v.includes("\0")) {
+      return `metadata value of ${JSON.stringify(k)} must be at most ${MAX_METADATA_VALUE_LEN} bytes, without NUL`;
+    }
+  }
+  return undefined;
+}
+
+/** The list's `metadata=key=value` filters, or zygoted's 400 answer. */
+export function parseFilters(params: URLSearchParams): [string, string][] | Answer {
+  const filters: [string, string][] = [];
+  for (const [name, value] of params) {
+    if (name !== "metadata") {
+      return failure(400, "invalid_argument", `unknown query parameter ${JSON.stringify(name)} (filter with metadata=key=value)`);
+    }
+    const eq = value.indexOf("=");
+    if (eq < 0) return failure(400, "invalid_argument", `metadata filter ${JSON.stringify(value)}: want key=value`);
+    const key = value.slice(0, eq);
+    if (!METADATA_KEY.test(key)) {
+      return failure(400, "invalid_argument", `metadata key ${JSON.stringify(key)} must be 1-128 characters of A-Z a-z 0-9 . _ - /`);
+    }
+    filters.push([key, value.slice(eq + 1)]);
+  }
+  return filters;
+}
+
 /**
  * Sandboxes holding regular files (absolute path -> text), branched and merged
  * like zygoted does it: a branch copies the parent's files into each child and,
@@ -39,16 +83,21 @@ const failure = (status: number, code: string, message: string): Answer => ({
  * branch point's state; a merge compares, under each merged directory, that
  * state with both sandboxes' files (three-way) and answers a MergeReport.
  * Directories, modes and links are not modelled.
+ *
+ * Sandboxes carry metadata like zygoted's: validated at create (400
+ * `invalid_argument`), inherited by branch children with `zygote.parent`
+ * added, shown in every sandbox view and used to filter the list.
  */
 export class FakeFiles {
   readonly sandboxes = new Map<string, Files>();
+  readonly metadata = new Map<string, Record<string, string>>();
   /** child -> [parent, branch point]; branch point -> the files it kept (null: not kept). */
   private readonly origin = new Map<string, [string, string]>();
   private readonly points = new Map<string, Files | null>();
   private ids = 0;
 
   constructor(
-    sandboxes: Record<string, Record<string, string>>,
+    sandboxes: Record<string, Record<string, string>> = {},
     readonly keepsPoints = false,
   ) {
     for (const [id, files] of Object.entries(sandboxes)) this.sandboxes.set(id, new Map(Object.entries(files)));
@@ -58,8 +107,30 @@ export class FakeFiles {
     return `${prefix}-${(++this.ids).toString(16).padStart(12, "0")}`;
   }
 
+  /** A sandbox as zygoted shows it (the fields this model keeps). */
+  view(sid: string): Record<string, unknown> {
+    return { id: sid, state: "running", name: null, metadata: { ...this.metadata.get(sid) } };
+  }
+
   /** The answer to a request this model handles, else undefined. */
-  answer(method: string, path: string, query: Record<string, string>, body: Buffer): Answer | undefined {
+  answer(
+    method: string,
+    path: string,
+    query: Record<string, string>,
+    body: Buffer,
+    params: URLSearchParams = new URLSearchParams(),
+  ): Answer | undefined {
+    if (path === "/v1/sandboxes") {
+      return method === "POST" ? this.create(JSON.parse(body.toString("utf8")) as Record<string, unknown>) : this.list(params);
+    }
+    const one = /^\/v1\/sandboxes\/([^/]+)$/.exec(path);
+    if (one && this.sandboxes.has(one[1]!) && (method === "GET" || method === "DELETE")) {
+      const sid = one[1]!;
+      if (method === "GET") return { status: 200, json: this.view(sid) };
+      this.sandboxes.delete(sid);
+      this.metadata.delete(sid);
+      return { status: 204 };
+    }
     const m = /^\/v1\/sandboxes\/([^/]+)\/(files|branch|merge)$/.exec(path);
     const files = m ? this.sandboxes.get(m[1]!) : undefined;
     if (!m || !files) return undefined;
@@ -82,11 +153,34 @@ export class FakeFiles {
       const children = Array.from({ length: (req.count as number | undefined) ?? 1 }, () => this.nextId("sb"));
       for (const child of children) {
         this.sandboxes.set(child, new Map(files));
+        this.metadata.set(child, { ...this.metadata.get(sid), [PARENT_KEY]: sid });
         this.origin.set(child, [sid, point]);
       }
       return { status: 201, json: { parent: sid, branch_point: point, children, failed: [], duration_ms: 1 } };
     }
     return this.merge(sid, req);
+  }
+
+  private create(req: Record<string, unknown>): Answer {
+    const meta = req.metadata ?? {};
+    const why = metadataError(meta);
+    if (why !== undefined) return failure(400, "invalid_argument", why);
+    const made = Array.from({ length: (req.n as number | undefined) ?? 1 }, () => {
+      const sid = this.nextId("sb");
+      this.sandboxes.set(sid, new Map());
+      this.metadata.set(sid, { ...(meta as Record<string, string>) });
+      return this.view(sid);
+    });
+    return { status: 201, json: { sandboxes: made } };
+  }
+
+  private list(params: URLSearchParams): Answer {
+    const filters = parseFilters(params);
+    if (!Array.isArray(filters)) return filters;
+    const matching = [...this.sandboxes.keys()].filter((sid) =>
+      filters.every(([k, v]) => this.metadata.get(sid)?.[k] === v),
+    );
+    return { status: 200, json: { sandboxes: matching.map((sid) => this.view(sid)) } };
   }
 
   /** Parent and child, or two children of one branch point: the simple trees. */
@@ -195,12 +289,22 @@ export class FakeDaemon {
       query: Object.fromEntries(url.searchParams),
       headers: req.headers,
       body,
+      rawQuery: url.search.replace(/^\?/, ""),
     });
-    const modelled = this.files?.answer(req.method ?? "", url.pathname, Object.fromEntries(url.searchParams), body);
+    const modelled = this.files?.answer(
+      req.method ?? "",
+      url.pathname,
+      Object.fromEntries(url.searchParams),
+      body,
+      url.searchParams,
+    );
     if (modelled) {
       if (modelled.bytes) {
         res.writeHead(modelled.status, { "content-type": "application/octet-stream" });
         res.end(modelled.bytes);
+      } else if (modelled.json === undefined) {
+        res.writeHead(modelled.status);
+        res.end();
       } else {
         res.writeHead(modelled.status, { "content-type": "application/json" });
         res.end(JSON.stringify(modelled.json));

@@ -25,6 +25,8 @@ import {
 const URL = process.env.ZYGOTE_URL;
 const TOKEN = process.env.ZYGOTE_TOKEN;
 const MISSING = "sb-000000000000";
+/** The shared sandbox's labels; the value has characters a query string gives meaning to. */
+const METADATA = { suite: "ts-live", "run/id": "a=b&c d+e" };
 const skip = !URL || !TOKEN ? "no live zygoted (set ZYGOTE_URL and ZYGOTE_TOKEN, or run scripts/sdk-test.sh)" : false;
 if (skip && process.env.ZYGOTE_LIVE_REQUIRED) throw new Error("ZYGOTE_LIVE_REQUIRED is set but ZYGOTE_URL/ZYGOTE_TOKEN are not");
 
@@ -34,7 +36,7 @@ describe("live zygoted", { skip }, () => {
   let sb: Sandbox;
 
   before(async () => {
-    sb = await Sandbox.create({ image: "minimal", memoryMib: 128, client });
+    sb = await Sandbox.create({ image: "minimal", memoryMib: 128, metadata: METADATA, client });
   });
 
   after(async () => {
@@ -46,6 +48,7 @@ describe("live zygoted", { skip }, () => {
   test("create gives a running sandbox", async () => {
     const info = await sb.info();
     assert.deepEqual([info.id, info.state, info.memoryMib], [sb.id, "running", 128]);
+    assert.deepEqual(info.metadata, METADATA);
     assert.equal(info.runtime, ((await client.info()).runtime as { name: string }).name);
     assert.ok((await Sandbox.list({ client })).some((s) => s.id === sb.id));
     assert.equal((await Sandbox.connect(sb.id, { client })).id, sb.id);
@@ -105,6 +108,14 @@ describe("live zygoted", { skip }, () => {
 
     await assert.rejects(sb.files.read("/root/nope"), (e) => e instanceof FileNotFound && e.status === 404);
     await assert.rejects(sb.files.read("relative"), InvalidArgument);
+    // Refused before anything boots: a bad key, a reserved one, a bad filter key.
+    for (const refused of [{ "no spaces": "x" }, { "zygote.parent": sb.id }] as Record<string, string>[]) {
+      await assert.rejects(
+        Sandbox.create({ metadata: refused, client }),
+        (e) => e instanceof InvalidArgument && e.code === "invalid_argument" && e.status === 400,
+      );
+    }
+    await assert.rejects(client.sandboxes({ metadata: { "no spaces": "x" } }), InvalidArgument);
     await assert.rejects(sb.commands.run(["/no/such/program"]), SpawnFailed);
 
     const ghost = new Sandbox(MISSING, client);
@@ -123,6 +134,13 @@ describe("live zygoted", { skip }, () => {
     const children = await sb.branch({ n: 3 });
     try {
       assert.equal(new Set(children.map((c) => c.id)).size, 3);
+      // Children inherit the metadata, name their parent, and are found by it.
+      for (const c of children) assert.deepEqual((await c.info()).metadata, { ...METADATA, "zygote.parent": sb.id });
+      const found = await Sandbox.list({ metadata: { "zygote.parent": sb.id }, client });
+      assert.deepEqual(found.map((f) => f.id).sort(), children.map((c) => c.id).sort());
+      const family = await client.sandboxes({ metadata: { "run/id": METADATA["run/id"], suite: "ts-live" } });
+      assert.deepEqual(family.map((f) => f.id).sort(), [sb.id, ...children.map((c) => c.id)].sort());
+      assert.deepEqual(await client.sandboxes({ metadata: { "run/id": "a=b" } }), []);
       for (const c of children) {
         assert.equal(await c.files.read("/root/base.txt"), "shared base");
         assert.equal((await c.commands.run("hostname")).stdout.trim(), c.id);

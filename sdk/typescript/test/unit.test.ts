@@ -14,6 +14,7 @@ import {
   ConnectionFailed,
   DEFAULT_URL,
   FileNotFound,
+  InvalidArgument,
   MergeConflictError,
   SandboxNotRunning,
   ServerError,
@@ -532,6 +533,93 @@ describe("sandbox handles", () => {
         [await y!.files.read(`${WORK}/calc.sh`), await y!.files.read(`${WORK}/test.sh`)],
         ["b + a", "test"],
       );
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  /** A value with the characters a query string gives meaning to. */
+  const TRICKY = "a=b&c d+e%f?";
+  const listQueries = () =>
+    fake.requests.filter((r) => r.method === "GET" && r.path === "/v1/sandboxes").map((r) => r.rawQuery);
+
+  test("metadata is sent at create, inherited by branches and filters the list", async () => {
+    fake.load([]);
+    fake.files = new FakeFiles();
+    try {
+      const client = new Client({ url: fake.url, token: "t" });
+      const sb = await Sandbox.create({ client, metadata: { team: "search", "run/id": TRICKY } });
+      const other = await Sandbox.create({ client, metadata: { team: "infra" } });
+      assert.deepEqual(JSON.parse(fake.requests[0]!.body.toString("utf8")), {
+        image: "minimal",
+        metadata: { team: "search", "run/id": TRICKY },
+      });
+      assert.deepEqual((await sb.info()).metadata, { team: "search", "run/id": TRICKY });
+      const kids = await sb.branch({ n: 2 });
+      for (const k of kids) {
+        assert.deepEqual((await k.info()).metadata, { team: "search", "run/id": TRICKY, "zygote.parent": sb.id });
+      }
+      const byParent = await Sandbox.list({ client, metadata: { "zygote.parent": sb.id } });
+      assert.deepEqual(byParent.map((s) => s.id).sort(), kids.map((k) => k.id).sort());
+      assert.ok(byParent.every((s) => s instanceof Sandbox && s.client === client));
+      // Several pairs are ANDed; the value travels intact.
+      const both = await client.sandboxes({ metadata: { team: "search", "run/id": TRICKY } });
+      assert.deepEqual(both.map((s) => s.id).sort(), [sb.id, ...kids.map((k) => k.id)].sort());
+      assert.deepEqual((await client.sandboxes({ metadata: { team: "infra" } })).map((s) => s.id), [other.id]);
+      assert.deepEqual(await client.sandboxes({ metadata: { team: "search", "run/id": "a=b" } }), []);
+      assert.equal((await client.sandboxes()).length, 4);
+      assert.equal((await Sandbox.list({ client, metadata: {} })).length, 4);
+      const queries = listQueries();
+      // One metadata=key=value parameter per pair, each encoded.
+      assert.deepEqual(
+        [...new URLSearchParams(queries[1])],
+        [
+          ["metadata", "team=search"],
+          ["metadata", `run/id=${TRICKY}`],
+        ],
+      );
+      assert.ok(!queries[1]!.includes(TRICKY));
+      assert.deepEqual(queries.slice(-2), ["", ""]);
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  test("invalid metadata and filters throw InvalidArgument; a key with '=' is refused locally", async () => {
+    fake.load([]);
+    fake.files = new FakeFiles();
+    try {
+      const client = new Client({ url: fake.url, token: "t" });
+      const many = Object.fromEntries(Array.from({ length: 64 }, (_, i) => [`k${i}`, "v"]));
+      for (const bad of [{ "sp ace": "x" }, { "zygote.parent": "sb-1" }, { k: "v".repeat(1025) }, many]) {
+        await assert.rejects(
+          Sandbox.create({ client, metadata: bad }),
+          (e) => e instanceof InvalidArgument && e.code === "invalid_argument" && e.status === 400,
+        );
+      }
+      await assert.rejects(client.sandboxes({ metadata: { "bad key": "x" } }), InvalidArgument);
+      // The daemon's refusals of queries the SDK never sends, modelled by the fake.
+      for (const query of [{ metadata: "novalue" }, { state: "running" }] as Record<string, string>[]) {
+        await assert.rejects(client.request("GET", "/v1/sandboxes", { query }), InvalidArgument);
+      }
+      const sent = fake.requests.length;
+      await assert.rejects(Sandbox.list({ client, metadata: { "a=b": "c" } }), /without '='/);
+      assert.equal(fake.requests.length, sent);
+      assert.deepEqual(await client.sandboxes(), []);
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  test("a sandbox killed is gone from the fake's list; old answers have empty metadata", async () => {
+    fake.load([{ status: 200, json: { id: "sb-old", state: "running" } }]);
+    const client = new Client({ url: fake.url, token: "t" });
+    assert.deepEqual((await new Sandbox("sb-old", client).info()).metadata, {});
+    fake.files = new FakeFiles();
+    try {
+      const sb = await Sandbox.create({ client, metadata: { k: "v" } });
+      assert.equal(await sb.kill(), true);
+      assert.deepEqual(await client.sandboxes({ metadata: { k: "v" } }), []);
     } finally {
       fake.files = undefined;
     }

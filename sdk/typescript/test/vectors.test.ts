@@ -89,13 +89,14 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
             network: a.network,
             allowOut: a.allow_out,
             denyOut: a.deny_out,
+            metadata: a.metadata,
           })
         ).id,
       };
     case "connect":
       return { id: (await Sandbox.connect(a.id, { client })).id };
     case "list":
-      return { ids: (await Sandbox.list({ client })).map((s) => s.id) };
+      return { ids: (await Sandbox.list({ client, metadata: a.metadata })).map((s) => s.id) };
     case "restore":
       return { id: (await Sandbox.restore(a.snapshot, { client })).id };
     case "delete_snapshot":

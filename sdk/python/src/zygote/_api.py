@@ -65,7 +65,8 @@ class Call(Generic[T]):
     method: str
     path: str
     parse: Callable[[httpx.Response], T]
-    params: Optional[Mapping[str, str]] = None
+    # A mapping, or (name, value) pairs when a name repeats (list filters).
+    params: Optional[Union[Mapping[str, str], tuple[tuple[str, str], ...]]] = None
     json: Any = None
     content: Optional[bytes] = None
 
@@ -131,6 +132,7 @@ def create_sandboxes(
     deny_out: Optional[Sequence[str]] = None,
     envs: Optional[Mapping[str, str]] = None,
     secrets: Optional[Mapping[str, Any]] = None,
+    metadata: Optional[Mapping[str, str]] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -148,6 +150,7 @@ def create_sandboxes(
         ("deny_out", cidrs("deny_out", deny_out)),
         ("envs", dict(envs) if envs is not None else None),
         ("secrets", secret_specs(secrets)),
+        ("metadata", dict(metadata) if metadata is not None else None),
     ):
         if value is not None:
             body[key] = value
@@ -180,8 +183,30 @@ def cidrs(what: str, value: Optional[Sequence[str]]) -> Optional[list[str]]:
     return list(value)
 
 
-def list_sandboxes() -> Call[list[SandboxInfo]]:
-    return Call("GET", "/v1/sandboxes", _sandboxes)
+def metadata_filters(metadata: Optional[Mapping[str, str]]) -> Optional[tuple[tuple[str, str], ...]]:
+    """``{"k": "v", ...}`` as the list's query: one ``metadata=k=v`` per pair
+    (the daemon ANDs them); the client URL-encodes each (a value may hold
+    ``=``, ``&`` or spaces). The daemon splits a filter at its first ``=``, so
+    a key holding one (never a valid key) is refused here rather than
+    silently read as another filter."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise TypeError("metadata filters are a mapping of key to value, e.g. {'team': 'search'}")
+    pairs: list[tuple[str, str]] = []
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise TypeError(f"metadata filter {key!r}: keys and values are strings")
+        if not key or "=" in key:
+            raise ValueError(f"metadata filter key {key!r} must be non-empty and without '='")
+        pairs.append(("metadata", f"{key}={value}"))
+    return tuple(pairs)
+
+
+def list_sandboxes(metadata: Optional[Mapping[str, str]] = None) -> Call[list[SandboxInfo]]:
+    """``GET /v1/sandboxes``; with ``metadata``, only the sandboxes whose
+    metadata has every one of those key/value pairs."""
+    return Call("GET", "/v1/sandboxes", _sandboxes, params=metadata_filters(metadata))
 
 
 def get_sandbox(sid: str) -> Call[SandboxInfo]:

@@ -140,8 +140,10 @@ class Client:
         """``GET /v1/info``: runtime in use, snapshot kinds, cgroup support."""
         return self.call(_api.info())
 
-    def sandboxes(self) -> List[SandboxInfo]:
-        return self.call(_api.list_sandboxes())
+    def sandboxes(self, metadata: Optional[Mapping[str, str]] = None) -> List[SandboxInfo]:
+        """Every sandbox; with ``metadata``, only those whose metadata has all
+        of those key/value pairs."""
+        return self.call(_api.list_sandboxes(metadata))
 
     def snapshots(self) -> List[Snapshot]:
         return self.call(_api.list_snapshots())
@@ -229,8 +231,8 @@ class AsyncClient:
     async def info(self) -> dict[str, Any]:
         return await self.call(_api.info())
 
-    async def sandboxes(self) -> List[SandboxInfo]:
-        return await self.call(_api.list_sandboxes())
+    async def sandboxes(self, metadata: Optional[Mapping[str, str]] = None) -> List[SandboxInfo]:
+        return await self.call(_api.list_sandboxes(metadata))
 
     async def snapshots(self) -> List[Snapshot]:
         return await self.call(_api.list_snapshots())

@@ -103,11 +103,12 @@ class AsyncSandbox:
         deny_out: Optional[Sequence[str]] = None,
         envs: Optional[Mapping[str, str]] = None,
         secrets: Optional[Mapping[str, Any]] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> "AsyncSandbox":
-        """See :meth:`zygote.Sandbox.create` (``network``, ``allow_out``, ``deny_out`` included)."""
+        """See :meth:`zygote.Sandbox.create` (``network``, ``allow_out``, ``deny_out``, ``metadata`` included)."""
         c = _client(client, url, token)
         made = await c.call(
             _api.create_sandboxes(
@@ -122,6 +123,7 @@ class AsyncSandbox:
                 deny_out=deny_out,
                 envs=envs,
                 secrets=secrets,
+                metadata=metadata,
             )
         )
         return cls(made[0].id, client=c)
@@ -158,12 +160,14 @@ class AsyncSandbox:
     async def list(
         cls,
         *,
+        metadata: Optional[Mapping[str, str]] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
+        """See :meth:`zygote.Sandbox.list` (``metadata`` filters, ANDed)."""
         c = _client(client, url, token)
-        return [cls(s.id, client=c) for s in await c.call(_api.list_sandboxes())]
+        return [cls(s.id, client=c) for s in await c.call(_api.list_sandboxes(metadata))]
 
     async def info(self) -> SandboxInfo:
         return await self.client.call(_api.get_sandbox(self.id))

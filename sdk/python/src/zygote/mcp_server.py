@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator, Optional
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from . import _api
 from ._api import OnConflict
 from ._client import AsyncClient
 from ._version import __version__
@@ -105,15 +104,30 @@ def build_server(
     )
 
     @server.tool()
-    async def create_sandbox(image: str = "minimal", memory_mib: Optional[int] = None) -> dict[str, Any]:
-        """Boot a new sandbox (a Linux microVM) from an image; returns its sandbox_id."""
+    async def create_sandbox(
+        image: str = "minimal", memory_mib: Optional[int] = None, metadata: Optional[dict[str, str]] = None
+    ) -> dict[str, Any]:
+        """Boot a new sandbox (a Linux microVM) from an image; returns its sandbox_id.
+        metadata: your own labels (key -> value; keys of A-Za-z0-9._-/, not starting
+        "zygote."), kept by branch children (which add "zygote.parent") and usable to
+        filter list_sandboxes."""
         try:
-            sb = await AsyncSandbox.create(image, memory_mib=memory_mib, client=session.client)
+            sb = await AsyncSandbox.create(image, memory_mib=memory_mib, metadata=metadata, client=session.client)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        # Adopted before anything else can fail, so the session still kills it.
+        session.adopt(sb.id)
+        try:
             info = await sb.info()
         except ZygoteError as e:
             raise _tool_error(e) from e
-        session.adopt(sb.id)
-        return {"sandbox_id": sb.id, "state": info.state, "runtime": info.runtime, "memory_mib": info.memory_mib}
+        return {
+            "sandbox_id": sb.id,
+            "state": info.state,
+            "runtime": info.runtime,
+            "memory_mib": info.memory_mib,
+            "metadata": dict(info.metadata),
+        }
 
     @server.tool(name="exec")
     async def exec_command(sandbox_id: str, command: str, timeout_seconds: float = 60.0) -> dict[str, Any]:
@@ -293,13 +307,21 @@ def build_server(
         return {"sandbox_id": sandbox_id, "killed": killed}
 
     @server.tool()
-    async def list_sandboxes() -> dict[str, Any]:
-        """List all sandboxes of the daemon with their state."""
+    async def list_sandboxes(metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:
+        """List the daemon's sandboxes with their state and metadata; with metadata
+        (key -> value), only those having every one of those pairs, e.g.
+        {"zygote.parent": "<id>"} for the children branched from a sandbox."""
         try:
-            infos = await session.client.call(_api.list_sandboxes())
+            infos = await session.client.sandboxes(metadata)
         except ZygoteError as e:
             raise _tool_error(e) from e
-        return {"sandboxes": [{"sandbox_id": i.id, "state": i.state, "name": i.name} for i in infos]}
+        except ValueError as e:
+            raise ToolError(f"{e} [invalid_argument]") from e
+        return {
+            "sandboxes": [
+                {"sandbox_id": i.id, "state": i.state, "name": i.name, "metadata": dict(i.metadata)} for i in infos
+            ]
+        }
 
     return server
 

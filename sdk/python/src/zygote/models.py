@@ -124,6 +124,9 @@ class SandboxInfo:
     """Environment variables every command gets (``envs`` at create, per-child ``env``)."""
     secrets: tuple[str, ...] = ()
     """Names of its secrets (values are never shown)."""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    """Its labels: ``metadata`` given at create; a branch child has its parent's
+    plus ``zygote.parent`` (the parent's id). Empty from daemons without metadata."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -147,6 +150,7 @@ class SandboxInfo:
             network=NetworkInfo.from_json(net) if isinstance(net, Mapping) else None,
             envs={str(k): str(v) for k, v in (d.get("envs") or {}).items()},
             secrets=tuple(str(s) for s in (d.get("secrets") or ())),
+            metadata={str(k): str(v) for k, v in (d.get("metadata") or {}).items()},
             fork_hooks=tuple(
                 ForkHook.from_json(h) for h in (d.get("fork_hooks") or ()) if isinstance(h, Mapping)
             ),

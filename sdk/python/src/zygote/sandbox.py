@@ -128,6 +128,7 @@ class Sandbox:
         deny_out: Optional[Sequence[str]] = None,
         envs: Optional[Mapping[str, str]] = None,
         secrets: Optional[Mapping[str, Any]] = None,
+        metadata: Optional[Mapping[str, str]] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -148,6 +149,12 @@ class Sandbox:
         (a command's own ``env`` wins); ``secrets`` too, but the daemon never
         shows their values, and one given as ``{"value": ..., "inherit": False}``
         is not passed to branch children. Neither is written into the guest.
+
+        ``metadata`` are your own labels (``{"team": "search"}``; at most 63
+        keys of 1-128 characters of ``A-Za-z0-9._-/``, values up to 1024 bytes;
+        keys starting ``zygote.`` are reserved): shown in :meth:`info`, kept by
+        branch children (which add ``zygote.parent``), and usable to filter
+        :meth:`list`. Invalid ones raise :class:`~zygote.errors.InvalidArgument`.
         """
         c = _client(client, url, token)
         made = c.call(
@@ -163,6 +170,7 @@ class Sandbox:
                 deny_out=deny_out,
                 envs=envs,
                 secrets=secrets,
+                metadata=metadata,
             )
         )
         return cls(made[0].id, client=c)
@@ -202,12 +210,17 @@ class Sandbox:
     def list(
         cls,
         *,
+        metadata: Optional[Mapping[str, str]] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
     ) -> List["Sandbox"]:
+        """Handles on the daemon's sandboxes; with ``metadata``, only those
+        whose metadata has every one of those pairs, e.g.
+        ``Sandbox.list(metadata={"zygote.parent": sb.id})`` for a sandbox's
+        branch children."""
         c = _client(client, url, token)
-        return [cls(s.id, client=c) for s in c.call(_api.list_sandboxes())]
+        return [cls(s.id, client=c) for s in c.call(_api.list_sandboxes(metadata))]
 
     # --- this sandbox ---------------------------------------------------------
 
