@@ -16,7 +16,7 @@ use zygote_proto::client::ClientError;
 use zygote_proto::{ErrorCode, FileKind, Metadata, WalkEntry};
 
 use super::merge_apply::{apply_plans, staging_dir, Staged, STAGING_PREFIX};
-use super::merge_intent::MergeIntent;
+use super::merge_intent::{write_synced, MergeIntent};
 use super::merge_plan::{self, Plan, Tree};
 use super::Manager;
 use crate::error::{Error, Result};
@@ -238,9 +238,12 @@ impl Manager {
             fault::point("merge.base-started");
             for (dir, walk) in dirs.iter().zip(walks.iter_mut()) {
                 if walk.is_none() {
-                    let entries = self.walk_raw(&sb[0].id, dir).await?;
-                    keep_walk(&cache, dir, &entries);
-                    *walk = Some(entries);
+                    let kept = CachedWalk {
+                        dir: dir.clone(),
+                        entries: self.walk_raw(&sb[0].id, dir).await?,
+                    };
+                    keep_walk(&cache, &kept);
+                    *walk = Some(kept.entries);
                 }
             }
         }
@@ -338,18 +341,17 @@ fn cache_name(dir: &str) -> String {
 }
 
 /// Best effort: a walk not kept is walked again next time.
-fn keep_walk(cache: &std::path::Path, dir: &str, entries: &Option<Vec<WalkEntry>>) {
-    let body = CachedWalk {
-        dir: dir.to_string(),
-        entries: entries.clone(),
-    };
-    let path = cache.join(cache_name(dir));
-    let tmp = path.with_extension("tmp");
-    let written = std::fs::create_dir_all(cache)
-        .and_then(|()| std::fs::write(&tmp, serde_json::to_vec(&body).unwrap_or_default()))
-        .and_then(|()| std::fs::rename(&tmp, &path));
+fn keep_walk(cache: &std::path::Path, walk: &CachedWalk) {
+    let written = std::fs::create_dir_all(cache).and_then(|()| {
+        let body = serde_json::to_vec(walk).map_err(std::io::Error::other)?;
+        write_synced(&cache.join(cache_name(&walk.dir)), &body)
+    });
     if let Err(e) = written {
-        tracing::warn!("keeping the walk of {dir} in {}: {e}", cache.display());
+        tracing::warn!(
+            "keeping the walk of {} in {}: {e}",
+            walk.dir,
+            cache.display()
+        );
     }
 }
 

@@ -4,7 +4,7 @@
 //! the record when it has cleaned up. A daemon starting finds the records of merges a
 //! crash interrupted and finishes their clean-up (the guest may then still have
 //! completed the merge's `apply` on its own: that request runs to its end once sent).
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -31,20 +31,22 @@ impl MergeIntent {
     pub fn record(&self, m: &Manager) -> Result<()> {
         let path = self.path(m);
         let body = serde_json::to_vec(self).map_err(|e| Error::Internal(e.to_string()))?;
-        let tmp = path.with_extension("tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        };
-        write().map_err(Error::io(format!("recording {}", path.display())))
+        write_synced(&path, &body).map_err(Error::io(format!("recording {}", path.display())))
     }
 
     pub fn forget(&self, m: &Manager) {
         let _ = std::fs::remove_file(self.path(m));
     }
+}
+
+/// Puts `body` at `path` whole or not at all, synced: a temp file renamed over it.
+pub(super) fn write_synced(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(body)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 impl Manager {

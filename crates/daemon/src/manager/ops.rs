@@ -123,7 +123,8 @@ impl Manager {
         };
         self.check_space(kind, parent.mem_mib)?;
         if let Some(per_child_mib) = self.runtime.branch_child_copy_mib(parent.mem_mib) {
-            let available_mib = super::watch::mem_available_mib().unwrap_or(u64::MAX);
+            let available_mib =
+                zygote_vmm::host::meminfo_kib("MemAvailable").map_or(u64::MAX, |kib| kib / 1024);
             let fit = children_that_fit(available_mib, per_child_mib);
             if count > fit {
                 return Err(Error::InsufficientMemory {

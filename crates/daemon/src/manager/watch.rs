@@ -121,17 +121,3 @@ pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
     }
     Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
-
-/// The host's `MemAvailable` in MiB (what new processes can get without swapping).
-pub(crate) fn mem_available_mib() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib / 1024)
-}

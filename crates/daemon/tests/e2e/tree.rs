@@ -142,13 +142,7 @@ pub async fn check_branch_capacity(c: &Client, parent: &str, runtime: &str) {
         return; // kvm children share memory: up to 256 are tried.
     }
     let mem_mib = u64::from(get(c, parent).await.mem_mib);
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
-    let available_mib: u64 = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("MemAvailable")
-        / 1024;
+    let available_mib = zygote_vmm::host::meminfo_kib("MemAvailable").expect("MemAvailable") / 1024;
     if available_mib / mem_mib >= 256 {
         eprintln!(
             "skip: {available_mib} MiB available holds 256 children of {mem_mib} MiB; \
