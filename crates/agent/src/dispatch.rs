@@ -7,7 +7,14 @@ use crate::{exec, files, log, system, ShutdownAction};
 
 /// Requests cheap enough to answer on the connection's reader thread.
 pub(crate) fn is_quick(r: &Request) -> bool {
-    matches!(r, Request::Health | Request::Kill(_) | Request::Shutdown)
+    matches!(
+        r,
+        Request::Health
+            | Request::Kill(_)
+            | Request::Shutdown
+            | Request::Processes
+            | Request::ProcessSignal(_)
+    )
 }
 
 pub(crate) fn handle(reply: Reply, request: Request) {
@@ -34,6 +41,14 @@ pub(crate) fn handle(reply: Reply, request: Request) {
         Request::Remove(r) => files::remove(&r),
         Request::Walk(r) => crate::walk::walk(&r),
         Request::Apply(r) => crate::apply::apply(&r),
+        Request::Spawn(r) => {
+            let agent = reply.agent();
+            agent.processes.spawn(&agent.reaper, r)
+        }
+        Request::Processes => Ok(reply.agent().processes.processes()),
+        Request::ProcessOutput(r) => reply.agent().processes.output(&r),
+        Request::ProcessStdin(r) => reply.agent().processes.stdin(&r),
+        Request::ProcessSignal(r) => reply.agent().processes.signal(r.pid, r.signal),
         Request::Reidentify(r) => {
             let agent = reply.agent();
             system::reidentify(&r, agent.options.dry_run, &agent.reaper).map(Response::Reidentified)

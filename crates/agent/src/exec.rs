@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use zygote_proto::{ErrorBody, ErrorCode, ExecRequest, ExecResult, Response, Stream};
 
 use crate::conn::Reply;
-use crate::reaper::ExitWatch;
+use crate::reaper::{ExitWatch, Reaper};
 
 /// Largest output chunk sent in one event.
 const READ_CHUNK: usize = 64 * 1024;
@@ -43,7 +43,9 @@ pub(crate) fn start_unblocked(cmd: &mut Command) {
     }
 }
 
-fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
+/// `req` as a command in its own process group. `stdin_pipe`: give it a stdin pipe
+/// even without initial `stdin` data (a background process takes more later).
+pub(crate) fn build_command(req: &ExecRequest, stdin_pipe: bool) -> Result<Command, ErrorBody> {
     let Some(program) = req.argv.first() else {
         return Err(bad("argv must not be empty"));
     };
@@ -80,7 +82,7 @@ fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
     // the program starts, not only the program itself.
     cmd.process_group(0);
     start_unblocked(&mut cmd);
-    cmd.stdin(if req.stdin.is_some() {
+    cmd.stdin(if stdin_pipe || req.stdin.is_some() {
         Stdio::piped()
     } else {
         Stdio::null()
@@ -89,52 +91,93 @@ fn build_command(req: &ExecRequest) -> Result<Command, ErrorBody> {
     Ok(cmd)
 }
 
-/// Run `req` to completion, sending every event through `reply`.
-pub(crate) fn run(reply: Reply, req: ExecRequest) {
-    let mut cmd = match build_command(&req) {
-        Ok(c) => c,
-        Err(e) => return reply.finish(Response::Error(e)),
+/// A program just started, its pipes not yet read.
+pub(crate) struct Started {
+    pub pid: libc::pid_t,
+    pub at: Instant,
+    pub stdin: Option<OwnedFd>,
+    pub outputs: [Option<(Stream, OwnedFd)>; 2],
+    pub watch: ExitWatch,
+}
+
+/// Start `req` (see [`build_command`] for `stdin_pipe`); the reaper will collect it.
+pub(crate) fn start(
+    reaper: &Reaper,
+    req: &ExecRequest,
+    stdin_pipe: bool,
+) -> Result<Started, ErrorBody> {
+    let mut cmd = build_command(req, stdin_pipe)?;
+    let at = Instant::now();
+    let (mut child, watch) = reaper.spawn(&mut cmd).map_err(|e| {
+        let mut body = ErrorBody::from_io(&format!("cannot start {:?}", req.argv[0]), &e);
+        body.code = ErrorCode::SpawnFailed;
+        body
+    })?;
+    let started = Started {
+        pid: child.id() as libc::pid_t,
+        at,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        outputs: [
+            child
+                .stdout
+                .take()
+                .map(|o| (Stream::Stdout, OwnedFd::from(o))),
+            child
+                .stderr
+                .take()
+                .map(|e| (Stream::Stderr, OwnedFd::from(e))),
+        ],
+        watch,
     };
-    let start = Instant::now();
-    let (mut child, watch) = match reply.agent().reaper.spawn(&mut cmd) {
-        Ok(c) => c,
-        Err(e) => {
-            let mut body = ErrorBody::from_io(&format!("cannot start {:?}", req.argv[0]), &e);
-            body.code = ErrorCode::SpawnFailed;
-            return reply.finish(Response::Error(body));
-        }
-    };
-    let pid = child.id() as libc::pid_t;
-    let stdin = child.stdin.take().map(OwnedFd::from);
-    let outputs = [
-        child
-            .stdout
-            .take()
-            .map(|o| (Stream::Stdout, OwnedFd::from(o))),
-        child
-            .stderr
-            .take()
-            .map(|e| (Stream::Stderr, OwnedFd::from(e))),
-    ];
     // `Child` neither kills nor waits on drop; the reaper owns the wait.
     drop(child);
+    Ok(started)
+}
 
-    reply.register_exec(pid);
-    let mut run = Running {
-        reply: &reply,
+/// Run `req` to completion, sending every event through `reply`.
+pub(crate) fn run(reply: Reply, req: ExecRequest) {
+    let Started {
         pid,
-        client_gone: false,
+        at: start,
+        stdin,
+        outputs,
+        watch,
+    } = match self::start(&reply.agent().reaper, &req, false) {
+        Ok(s) => s,
+        Err(e) => return reply.finish(Response::Error(e)),
     };
-    if !run.send(Response::ExecStarted { pid: pid as u32 }) {
-        run.client_gone();
+    reply.register_exec(pid);
+    let mut client_gone = !reply.event(Response::ExecStarted { pid: pid as u32 });
+    if client_gone {
+        kill_group(pid);
     }
+    // Nobody will read the output any more: stop the program rather than let it run
+    // unobserved (documented protocol behaviour).
+    let mut sink = |stream: Stream, data: &[u8]| {
+        if client_gone {
+            return;
+        }
+        let event = Response::Output {
+            stream,
+            data: data.to_vec(),
+        };
+        if !reply.event(event) {
+            client_gone = true;
+            kill_group(pid);
+        }
+    };
     let stdin = stdin.map(|fd| (fd, req.stdin.unwrap_or_default(), 0usize));
     let deadline = req
         .timeout_ms
         .and_then(|ms| start.checked_add(Duration::from_millis(ms)));
-    let (status, timed_out) = run.pump(outputs, stdin, watch, deadline);
+    let (status, timed_out) = pump(pid, outputs, stdin, watch, deadline, &mut sink);
     reply.unregister_exec();
 
+    reply.finish(Response::Exit(exec_result(status, timed_out, start)));
+}
+
+/// How a program ended, from its wait status.
+pub(crate) fn exec_result(status: libc::c_int, timed_out: bool, start: Instant) -> ExecResult {
     let mut result = ExecResult {
         exit_code: None,
         signal: None,
@@ -146,132 +189,107 @@ pub(crate) fn run(reply: Reply, req: ExecRequest) {
     } else if libc::WIFSIGNALED(status) {
         result.signal = Some(libc::WTERMSIG(status));
     }
-    reply.finish(Response::Exit(result));
+    result
 }
 
-struct Running<'a> {
-    reply: &'a Reply,
+/// SIGKILL to a program's whole process group.
+pub(crate) fn kill_group(pgid: libc::pid_t) {
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe { libc::kill(-pgid, libc::SIGKILL) };
+}
+
+pub(crate) type StdinState = (OwnedFd, Vec<u8>, usize);
+
+/// The poll loop of one program (process group `pid`): hands its output to `sink` as it
+/// is read, feeds `stdin`, kills the group at `deadline`. Returns the raw wait status
+/// and whether the timeout fired.
+pub(crate) fn pump(
     pid: libc::pid_t,
-    client_gone: bool,
-}
-
-type StdinState = (OwnedFd, Vec<u8>, usize);
-
-impl Running<'_> {
-    fn send(&mut self, r: Response) -> bool {
-        !self.client_gone && self.reply.event(r)
+    mut outputs: [Option<(Stream, OwnedFd)>; 2],
+    mut stdin: Option<StdinState>,
+    watch: ExitWatch,
+    deadline: Option<Instant>,
+    sink: &mut dyn FnMut(Stream, &[u8]),
+) -> (libc::c_int, bool) {
+    if let Some((fd, _, _)) = &stdin {
+        set_nonblocking(fd);
     }
-
-    /// Nobody will read the output any more: stop the program rather than let
-    /// it run unobserved (documented protocol behaviour).
-    fn client_gone(&mut self) {
-        if !self.client_gone {
-            self.client_gone = true;
-            self.signal_group(libc::SIGKILL);
+    let mut wake = Some(watch.wake);
+    let mut status = None;
+    let mut drain_until = None;
+    let mut timed_out = false;
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let now = Instant::now();
+        if let Some(st) = status {
+            if outputs.iter().all(Option::is_none) || drain_until.is_some_and(|d| now >= d) {
+                return (st, timed_out);
+            }
+        } else if !timed_out && deadline.is_some_and(|d| now >= d) {
+            kill_group(pid);
+            timed_out = true;
         }
-    }
+        let wait_until = if status.is_some() {
+            drain_until
+        } else if timed_out {
+            None
+        } else {
+            deadline
+        };
+        let timeout_ms = match wait_until {
+            Some(t) => t.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
+            None => -1,
+        };
 
-    fn signal_group(&self, sig: libc::c_int) {
-        unsafe { libc::kill(-self.pid, sig) };
-    }
-
-    /// The poll loop. Returns the raw wait status and whether the timeout fired.
-    fn pump(
-        &mut self,
-        mut outputs: [Option<(Stream, OwnedFd)>; 2],
-        mut stdin: Option<StdinState>,
-        watch: ExitWatch,
-        deadline: Option<Instant>,
-    ) -> (libc::c_int, bool) {
+        let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
+        for (_, fd) in outputs.iter().flatten() {
+            pfds.push(pollfd(fd, libc::POLLIN));
+        }
         if let Some((fd, _, _)) = &stdin {
-            set_nonblocking(fd);
+            pfds.push(pollfd(fd, libc::POLLOUT));
         }
-        let mut wake = Some(watch.wake);
-        let mut status = None;
-        let mut drain_until = None;
-        let mut timed_out = false;
-        let mut buf = vec![0u8; READ_CHUNK];
-        loop {
-            let now = Instant::now();
-            if let Some(st) = status {
-                if outputs.iter().all(Option::is_none) || drain_until.is_some_and(|d| now >= d) {
-                    return (st, timed_out);
-                }
-            } else if !timed_out && deadline.is_some_and(|d| now >= d) {
-                self.signal_group(libc::SIGKILL);
-                timed_out = true;
-            }
-            let wait_until = if status.is_some() {
-                drain_until
-            } else if timed_out {
-                None
-            } else {
-                deadline
-            };
-            let timeout_ms = match wait_until {
-                Some(t) => t.saturating_duration_since(now).as_millis().min(60_000) as i32 + 1,
-                None => -1,
-            };
+        if let Some(fd) = &wake {
+            pfds.push(pollfd(fd, libc::POLLIN));
+        }
+        let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
+        if n <= 0 {
+            continue; // timeout or EINTR: deadlines are re-checked above
+        }
+        let mut ready = pfds.iter().map(|p| p.revents != 0);
 
-            let mut pfds: Vec<libc::pollfd> = Vec::with_capacity(4);
-            for (_, fd) in outputs.iter().flatten() {
-                pfds.push(pollfd(fd, libc::POLLIN));
+        for slot in outputs.iter_mut() {
+            let Some((stream, fd)) = slot else { continue };
+            if !ready.next().unwrap_or(false) {
+                continue;
             }
-            if let Some((fd, _, _)) = &stdin {
-                pfds.push(pollfd(fd, libc::POLLOUT));
+            match read_some(fd, &mut buf) {
+                Ok(0) => *slot = None,
+                Ok(len) => sink(*stream, &buf[..len]),
+                Err(e) if retryable(&e) => {}
+                Err(_) => *slot = None,
             }
-            if let Some(fd) = &wake {
-                pfds.push(pollfd(fd, libc::POLLIN));
-            }
-            let n =
-                unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, timeout_ms) };
-            if n <= 0 {
-                continue; // timeout or EINTR: deadlines are re-checked above
-            }
-            let mut ready = pfds.iter().map(|p| p.revents != 0);
-
-            for slot in outputs.iter_mut() {
-                let Some((stream, fd)) = slot else { continue };
-                if !ready.next().unwrap_or(false) {
-                    continue;
-                }
-                match read_some(fd, &mut buf) {
-                    Ok(0) => *slot = None,
-                    Ok(len) => {
-                        let event = Response::Output {
-                            stream: *stream,
-                            data: buf[..len].to_vec(),
-                        };
-                        if !self.send(event) {
-                            self.client_gone();
-                        }
-                    }
+        }
+        if let Some((fd, data, written)) = &mut stdin {
+            if ready.next().unwrap_or(false) {
+                match write_some(fd, &data[*written..]) {
+                    Ok(len) => *written += len,
                     Err(e) if retryable(&e) => {}
-                    Err(_) => *slot = None,
+                    Err(_) => *written = data.len(), // EPIPE: the program closed stdin
+                }
+                if *written >= data.len() {
+                    stdin = None; // closing the pipe delivers EOF
                 }
             }
-            if let Some((fd, data, written)) = &mut stdin {
-                if ready.next().unwrap_or(false) {
-                    match write_some(fd, &data[*written..]) {
-                        Ok(len) => *written += len,
-                        Err(e) if retryable(&e) => {}
-                        Err(_) => *written = data.len(), // EPIPE: the program closed stdin
-                    }
-                    if *written >= data.len() {
-                        stdin = None; // closing the pipe delivers EOF
-                    }
-                }
-            }
-            if wake.is_some() && ready.next().unwrap_or(false) {
-                // The reaper puts the status in the channel before it closes
-                // the wake pipe, so it is there now.
-                // A closed pipe without a status (a reaper bug) is reported
-                // as SIGKILL instead of spinning on POLLHUP forever.
-                status = Some(watch.status.try_recv().unwrap_or(libc::SIGKILL));
-                wake = None;
-                stdin = None;
-                drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
-            }
+        }
+        if wake.is_some() && ready.next().unwrap_or(false) {
+            // The reaper puts the status in the channel before it closes
+            // the wake pipe, so it is there now.
+            // A closed pipe without a status (a reaper bug) is reported
+            // as SIGKILL instead of spinning on POLLHUP forever.
+            status = Some(watch.status.try_recv().unwrap_or(libc::SIGKILL));
+            wake = None;
+            stdin = None;
+            drain_until = Some(Instant::now() + DRAIN_AFTER_EXIT);
         }
     }
 }
@@ -310,7 +328,7 @@ fn write_some(fd: &OwnedFd, data: &[u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-fn set_nonblocking(fd: &OwnedFd) {
+pub(crate) fn set_nonblocking(fd: &OwnedFd) {
     unsafe {
         let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
         if flags >= 0 {

@@ -34,6 +34,7 @@ mod files;
 mod forked;
 mod netconf;
 mod port;
+mod procs;
 pub mod reaper;
 pub mod system;
 mod vsock;
@@ -90,6 +91,8 @@ pub(crate) struct AgentState {
     pub(crate) started: Instant,
     pub(crate) reaper: Arc<reaper::Reaper>,
     pub(crate) token: auth::Token,
+    /// Background processes (`spawn`), shared by every connection.
+    pub(crate) processes: procs::ProcessTable,
 }
 
 /// A socket the agent accepts connections on.
@@ -166,6 +169,7 @@ impl Agent {
             started: Instant::now(),
             reaper,
             token: auth::Token::default(),
+            processes: procs::ProcessTable::default(),
         })))
     }
 

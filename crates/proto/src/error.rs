@@ -42,6 +42,9 @@ pub enum ErrorCode {
     /// The connection has not presented the agent's token (`hello`), or presented a
     /// wrong one.
     Unauthorized,
+    /// The background process has already ended (it can no longer take stdin or
+    /// signals).
+    ProcessExited,
     /// A code this version does not know (a newer agent).
     #[serde(other)]
     Unknown,
@@ -66,6 +69,7 @@ impl ErrorCode {
             ErrorCode::Io => "io",
             ErrorCode::Internal => "internal",
             ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::ProcessExited => "process_exited",
             ErrorCode::Unknown => "unknown",
         }
     }

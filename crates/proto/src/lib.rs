@@ -40,6 +40,11 @@
 //! | `rename` | [`RenameRequest`] | `ok` |
 //! | `remove` | [`RemoveRequest`] | `ok` |
 //! | `reidentify` | [`ReidentifyRequest`] | `reidentified` ([`ReidentifyReport`]) |
+//! | `spawn` | [`ExecRequest`] | `spawned` ([`process::ProcessInfo`]) |
+//! | `processes` | — | `processes` |
+//! | `process_output` | [`process::ProcessOutputRequest`] | `process_output` ([`process::ProcessOutput`]) |
+//! | `process_stdin` | [`process::ProcessStdinRequest`] | `ok` |
+//! | `process_signal` | [`process::ProcessSignalRequest`] | `ok` |
 //! | `shutdown` | — | `ok`, then the VM powers off |
 //!
 //! Any request may instead end with `{"id": N, "type": "error", "code": ...,
@@ -57,6 +62,7 @@ pub mod b64;
 pub mod client;
 mod error;
 pub mod frame;
+pub mod process;
 mod types;
 
 pub use error::{ErrorBody, ErrorCode};

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::b64;
 use crate::error::ErrorBody;
+use crate::process::{
+    ProcessInfo, ProcessOutput, ProcessOutputRequest, ProcessSignalRequest, ProcessStdinRequest,
+};
 
 /// A request together with the connection-unique id its responses carry.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +37,12 @@ pub enum Request {
     Reidentify(ReidentifyRequest),
     Walk(WalkRequest),
     Apply(ApplyRequest),
+    /// Start a background process (see [`crate::process`]).
+    Spawn(ExecRequest),
+    Processes,
+    ProcessOutput(ProcessOutputRequest),
+    ProcessStdin(ProcessStdinRequest),
+    ProcessSignal(ProcessSignalRequest),
     Shutdown,
 }
 
@@ -54,6 +63,11 @@ impl Request {
         "reidentify",
         "walk",
         "apply",
+        "spawn",
+        "processes",
+        "process_output",
+        "process_stdin",
+        "process_signal",
         "shutdown",
     ];
 }
@@ -403,6 +417,13 @@ pub enum Response {
     Applied {
         done: u32,
     },
+    /// A background process started (`spawn`).
+    Spawned(ProcessInfo),
+    /// Every background process the agent tracks, oldest first.
+    Processes {
+        processes: Vec<ProcessInfo>,
+    },
+    ProcessOutput(ProcessOutput),
     /// Success without a payload (kill, rename, remove, shutdown).
     Ok,
     Error(ErrorBody),

@@ -1,6 +1,7 @@
 //! The JSON shapes documented in PROTOCOL.md, pinned down.
 
 use serde_json::{json, Value};
+use zygote_proto::process::{ProcessOutputRequest, ProcessSignalRequest, ProcessStdinRequest};
 use zygote_proto::*;
 
 fn to_value<T: serde::Serialize>(v: &T) -> Value {
@@ -124,6 +125,19 @@ fn every_request_type_is_listed() {
                 recursive: false,
             }],
         }),
+        Request::Spawn(ExecRequest::shell("sleep 1")),
+        Request::Processes,
+        Request::ProcessOutput(ProcessOutputRequest {
+            pid: 7,
+            offset: 0,
+            wait_ms: 0,
+        }),
+        Request::ProcessStdin(ProcessStdinRequest {
+            pid: 7,
+            data: b"x".to_vec(),
+            eof: true,
+        }),
+        Request::ProcessSignal(ProcessSignalRequest { pid: 7, signal: 2 }),
         Request::Shutdown,
     ];
     assert_eq!(samples.len(), Request::TYPES.len());
@@ -209,6 +223,8 @@ fn error_code_strings_match_serde() {
         ErrorCode::Unsupported,
         ErrorCode::Io,
         ErrorCode::Internal,
+        ErrorCode::Unauthorized,
+        ErrorCode::ProcessExited,
     ] {
         assert_eq!(to_value(&code), json!(code.as_str()));
     }

@@ -9,6 +9,7 @@
 
 mod exec;
 mod files;
+mod process;
 mod transport;
 
 use std::collections::HashMap;
