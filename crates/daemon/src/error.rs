@@ -143,6 +143,8 @@ impl Error {
                 Some(ErrorCode::PermissionDenied) => (S::FORBIDDEN, "guest_permission_denied"),
                 Some(ErrorCode::AlreadyExists) => (S::CONFLICT, "guest_already_exists"),
                 Some(ErrorCode::BadRequest) => (S::BAD_REQUEST, "guest_bad_request"),
+                Some(ErrorCode::ProcessExited) => (S::CONFLICT, "process_exited"),
+                Some(ErrorCode::Busy) => (S::CONFLICT, "guest_busy"),
                 Some(ErrorCode::SpawnFailed) => (S::UNPROCESSABLE_ENTITY, "guest_spawn_failed"),
                 Some(ErrorCode::ResponseTooLarge) => {
                     (S::PAYLOAD_TOO_LARGE, "guest_response_too_large")

@@ -132,6 +132,16 @@ fn parameters_are_where_the_router_reads_them() {
             assert_eq!(p["in"], "query");
             assert_eq!(p["explode"], true, "repeated metadata=key=value");
         }
+        if path.ends_with("/output") {
+            for name in ["offset", "wait_ms", "follow"] {
+                let p = params
+                    .iter()
+                    .find(|p| p["name"] == name)
+                    .unwrap_or_else(|| panic!("{method} {path}: no {name}"));
+                assert_eq!(p["in"], "query", "{method} {path}: {name}");
+                assert_eq!(p["required"], false, "{method} {path}: {name}");
+            }
+        }
         if path.contains("/files") {
             for (name, required) in [("path", true), ("mode", false), ("special", false)] {
                 let p = params
@@ -144,9 +154,9 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 13,
+        query_seen, 16,
         "path, mode, special on three file routes; against, path, content on diff; \
-         the list's metadata filter"
+         the list's metadata filter; offset, wait_ms, follow on process output"
     );
 }
 

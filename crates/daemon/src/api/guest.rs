@@ -1,15 +1,17 @@
 //! Exec and file routes (work inside a sandbox through its agent).
 use axum::extract::{Path, State};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::system::ndjson;
 use super::{ApiBytes, ApiJson, ApiQuery, AppState};
-use crate::error::{ErrorBody, Result};
+use crate::error::{Error, ErrorBody, Result};
 use crate::manager::FileBody;
-use crate::model::{DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, WriteResult};
+use crate::model::{
+    DirListing, ExecEvent, ExecRequest, ExecResponse, PathQuery, Process, WriteResult,
+};
 
 // Only the OpenAPI document uses it: a plain `Vec<u8>` would be documented as an
 // array of integers rather than as binary.
@@ -22,6 +24,8 @@ pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ExecRequest,
     responses((status = 200, description = "The program ran to completion", body = ExecResponse),
+              (status = 202, description = "background: the program runs; follow it with the \
+                process routes", body = Process),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
@@ -33,8 +37,12 @@ pub async fn exec(
     State(st): State<AppState>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ExecRequest>,
-) -> Result<Json<ExecResponse>> {
-    Ok(Json(st.manager.exec(&id, req).await?))
+) -> Result<Response> {
+    if req.background {
+        let process = st.manager.spawn_process(&id, req).await?;
+        return Ok((StatusCode::ACCEPTED, Json(process)).into_response());
+    }
+    Ok(Json(st.manager.exec(&id, req).await?).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec",
@@ -54,6 +62,12 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<Response> {
+    if req.background {
+        return Err(Error::invalid(
+            "background processes are not streamed from here: POST .../exec with \
+             background, then GET .../processes/{pid}/output?follow=true",
+        ));
+    }
     Ok(ndjson(st.manager.exec_stream(&id, req).await?))
 }
 

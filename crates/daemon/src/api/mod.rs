@@ -7,6 +7,7 @@
 mod doc;
 mod guest;
 mod ports;
+mod processes;
 mod sandboxes;
 mod snapshots;
 mod system;
@@ -107,6 +108,27 @@ pub fn routes() -> Routes {
             Method::POST,
             "/v1/sandboxes/{id}/exec/stream",
             guest::exec_stream,
+        )
+        .add(Method::GET, "/v1/sandboxes/{id}/processes", processes::list)
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/processes/{pid}",
+            processes::get,
+        )
+        .add(
+            Method::GET,
+            "/v1/sandboxes/{id}/processes/{pid}/output",
+            processes::output,
+        )
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/processes/{pid}/stdin",
+            processes::stdin,
+        )
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/processes/{pid}/signal",
+            processes::signal,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/files", guest::read_file)
         .add(Method::PUT, "/v1/sandboxes/{id}/files", guest::write_file)

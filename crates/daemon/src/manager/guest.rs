@@ -30,7 +30,11 @@ fn stream_name(s: Stream) -> &'static str {
 impl Manager {
     /// `req` as the agent gets it: the sandbox's envs and secrets, the request's own
     /// `env` over them.
-    fn agent_exec(&self, id: &str, req: &ExecRequest) -> Result<zygote_proto::ExecRequest> {
+    pub(super) fn agent_exec(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<zygote_proto::ExecRequest> {
         let mut agent_req = req.to_agent();
         let mut env = self.sandbox_row(id)?.env.exec_env();
         env.append(&mut agent_req.env);

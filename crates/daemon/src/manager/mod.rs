@@ -16,6 +16,7 @@ mod merge_plan;
 pub use guest::FileBody;
 mod ops;
 mod ports;
+mod processes;
 mod recovery;
 mod startup;
 mod tree;

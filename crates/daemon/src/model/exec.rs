@@ -31,6 +31,12 @@ pub struct ExecRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 86400000)]
     pub timeout_ms: Option<u64>,
+    /// Start it in the background and answer at once (202, with the process): it keeps
+    /// running after this request, its stdin stays open (`stdin` is written first), and
+    /// its output is kept in the guest for `GET .../processes/{pid}/output`. Not with
+    /// `exec/stream`.
+    #[serde(default)]
+    pub background: bool,
 }
 
 impl ExecRequest {
@@ -57,6 +63,7 @@ impl ExecRequest {
             cwd: self.cwd.clone(),
             stdin: None,
             timeout_ms: self.timeout_ms,
+            background: false,
         };
         let frame = RequestFrame {
             id: u64::MAX,
@@ -196,6 +203,7 @@ mod tests {
                 cwd: Some("/tmp".into()),
                 stdin: stdin.map(str::to_string),
                 timeout_ms: Some(5),
+                background: false,
             };
             let frame = RequestFrame {
                 id: u64::MAX,

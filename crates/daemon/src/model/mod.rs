@@ -17,6 +17,7 @@ mod merge;
 pub mod metadata;
 mod network;
 mod ports;
+mod process;
 mod tree;
 mod ttl;
 mod validate;
@@ -30,6 +31,9 @@ pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
+pub use process::{
+    OutputQuery, Process, ProcessList, ProcessOutput, SignalRequest, SignalSpec, StdinRequest,
+};
 pub use tree::{KeepRequest, KeepResponse, SandboxTree, TreeNode, TreeSnapshot};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
