@@ -6,6 +6,8 @@ mod common;
 mod fork;
 #[path = "e2e/merge.rs"]
 mod merge;
+#[path = "e2e/processes.rs"]
+mod processes;
 #[path = "e2e/tree.rs"]
 mod tree;
 
@@ -295,6 +297,13 @@ async fn suite(runtime: &str) {
         t0,
         "merge: a child's changes into its parent (conflict, then theirs) and its sibling",
     );
+    processes::check_processes(&c, &a.id).await;
+    processes::check_processes_branch(&c, &a.id).await;
+    step(
+        t0,
+        "background processes: stdin, offsets, follow, signals, bad input; a branch child \
+         runs its own copy",
+    );
 
     // Snapshot + restore (in place), and lineage checks.
     let snap: Snapshot = c
@@ -351,8 +360,9 @@ async fn suite(runtime: &str) {
         String::from_utf8(c.raw(Method::GET, "/metrics", None).await.unwrap().to_vec()).unwrap();
     for needle in [
         "zygote_sandboxes{state=\"running\"} 3",
-        // The children and the merge check's mergeable branch.
-        "zygote_branch_duration_seconds_count 2",
+        // The children, the merge check's mergeable branch and the background
+        // processes' branch.
+        "zygote_branch_duration_seconds_count 3",
         "zygote_exec_duration_seconds_bucket",
         &format!(
             "zygote_vm_memory_bytes{{sandbox=\"{}\",kind=\"private\"}}",
