@@ -37,6 +37,9 @@ enum Command {
     Create(commands::create::CreateArgs),
     /// Run a program in a sandbox, output streamed (daemon).
     Exec(commands::exec::ExecArgs),
+    /// Background processes of a sandbox: ls, logs [-f], stdin, kill (daemon).
+    #[command(subcommand, visible_alias = "proc")]
+    Process(commands::process::ProcessCommand),
     /// Copy a file into or out of a sandbox: `cp FILE ID:/path`, `cp ID:/path FILE` (daemon).
     Cp(commands::cp::CpArgs),
     /// Branch a running sandbox into copy-on-write children (daemon).
@@ -88,6 +91,7 @@ fn main() {
         Command::Serve(args) => commands::serve::run(args),
         Command::Create(args) => commands::create::run(args),
         Command::Exec(args) => commands::exec::run(args),
+        Command::Process(cmd) => commands::process::run(cmd),
         Command::Cp(args) => commands::cp::run(args),
         Command::Branch(args) => commands::branch::run(args),
         Command::Tree(args) => commands::tree::run_tree(args),

@@ -236,19 +236,20 @@ impl Client {
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(format!("{e}")))
     }
 
-    /// A request whose answer is NDJSON: each line is decoded and handed to
-    /// `on_event` as soon as it arrives.
+    /// A request (JSON body optional) whose answer is NDJSON: each line is decoded and
+    /// handed to `on_event` as soon as it arrives.
     pub async fn ndjson<T: DeserializeOwned>(
         &self,
         method: Method,
         path: &str,
-        body: &impl Serialize,
+        body: Option<&impl Serialize>,
         mut on_event: impl FnMut(T),
     ) -> Result<(), ClientError> {
-        let bytes = Bytes::from(serde_json::to_vec(body).expect("request bodies serialize"));
-        let resp = self
-            .send(method, path, Some((bytes, "application/json")))
-            .await?;
+        let body = body.map(|b| {
+            let bytes = serde_json::to_vec(b).expect("request bodies serialize");
+            (Bytes::from(bytes), "application/json")
+        });
+        let resp = self.send(method, path, body).await?;
         let status = resp.status();
         let mut body = resp.into_body();
         if !status.is_success() {

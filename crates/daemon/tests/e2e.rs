@@ -131,7 +131,7 @@ async fn suite(runtime: &str) {
     c.ndjson(
         Method::POST,
         &format!("/v1/sandboxes/{}/exec/stream", a.id),
-        &json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.5; done; echo bye >&2"]}),
+        Some(&json!({"argv": ["sh", "-c", "for i in 1 2 3; do echo line$i; sleep 0.5; done; echo bye >&2"]})),
         |ev: ExecEvent| events.push((Instant::now(), ev)),
     )
     .await

@@ -1,10 +1,11 @@
-//! `zygote exec ID -- CMD...`: run a program in a sandbox, output streamed.
+//! `zygote exec ID -- CMD...`: run a program in a sandbox, output streamed; with
+//! `--detach`, start it in the background and print its pid.
 use std::io::Write;
 
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{ExecEvent, ExecRequest};
+use zygote_daemon::client::{block_on, Client, Method};
+use zygote_daemon::model::{ExecEvent, ExecRequest, Process};
 
-use super::daemon_client::ApiArgs;
+use super::daemon_client::{print_json, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct ExecArgs {
@@ -20,6 +21,12 @@ pub struct ExecArgs {
     cwd: Option<String>,
     #[arg(long)]
     timeout_ms: Option<u64>,
+    /// Run it in the background: print its pid and return (see `zygote process`).
+    #[arg(long, short = 'd')]
+    detach: bool,
+    /// With --detach: print the process as JSON.
+    #[arg(long, requires = "detach")]
+    json: bool,
     #[command(flatten)]
     api: ApiArgs,
 }
@@ -30,6 +37,7 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
         argv: args.argv,
         cwd: args.cwd,
         timeout_ms: args.timeout_ms,
+        background: args.detach,
         ..Default::default()
     };
     for kv in &args.env {
@@ -38,39 +46,63 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
             .ok_or_else(|| anyhow::anyhow!("--env {kv:?}: want KEY=VALUE"))?;
         req.env.insert(k.into(), v.into());
     }
-    let mut code = 1;
-    let mut failure = None;
-    block_on(client.ndjson(
+    if args.detach {
+        let process: Process = block_on(client.json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/exec", args.id),
+            Some(&req),
+        ))?;
+        if args.json {
+            print_json(&process)?;
+        } else {
+            println!("{}", process.pid);
+        }
+        return Ok(0);
+    }
+    stream_events(
+        &client,
         Method::POST,
         &format!("/v1/sandboxes/{}/exec/stream", args.id),
-        &req,
-        |ev: ExecEvent| match ev {
-            ExecEvent::Output { stream, data } => {
-                let bytes = zygote_proto::b64::decode(&data).unwrap_or_default();
-                // Write errors (a closed pipe) only lose output; keep going to the exit.
-                let _ = if stream == "stderr" {
-                    std::io::stderr().write_all(&bytes)
-                } else {
-                    std::io::stdout()
-                        .write_all(&bytes)
-                        .and_then(|_| std::io::stdout().flush())
-                };
+        Some(&req),
+    )
+}
+
+/// Prints a streamed program's output as it comes (stdout and stderr to ours) and
+/// returns its exit code (128 + the signal when one ended it, as shells do).
+pub fn stream_events(
+    client: &Client,
+    method: Method,
+    path: &str,
+    body: Option<&ExecRequest>,
+) -> anyhow::Result<i32> {
+    let mut code = 1;
+    let mut failure = None;
+    block_on(client.ndjson(method, path, body, |ev: ExecEvent| match ev {
+        ExecEvent::Output { stream, data } => {
+            let bytes = zygote_proto::b64::decode(&data).unwrap_or_default();
+            // Write errors (a closed pipe) only lose output; keep going to the exit.
+            let _ = if stream == "stderr" {
+                std::io::stderr().write_all(&bytes)
+            } else {
+                std::io::stdout()
+                    .write_all(&bytes)
+                    .and_then(|_| std::io::stdout().flush())
+            };
+        }
+        ExecEvent::Exit {
+            exit_code,
+            signal,
+            timed_out,
+            ..
+        } => {
+            if timed_out {
+                eprintln!("zygote: timed out");
             }
-            ExecEvent::Exit {
-                exit_code,
-                signal,
-                timed_out,
-                ..
-            } => {
-                if timed_out {
-                    eprintln!("zygote: timed out");
-                }
-                code = exit_code.unwrap_or(128 + signal.unwrap_or(0));
-            }
-            ExecEvent::Error { code: c, message } => failure = Some(format!("{message} ({c})")),
-            ExecEvent::Started { .. } => {}
-        },
-    ))?;
+            code = exit_code.unwrap_or(128 + signal.unwrap_or(0));
+        }
+        ExecEvent::Error { code: c, message } => failure = Some(format!("{message} ({c})")),
+        ExecEvent::Started { .. } => {}
+    }))?;
     if let Some(f) = failure {
         anyhow::bail!(f);
     }

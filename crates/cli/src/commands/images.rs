@@ -24,7 +24,7 @@ pub fn run(args: ImagesArgs) -> anyhow::Result<i32> {
         block_on(client.ndjson(
             Method::POST,
             "/v1/images/build",
-            &json!({"name": name}),
+            Some(&json!({"name": name})),
             |ev: BuildEvent| match &ev {
                 BuildEvent::Progress { line } => pb.set_message(format!("building {name}: {line}")),
                 _ => last = Some(ev),

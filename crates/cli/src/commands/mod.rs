@@ -27,6 +27,7 @@ pub mod merge;
 pub mod port;
 pub mod private_daemon;
 pub mod probe;
+pub mod process;
 pub mod ps;
 pub mod restore;
 pub mod rm;
