@@ -14,6 +14,9 @@ pub enum BenchCommand {
     /// BRANCH of a real Linux sandbox through a private daemon: pause, until 1 and 4
     /// children answer, snapshot pauses (medians and p90; the last line is JSON).
     Linux(super::bench_linux::LinuxBenchArgs),
+    /// Park and resume a sandbox through a private daemon, per guest size: pause and
+    /// resume times, memory given back, first exec after resume (the last line is JSON).
+    Pause(super::bench_pause::PauseBenchArgs),
     /// Soak: N create/exec/branch/exec/delete cycles through a private daemon, watching
     /// its fds, threads, RSS and leftover processes/files (the last line is JSON).
     Soak(super::bench_soak::SoakBenchArgs),
@@ -30,6 +33,7 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Ksm(args) => super::bench_ksm::run(args),
         BenchCommand::Linux(args) => super::bench_linux::run(args),
         BenchCommand::Soak(args) => super::bench_soak::run(args),
+        BenchCommand::Pause(args) => super::bench_pause::run(args),
         BenchCommand::Net(args) => super::bench_net::run(args),
     }
 }

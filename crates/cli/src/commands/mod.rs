@@ -9,6 +9,7 @@ pub mod bench_linux;
 pub mod bench_net;
 pub mod bench_net_remote;
 pub mod bench_net_report;
+pub mod bench_pause;
 pub mod bench_plot;
 pub mod bench_progress;
 pub mod bench_soak;
