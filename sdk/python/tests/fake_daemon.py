@@ -233,6 +233,8 @@ class FakeDaemon:
     responses: list[dict[str, Any]] = field(default_factory=list)
     requests: list[Recorded] = field(default_factory=list)
     files: Optional[FakeFiles] = None
+    # Background processes (tests/fake_processes.py): answers {"status", "json" | "ndjson"}.
+    processes: Optional[Any] = None
     _scripted: int = 0
     _server: Optional[ThreadingHTTPServer] = None
 
@@ -271,6 +273,11 @@ class FakeDaemon:
                         raw_query=parts.query,
                     )
                 )
+                if fake.processes is not None:
+                    answer = fake.processes.answer(self.command, parts.path, query, body)
+                    if answer is not None:
+                        self._respond(answer)
+                        return
                 modelled = (
                     fake.files.answer(self.command, parts.path, query, body, parts.query) if fake.files else None
                 )

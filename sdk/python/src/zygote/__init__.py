@@ -8,6 +8,7 @@ See README.md for the full surface; :mod:`zygote.errors` for exceptions.
 """
 
 from ._client import AsyncClient, Client
+from ._process import AsyncCommandHandle, CommandHandle
 from ._version import __version__
 from .aio import AsyncCommands, AsyncFiles, AsyncSandbox
 from .errors import (
@@ -22,6 +23,8 @@ from .errors import (
     NotFoundError,
     PayloadTooLarge,
     PermissionDenied,
+    ProcessExited,
+    ProcessNotFound,
     RequestTimeout,
     SandboxBusy,
     SandboxNotFound,
@@ -49,6 +52,8 @@ from .models import (
     MergeReport,
     SandboxDiff,
     NetworkInfo,
+    ProcessInfo,
+    ProcessOutput,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -69,6 +74,10 @@ __all__ = [
     "AsyncCommands",
     "AsyncFiles",
     "CommandResult",
+    "CommandHandle",
+    "AsyncCommandHandle",
+    "ProcessInfo",
+    "ProcessOutput",
     "FileEntry",
     "WriteResult",
     "SandboxInfo",
@@ -101,6 +110,8 @@ __all__ = [
     "SandboxNotRunning",
     "SandboxBusy",
     "SnapshotInUse",
+    "ProcessExited",
+    "ProcessNotFound",
     "PermissionDenied",
     "PayloadTooLarge",
     "Unsupported",

@@ -489,6 +489,8 @@ class ExecCollector:
         self._end: Optional[Mapping[str, Any]] = None
         self._error: Optional[ZygoteError] = None
         self.pid: Optional[int] = None
+        # Output bytes seen, both streams together (a background process's offset).
+        self.output_bytes = 0
 
     def feed(self, line: str) -> list[tuple[OutputCallback, str]]:
         line = line.strip()
@@ -504,7 +506,9 @@ class ExecCollector:
         elif kind == "output":
             stream = ev.get("stream")
             if stream in self._decoders:
-                text = self._decoders[stream].decode(base64.b64decode(ev.get("data", "")))
+                data = base64.b64decode(ev.get("data", ""))
+                self.output_bytes += len(data)
+                text = self._decoders[stream].decode(data)
                 return self._emit(stream, text)
         elif kind == "exit":
             self._end = ev

@@ -5,11 +5,12 @@ context manager is ``async with``."""
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, List, Mapping, Optional, Sequence, Type, Union
+from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union, overload
 
 from . import _api
 from ._api import Command, OnConflict, OutputCallback
 from ._client import AsyncClient
+from ._process import AsyncCommandHandle, AsyncProcessCommands
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
@@ -29,9 +30,39 @@ def _snapshot_id(snapshot: Union[Snapshot, str]) -> str:
     return snapshot if isinstance(snapshot, str) else snapshot.id
 
 
-class AsyncCommands:
+class AsyncCommands(AsyncProcessCommands):
     def __init__(self, sandbox: "AsyncSandbox") -> None:
         self._sb = sandbox
+
+    @overload
+    async def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: Literal[False] = False,
+    ) -> CommandResult: ...
+
+    @overload
+    async def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: Literal[True],
+    ) -> AsyncCommandHandle: ...
 
     async def run(
         self,
@@ -44,8 +75,13 @@ class AsyncCommands:
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
-    ) -> CommandResult:
+        background: bool = False,
+    ) -> Union[CommandResult, AsyncCommandHandle]:
         """See :meth:`zygote.Commands.run`; callbacks may be coroutine functions."""
+        if background:
+            return await self._start(
+                cmd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, env=env, cwd=cwd, stdin=stdin, check=check
+            )
         return await self._sb.client.exec(
             self._sb.id,
             cmd,

@@ -28,10 +28,12 @@ __all__ = [
     "SandboxNotFound",
     "SnapshotNotFound",
     "FileNotFound",
+    "ProcessNotFound",
     "ConflictError",
     "SandboxNotRunning",
     "SandboxBusy",
     "SnapshotInUse",
+    "ProcessExited",
     "PermissionDenied",
     "PayloadTooLarge",
     "Unsupported",
@@ -110,6 +112,11 @@ class FileNotFound(NotFoundError):
     default_code = "guest_not_found"
 
 
+class ProcessNotFound(NotFoundError):
+    """No background process with that pid in the sandbox (the guest keeps the
+    256 most recent)."""
+
+
 class ConflictError(ZygoteError):
     """The request conflicts with the current state (409)."""
 
@@ -128,6 +135,12 @@ class SandboxBusy(ConflictError):
 
 class SnapshotInUse(ConflictError):
     default_code = "snapshot_in_use"
+
+
+class ProcessExited(ConflictError):
+    """The background process has exited: it takes no more stdin or signals."""
+
+    default_code = "process_exited"
 
 
 class PermissionDenied(ZygoteError):
@@ -237,6 +250,8 @@ _BY_CODE: dict[str, type[ZygoteError]] = {
     "sandbox_not_running": SandboxNotRunning,
     "sandbox_busy": SandboxBusy,
     "snapshot_in_use": SnapshotInUse,
+    "process_exited": ProcessExited,
+    "guest_busy": ConflictError,
     "conflict": ConflictError,
     "guest_already_exists": ConflictError,
     "guest_permission_denied": PermissionDenied,
@@ -262,6 +277,8 @@ def error_for(code: str, message: str, status: Optional[int] = None) -> ZygoteEr
             cls = SandboxNotFound
         elif message.startswith("snapshot "):
             cls = SnapshotNotFound
+        elif message.startswith("process "):
+            cls = ProcessNotFound
         else:
             cls = NotFoundError
     elif code in _BY_CODE:

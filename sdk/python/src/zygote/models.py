@@ -30,6 +30,8 @@ __all__ = [
     "MergeChange",
     "MergeConflict",
     "MergeReport",
+    "ProcessInfo",
+    "ProcessOutput",
 ]
 
 
@@ -567,4 +569,78 @@ class MergeReport:
             bytes_copied=int(d.get("bytes_copied", 0)),
             duration_ms=int(d.get("duration_ms", 0)),
             raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A background process (``commands.run(..., background=True)``) as the
+    daemon shows it."""
+
+    pid: int
+    """Its pid in the guest (also its process group): what the process calls take."""
+    argv: tuple[str, ...]
+    state: str
+    """``running`` or ``exited`` (ended, and all its output collected)."""
+    exit_code: Optional[int]
+    """Its exit status once it exited normally (None while running or when a signal ended it)."""
+    signal: Optional[int]
+    """The signal that ended it, if one did."""
+    timed_out: bool
+    """Killed because its ``timeout`` expired."""
+    duration_ms: Optional[int]
+    """How long it ran, once it has ended."""
+    started_at_ms: int
+    """When it started, by the guest's clock (unix milliseconds)."""
+    output_bytes: int
+    """Bytes printed so far, stdout and stderr together."""
+    stdin_open: bool
+    """Its stdin still takes data."""
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ProcessInfo":
+        return cls(
+            pid=int(d["pid"]),
+            argv=tuple(d.get("argv") or ()),
+            state=str(d.get("state", "")),
+            exit_code=_opt_int(d.get("exit_code")),
+            signal=_opt_int(d.get("signal")),
+            timed_out=bool(d.get("timed_out", False)),
+            duration_ms=_opt_int(d.get("duration_ms")),
+            started_at_ms=int(d.get("started_at_ms") or 0),
+            output_bytes=int(d.get("output_bytes") or 0),
+            stdin_open=bool(d.get("stdin_open", False)),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What a background process printed from an offset (decoded as UTF-8,
+    invalid bytes replaced), and the process as of then."""
+
+    stdout: str
+    stderr: str
+    offset: int
+    """Where this output starts: the offset asked, or later when older output
+    was dropped (the guest keeps the last 1 MiB of each process's output)."""
+    next_offset: int
+    """The offset to read from next (stdout and stderr bytes counted together)."""
+    dropped_bytes: int
+    process: ProcessInfo
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ProcessOutput":
+        return cls(
+            stdout=str(d.get("stdout", "")),
+            stderr=str(d.get("stderr", "")),
+            offset=int(d.get("offset") or 0),
+            next_offset=int(d.get("next_offset") or 0),
+            dropped_bytes=int(d.get("dropped_bytes") or 0),
+            process=ProcessInfo.from_json(d["process"]),
         )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Any, List, Mapping, Optional, Sequence, Type, Union
+from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union, overload
 
 from . import _api
 from ._api import Command, OnConflict, OutputCallback
 from ._client import Client
+from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 
@@ -28,11 +29,42 @@ def _snapshot_id(snapshot: Union[Snapshot, str]) -> str:
     return snapshot if isinstance(snapshot, str) else snapshot.id
 
 
-class Commands:
-    """``sb.commands``: programs in the sandbox."""
+class Commands(ProcessCommands):
+    """``sb.commands``: programs in the sandbox (background ones too:
+    ``list``, ``connect``, ``kill``, ``signal``, ``send_stdin``)."""
 
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
+
+    @overload
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: Literal[False] = False,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: Literal[True],
+    ) -> CommandHandle: ...
 
     def run(
         self,
@@ -45,7 +77,8 @@ class Commands:
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
-    ) -> CommandResult:
+        background: bool = False,
+    ) -> Union[CommandResult, CommandHandle]:
         """Runs ``cmd`` (a shell command line, or an argv list) and waits
         for it. Output is streamed: ``on_stdout``/``on_stderr`` get text as
         the program prints it.
@@ -55,7 +88,18 @@ class Commands:
         ``result`` holds the output so far). A non-zero exit is returned,
         not raised, unless ``check=True`` (then
         :class:`~zygote.errors.CommandFailed`).
+
+        With ``background=True`` it returns once the program runs: a
+        :class:`~zygote.CommandHandle` (``pid``, ``wait()``, ``kill()``,
+        ``send_stdin()``...) whose ``wait()`` follows the output (to the
+        callbacks) and returns or raises as above. ``timeout`` still bounds
+        the program's whole run (pass ``None`` for a server); its stdin stays
+        open, ``stdin`` is written first.
         """
+        if background:
+            return self._start(
+                cmd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, env=env, cwd=cwd, stdin=stdin, check=check
+            )
         return self._sb.client.exec(
             self._sb.id,
             cmd,
