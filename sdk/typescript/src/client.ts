@@ -72,6 +72,20 @@ export function argvOf(cmd: Command): string[] {
   return [...cmd];
 }
 
+/** The body of `POST .../exec` (and `.../exec/stream`) for `cmd` and `opts`. */
+export function execBody(cmd: Command, opts: RunOptions): Json {
+  const timeoutMs = opts.timeoutMs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : opts.timeoutMs;
+  const body: Json = { argv: argvOf(cmd) };
+  if (opts.env && Object.keys(opts.env).length > 0) body.env = opts.env;
+  if (opts.cwd !== undefined) body.cwd = opts.cwd;
+  if (opts.stdin !== undefined) body.stdin = opts.stdin;
+  if (timeoutMs !== null) {
+    if (!(timeoutMs > 0)) throw new RangeError("timeoutMs must be positive (or null for no limit)");
+    body.timeout_ms = Math.max(1, Math.ceil(timeoutMs));
+  }
+  return body;
+}
+
 async function errorFromResponse(resp: Response): Promise<ZygoteError> {
   const text = await resp.text();
   try {
@@ -158,22 +172,32 @@ export class Client {
    */
   async exec(sandboxId: string, cmd: Command, opts: RunOptions = {}): Promise<CommandResult> {
     const timeoutMs = opts.timeoutMs === undefined ? DEFAULT_COMMAND_TIMEOUT_MS : opts.timeoutMs;
-    const body: Json = { argv: argvOf(cmd) };
-    if (opts.env && Object.keys(opts.env).length > 0) body.env = opts.env;
-    if (opts.cwd !== undefined) body.cwd = opts.cwd;
-    if (opts.stdin !== undefined) body.stdin = opts.stdin;
-    if (timeoutMs !== null) {
-      if (!(timeoutMs > 0)) throw new RangeError("timeoutMs must be positive (or null for no limit)");
-      body.timeout_ms = Math.max(1, Math.ceil(timeoutMs));
-    }
+    const body = execBody(cmd, opts);
     // The daemon enforces the command's timeout; the HTTP wait only needs
     // to outlast it (and must not cut off a long silent command).
     const httpTimeout = timeoutMs === null ? null : timeoutMs + 30_000;
-    const resp = await this.fetch("POST", `/v1/sandboxes/${seg(sandboxId)}/exec/stream`, { json: body }, httpTimeout);
-    if (!resp.ok) throw await errorFromResponse(resp);
-    if (!resp.body) throw new ServerError("exec stream without a body", { code: "bad_response" });
-
     const collector = new ExecCollector(opts);
+    await this.streamLines("POST", `/v1/sandboxes/${seg(sandboxId)}/exec/stream`, { json: body }, httpTimeout, (line) =>
+      collector.feed(line),
+    );
+    return collector.result(typeof cmd === "string" ? cmd : cmd.join(" "), opts.check ?? false);
+  }
+
+  /**
+   * Sends a request answered with NDJSON and passes each line to `onLine`
+   * (awaited before the next) until the stream ends or `onLine` asks to stop
+   * by returning `false`. `timeoutMs` bounds the whole exchange (`null`: none).
+   */
+  async streamLines(
+    method: string,
+    path: string,
+    spec: RequestSpec,
+    timeoutMs: number | null,
+    onLine: (line: string) => Promise<unknown>,
+  ): Promise<void> {
+    const resp = await this.fetch(method, path, spec, timeoutMs);
+    if (!resp.ok) throw await errorFromResponse(resp);
+    if (!resp.body) throw new ServerError("stream without a body", { code: "bad_response" });
     const lines = new TextDecoder();
     const reader = resp.body.getReader();
     let pending = "";
@@ -189,18 +213,21 @@ export class Client {
         pending += lines.decode(chunk.value, { stream: true });
         let nl: number;
         while ((nl = pending.indexOf("\n")) >= 0) {
-          await collector.feed(pending.slice(0, nl));
+          const line = pending.slice(0, nl);
           pending = pending.slice(nl + 1);
+          if ((await onLine(line)) === false) {
+            await reader.cancel().catch(() => undefined);
+            return;
+          }
         }
       }
     } catch (e) {
       // A callback threw or the connection broke: hang up, which makes the
-      // daemon kill the program instead of letting it run unobserved.
+      // daemon kill an exec'd program instead of letting it run unobserved.
       await reader.cancel().catch(() => undefined);
       throw e;
     }
-    await collector.feed(pending + lines.decode());
-    return collector.result(typeof cmd === "string" ? cmd : cmd.join(" "), opts.check ?? false);
+    await onLine(pending + lines.decode());
   }
 
   /** `GET /v1/info`: runtime in use, snapshot kinds, cgroup support. */
@@ -268,13 +295,20 @@ export function seg(s: string): string {
  * decoded per stream with a streaming decoder, so a UTF-8 character split
  * across two chunks stays intact.
  */
-class ExecCollector {
+export class ExecCollector {
   private readonly decoders = { stdout: new TextDecoder(), stderr: new TextDecoder() };
-  private readonly text = { stdout: [] as string[], stderr: [] as string[] };
+  readonly text = { stdout: [] as string[], stderr: [] as string[] };
   private end: Json | undefined;
   private error: ZygoteError | undefined;
+  /** Output bytes seen, both streams together (a background process's offset). */
+  outputBytes = 0;
 
-  constructor(private readonly opts: RunOptions) {}
+  constructor(private readonly opts: Pick<RunOptions, "onStdout" | "onStderr">) {}
+
+  /** An exit or error event was seen: {@link result} answers. */
+  get done(): boolean {
+    return this.end !== undefined || this.error !== undefined;
+  }
 
   async feed(line: string): Promise<void> {
     line = line.trim();
@@ -290,6 +324,7 @@ class ExecCollector {
         const stream = ev.stream;
         if (stream === "stdout" || stream === "stderr") {
           const bytes = Buffer.from(String(ev.data ?? ""), "base64");
+          this.outputBytes += bytes.length;
           await this.emit(stream, this.decoders[stream].decode(bytes, { stream: true }));
         }
         break;
@@ -309,7 +344,7 @@ class ExecCollector {
     }
   }
 
-  private async emit(stream: "stdout" | "stderr", text: string): Promise<void> {
+  async emit(stream: "stdout" | "stderr", text: string): Promise<void> {
     if (!text) return;
     this.text[stream].push(text);
     const cb = stream === "stdout" ? this.opts.onStdout : this.opts.onStderr;

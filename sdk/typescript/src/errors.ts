@@ -45,8 +45,14 @@ export class SnapshotNotFound extends NotFoundError {}
 export class FileNotFound extends NotFoundError {
   static override readonly defaultCode: string = "guest_not_found";
 }
+/** No background process with that pid in the sandbox. */
+export class ProcessNotFound extends NotFoundError {}
 export class ConflictError extends ZygoteError {
   static override readonly defaultCode: string = "conflict";
+}
+/** The background process has exited: it takes no more stdin or signals. */
+export class ProcessExited extends ConflictError {
+  static override readonly defaultCode: string = "process_exited";
 }
 export class SandboxNotRunning extends ConflictError {
   static override readonly defaultCode: string = "sandbox_not_running";
@@ -151,6 +157,8 @@ const BY_CODE: Record<string, ErrorClass> = {
   sandbox_not_running: SandboxNotRunning,
   sandbox_busy: SandboxBusy,
   snapshot_in_use: SnapshotInUse,
+  process_exited: ProcessExited,
+  guest_busy: ConflictError,
   conflict: ConflictError,
   guest_already_exists: ConflictError,
   guest_permission_denied: PermissionDenied,
@@ -174,7 +182,9 @@ export function errorFor(code: string, message: string, status?: number): Zygote
       ? SandboxNotFound
       : message.startsWith("snapshot ")
         ? SnapshotNotFound
-        : NotFoundError;
+        : message.startsWith("process ")
+          ? ProcessNotFound
+          : NotFoundError;
   } else if (BY_CODE[code]) {
     cls = BY_CODE[code];
   } else if (SERVER_CODES.has(code) || (status !== undefined && status >= 500)) {

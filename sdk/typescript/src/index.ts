@@ -18,6 +18,15 @@ export {
   DEFAULT_REQUEST_TIMEOUT_MS,
   VERSION,
 } from "./client.js";
+export {
+  type BackgroundRunOptions,
+  CommandHandle,
+  type ConnectOptions,
+  MAX_OUTPUT_WAIT_MS,
+  ProcessCommands,
+  type Signal,
+  type WaitOptions,
+} from "./commands.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
 export type {
@@ -35,6 +44,8 @@ export type {
   MergeReport,
   SandboxDiff,
   NetworkInfo,
+  ProcessInfo,
+  ProcessOutput,
   SandboxInfo,
   SandboxTree,
   Snapshot,

@@ -464,3 +464,64 @@ export function mergeFromJson(d: Json): MergeReport {
     durationMs: num(d.duration_ms),
   };
 }
+
+/** A background process (`commands.run(cmd, { background: true })`) as the daemon shows it. */
+export interface ProcessInfo {
+  /** Its pid in the guest (also its process group): what the process calls take. */
+  pid: number;
+  argv: string[];
+  /** `running` or `exited` (ended, and all its output collected). */
+  state: string;
+  /** Its exit status once it exited normally. */
+  exitCode: number | null;
+  /** The signal that ended it, if one did. */
+  signal: number | null;
+  /** Killed because its `timeoutMs` expired. */
+  timedOut: boolean;
+  /** How long it ran, once it has ended. */
+  durationMs: number | null;
+  /** When it started, by the guest's clock (unix milliseconds). */
+  startedAtMs: number;
+  /** Bytes printed so far, stdout and stderr together. */
+  outputBytes: number;
+  /** Its stdin still takes data. */
+  stdinOpen: boolean;
+}
+
+/** What a background process printed from an offset (decoded by the daemon), and the process as of then. */
+export interface ProcessOutput {
+  stdout: string;
+  stderr: string;
+  /** Where this output starts: the offset asked, or later if older output was dropped. */
+  offset: number;
+  /** The offset to read from next (stdout and stderr bytes counted together). */
+  nextOffset: number;
+  droppedBytes: number;
+  process: ProcessInfo;
+}
+
+export function processFromJson(d: Json): ProcessInfo {
+  return {
+    pid: num(d.pid),
+    argv: strs(d.argv),
+    state: str(d.state),
+    exitCode: optNum(d.exit_code),
+    signal: optNum(d.signal),
+    timedOut: d.timed_out === true,
+    durationMs: optNum(d.duration_ms),
+    startedAtMs: num(d.started_at_ms),
+    outputBytes: num(d.output_bytes),
+    stdinOpen: d.stdin_open === true,
+  };
+}
+
+export function processOutputFromJson(d: Json): ProcessOutput {
+  return {
+    stdout: str(d.stdout),
+    stderr: str(d.stderr),
+    offset: num(d.offset),
+    nextOffset: num(d.next_offset),
+    droppedBytes: num(d.dropped_bytes),
+    process: processFromJson(d.process as Json),
+  };
+}

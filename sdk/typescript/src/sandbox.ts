@@ -1,5 +1,6 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
 import { Client, type ClientOptions, type Command, type ListOptions, type RunOptions, seg } from "./client.js";
+import { type BackgroundRunOptions, type CommandHandle, ProcessCommands } from "./commands.js";
 import {
   BranchIncompleteError,
   MergeConflictError,
@@ -156,8 +157,11 @@ const snapshotId = (s: Snapshot | string): string => (typeof s === "string" ? s 
 const alreadyExposed = (e: unknown): boolean =>
   e instanceof ZygoteError && e.status === 409 && !(e instanceof SandboxBusy || e instanceof SandboxNotRunning);
 
-export class Commands {
-  constructor(private readonly sb: Sandbox) {}
+/** `sb.commands`: programs in the sandbox (background ones too: `list`, `connect`, `kill`, `signal`, `sendStdin`). */
+export class Commands extends ProcessCommands {
+  constructor(sb: Sandbox) {
+    super(sb);
+  }
 
   /**
    * Runs `cmd` (a shell command line, or an argv array) and waits for it;
@@ -165,8 +169,14 @@ export class Commands {
    * `timeoutMs` the program is killed and {@link CommandTimeout} thrown
    * (with the output so far in `.result`). A non-zero exit is returned,
    * not thrown, unless `check: true`.
+   *
+   * With `background: true` it resolves once the program runs, to a
+   * {@link CommandHandle} (`pid`, `wait()`, `kill()`, `sendStdin()`...).
    */
-  run(cmd: Command, opts: RunOptions = {}): Promise<CommandResult> {
+  run(cmd: Command, opts: BackgroundRunOptions): Promise<CommandHandle>;
+  run(cmd: Command, opts?: RunOptions & { background?: false }): Promise<CommandResult>;
+  run(cmd: Command, opts: RunOptions & { background?: boolean } = {}): Promise<CommandResult | CommandHandle> {
+    if (opts.background) return this.start(cmd, opts);
     return this.sb.client.exec(this.sb.id, cmd, opts);
   }
 }

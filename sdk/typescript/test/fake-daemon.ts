@@ -256,6 +256,8 @@ export class FakeDaemon {
   responses: ScriptedResponse[] = [];
   requests: Recorded[] = [];
   files: FakeFiles | undefined;
+  /** Background processes (fake-processes.ts): it writes its answers itself. */
+  processes: { answer(method: string, path: string, query: URLSearchParams, body: Buffer, res: ServerResponse): boolean; stop(): void } | undefined;
   private scripted = 0;
   private server: Server | undefined;
 
@@ -291,6 +293,7 @@ export class FakeDaemon {
       body,
       rawQuery: url.search.replace(/^\?/, ""),
     });
+    if (this.processes?.answer(req.method ?? "", url.pathname, url.searchParams, body, res)) return;
     const modelled = this.files?.answer(
       req.method ?? "",
       url.pathname,
@@ -338,6 +341,7 @@ export class FakeDaemon {
   }
 
   async stop(): Promise<void> {
+    this.processes?.stop();
     this.server?.closeAllConnections();
     await new Promise<void>((resolve) => (this.server ? this.server.close(() => resolve()) : resolve()));
   }
