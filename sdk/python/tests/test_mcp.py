@@ -16,6 +16,7 @@ import pytest
 from zygote import Client
 
 from .fake_daemon import FakeDaemon, FakeFiles
+from .fake_processes import FakeProcesses
 
 EXPECTED_TOOLS = {
     "create_sandbox",
@@ -32,6 +33,11 @@ EXPECTED_TOOLS = {
     "restore_snapshot",
     "kill_sandbox",
     "list_sandboxes",
+    "start_background_command",
+    "read_process_output",
+    "send_process_input",
+    "kill_process",
+    "list_processes",
 }
 
 
@@ -341,6 +347,52 @@ def test_create_and_list_sandboxes_with_metadata_against_a_fake_daemon() -> None
     )
 
 
+def test_background_process_tools_against_a_fake_daemon() -> None:
+    fake = FakeDaemon(processes=FakeProcesses()).start()
+    sid = "sb-aaaaaaaaaaaa"
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        started = structured(session.call("start_background_command", sandbox_id=sid, command="talk", stdin="a\n"))
+        pid = started["pid"]
+        first = structured(session.call("read_process_output", sandbox_id=sid, pid=pid))
+        fed = structured(session.call("send_process_input", sandbox_id=sid, pid=pid, data="b\n", eof=True))
+        rest = structured(
+            session.call("read_process_output", sandbox_id=sid, pid=pid, offset=first["next_offset"], wait_seconds=5)
+        )
+        listed = structured(session.call("list_processes", sandbox_id=sid))
+        sleeper = structured(session.call("start_background_command", sandbox_id=sid, command="sleep 100"))
+        killed = structured(session.call("kill_process", sandbox_id=sid, pid=sleeper["pid"], signal="TERM"))
+        again = structured(session.call("kill_process", sandbox_id=sid, pid=sleeper["pid"]))
+        late = session.call("send_process_input", sandbox_id=sid, pid=pid, data="c\n")
+        unknown = session.call("read_process_output", sandbox_id=sid, pid=424242)
+        too_long = session.call("read_process_output", sandbox_id=sid, pid=pid, wait_seconds=60)
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert started == {
+        "pid": pid,
+        "command": ["sh", "-c", "talk"],
+        "state": "running",
+        "exit_code": None,
+        "signal": None,
+        "timed_out": False,
+        "output_bytes": 12,
+        "stdin_open": True,
+    }
+    assert json.loads(fake.requests[0].body) == {"argv": ["sh", "-c", "talk"], "stdin": "a\n", "background": True}
+    assert (first["stdout"], first["stderr"], first["offset"], first["next_offset"]) == ("start\ngot a\n", "", 0, 12)
+    assert fed == {"pid": pid, "written": 2, "closed": True}
+    assert (rest["stdout"], rest["stderr"], rest["offset"]) == ("got b\n", "bye\n", 12)
+    assert (rest["process"]["state"], rest["process"]["exit_code"]) == ("exited", 3)
+    assert [p["pid"] for p in listed["processes"]] == [pid]
+    assert (killed, again) == ({"pid": sleeper["pid"], "signalled": True}, {"pid": sleeper["pid"], "signalled": False})
+    assert late["isError"] is True and "[process_exited]" in late["content"][0]["text"]
+    assert unknown["isError"] is True and "[guest_not_found]" in unknown["content"][0]["text"]
+    assert too_long["isError"] is True and "[invalid_argument]" in too_long["content"][0]["text"]
+
+
 @pytest.fixture
 def live_session(live_env: dict[str, str]) -> Iterator[McpSession]:
     session = McpSession("--url", live_env["url"], "--token", live_env["token"])
@@ -372,6 +424,16 @@ def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_e
     assert "mcp.txt" in names
     missing = s.call("read_file", sandbox_id=sid, path="/root/nope")
     assert missing["isError"] is True and "[guest_not_found]" in missing["content"][0]["text"]
+
+    bg = structured(s.call("start_background_command", sandbox_id=sid, command="echo up; read x; echo got $x"))
+    structured(s.call("send_process_input", sandbox_id=sid, pid=bg["pid"], data="it\n"))
+    done = structured(s.call("read_process_output", sandbox_id=sid, pid=bg["pid"], wait_seconds=10))
+    while done["process"]["state"] == "running":
+        done = structured(s.call("read_process_output", sandbox_id=sid, pid=bg["pid"], wait_seconds=10))
+    assert done["process"]["exit_code"] == 0
+    final = structured(s.call("read_process_output", sandbox_id=sid, pid=bg["pid"]))
+    assert final["stdout"] == "up\ngot it\n"
+    assert bg["pid"] in [p["pid"] for p in structured(s.call("list_processes", sandbox_id=sid))["processes"]]
 
     [child] = structured(s.call("branch_sandbox", sandbox_id=sid, n=1))["children"]
     assert structured(s.call("exec", sandbox_id=child, command="cat /root/mcp.txt"))["stdout"] == "via mcp"

@@ -19,12 +19,13 @@ from typing import Any, AsyncIterator, Optional
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+from . import _process
 from ._api import OnConflict
 from ._client import AsyncClient
 from ._version import __version__
 from .aio import AsyncSandbox
-from .errors import BranchIncomplete, CommandTimeout, MergeConflictError, ZygoteError
-from .models import MergeReport
+from .errors import BranchIncomplete, CommandTimeout, MergeConflictError, ProcessExited, ProcessNotFound, ZygoteError
+from .models import MergeReport, ProcessInfo
 
 __all__ = ["build_server", "main"]
 
@@ -38,7 +39,11 @@ INSTRUCTIONS = (
     "another (a winning child's into its parent; branch with mergeable=true), and keep_branch "
     "keeps one child of a branch and deletes its siblings; "
     "snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
-    "kill_sandbox removes one. Kill sandboxes you no longer need."
+    "kill_sandbox removes one. Kill sandboxes you no longer need. "
+    "start_background_command starts a long-running program (a server, a watcher) and returns "
+    "its pid at once; read_process_output reads what it printed from an offset (optionally "
+    "waiting for more), send_process_input writes to its stdin, kill_process signals it, "
+    "list_processes lists them. Background processes are copied into branch children."
 )
 
 
@@ -70,6 +75,19 @@ def _report(r: MergeReport) -> dict[str, Any]:
         ],
         "skipped": list(r.skipped),
         "bytes_copied": r.bytes_copied,
+    }
+
+
+def _proc(p: ProcessInfo) -> dict[str, Any]:
+    return {
+        "pid": p.pid,
+        "command": list(p.argv),
+        "state": p.state,
+        "exit_code": p.exit_code,
+        "signal": p.signal,
+        "timed_out": p.timed_out,
+        "output_bytes": p.output_bytes,
+        "stdin_open": p.stdin_open,
     }
 
 
@@ -322,6 +340,77 @@ def build_server(
                 {"sandbox_id": i.id, "state": i.state, "name": i.name, "metadata": dict(i.metadata)} for i in infos
             ]
         }
+
+    @server.tool()
+    async def start_background_command(
+        sandbox_id: str, command: str, stdin: Optional[str] = None, timeout_seconds: Optional[float] = None
+    ) -> dict[str, Any]:
+        """Start a shell command (sh -c) in the background and return its pid at once; it
+        runs on (with no time limit unless timeout_seconds) with its stdin open (stdin is
+        written first). Read its output with read_process_output."""
+        try:
+            started = await session.client.call(
+                _process.start(sandbox_id, command, timeout=timeout_seconds, stdin=stdin)
+            )
+            return _proc(started)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        except ValueError as e:
+            raise ToolError(f"{e} [invalid_argument]") from e
+
+    @server.tool()
+    async def read_process_output(
+        sandbox_id: str, pid: int, offset: int = 0, wait_seconds: float = 0.0
+    ) -> dict[str, Any]:
+        """What a background process printed from byte offset `offset` (stdout and stderr
+        counted together; pass the last answer's next_offset to read only what is new),
+        with the process's state and exit status. With wait_seconds (at most 30), waits
+        that long for new output or the end when there is none yet."""
+        try:
+            with _process.pid_errors():
+                out = await session.client.call(_process.output(sandbox_id, pid, offset, wait_seconds))
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        except ValueError as e:
+            raise ToolError(f"{e} [invalid_argument]") from e
+        return {
+            "stdout": out.stdout,
+            "stderr": out.stderr,
+            "offset": out.offset,
+            "next_offset": out.next_offset,
+            "dropped_bytes": out.dropped_bytes,
+            "process": _proc(out.process),
+        }
+
+    @server.tool()
+    async def send_process_input(sandbox_id: str, pid: int, data: str, eof: bool = False) -> dict[str, Any]:
+        """Write text to a background process's stdin; eof=true closes it afterwards."""
+        try:
+            await session.sandbox(sandbox_id).commands.send_stdin(pid, data, eof=eof)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"pid": pid, "written": len(data.encode()), "closed": eof}
+
+    @server.tool()
+    async def kill_process(sandbox_id: str, pid: int, signal: str = "SIGKILL") -> dict[str, Any]:
+        """Send a signal (SIGKILL by default; SIGTERM, SIGINT, SIGHUP...) to a background
+        process. signalled is false when it had already ended."""
+        try:
+            await session.sandbox(sandbox_id).commands.signal(pid, signal)
+        except (ProcessExited, ProcessNotFound):
+            return {"pid": pid, "signalled": False}
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"pid": pid, "signalled": True}
+
+    @server.tool()
+    async def list_processes(sandbox_id: str) -> dict[str, Any]:
+        """The background processes of a sandbox (running and ended), oldest first."""
+        try:
+            procs = await session.sandbox(sandbox_id).commands.list()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"processes": [_proc(p) for p in procs]}
 
     return server
 
