@@ -16,7 +16,8 @@ The guest's programs are modelled by name (argv[0], or the command of ``sh -c``)
 Anything else fails to start (``guest_spawn_failed``, as a missing program does).
 A signal other than SIGCONT/SIGSTOP ends a program (``signal`` set, no exit code);
 a ``timeout_ms`` past kills it with SIGKILL and ``timed_out``. Each process keeps
-the last ``ring_bytes`` of its output (1 MiB, like the guest's ring)."""
+the last ``ring_bytes`` of its output (1 MiB, like the guest's ring). ``follow_errors``
+makes follows end in an error line (the agent lost mid-follow)."""
 
 from __future__ import annotations
 
@@ -132,6 +133,9 @@ class FakeProcesses:
     ring_bytes: int = 1 << 20
     sandboxes: dict[str, dict[int, FakeProcess]] = field(default_factory=dict)
     next_pid: int = 100
+    # The next follows end with this error line after the output so far (the agent
+    # lost mid-follow), as many times as given.
+    follow_errors: list[dict[str, str]] = field(default_factory=list)
     lock: threading.Condition = field(default_factory=threading.Condition)
 
     def branch(self, parent: str, child: str) -> None:
@@ -232,6 +236,7 @@ class FakeProcesses:
     def follow(self, p: FakeProcess, offset: int) -> Iterator[dict[str, Any]]:
         """The NDJSON lines, as the process prints them (run by the handler's thread)."""
         pos = offset
+        failure = self.follow_errors.pop(0) if self.follow_errors else None
         while True:
             with self.lock:
                 self._tick()
@@ -250,6 +255,9 @@ class FakeProcesses:
                 }
             for stream, data in chunks:
                 yield {"type": "output", "stream": stream, "data": base64.b64encode(data).decode()}
+            if failure is not None:
+                yield {"type": "error", **failure}
+                return
             if ended:
                 yield exit_line
                 return

@@ -143,6 +143,20 @@ def test_output_arriving_while_waiting_reaches_the_callbacks(sb: Sandbox) -> Non
     assert (seen, r.stdout) == (["a\n", "b\n"], "a\nb\n")
 
 
+def test_a_follow_that_ended_in_an_error_raises_it_and_a_later_wait_goes_on(fake: FakeDaemon, sb: Sandbox) -> None:
+    out: list[str] = []
+    h = sb.commands.run("talk", background=True, on_stdout=out.append)
+    assert fake.processes is not None
+    fake.processes.follow_errors.append({"code": "agent_unreachable", "message": "lost the agent"})
+    with pytest.raises(zygote.ServerError) as e:
+        h.wait()
+    assert e.value.code == "agent_unreachable" and h.stdout == "start\n"
+    h.send_stdin("x\n", eof=True)
+    r = h.wait()
+    assert (r.stdout, r.exit_code, out) == ("start\ngot x\n", 3, ["start\n", "got x\n"])
+    assert fake.requests[-1].query == {"follow": "true", "offset": "6"}
+
+
 def test_a_character_split_across_writes_is_decoded_whole(sb: Sandbox) -> None:
     seen: list[str] = []
     h = sb.commands.run("cat", background=True, on_stdout=seen.append)

@@ -305,9 +305,14 @@ export class ExecCollector {
 
   constructor(private readonly opts: Pick<RunOptions, "onStdout" | "onStderr">) {}
 
-  /** An exit or error event was seen: {@link result} answers. */
+  /** The exit event was seen: {@link result} is final. */
   get done(): boolean {
-    return this.end !== undefined || this.error !== undefined;
+    return this.end !== undefined;
+  }
+
+  /** Forgets an error event (a background process's output may be followed again). */
+  forgetError(): void {
+    this.error = undefined;
   }
 
   async feed(line: string): Promise<void> {

@@ -166,6 +166,7 @@ export class CommandHandle {
     const timeoutMs = opts.timeoutMs ?? null;
     if (timeoutMs !== null && !(timeoutMs > 0)) throw new RangeError("timeoutMs must be positive (or null)");
     if (!this.collector.done) {
+      this.collector.forgetError();
       const query = { follow: "true", offset: String(this.offset) };
       try {
         await pidErrors(

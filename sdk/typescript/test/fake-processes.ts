@@ -134,6 +134,8 @@ export class FakeProcesses {
   /** sandbox id -> pid -> process (any sandbox id is taken as running). */
   readonly sandboxes = new Map<string, Map<number, FakeProcess>>();
   private nextPid = 100;
+  /** The next follows end with this error line after the output so far (the agent lost mid-follow). */
+  readonly followErrors: { code: string; message: string }[] = [];
   private readonly timers = new Set<NodeJS.Timeout>();
 
   /** A branch child runs its own copy of each of the parent's processes (same pids). */
@@ -262,13 +264,17 @@ export class FakeProcesses {
   private follow(p: FakeProcess, offset: number, res: ServerResponse): void {
     res.writeHead(200, { "content-type": "application/x-ndjson" });
     let pos = offset;
+    const failure = this.followErrors.shift();
     const pump = (): void => {
       const { chunks } = p.read(pos);
       pos = p.total;
       for (const c of chunks) {
         res.write(JSON.stringify({ type: "output", stream: c.stream, data: c.data.toString("base64") }) + "\n");
       }
-      if (p.state === "exited") {
+      if (failure) {
+        p.listeners.delete(pump);
+        res.end(JSON.stringify({ type: "error", ...failure }) + "\n");
+      } else if (p.state === "exited") {
         p.listeners.delete(pump);
         res.end(
           JSON.stringify({

@@ -16,6 +16,7 @@ import {
   ProcessNotFound,
   RequestTimeout,
   Sandbox,
+  ServerError,
   SpawnFailed,
   errorFor,
 } from "../dist/index.js";
@@ -109,6 +110,18 @@ describe("background processes", () => {
     setTimeout(() => void h.sendStdin("two\n", { eof: true }), 100);
     const r = await h.wait({ timeoutMs: 10_000 });
     assert.deepEqual([r.stdout, r.exitCode, seen], ["one\ntwo\n", 0, ["one\n", "two\n"]]);
+  });
+
+  test("a follow that ended in an error throws it and a later wait goes on", async () => {
+    const out: string[] = [];
+    const h = await sb.commands.run("talk", { background: true, onStdout: (t) => void out.push(t) });
+    procs.followErrors.push({ code: "agent_unreachable", message: "lost the agent" });
+    await assert.rejects(h.wait(), (e) => e instanceof ServerError && e.code === "agent_unreachable");
+    assert.equal(h.stdout, "start\n");
+    await h.sendStdin("x\n", { eof: true });
+    const r = await h.wait();
+    assert.deepEqual([r.stdout, r.exitCode, out], ["start\ngot x\n", 3, ["start\n", "got x\n"]]);
+    assert.deepEqual(fake.requests.at(-1)!.query, { follow: "true", offset: "6" });
   });
 
   test("a character split across writes is decoded whole", async () => {

@@ -176,7 +176,13 @@ class ProcessCollector(ExecCollector):
 
     @property
     def done(self) -> bool:
-        return self._end is not None or self._error is not None
+        """The exit was seen: :meth:`result` is final."""
+        return self._end is not None
+
+    def retry(self) -> None:
+        """Forget an error a follow ended with (the process may still be
+        followed: e.g. the agent was briefly unreachable)."""
+        self._error = None
 
 
 class _Handle:
@@ -264,6 +270,7 @@ class CommandHandle(_Handle):
         deadline = _Deadline(self.pid, timeout)
         if self._ended():
             return self._result()
+        self._c.retry()
         try:
             with self._follow(deadline.left()) as resp:
                 for line in resp.iter_lines():
@@ -353,6 +360,7 @@ class AsyncCommandHandle(_Handle):
         deadline = _Deadline(self.pid, timeout)
         if self._ended():
             return self._result()
+        self._c.retry()
         try:
             async with self._follow(deadline.left()) as resp:
                 async for line in resp.aiter_lines():
