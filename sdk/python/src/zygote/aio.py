@@ -64,6 +64,21 @@ class AsyncCommands(AsyncProcessCommands):
         background: Literal[True],
     ) -> AsyncCommandHandle: ...
 
+    @overload
+    async def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: bool,
+    ) -> Union[CommandResult, AsyncCommandHandle]: ...
+
     async def run(
         self,
         cmd: Command,

@@ -66,6 +66,21 @@ class Commands(ProcessCommands):
         background: Literal[True],
     ) -> CommandHandle: ...
 
+    @overload
+    def run(
+        self,
+        cmd: Command,
+        *,
+        timeout: Optional[float] = _api.DEFAULT_COMMAND_TIMEOUT,
+        on_stdout: Optional[OutputCallback] = None,
+        on_stderr: Optional[OutputCallback] = None,
+        env: Optional[Mapping[str, str]] = None,
+        cwd: Optional[str] = None,
+        stdin: Optional[str] = None,
+        check: bool = False,
+        background: bool,
+    ) -> Union[CommandResult, CommandHandle]: ...
+
     def run(
         self,
         cmd: Command,
