@@ -12,14 +12,15 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
+use crate::model::pause::Lifecycle;
 use crate::model::{CgroupReport, Limits, Origin, SandboxEnv, SnapshotKind};
 use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
-/// `sandboxes.env`; 7 added `sandboxes.metadata`.
-const SCHEMA_VERSION: i64 = 7;
+/// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`.
+const SCHEMA_VERSION: i64 = 8;
 
 #[path = "db_ports.rs"]
 mod ports;
@@ -47,7 +48,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     pending TEXT,
     network TEXT,
     env TEXT,
-    metadata TEXT
+    metadata TEXT,
+    lifecycle TEXT
 );
 CREATE TABLE IF NOT EXISTS snapshots (
     id TEXT PRIMARY KEY,
@@ -107,6 +109,8 @@ pub struct SandboxRow {
     pub env: SandboxEnv,
     /// The user's labels (rows from before: none).
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// Pause settings and saved state (rows from before: defaults, not paused).
+    pub lifecycle: Lifecycle,
 }
 
 /// The intent record of a snapshot or branch: written before the runtime changes the
@@ -196,6 +200,7 @@ const SANDBOX_COLUMNS_SINCE_V1: &[(&str, &str)] = &[
     ("network", "TEXT"),
     ("env", "TEXT"),
     ("metadata", "TEXT"),
+    ("lifecycle", "TEXT"),
 ];
 
 fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)]) -> Result<()> {
@@ -275,9 +280,9 @@ impl Db {
         conn.execute(
             "INSERT OR REPLACE INTO sandboxes (id, name, state, runtime, origin, hostname, mem_mib,
                 vcpus, created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at,
-                ttl_secs, expires_at, pending, network, env, metadata)
+                ttl_secs, expires_at, pending, network, env, metadata, lifecycle)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                ?18, ?19, ?20, ?21)",
+                ?18, ?19, ?20, ?21, ?22)",
             params![
                 s.id,
                 s.name,
@@ -300,6 +305,7 @@ impl Db {
                 to_json(&s.network),
                 to_json(&s.env),
                 to_json(&s.metadata),
+                to_json(&s.lifecycle),
             ],
         )?;
         Ok(())
@@ -343,12 +349,16 @@ impl Db {
                 Some(t) => from_json(20, t)?,
                 None => Default::default(),
             },
+            lifecycle: match r.get::<_, Option<String>>(21)? {
+                Some(t) => from_json(21, t)?,
+                None => Lifecycle::default(),
+            },
         })
     }
 
     const SANDBOX_COLS: &'static str = "id, name, state, runtime, origin, hostname, mem_mib, vcpus,
         created_at, limits, cgroup, vm, depends_on, exit_reason, exited_at, ttl_secs, expires_at,
-        pending, network, env, metadata";
+        pending, network, env, metadata, lifecycle";
 
     pub fn sandbox(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("SELECT {} FROM sandboxes WHERE id = ?1", Self::SANDBOX_COLS);

@@ -145,6 +145,7 @@ mod tests {
             network: Default::default(),
             env: Default::default(),
             metadata: Default::default(),
+            lifecycle: Default::default(),
         }
     }
 

@@ -40,6 +40,21 @@ pub enum Error {
     MethodNotAllowed { method: String, path: String },
     #[error("sandbox {id} is {state}, not running")]
     NotRunning { id: String, state: String },
+    /// Paused to disk: exec, files, branch and snapshot need it running.
+    #[error(
+        "sandbox {0} is paused: resume it first (POST /v1/sandboxes/{0}/resume, `zygote \
+         resume {0}`), or create sandboxes with auto_resume: true to resume on exec and file \
+         calls"
+    )]
+    Paused(String),
+    /// Resume of a sandbox that is not paused, or pause of one that is not running.
+    #[error("sandbox {id} is {state}: {action} needs it {needs}")]
+    WrongState {
+        id: String,
+        state: String,
+        action: &'static str,
+        needs: &'static str,
+    },
     #[error("sandbox {0} is busy with another branch, snapshot, restore or delete")]
     Busy(String),
     #[error("snapshot {id} is still needed by {dependents}")]
@@ -133,6 +148,8 @@ impl Error {
             Error::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Error::NotRunning { .. } => (S::CONFLICT, "sandbox_not_running"),
             Error::Busy(_) => (S::CONFLICT, "sandbox_busy"),
+            Error::Paused(_) => (S::CONFLICT, "sandbox_paused"),
+            Error::WrongState { .. } => (S::CONFLICT, "wrong_state"),
             Error::SnapshotInUse { .. } => (S::CONFLICT, "snapshot_in_use"),
             Error::Conflict(_) => (S::CONFLICT, "conflict"),
             Error::NoSpace { .. } => (S::INSUFFICIENT_STORAGE, "no_space"),

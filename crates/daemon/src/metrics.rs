@@ -56,6 +56,9 @@ pub struct Metrics {
     pub branch: Histogram,
     pub exec: Histogram,
     pub boot: Histogram,
+    /// Pause to disk and resume, each from request to done.
+    pub pause: Histogram,
+    pub resume: Histogram,
     /// Sandboxes the reaper deleted because their TTL ran out.
     pub expired: AtomicU64,
     /// Branch children that did not come up (their siblings did, or the branch failed).
@@ -116,6 +119,16 @@ impl Metrics {
             &mut out,
             "zygote_boot_duration_seconds",
             "Time from create to the guest agent answering.",
+        );
+        self.pause.render(
+            &mut out,
+            "zygote_pause_duration_seconds",
+            "Time to pause a sandbox to disk (state saved, VM process gone).",
+        );
+        self.resume.render(
+            &mut out,
+            "zygote_resume_duration_seconds",
+            "Time to resume a paused sandbox (until its agent answers).",
         );
         out.push_str(
             "# HELP zygote_vm_memory_bytes Resident memory of VM processes, shared with other processes or private.\n\

@@ -6,7 +6,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::OpenApi;
 
-use super::{guest, ports, processes, sandboxes, snapshots, system, PUBLIC};
+use super::{guest, pause, ports, processes, sandboxes, snapshots, system, PUBLIC};
 
 struct BearerAuth;
 
@@ -92,6 +92,7 @@ impl utoipa::Modify for CommonResponses {
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
+        pause::pause, pause::resume,
         ports::expose, ports::list, ports::unexpose,
         guest::exec, guest::exec_stream, guest::read_file, guest::write_file, guest::list_dir,
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,

@@ -28,7 +28,7 @@ pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
                 process routes", body = Process),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "Body over 32 MiB, or the request does not fit the \
                 guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
               (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody),
@@ -52,7 +52,7 @@ pub async fn exec(
                content_type = "application/x-ndjson", body = ExecEvent),
               (status = 400, description = "Invalid request", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "Body over 32 MiB, or the request does not fit the \
                 guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
               (status = 422, description = "The program could not start", body = ErrorBody),
@@ -77,7 +77,7 @@ pub async fn exec_stream(
               (status = 400, description = "Relative or bad path, or not a regular file without special=true", body = ErrorBody),
               (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
               (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "A device or FIFO (special=true) gave more than 64 MiB; regular files are streamed whatever their size", body = ErrorBody),
               (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn read_file(
@@ -105,7 +105,7 @@ pub async fn read_file(
               (status = 400, description = "Relative path or bad mode", body = ErrorBody),
               (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "Body larger than 64 MiB", body = ErrorBody),
               (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn write_file(
@@ -127,7 +127,7 @@ pub async fn write_file(
               (status = 400, description = "Relative or bad path", body = ErrorBody),
               (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
               (status = 404, description = "No such sandbox or directory", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
 pub async fn list_dir(
     State(st): State<AppState>,

@@ -6,6 +6,7 @@
 //! exactly the same operations.
 mod doc;
 mod guest;
+mod pause;
 mod ports;
 mod processes;
 mod sandboxes;
@@ -96,6 +97,8 @@ pub fn routes() -> Routes {
             sandboxes::restore,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
+        .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
+        .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)
         .add(Method::POST, "/v1/sandboxes/{id}/ports", ports::expose)
         .add(Method::GET, "/v1/sandboxes/{id}/ports", ports::list)
         .add(

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
+use crate::model::pause::Lifecycle;
 use crate::model::{CreateSandboxRequest, Origin, Sandbox, Validate, DEFAULT_MEM_MIB};
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
@@ -119,6 +120,11 @@ impl Manager {
                 },
                 env: env.clone(),
                 metadata: req.metadata.clone().unwrap_or_default(),
+                lifecycle: Lifecycle {
+                    auto_resume: req.auto_resume.unwrap_or(false),
+                    ttl_action: req.ttl_action.unwrap_or_default(),
+                    park: None,
+                },
             };
             let this = self.clone();
             let source = source.clone();

@@ -15,6 +15,7 @@ mod merge_intent;
 mod merge_plan;
 pub use guest::FileBody;
 mod ops;
+mod pause;
 mod ports;
 mod processes;
 mod recovery;
@@ -240,6 +241,7 @@ impl Manager {
     }
 
     fn view(&self, r: &SandboxRow) -> Sandbox {
+        let (paused_at, ttl_left_secs) = Self::park_view(r);
         let fault = (r.state == STATE_RUNNING)
             .then(|| self.fault(&r.id))
             .flatten();
@@ -265,6 +267,10 @@ impl Manager {
             exited_at: r.exited_at,
             ttl_secs: r.ttl_secs,
             expires_at: r.expires_at,
+            ttl_action: r.lifecycle.ttl_action,
+            auto_resume: r.lifecycle.auto_resume,
+            paused_at,
+            ttl_left_secs,
             network: self.network.view(&r.network),
             fork_hooks: r
                 .vm
@@ -364,6 +370,9 @@ impl Manager {
             self.blocking(move || rt.destroy(&vm)).await?;
         }
         fault::point("delete.destroyed");
+        if let Some(park) = &row.lifecycle.park {
+            pause::remove_park_files(park, true);
+        }
         self.cleanup_files(row);
         // Before the record: a crash in between leaves a `deleting` sandbox (finished at
         // the next start), never exposures without their sandbox.
@@ -376,6 +385,7 @@ impl Manager {
 
     /// A connected agent client for a running sandbox (cached).
     pub(crate) async fn agent(&self, id: &str) -> Result<AgentClient> {
+        self.wake(id).await?;
         let row = self.sandbox_row(id)?;
         let vm = self.running_vm(&row)?;
         let cached = || {
@@ -413,6 +423,9 @@ impl Manager {
     }
 
     pub(crate) fn running_vm(&self, row: &SandboxRow) -> Result<VmRecord> {
+        if pause::is_parked(row) {
+            return Err(Error::Paused(row.id.clone()));
+        }
         match (&row.vm, row.state.as_str()) {
             (Some(vm), STATE_RUNNING | STATE_PAUSED) => match self.fault(&row.id) {
                 None => Ok(vm.clone()),

@@ -6,6 +6,7 @@ use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STAT
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
+use crate::model::pause::deadline_on_resume;
 use crate::model::{
     BranchFailure, BranchRequest, BranchResponse, Origin, Sandbox, Snapshot, SnapshotKind,
     SnapshotRequest, Validate,
@@ -32,7 +33,7 @@ impl Manager {
     }
 
     /// Refuses a capture the snapshot directory's filesystem has no room for.
-    fn check_space(&self, kind: SnapshotKind, mem_mib: u32) -> Result<()> {
+    pub(super) fn check_space(&self, kind: SnapshotKind, mem_mib: u32) -> Result<()> {
         let Some(needed) = self.runtime.capture_bytes(kind, mem_mib) else {
             return Ok(());
         };
@@ -179,6 +180,11 @@ impl Manager {
                 },
                 env,
                 metadata: crate::model::metadata::for_child(&parent.id, &parent.metadata),
+                // The pause settings, never the parent's saved state.
+                lifecycle: crate::model::pause::Lifecycle {
+                    park: None,
+                    ..parent.lifecycle.clone()
+                },
             };
             // Placeholder source: the runtime substitutes the branch point. The child
             // wakes up with its parent's agent token.
@@ -298,6 +304,7 @@ impl Manager {
         let mut row = self.sandbox_row(id)?;
         let snap = self.snapshot_row(snapshot_id)?;
         self.check_runtime(&snap)?;
+        let was_parked = super::pause::is_parked(&row);
         // Recorded first: a daemon killed from here on finds the sandbox "creating" at
         // start-up, kills whatever VM its directory names and reports it dead with the
         // reason (restoring again then works as on any dead sandbox).
@@ -307,6 +314,14 @@ impl Manager {
         if let Some(vm) = row.vm.take() {
             let rt = self.runtime.clone();
             self.blocking(move || rt.destroy(&vm)).await?;
+        }
+        // A paused sandbox's saved state and layer give way to the snapshot's; its TTL
+        // runs again from now, with what it had left.
+        if let Some(park) = row.lifecycle.park.take() {
+            if was_parked {
+                row.expires_at = deadline_on_resume(row.ttl_secs, park.ttl_left_secs, now());
+            }
+            super::pause::remove_park_files(&park, was_parked);
         }
         row.mem_mib = snap.mem_mib;
         row.vcpus = snap.vcpus;

@@ -9,6 +9,8 @@
 //! * branch children, creations and restores are rows in `creating` until their VM is
 //!   recorded; start-up kills whatever VM they started and reports them dead.
 //! * deletion marks the row `deleting` first; start-up finishes it.
+//! * pause and resume are recorded as `pausing` / `resuming` with the park directory
+//!   named first; start-up settles them (`pause`).
 //! * snapshot deletion forgets the record before removing files.
 //!
 //! Orphan removal then deletes files no record names, except those a live VM holds
@@ -97,6 +99,11 @@ impl Manager {
             if let Some(p) = s.pending {
                 keep.insert(p.dir);
                 keep.insert(p.next_disk);
+            }
+            if let Some(p) = s.lifecycle.park {
+                keep.insert(p.data.dir);
+                keep.insert(p.data.disk_layer);
+                keep.insert(p.disk);
             }
             keep.insert(self.dirs.vms.join(&s.id));
         }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::recovery::kill_unrecorded;
 use super::{
-    now, Manager, STATE_CREATING, STATE_DEAD, STATE_DELETING, STATE_PAUSED, STATE_RUNNING,
+    now, pause, Manager, STATE_CREATING, STATE_DEAD, STATE_DELETING, STATE_PAUSED, STATE_RUNNING,
 };
 use crate::cgroup;
 use crate::db::SandboxRow;
@@ -27,6 +27,15 @@ impl Manager {
                         row.id
                     );
                     self.finish_delete(&row).await?;
+                }
+                (pause::STATE_PAUSING, _) => self.settle_pause(&mut row).await?,
+                (pause::STATE_RESUMING, _) => {
+                    let others = other_vms(&rows, &row.id);
+                    self.settle_resume(&mut row, others).await;
+                }
+                // Paused to disk: nothing runs, nothing to re-attach.
+                (STATE_PAUSED, None) if pause::is_parked(&row) => {
+                    tracing::info!("sandbox {} is paused", row.id);
                 }
                 (STATE_RUNNING | STATE_PAUSED, Some(vm)) => {
                     let rt = self.runtime.clone();
@@ -60,13 +69,7 @@ impl Manager {
                     let dir = self.dirs.vms.join(&row.id);
                     // Never a VM that another sandbox's record names (a branch child's
                     // parent VMM may hold files of the child's directory open).
-                    let others: Vec<ProcId> = rows
-                        .iter()
-                        .filter(|r| r.id != row.id)
-                        .filter_map(|r| r.vm.as_ref())
-                        .flat_map(|vm| [Some(vm.process), vm.supervisor])
-                        .flatten()
-                        .collect();
+                    let others = other_vms(&rows, &row.id);
                     self.blocking(move || kill_unrecorded(&dir, &others))
                         .await?;
                     self.cleanup_files(&row);
@@ -128,4 +131,14 @@ impl Manager {
         }
         self.db.put_sandbox(row)
     }
+}
+
+/// The VM processes (and supervisors) of every record but `id`'s.
+fn other_vms(rows: &[SandboxRow], id: &str) -> Vec<ProcId> {
+    rows.iter()
+        .filter(|r| r.id != id)
+        .filter_map(|r| r.vm.as_ref())
+        .flat_map(|vm| [Some(vm.process), vm.supervisor])
+        .flatten()
+        .collect()
 }

@@ -6,10 +6,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::MissedTickBehavior;
 
-use super::{now, Manager};
+use super::{now, Manager, STATE_RUNNING};
 use crate::db::SandboxRow;
 use crate::error::{Error, Result};
-use crate::model::{Sandbox, SetTtlRequest, Validate};
+use crate::model::{Sandbox, SetTtlRequest, TtlAction, Validate};
 
 /// How often the reaper looks: deadlines are whole seconds, so a sandbox
 /// outlives its deadline by at most about this.
@@ -37,7 +37,18 @@ impl Manager {
         let _guard = self.lock(id).await;
         let mut row = self.sandbox_row(id)?;
         row.ttl_secs = req.ttl_secs;
-        row.expires_at = req.ttl_secs.map(deadline_after);
+        if let Some(action) = req.ttl_action {
+            row.lifecycle.ttl_action = action;
+        }
+        let parked = super::pause::is_parked(&row);
+        match row.lifecycle.park.as_mut() {
+            // Paused: the TTL does not run; the new one starts whole at resume.
+            Some(park) if parked => {
+                park.ttl_left_secs = None;
+                row.expires_at = None;
+            }
+            _ => row.expires_at = req.ttl_secs.map(deadline_after),
+        }
         self.db.put_sandbox(&row)?;
         tracing::info!(
             sandbox = %row.id,
@@ -71,6 +82,10 @@ impl Manager {
             }
         };
         for row in due {
+            if row.lifecycle.ttl_action == TtlAction::Pause {
+                self.pause_expired(&row, now).await;
+                continue;
+            }
             // Its own task, so that even a panic while deleting one sandbox
             // ends only that attempt, not the reaper.
             let attempt = tokio::spawn({
@@ -102,6 +117,57 @@ impl Manager {
                 ),
             }
         }
+    }
+}
+
+impl Manager {
+    /// `ttl_action: pause`: a running sandbox whose TTL ran out is paused (its TTL then
+    /// starts whole at resume). One that cannot be (dead) loses its deadline instead,
+    /// so the reaper does not retry it forever; it stays for inspection or restore.
+    async fn pause_expired(self: &Arc<Self>, row: &SandboxRow, now: u64) {
+        let attempt = tokio::spawn({
+            let this = self.clone();
+            let id = row.id.clone();
+            async move {
+                let running = |r: &SandboxRow| is_due(r, now) && r.state == STATE_RUNNING;
+                match this.pause_if(&id, running).await {
+                    Ok(false) => this.clear_deadline_if(&id, |r| is_due(r, now)).await,
+                    other => other,
+                }
+            }
+        });
+        match attempt.await {
+            Ok(Ok(true)) => tracing::info!(sandbox = %row.id, "TTL ran out: sandbox paused"),
+            Ok(Ok(false)) | Ok(Err(Error::NotFound { .. })) => {}
+            Ok(Err(e)) => tracing::warn!(
+                sandbox = %row.id,
+                "reaper: pausing the expired sandbox failed (retrying): {e}"
+            ),
+            Err(e) => tracing::error!(
+                sandbox = %row.id,
+                "reaper: pausing the expired sandbox panicked (retrying): {e}"
+            ),
+        }
+    }
+
+    /// Removes the deadline of a sandbox its TTL cannot pause; returns false.
+    async fn clear_deadline_if(
+        &self,
+        id: &str,
+        condition: impl FnOnce(&SandboxRow) -> bool,
+    ) -> Result<bool> {
+        let _guard = self.lock(id).await;
+        let mut row = self.sandbox_row(id)?;
+        if condition(&row) {
+            tracing::info!(
+                sandbox = %id,
+                state = %row.state,
+                "TTL ran out on a sandbox that is not running: it cannot be paused, kept without a deadline"
+            );
+            row.expires_at = None;
+            self.db.put_sandbox(&row)?;
+        }
+        Ok(false)
     }
 }
 

@@ -16,6 +16,7 @@ mod fork;
 mod merge;
 pub mod metadata;
 mod network;
+pub mod pause;
 mod ports;
 mod process;
 mod tree;
@@ -30,6 +31,7 @@ pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflic
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
+pub use pause::TtlAction;
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
 pub use process::{
     OutputQuery, Process, ProcessList, ProcessOutput, SignalRequest, SignalSpec, StdinRequest,
@@ -153,6 +155,14 @@ pub struct CreateSandboxRequest {
     /// its branch children (which add `zygote.parent`), filterable in the list.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Exec and file calls on the sandbox while it is paused resume it first (without
+    /// it they get 409 `sandbox_paused`). Kept by branch children.
+    #[serde(default)]
+    pub auto_resume: Option<bool>,
+    /// What its TTL running out does: `delete` (default) or `pause`. Kept by branch
+    /// children.
+    #[serde(default)]
+    pub ttl_action: Option<TtlAction>,
 }
 
 impl CreateSandboxRequest {
@@ -244,9 +254,11 @@ pub struct CgroupReport {
 pub struct Sandbox {
     pub id: String,
     pub name: Option<String>,
-    /// `creating`, `running`, `paused` (during branch/snapshot), `error` (the VM lives
-    /// but stopped running its guest, e.g. on a full host disk: `exit_reason` says why;
-    /// it goes on by itself once that is fixed), `dead`, `deleting`.
+    /// `creating`, `running`, `paused` (paused to disk with `POST .../pause`: no VM
+    /// process, `paused_at` is set; also shown for a moment while a branch or snapshot
+    /// stops the vCPUs), `pausing`, `resuming`, `error` (the VM lives but stopped
+    /// running its guest, e.g. on a full host disk: `exit_reason` says why; it goes on
+    /// by itself once that is fixed), `dead`, `deleting`.
     pub state: String,
     /// `qemu` or `kvm`.
     pub runtime: String,
@@ -270,8 +282,21 @@ pub struct Sandbox {
     pub exited_at: Option<u64>,
     /// Seconds the sandbox lives once running (null: until deleted).
     pub ttl_secs: Option<u64>,
-    /// When the daemon deletes it (unix seconds, like `created_at`; null: never).
+    /// When its TTL runs out (unix seconds, like `created_at`; null: never, or paused:
+    /// a paused sandbox's TTL does not run).
     pub expires_at: Option<u64>,
+    /// What its TTL running out does: `delete` or `pause`.
+    #[serde(default)]
+    pub ttl_action: TtlAction,
+    /// Exec and file calls resume it when it is paused.
+    #[serde(default)]
+    pub auto_resume: bool,
+    /// When it was paused (unix seconds), while it is paused.
+    #[serde(default)]
+    pub paused_at: Option<u64>,
+    /// TTL seconds it will have once resumed, while it is paused with a TTL.
+    #[serde(default)]
+    pub ttl_left_secs: Option<u64>,
     pub network: NetworkView,
     /// How the guest's `/etc/zygote/forked.d` hooks ended when it was last started,
     /// branched or restored (empty: it has none).

@@ -26,6 +26,9 @@ pub struct SetTtlRequest {
     #[serde(deserialize_with = "present_or_null")]
     #[schema(required = true, minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
+    /// What the TTL running out does: `delete` or `pause`; absent: unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_action: Option<super::TtlAction>,
 }
 
 /// With `deserialize_with`, serde no longer treats a missing `Option` field
@@ -63,7 +66,10 @@ mod tests {
                 ttl_secs: ttl,
                 ..Default::default()
             };
-            let set = SetTtlRequest { ttl_secs: ttl };
+            let set = SetTtlRequest {
+                ttl_secs: ttl,
+                ttl_action: None,
+            };
             assert_eq!(create.validate().is_ok(), ok, "create {ttl:?}");
             assert_eq!(branch.validate().is_ok(), ok, "branch {ttl:?}");
             assert_eq!(set.validate().is_ok(), ok, "set {ttl:?}");

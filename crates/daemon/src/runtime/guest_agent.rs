@@ -47,10 +47,14 @@ pub struct GuestWho<'a> {
     pub hostname: &'a str,
     pub net: &'a GuestNet,
     pub identity: &'a SandboxIdentity,
+    /// The same guest resumed after a pause to disk: it keeps who it is (hostname,
+    /// address, machine id; no forked.d hooks), only its clock and RNG are refreshed.
+    pub resumed: bool,
 }
 
 /// Fresh entropy, hostname, clock and network address, so that siblings never share
 /// RNG state or an address; the sandbox's ids for the guest's "you were forked" hooks.
+/// A resumed guest gets the clock (it stood still while paused) and entropy only.
 fn reidentify_request(who: &GuestWho) -> Result<ReidentifyRequest, ClientError> {
     let mut entropy = vec![0u8; 64];
     {
@@ -60,13 +64,21 @@ fn reidentify_request(who: &GuestWho) -> Result<ReidentifyRequest, ClientError> 
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
+    let time = Some(UnixTime {
+        secs: now.as_secs() as i64,
+        nanos: now.subsec_nanos(),
+    });
+    if who.resumed {
+        return Ok(ReidentifyRequest {
+            entropy,
+            time,
+            ..Default::default()
+        });
+    }
     Ok(ReidentifyRequest {
         entropy,
         hostname: Some(who.hostname.to_string()),
-        time: Some(UnixTime {
-            secs: now.as_secs() as i64,
-            nanos: now.subsec_nanos(),
-        }),
+        time,
         identity: Some(who.identity.clone()),
         net: match who.net {
             GuestNet::Tap(t) => Some(NetIdentity {
@@ -179,6 +191,7 @@ mod tests {
                 hostname: "h",
                 net: &GuestNet::User { restrict: false },
                 identity: &SandboxIdentity::default(),
+                resumed: false,
             },
             &AgentAuth {
                 token: "t".into(),
@@ -206,6 +219,7 @@ mod tests {
                 hostname: "h",
                 net: &GuestNet::User { restrict: false },
                 identity: &SandboxIdentity::default(),
+                resumed: false,
             },
             &AgentAuth {
                 token: "t".into(),
@@ -216,6 +230,28 @@ mod tests {
         .err()
         .expect("fails");
         assert_eq!(err.to_string(), "VM failed to start: QEMU exited");
+    }
+
+    #[test]
+    fn a_resumed_guest_keeps_its_identity_and_gets_the_clock() {
+        let net = GuestNet::User { restrict: false };
+        let identity = SandboxIdentity {
+            sandbox_id: "sb-1".into(),
+            ..Default::default()
+        };
+        let mut who = GuestWho {
+            hostname: "h",
+            net: &net,
+            identity: &identity,
+            resumed: true,
+        };
+        let req = reidentify_request(&who).expect("request");
+        assert!(req.time.is_some() && !req.entropy.is_empty());
+        assert_eq!((req.hostname, req.identity, req.net), (None, None, None));
+        who.resumed = false;
+        let req = reidentify_request(&who).expect("request");
+        assert_eq!(req.hostname.as_deref(), Some("h"));
+        assert_eq!(req.identity, Some(identity.clone()));
     }
 
     #[test]

@@ -11,6 +11,10 @@
 //!   its agent.
 //! * snapshots: control `snapshot` full/diff/live into `<snapshot dir>/vm`;
 //!   restore is `vm serve --restore DIR --vsock NEW`, then re-identify.
+//! * pause to disk: control `pause`, a full `snapshot` into the sandbox's park
+//!   directory, `stop`; resume is `vm serve --restore` of it, which maps the memory
+//!   file MAP_PRIVATE (pages fault in lazily, from the page cache), then the clock is
+//!   stepped (no re-identify: it is the same guest).
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -110,7 +114,7 @@ impl KvmRuntime {
         }
         let kernel;
         let boot = match (&spec.source, &self.guest) {
-            (BootSource::Snapshot(s), _) => Boot::Restore {
+            (BootSource::Snapshot(s) | BootSource::Parked(s), _) => Boot::Restore {
                 dir: restore_dir(s)?,
             },
             (BootSource::Image(image), Guest::Linux { kernel: slot }) => {
@@ -484,6 +488,47 @@ impl Runtime for KvmRuntime {
         let mut data = snapshot_data(snap_dir, &vm_dir, 0.0);
         data.pause_ms = None;
         Ok(Some(data))
+    }
+
+    fn park_data(&self, _vm: &VmRecord, dir: &Path) -> SnapshotData {
+        // The VMM writes `vm.tmp-<pid>` and renames it to `vm` once synced: the memory
+        // file inside exists only when the state is whole. The root disk's CoW pages are
+        // the device's data file in it (the disk lives in the VMM's memory).
+        let mut data = snapshot_data(dir, &dir.join(VM_SNAPSHOT), 0.0);
+        data.pause_ms = None;
+        data
+    }
+
+    fn park(&self, vm: &VmRecord, dir: &Path) -> Result<SnapshotData, RuntimeError> {
+        let c = control(&vm.control);
+        // Paused first so the guest cannot run on between the snapshot and the stop
+        // (a snapshot of a paused VM leaves it paused).
+        c.request::<StatusInfo>(&Request::Pause).map_err(ctl_err)?;
+        let vm_dir = dir.join(VM_SNAPSHOT);
+        let req = Request::Snapshot {
+            mode: SnapshotMode::Full,
+            path: vm_dir.clone(),
+        };
+        let info = match c.request::<SnapshotInfo>(&req) {
+            Ok(info) => info,
+            Err(e) => {
+                let _ = c.request::<StatusInfo>(&Request::Resume);
+                return Err(ctl_err(e));
+            }
+        };
+        crate::fault::point("pause.saved");
+        // `stop` ends the VMM; its reply may or may not make it out first.
+        let _ = c.request::<StatusInfo>(&Request::Stop);
+        super::qemu::wait_gone(&vm.process, Duration::from_secs(5));
+        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
+        self.brought_up.forget(&vm.agent_addr);
+        Ok(snapshot_data(dir, &vm_dir, info.pause_ms))
+    }
+
+    fn resumed_needs_park(&self) -> bool {
+        // The restored VMM maps the memory file (pages fault in from it), and its diff
+        // snapshots name the park directory as their parent.
+        true
     }
 
     fn run_state(&self, vm: &VmRecord) -> Result<RunState, RuntimeError> {

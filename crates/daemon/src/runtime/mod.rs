@@ -118,6 +118,11 @@ pub enum BootSource {
     Image(PathBuf),
     /// A snapshot's memory/device state and disk layer.
     Snapshot(SnapshotData),
+    /// The sandbox's own saved state ([`Runtime::park`]): the VM resumes where it
+    /// stopped, on the sandbox's existing disk layer (`StartSpec::disk`, used as it is),
+    /// as the same guest: no new identity, its agent already holds the sandbox's token;
+    /// only the clock is stepped and fresh entropy mixed in.
+    Parked(SnapshotData),
 }
 
 /// Everything needed to start one VM.
@@ -150,6 +155,7 @@ impl StartSpec {
             hostname: &self.hostname,
             net: &self.net,
             identity: &self.identity,
+            resumed: matches!(self.source, BootSource::Parked(_)),
         }
     }
 }
@@ -233,6 +239,23 @@ pub trait Runtime: Send + Sync {
         snap_dir: &Path,
         next_disk: &Path,
     ) -> Result<Option<SnapshotData>, RuntimeError>;
+
+    /// Where [`Runtime::park`] of `vm` into `dir` puts the saved state. Its
+    /// `state_file` exists only once the state is complete and synced.
+    fn park_data(&self, vm: &VmRecord, dir: &Path) -> SnapshotData;
+
+    /// Pause to disk: stops the vCPUs, saves memory and device state into `dir` (an
+    /// existing empty directory; complete and synced on return), then ends the VM
+    /// process and frees its memory. The disk layer stays for the VM that
+    /// [`BootSource::Parked`] starts. On an error before the state is complete the VM
+    /// goes on running unchanged (and the partial state is removed).
+    fn park(&self, vm: &VmRecord, dir: &Path) -> Result<SnapshotData, RuntimeError>;
+
+    /// Whether a VM resumed from a park directory still reads it: then it is kept until
+    /// the sandbox is paused again or deleted.
+    fn resumed_needs_park(&self) -> bool {
+        false
+    }
 
     /// After a daemon restart: makes sure an alive VM is usable again
     /// (e.g. resumes one left paused by an interrupted snapshot).

@@ -3,6 +3,10 @@
 //! `stop`, `migrate` of RAM and device state to a file, `blockdev-snapshot-sync`
 //! to freeze the disk layer, `cont`; new VMs start with `-incoming` from the
 //! file on an overlay of the frozen layer, then are re-identified.
+//!
+//! Pause to disk is the same migration to a file without the layer switch, then QEMU
+//! quits; resume starts QEMU with `-incoming` from that file on the sandbox's own
+//! layer (QEMU reads the whole state file back: no lazy restore here).
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -70,7 +74,7 @@ impl QemuRuntime {
     fn config(&self, spec: &StartSpec) -> Result<QemuConfig, RuntimeError> {
         let image = match &spec.source {
             BootSource::Image(p) => p.clone(),
-            BootSource::Snapshot(s) => s.disk_layer.clone(),
+            BootSource::Snapshot(s) | BootSource::Parked(s) => s.disk_layer.clone(),
         };
         let mut cfg = QemuConfig::new(self.kernel()?, image);
         cfg.mem_mib = spec.mem_mib;
@@ -102,7 +106,7 @@ impl QemuRuntime {
             pid_file: dir.join("qemu.pid"),
             agent_socket: dir.join(AGENT_SOCKET),
             incoming: match &spec.source {
-                BootSource::Snapshot(s) => Some(s.state_file.clone()),
+                BootSource::Snapshot(s) | BootSource::Parked(s) => Some(s.state_file.clone()),
                 BootSource::Image(_) => None,
             },
         };
@@ -152,7 +156,7 @@ impl QemuRuntime {
 
     /// From a started QEMU to a guest answering with its new identity.
     fn bring_up(&self, rec: &mut VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
-        if let BootSource::Snapshot(_) = spec.source {
+        if let BootSource::Snapshot(_) | BootSource::Parked(_) = spec.source {
             let mut qmp = Qmp::connect(&rec.control, Duration::from_secs(30))?;
             qmp.wait_migration(MIGRATION_TIMEOUT)?;
             // The state was saved from a stopped VM, so it arrives stopped.
@@ -216,6 +220,26 @@ impl QemuRuntime {
     }
 }
 
+/// fsyncs `partial`, renames it to `dest` and fsyncs their directory.
+pub(crate) fn sync_into_place(partial: &Path, dest: &Path) -> Result<(), RuntimeError> {
+    File::open(partial)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(partial, dest))
+        .and_then(|()| match dest.parent() {
+            Some(d) => File::open(d)?.sync_all(),
+            None => Ok(()),
+        })
+        .map_err(RuntimeError::io(format!("saving {}", dest.display())))
+}
+
+/// Waits up to `limit` for `p` to end.
+pub(crate) fn wait_gone(p: &crate::procs::ProcId, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while p.is_alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     let stderr = std::fs::read_to_string(dir.join("qemu.stderr")).unwrap_or_default();
     let serial = std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default();
@@ -245,16 +269,18 @@ impl Runtime for QemuRuntime {
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
         let cfg = self.config(spec)?;
         let accel = match &spec.source {
-            BootSource::Snapshot(s) if s.accel == "kvm" => Accel::Kvm,
-            BootSource::Snapshot(_) => Accel::Tcg,
+            BootSource::Snapshot(s) | BootSource::Parked(s) if s.accel == "kvm" => Accel::Kvm,
+            BootSource::Snapshot(_) | BootSource::Parked(_) => Accel::Tcg,
             BootSource::Image(_) => zygote_qemu::detect_accel(),
         };
         match &spec.source {
             BootSource::Image(base) => create_overlay_on(base, "raw", &spec.disk)?,
             BootSource::Snapshot(s) => create_overlay_on(&s.disk_layer, "qcow2", &spec.disk)?,
+            // The sandbox's own layer, kept through the pause.
+            BootSource::Parked(_) => {}
         }
         let result = self.start_once(spec, &cfg, accel);
-        if result.is_err() {
+        if result.is_err() && !matches!(spec.source, BootSource::Parked(_)) {
             let _ = std::fs::remove_file(&spec.disk);
         }
         result
@@ -331,6 +357,50 @@ impl Runtime for QemuRuntime {
             accel: vm.accel.clone(),
             pause_ms: None,
         }))
+    }
+
+    fn park_data(&self, vm: &VmRecord, dir: &Path) -> SnapshotData {
+        SnapshotData {
+            dir: dir.to_path_buf(),
+            state_file: dir.join(STATE_FILE),
+            disk_layer: vm.disk.clone(),
+            accel: vm.accel.clone(),
+            pause_ms: None,
+        }
+    }
+
+    fn park(&self, vm: &VmRecord, dir: &Path) -> Result<SnapshotData, RuntimeError> {
+        let mut data = self.park_data(vm, dir);
+        // Written under another name and renamed once synced: `state` existing means
+        // the state is whole (start-up relies on it after a crash).
+        let partial = dir.join(format!("{STATE_FILE}.partial"));
+        let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        let stopped = Instant::now();
+        qmp.stop()?;
+        let uri = format!(
+            "exec:cat > '{}'",
+            partial.display().to_string().replace('\'', r"'\''")
+        );
+        let saved = qmp
+            .migrate(&uri, MIGRATION_TIMEOUT)
+            .map_err(RuntimeError::from)
+            .and_then(|_| sync_into_place(&partial, &data.state_file));
+        if let Err(e) = saved {
+            let _ = std::fs::remove_file(&partial);
+            let _ = std::fs::remove_file(&data.state_file);
+            qmp.cont()?;
+            return Err(e);
+        }
+        data.pause_ms = Some(stopped.elapsed().as_secs_f64() * 1e3);
+        crate::fault::point("pause.saved");
+        // A clean quit (the disk layer is flushed: `stop` and the migration drained it),
+        // then a kill for a QEMU that does not go.
+        let _ = qmp.execute("quit", serde_json::json!({}));
+        drop(qmp);
+        wait_gone(&vm.process, Duration::from_secs(5));
+        supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
+        self.brought_up.forget(&vm.agent_addr);
+        Ok(data)
     }
 
     fn run_state(&self, vm: &VmRecord) -> Result<RunState, RuntimeError> {
