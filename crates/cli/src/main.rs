@@ -57,6 +57,10 @@ enum Command {
     Snapshot(commands::snapshot::SnapshotCommand),
     /// Roll a sandbox back to a snapshot (daemon).
     Restore(commands::restore::RestoreArgs),
+    /// Pause a sandbox to disk: memory and devices saved, VM process gone (daemon).
+    Pause(commands::pause::PauseArgs),
+    /// Resume a paused sandbox where it was: same processes, files, network (daemon).
+    Resume(commands::pause::PauseArgs),
     /// List sandboxes (daemon).
     Ps(commands::ps::PsArgs),
     /// Kill and remove sandboxes (daemon).
@@ -100,6 +104,8 @@ fn main() {
         Command::Merge(args) => commands::merge::run(args),
         Command::Snapshot(cmd) => commands::snapshot::run(cmd),
         Command::Restore(args) => commands::restore::run(args),
+        Command::Pause(args) => commands::pause::run_pause(args),
+        Command::Resume(args) => commands::pause::run_resume(args),
         Command::Ps(args) => commands::ps::run(args),
         Command::Rm(args) => commands::rm::run(args),
         Command::Ttl(args) => commands::ttl::run(args),

@@ -6,6 +6,8 @@ mod common;
 mod fork;
 #[path = "e2e/merge.rs"]
 mod merge;
+#[path = "e2e/pause.rs"]
+mod pause;
 #[path = "e2e/processes.rs"]
 mod processes;
 #[path = "e2e/tree.rs"]
@@ -376,7 +378,13 @@ async fn suite(runtime: &str) {
         );
     }
 
-    // Crash the daemon; a new one re-attaches to the same VMs.
+    let parked = pause::check_pause(&c, &cleanup).await;
+    step(
+        t0,
+        "pause/resume: the same processes go on, guest calls refused or auto-resumed, TTL pause",
+    );
+
+    // Crash the daemon; a new one re-attaches to the same VMs (and keeps the paused one).
     let before: SandboxList = c
         .json(Method::GET, "/v1/sandboxes", None::<&()>)
         .await
@@ -389,8 +397,8 @@ async fn suite(runtime: &str) {
         .json(Method::GET, "/v1/sandboxes", None::<&()>)
         .await
         .unwrap();
-    assert_eq!(after.sandboxes.len(), 3);
-    for s in &after.sandboxes {
+    assert_eq!(after.sandboxes.len(), 4);
+    for s in after.sandboxes.iter().filter(|s| s.id != parked.id) {
         let old = before
             .sandboxes
             .iter()
@@ -400,6 +408,11 @@ async fn suite(runtime: &str) {
     }
     assert_eq!(read(&c, &b, "/root/child.txt").await.unwrap(), "only in b");
     step(t0, "restarted daemon re-attached to all three VMs");
+    pause::check_after_restart(&c, &parked).await;
+    step(
+        t0,
+        "the sandbox paused before the restart resumed as itself",
+    );
 
     // A VM killed behind the daemon's back is reported with the reason.
     let victim = get(&c, &cc).await;

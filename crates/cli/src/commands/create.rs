@@ -33,9 +33,17 @@ pub struct CreateArgs {
     #[arg(long)]
     pids_limit: Option<u64>,
     /// Delete the sandbox(es) this many seconds after they are running
-    /// (change it later with `zygote ttl`).
+    /// (change it later with `zygote ttl`; `--ttl-action pause` pauses instead).
     #[arg(long, value_name = "SECS")]
     ttl: Option<u64>,
+    /// What the TTL running out does: delete (the default) or pause (to disk; `zygote
+    /// resume` brings it back with a whole TTL).
+    #[arg(long, value_enum, value_name = "ACTION")]
+    ttl_action: Option<TtlActionArg>,
+    /// Exec and file calls on the sandbox while it is paused resume it first (without
+    /// it they are refused until `zygote resume`).
+    #[arg(long)]
+    auto_resume: bool,
     /// Network: egress (the default) or none. Branch children inherit the
     /// network policy.
     #[arg(long, value_enum)]
@@ -164,6 +172,8 @@ fn request_body(
         ("mem_mib", args.mem_mib.map(|m| json!(m))),
         ("vcpus", args.vcpus.map(|v| json!(v))),
         ("ttl_secs", args.ttl.map(|t| json!(t))),
+        ("ttl_action", args.ttl_action.map(|a| json!(a.as_str()))),
+        ("auto_resume", args.auto_resume.then_some(json!(true))),
         ("network", args.network.map(|n| json!(n.as_str()))),
         (
             "allow_out",
@@ -234,6 +244,17 @@ mod tests {
     }
 
     #[test]
+    fn pause_options_are_sent_only_when_given() {
+        let body = body_of(&["--auto-resume", "--ttl-action", "pause", "--ttl", "60"]);
+        assert_eq!(body["auto_resume"], json!(true));
+        assert_eq!(body["ttl_action"], json!("pause"));
+        assert_eq!(body["ttl_secs"], json!(60));
+        let plain = body_of(&[]);
+        assert!(plain.get("auto_resume").is_none() && plain.get("ttl_action").is_none());
+        assert!(Cli::try_parse_from(["zygote", "--ttl-action", "stop"]).is_err());
+    }
+
+    #[test]
     fn network_flags_are_sent_only_when_given() {
         let plain = body_of(&[]);
         assert_eq!(plain, json!({"n": 1, "limits": {}, "image": "minimal"}));
@@ -292,5 +313,21 @@ mod tests {
         let cli = Cli::try_parse_from(["zygote", "-e", "UNSET_ANYWHERE"]).unwrap();
         let err = request_body(&cli.create, &|_| None).unwrap_err();
         assert!(err.to_string().contains("not set in this shell"), "{err}");
+    }
+}
+
+/// `--ttl-action`: what a TTL running out does.
+#[derive(Clone, Copy, Debug, PartialEq, clap::ValueEnum)]
+pub enum TtlActionArg {
+    Delete,
+    Pause,
+}
+
+impl TtlActionArg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtlActionArg::Delete => "delete",
+            TtlActionArg::Pause => "pause",
+        }
     }
 }

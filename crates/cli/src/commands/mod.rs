@@ -25,6 +25,7 @@ pub mod image;
 pub mod images;
 pub mod logs;
 pub mod merge;
+pub mod pause;
 pub mod port;
 pub mod private_daemon;
 pub mod probe;

@@ -52,9 +52,15 @@ pub fn run(args: PsArgs) -> anyhow::Result<i32> {
                 Origin::Snapshot { id } => format!("snapshot {id}"),
                 Origin::Branch { parent, .. } => format!("branch of {parent}"),
             };
-            let state = match &s.exit_reason {
-                Some(r) if s.state == "dead" => format!("dead: {r}"),
+            let state = match (&s.exit_reason, s.paused_at) {
+                (Some(r), _) if s.state == "dead" => format!("dead: {r}"),
+                (_, Some(at)) => format!("paused {} ago", age(at)),
                 _ => s.state.clone(),
+            };
+            // A paused sandbox's TTL stands still: what it has once resumed.
+            let expires = match (s.paused_at, s.ttl_left_secs) {
+                (Some(_), Some(left)) => format!("{left}s after resume"),
+                _ => expires_in(s.expires_at),
             };
             vec![
                 s.id.clone(),
@@ -63,7 +69,7 @@ pub fn run(args: PsArgs) -> anyhow::Result<i32> {
                 s.pid.map(|p| p.to_string()).unwrap_or_default(),
                 origin,
                 age(s.created_at),
-                expires_in(s.expires_at),
+                expires,
                 state,
             ]
         })

@@ -1,7 +1,7 @@
 //! `zygote ttl ID SECS|none`: reset or clear a sandbox's time-to-live.
 use serde_json::json;
 use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::Sandbox;
+use zygote_daemon::model::{Sandbox, TtlAction};
 
 use super::daemon_client::{expires_in, print_json, ApiArgs};
 
@@ -13,6 +13,9 @@ pub struct TtlArgs {
     /// keep it until `zygote rm`.
     #[arg(value_name = "SECS|none", value_parser = parse_ttl)]
     ttl: Ttl,
+    /// What the TTL running out does from now on: delete or pause (unchanged if absent).
+    #[arg(long, value_enum, value_name = "ACTION")]
+    action: Option<super::create::TtlActionArg>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -34,15 +37,32 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
 }
 
 pub fn run(args: TtlArgs) -> anyhow::Result<i32> {
+    let mut body = json!({ "ttl_secs": args.ttl.0 });
+    if let Some(a) = args.action {
+        body["ttl_action"] = json!(a.as_str());
+    }
     let sandbox: Sandbox = block_on(args.api.client()?.json(
         Method::PUT,
         &format!("/v1/sandboxes/{}/ttl", args.id),
-        Some(&json!({ "ttl_secs": args.ttl.0 })),
+        Some(&body),
     ))?;
+    let action = match sandbox.ttl_action {
+        TtlAction::Delete => "deleted",
+        TtlAction::Pause => "paused",
+    };
     if args.json {
         print_json(&sandbox)?;
     } else if sandbox.expires_at.is_some() {
-        println!("{} expires {}", sandbox.id, expires_in(sandbox.expires_at));
+        println!(
+            "{} expires {} (then {action})",
+            sandbox.id,
+            expires_in(sandbox.expires_at)
+        );
+    } else if let (Some(left), Some(_)) = (sandbox.ttl_left_secs, sandbox.paused_at) {
+        println!(
+            "{} is paused; once resumed it has {left}s (then {action})",
+            sandbox.id
+        );
     } else {
         println!("{} has no TTL", sandbox.id);
     }

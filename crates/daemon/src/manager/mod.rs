@@ -170,6 +170,18 @@ impl Manager {
         self.lock_for(id).lock_owned().await
     }
 
+    /// Sandbox `id` locked and as it is then, if `condition` holds for it (the reaper
+    /// re-checks a deadline there: the TTL may have changed since it looked).
+    async fn locked_if(
+        &self,
+        id: &str,
+        condition: impl FnOnce(&SandboxRow) -> bool,
+    ) -> Result<Option<(OwnedMutexGuard<()>, SandboxRow)>> {
+        let guard = self.lock(id).await;
+        let row = self.sandbox_row(id)?;
+        Ok(condition(&row).then_some((guard, row)))
+    }
+
     fn forget(&self, id: &str) {
         self.locks
             .lock()
@@ -349,11 +361,9 @@ impl Manager {
         id: &str,
         condition: impl FnOnce(&SandboxRow) -> bool,
     ) -> Result<bool> {
-        let _guard = self.lock(id).await;
-        let mut row = self.sandbox_row(id)?;
-        if !condition(&row) {
+        let Some((_guard, mut row)) = self.locked_if(id, condition).await? else {
             return Ok(false);
-        }
+        };
         row.state = STATE_DELETING.into();
         self.db.put_sandbox(&row)?;
         fault::point("delete.recorded");

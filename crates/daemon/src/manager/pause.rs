@@ -63,11 +63,9 @@ impl Manager {
         id: &str,
         condition: impl FnOnce(&SandboxRow) -> bool,
     ) -> Result<bool> {
-        let _guard = self.lock(id).await;
-        let mut row = self.sandbox_row(id)?;
-        if !condition(&row) {
+        let Some((_guard, mut row)) = self.locked_if(id, condition).await? else {
             return Ok(false);
-        }
+        };
         self.pause_locked(&mut row).await?;
         Ok(true)
     }

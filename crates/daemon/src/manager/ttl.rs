@@ -156,9 +156,7 @@ impl Manager {
         id: &str,
         condition: impl FnOnce(&SandboxRow) -> bool,
     ) -> Result<bool> {
-        let _guard = self.lock(id).await;
-        let mut row = self.sandbox_row(id)?;
-        if condition(&row) {
+        if let Some((_guard, mut row)) = self.locked_if(id, condition).await? {
             tracing::info!(
                 sandbox = %id,
                 state = %row.state,

@@ -191,11 +191,7 @@ impl QemuRuntime {
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
         let stopped = Instant::now();
         qmp.stop()?;
-        let uri = format!(
-            "exec:cat > '{}'",
-            state_file.display().to_string().replace('\'', r"'\''")
-        );
-        let captured = qmp.migrate(&uri, MIGRATION_TIMEOUT).and_then(|_| {
+        let captured = migrate_to_file(&mut qmp, &state_file).and_then(|_| {
             crate::fault::point("capture.migrated");
             qmp.snapshot_disk("root", next_disk)
         });
@@ -218,6 +214,15 @@ impl QemuRuntime {
         vm.disk = next_disk.to_path_buf();
         Ok(data)
     }
+}
+
+/// Migrates the (stopped) VM's RAM and device state into `file`.
+fn migrate_to_file(qmp: &mut Qmp, file: &Path) -> Result<serde_json::Value, super::qmp::QmpError> {
+    let uri = format!(
+        "exec:cat > '{}'",
+        file.display().to_string().replace('\'', r"'\''")
+    );
+    qmp.migrate(&uri, MIGRATION_TIMEOUT)
 }
 
 /// fsyncs `partial`, renames it to `dest` and fsyncs their directory.
@@ -377,12 +382,7 @@ impl Runtime for QemuRuntime {
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
         let stopped = Instant::now();
         qmp.stop()?;
-        let uri = format!(
-            "exec:cat > '{}'",
-            partial.display().to_string().replace('\'', r"'\''")
-        );
-        let saved = qmp
-            .migrate(&uri, MIGRATION_TIMEOUT)
+        let saved = migrate_to_file(&mut qmp, &partial)
             .map_err(RuntimeError::from)
             .and_then(|_| sync_into_place(&partial, &data.state_file));
         if let Err(e) = saved {

@@ -1,0 +1,246 @@
+//! Pause to disk and resume, end to end: a background process counting into a file
+//! goes on where it was (same pid) after a resume, the VM process is gone while
+//! paused, guest calls on a paused sandbox are refused (or resume it with
+//! `auto_resume`), a TTL with `ttl_action: pause` pauses, and wrong-state calls change
+//! nothing. [`check_pause`] leaves one sandbox paused for the daemon restart the suite
+//! does; [`check_after_restart`] resumes it there.
+use std::time::{Duration, Instant};
+
+use hyper::Method;
+use serde_json::{json, Value};
+use zygote_daemon::client::Client;
+use zygote_daemon::model::Sandbox;
+
+use super::common::{create, eventually, get, Cleanup};
+use super::{exec, read, write};
+
+/// Counts into /root/count every 0.2 s, in its own session (outlives the exec), and
+/// records its pid.
+const COUNTER: &str = "setsid sh -c 'echo $$ > /root/counter.pid; i=0; \
+    while :; do i=$((i+1)); echo $i > /root/count; sleep 0.2; done' \
+    </dev/null >/dev/null 2>&1 &";
+
+async fn post(
+    c: &Client,
+    id: &str,
+    what: &str,
+) -> Result<Sandbox, zygote_daemon::client::ClientError> {
+    c.json(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/{what}"),
+        None::<&()>,
+    )
+    .await
+}
+
+async fn count(c: &Client, id: &str) -> u64 {
+    read(c, id, "/root/count")
+        .await
+        .expect("count file")
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// The counter's pid, if that process still runs the counting loop.
+async fn counter_pid(c: &Client, id: &str) -> u32 {
+    let r = exec(
+        c,
+        id,
+        "p=$(cat /root/counter.pid); kill -0 $p && grep -q count /proc/$p/cmdline && echo $p",
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "the counter is not running: {r:?}");
+    r.stdout.trim().parse().expect("pid")
+}
+
+/// Pauses `id` and checks what a paused sandbox shows; returns the view.
+async fn pause_and_check(c: &Client, id: &str) -> Sandbox {
+    let before = get(c, id).await;
+    let vm_pid = before.pid.expect("a running sandbox has a VM");
+    let paused = post(c, id, "pause").await.expect("pause");
+    assert_eq!(paused.state, "paused", "{paused:?}");
+    assert_eq!(paused.pid, None, "no VM process while paused");
+    assert!(paused.paused_at.is_some());
+    assert_eq!(paused.expires_at, None, "the TTL does not run while paused");
+    // The VM process is gone and its memory with it.
+    let gone = eventually(Duration::from_secs(10), async || {
+        let stat = std::fs::read_to_string(format!("/proc/{vm_pid}/stat")).unwrap_or_default();
+        (stat.is_empty() || stat.contains(") Z ")).then_some(())
+    })
+    .await;
+    assert!(gone.is_some(), "VM process {vm_pid} outlived the pause");
+    assert_eq!(get(c, id).await.state, "paused");
+    paused
+}
+
+/// A sandbox left paused across the daemon restart: its counter's pid and count.
+pub struct Parked {
+    pub id: String,
+    pid: u32,
+    counted: u64,
+}
+
+/// Everything but the restart; returns a sandbox left paused for it.
+pub async fn check_pause(c: &Client, cleanup: &Cleanup) -> Parked {
+    let p = &create(
+        c,
+        json!({"image": "minimal", "name": "e2e-pause", "ttl_secs": 3600}),
+        cleanup,
+    )
+    .await[0];
+    let id = p.id.as_str();
+    assert_eq!((p.auto_resume, p.ttl_action.as_str()), (false, "delete"));
+    assert_eq!(exec(c, id, COUNTER).await.exit_code, Some(0));
+    write(c, id, "/root/kept.txt", "written before the pause").await;
+    let pid = counter_pid(c, id).await;
+    let counted = eventually(Duration::from_secs(30), async || {
+        let n = count(c, id).await;
+        (n >= 3).then_some(n)
+    })
+    .await
+    .expect("the counter counts");
+
+    let started = Instant::now();
+    let paused = pause_and_check(c, id).await;
+    eprintln!("    paused {id} in {} ms", started.elapsed().as_millis());
+    let left = paused.ttl_left_secs.expect("TTL set aside");
+    assert!(left <= 3600 && left > 3000, "{left}");
+
+    // Guest calls, branch, snapshot and a second pause are refused; nothing changes.
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&json!({"argv": ["true"]})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
+    assert!(e.to_string().contains("resume"), "{e}");
+    let e = read(c, id, "/root/kept.txt").await.unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/branch"),
+            Some(&json!({})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
+    let e = c
+        .json::<Value>(Method::POST, "/v1/snapshots", Some(&json!({"sandbox": id})))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
+    let e = post(c, id, "pause").await.unwrap_err();
+    assert_eq!(e.code(), Some("wrong_state"), "{e}");
+    for what in ["pause", "resume"] {
+        let e = post(c, "sb-nosuchthing", what).await.unwrap_err();
+        assert_eq!(e.code(), Some("not_found"), "{what}: {e}");
+    }
+    assert_eq!(get(c, id).await.state, "paused");
+
+    let started = Instant::now();
+    let resumed = post(c, id, "resume").await.expect("resume");
+    eprintln!("    resumed {id} in {} ms", started.elapsed().as_millis());
+    assert_eq!(resumed.state, "running");
+    assert!(
+        resumed.pid.is_some() && resumed.pid != p.pid,
+        "a new VM process"
+    );
+    assert_eq!((resumed.paused_at, resumed.ttl_left_secs), (None, None));
+    let deadline = resumed.expires_at.expect("the TTL runs again");
+    assert!(
+        deadline >= zygote_daemon::manager::now() + 3000,
+        "{deadline}"
+    );
+    check_same_guest(c, id, pid, counted).await;
+    let e = post(c, id, "resume").await.unwrap_err();
+    assert_eq!(e.code(), Some("wrong_state"), "{e}");
+
+    check_auto_resume(c, cleanup).await;
+
+    // Left paused for the daemon restart.
+    let counted = count(c, id).await;
+    pause_and_check(c, id).await;
+    Parked {
+        id: id.to_string(),
+        pid,
+        counted,
+    }
+}
+
+/// After resume: the files, the hostname and the same counter process, counting on
+/// from where it was.
+async fn check_same_guest(c: &Client, id: &str, pid: u32, counted: u64) {
+    assert_eq!(
+        read(c, id, "/root/kept.txt").await.unwrap(),
+        "written before the pause"
+    );
+    assert_eq!(exec(c, id, "hostname").await.stdout.trim(), "e2e-pause");
+    assert_eq!(counter_pid(c, id).await, pid, "the same counter process");
+    let first = count(c, id).await;
+    assert!(first >= counted, "the count went back: {first} < {counted}");
+    let later = eventually(Duration::from_secs(30), async || {
+        let n = count(c, id).await;
+        (n > first + 2).then_some(n)
+    })
+    .await;
+    assert!(later.is_some(), "the counter does not go on after resume");
+}
+
+/// `auto_resume`: an exec resumes a paused sandbox; `ttl_action: pause` pauses it when
+/// its TTL runs out, with a whole TTL for after the resume.
+async fn check_auto_resume(c: &Client, cleanup: &Cleanup) {
+    let a = &create(
+        c,
+        json!({"image": "minimal", "auto_resume": true, "ttl_action": "pause"}),
+        cleanup,
+    )
+    .await[0];
+    let id = a.id.as_str();
+    assert_eq!((a.auto_resume, a.ttl_action.as_str()), (true, "pause"));
+    write(c, id, "/root/a.txt", "auto").await;
+    pause_and_check(c, id).await;
+    let r = exec(c, id, "cat /root/a.txt").await;
+    assert_eq!(r.stdout, "auto", "{r:?}");
+    assert_eq!(get(c, id).await.state, "running");
+
+    let s: Sandbox = c
+        .json(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/ttl"),
+            Some(&json!({"ttl_secs": 2, "ttl_action": "pause"})),
+        )
+        .await
+        .expect("set ttl");
+    assert!(s.expires_at.is_some());
+    let paused = eventually(Duration::from_secs(60), async || {
+        let s = get(c, id).await;
+        (s.state == "paused").then_some(s)
+    })
+    .await
+    .expect("the TTL paused it");
+    assert_eq!(paused.ttl_left_secs, Some(2), "a whole TTL after resume");
+    assert_eq!(read(c, id, "/root/a.txt").await.unwrap(), "auto");
+    let s = get(c, id).await;
+    assert_eq!(s.state, "running", "a file read resumed it");
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await
+        .expect("delete");
+}
+
+/// After the daemon restart: still paused with no VM, and resumes as itself.
+pub async fn check_after_restart(c: &Client, parked: &Parked) {
+    let id = parked.id.as_str();
+    let s = get(c, id).await;
+    assert_eq!((s.state.as_str(), s.pid), ("paused", None), "{s:?}");
+    let resumed = post(c, id, "resume").await.expect("resume after restart");
+    assert_eq!(resumed.state, "running");
+    check_same_guest(c, id, parked.pid, parked.counted).await;
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await
+        .expect("delete");
+}
