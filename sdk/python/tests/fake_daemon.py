@@ -86,7 +86,11 @@ class FakeFiles:
 
     Sandboxes carry metadata like zygoted's: validated at create (400
     ``invalid_argument``), inherited by branch children with ``zygote.parent``
-    added, shown in every sandbox view and used to filter the list."""
+    added, shown in every sandbox view and used to filter the list.
+
+    Pause and resume too: a paused sandbox's file calls get 409
+    ``sandbox_paused`` (one created with ``auto_resume`` is resumed instead),
+    pausing a paused one or resuming a running one 409 ``wrong_state``."""
 
     sandboxes: dict[str, Files] = field(default_factory=dict)
     metadata: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -94,11 +98,24 @@ class FakeFiles:
     # child -> (parent, branch point id); point id -> the files it kept (None: not kept).
     origin: dict[str, tuple[str, str]] = field(default_factory=dict)
     points: dict[str, Optional[Files]] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    # sandbox -> {"auto_resume": bool, "ttl_action": str}, as given at create.
+    lifecycle: dict[str, dict[str, Any]] = field(default_factory=dict)
     _ids: "itertools.count[int]" = field(default_factory=lambda: itertools.count(1))
 
     def view(self, sid: str) -> dict[str, Any]:
         """A sandbox as zygoted shows it (the fields this model keeps)."""
-        return {"id": sid, "state": "running", "name": None, "metadata": dict(self.metadata.get(sid, {}))}
+        life = self.lifecycle.get(sid, {})
+        return {
+            "id": sid,
+            "state": "paused" if sid in self.paused else "running",
+            "name": None,
+            "metadata": dict(self.metadata.get(sid, {})),
+            "pid": None if sid in self.paused else 4242,
+            "paused_at": 1700000000 if sid in self.paused else None,
+            "auto_resume": bool(life.get("auto_resume", False)),
+            "ttl_action": life.get("ttl_action", "delete"),
+        }
 
     def answer(
         self, method: str, path: str, query: dict[str, str], body: bytes, raw_query: str = ""
@@ -113,10 +130,16 @@ class FakeFiles:
             del self.sandboxes[one[1]]
             self.metadata.pop(one[1], None)
             return 204, None
-        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/(files|branch|merge)", path)
+        m = re.fullmatch(r"/v1/sandboxes/([^/]+)/(files|branch|merge|pause|resume)", path)
         if m is None or m[1] not in self.sandboxes:
             return None
         sid, route = m[1], m[2]
+        if route in ("pause", "resume"):
+            return self.pause_or_resume(sid, route)
+        if sid in self.paused:
+            if route != "files" or not self.lifecycle.get(sid, {}).get("auto_resume"):
+                return _error(409, "sandbox_paused", f"sandbox {sid} is paused: resume it first")
+            self.paused.discard(sid)
         files = self.sandboxes[sid]
         if route == "files" and method == "GET":
             if query["path"] not in files:
@@ -137,6 +160,18 @@ class FakeFiles:
             return 201, {"parent": sid, "branch_point": point, "children": children, "failed": [], "duration_ms": 1}
         return self.merge(sid, req)
 
+    def pause_or_resume(self, sid: str, op: str) -> Answer:
+        paused = sid in self.paused
+        if (op == "pause") == paused:
+            state = "paused" if paused else "running"
+            needs = "running" if op == "pause" else "paused"
+            return _error(409, "wrong_state", f"sandbox {sid} is {state}: {op} needs it {needs}")
+        if op == "pause":
+            self.paused.add(sid)
+        else:
+            self.paused.discard(sid)
+        return 200, self.view(sid)
+
     def create(self, req: dict[str, Any]) -> Answer:
         meta = req.get("metadata") or {}
         why = metadata_error(meta)
@@ -147,6 +182,7 @@ class FakeFiles:
             sid = f"sb-{next(self._ids):012x}"
             self.sandboxes[sid] = {}
             self.metadata[sid] = dict(meta)
+            self.lifecycle[sid] = {k: req[k] for k in ("auto_resume", "ttl_action") if k in req}
             made.append(self.view(sid))
         return 201, {"sandboxes": made}
 

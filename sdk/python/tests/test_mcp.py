@@ -38,6 +38,8 @@ EXPECTED_TOOLS = {
     "send_process_input",
     "kill_process",
     "list_processes",
+    "pause_sandbox",
+    "resume_sandbox",
 }
 
 
@@ -450,3 +452,24 @@ def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_e
     with Client(live_env["url"], live_env["token"]) as c:
         left = {x.id for x in c.sandboxes()}
     assert sid not in left and child not in left
+
+
+def test_pause_and_resume_tools_against_a_fake_daemon() -> None:
+    fake = FakeDaemon().start()
+    fake.files = FakeFiles()
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        sid = structured(session.call("create_sandbox"))["sandbox_id"]
+        paused = structured(session.call("pause_sandbox", sandbox_id=sid))
+        refused = session.call("read_file", sandbox_id=sid, path="/root/x")
+        again = session.call("pause_sandbox", sandbox_id=sid)
+        resumed = structured(session.call("resume_sandbox", sandbox_id=sid))
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert paused == {"sandbox_id": sid, "state": "paused"}
+    assert refused["isError"] is True and "[sandbox_paused]" in refused["content"][0]["text"]
+    assert again["isError"] is True and "[wrong_state]" in again["content"][0]["text"]
+    assert resumed == {"sandbox_id": sid, "state": "running"}

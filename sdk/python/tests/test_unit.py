@@ -697,3 +697,70 @@ async def test_async_metadata_create_branch_and_list(fake: FakeDaemon) -> None:
             await AsyncSandbox.create(client=c, metadata={"zygote.x": "y"})
         assert await kid.kill() is True
         assert [s.id for s in await c.sandboxes()] == [sb.id]
+
+
+def test_pause_resume_and_auto_resume(fake: FakeDaemon) -> None:
+    fake.files = FakeFiles()
+    with Client(fake.url, "t") as c:
+        sb = Sandbox.create(client=c)
+        sb.files.write("/root/f", "kept")
+        paused = sb.pause()
+        assert (paused.state, paused.pid) == ("paused", None) and paused.paused_at is not None
+        assert [(r.method, r.path, r.body) for r in fake.requests[-1:]] == [("POST", f"/v1/sandboxes/{sb.id}/pause", b"")]
+        with pytest.raises(zygote.SandboxPaused) as e:
+            sb.files.read("/root/f")
+        assert (e.value.code, e.value.status) == ("sandbox_paused", 409)
+        # A paused sandbox is also "not running" to code that catches that.
+        assert isinstance(e.value, zygote.SandboxNotRunning)
+        with pytest.raises(zygote.WrongState):
+            sb.pause()
+        assert sb.resume().state == "running"
+        assert sb.files.read("/root/f") == "kept"
+        with pytest.raises(zygote.WrongState):
+            sb.resume()
+
+        auto = Sandbox.create(client=c, auto_resume=True, ttl_action="pause", ttl_secs=60)
+        assert json.loads(fake.requests[-1].body) == {
+            "image": "minimal",
+            "ttl_secs": 60,
+            "ttl_action": "pause",
+            "auto_resume": True,
+        }
+        info = auto.info()
+        assert (info.auto_resume, info.ttl_action) == (True, "pause")
+        auto.files.write("/root/g", "x")
+        auto.pause()
+        assert auto.files.read("/root/g") == "x"
+        assert auto.info().state == "running"
+
+
+def test_ttl_action_is_sent_and_checked_locally(fake: FakeDaemon) -> None:
+    fake.load([{"status": 200, "json": SANDBOX}, {"status": 200, "json": SANDBOX}])
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-aaaaaaaaaaaa", client=c)
+        sb.set_ttl(30, ttl_action="pause")
+        sb.set_ttl(None)
+        with pytest.raises(ValueError, match="ttl_action"):
+            sb.set_ttl(30, ttl_action="stop")
+        with pytest.raises(ValueError, match="ttl_action"):
+            Sandbox.create(client=c, ttl_action="later")
+    assert [json.loads(r.body) for r in fake.requests] == [
+        {"ttl_secs": 30, "ttl_action": "pause"},
+        {"ttl_secs": None},
+    ]
+    # Daemons from before pause/resume: the defaults.
+    old = zygote.SandboxInfo.from_json({"id": "sb-1", "state": "running"})
+    assert (old.auto_resume, old.ttl_action, old.paused_at, old.ttl_left_secs) == (False, "delete", None, None)
+
+
+@pytest.mark.anyio
+async def test_async_pause_and_resume(fake: FakeDaemon) -> None:
+    fake.files = FakeFiles()
+    async with AsyncClient(fake.url, "t") as c:
+        sb = await AsyncSandbox.create(client=c)
+        assert (await sb.pause()).state == "paused"
+        with pytest.raises(zygote.SandboxPaused):
+            await sb.files.read("/root/none")
+        assert (await sb.resume()).state == "running"
+        with pytest.raises(zygote.WrongState):
+            await sb.resume()

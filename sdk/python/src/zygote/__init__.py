@@ -29,12 +29,14 @@ from .errors import (
     SandboxBusy,
     SandboxNotFound,
     SandboxNotRunning,
+    SandboxPaused,
     ServerError,
     SnapshotInUse,
     SnapshotNotFound,
     SpawnFailed,
     Unauthorized,
     Unsupported,
+    WrongState,
     ZygoteError,
 )
 from .models import (
@@ -108,6 +110,8 @@ __all__ = [
     "FileNotFound",
     "ConflictError",
     "SandboxNotRunning",
+    "SandboxPaused",
+    "WrongState",
     "SandboxBusy",
     "SnapshotInUse",
     "ProcessExited",

@@ -133,6 +133,8 @@ def create_sandboxes(
     envs: Optional[Mapping[str, str]] = None,
     secrets: Optional[Mapping[str, Any]] = None,
     metadata: Optional[Mapping[str, str]] = None,
+    auto_resume: Optional[bool] = None,
+    ttl_action: Optional[str] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -144,6 +146,8 @@ def create_sandboxes(
         ("vcpus", vcpus),
         ("limits", dict(limits) if limits else None),
         ("ttl_secs", ttl_secs),
+        ("ttl_action", check_ttl_action(ttl_action)),
+        ("auto_resume", auto_resume),
         ("network", network),
         # An empty allow_out is sent: it allows no destination at all.
         ("allow_out", cidrs("allow_out", allow_out)),
@@ -252,14 +256,35 @@ def branch_children(res: BranchResult, n: int, children: list[S], *, allow_parti
     return children
 
 
-def set_ttl(sid: str, ttl_secs: Optional[int]) -> Call[SandboxInfo]:
+def set_ttl(sid: str, ttl_secs: Optional[int], ttl_action: Optional[str] = None) -> Call[SandboxInfo]:
     # null is meaningful here (no TTL), so the field is always sent.
+    body: dict[str, Any] = {"ttl_secs": ttl_secs}
+    if ttl_action is not None:
+        body["ttl_action"] = check_ttl_action(ttl_action)
     return Call(
         "PUT",
         f"/v1/sandboxes/{seg(sid)}/ttl",
         lambda r: SandboxInfo.from_json(_json(r)),
-        json={"ttl_secs": ttl_secs},
+        json=body,
     )
+
+
+TTL_ACTIONS = ("delete", "pause")
+
+
+def check_ttl_action(action: Optional[str]) -> Optional[str]:
+    """``action`` if it is one the daemon knows (``delete``, ``pause``)."""
+    if action is not None and action not in TTL_ACTIONS:
+        raise ValueError(f"ttl_action must be one of {', '.join(TTL_ACTIONS)}, not {action!r}")
+    return action
+
+
+def pause(sid: str) -> Call[SandboxInfo]:
+    return Call("POST", f"/v1/sandboxes/{seg(sid)}/pause", lambda r: SandboxInfo.from_json(_json(r)))
+
+
+def resume(sid: str) -> Call[SandboxInfo]:
+    return Call("POST", f"/v1/sandboxes/{seg(sid)}/resume", lambda r: SandboxInfo.from_json(_json(r)))
 
 
 def restore_in_place(sid: str, snapshot: str) -> Call[SandboxInfo]:

@@ -155,6 +155,8 @@ class AsyncSandbox:
         envs: Optional[Mapping[str, str]] = None,
         secrets: Optional[Mapping[str, Any]] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        auto_resume: Optional[bool] = None,
+        ttl_action: Optional[str] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -175,6 +177,8 @@ class AsyncSandbox:
                 envs=envs,
                 secrets=secrets,
                 metadata=metadata,
+                auto_resume=auto_resume,
+                ttl_action=ttl_action,
             )
         )
         return cls(made[0].id, client=c)
@@ -251,9 +255,25 @@ class AsyncSandbox:
     async def rollback(self, snapshot: Union[Snapshot, str]) -> SandboxInfo:
         return await self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
 
-    async def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
-        """See :meth:`zygote.Sandbox.set_ttl`."""
-        return await self.client.call(_api.set_ttl(self.id, ttl_secs))
+    async def set_ttl(self, ttl_secs: Optional[int], *, ttl_action: Optional[str] = None) -> SandboxInfo:
+        """The daemon deletes this sandbox ``ttl_secs`` from now (replacing any
+        earlier deadline); ``None`` keeps it until killed. ``ttl_action``
+        (``"delete"`` or ``"pause"``) changes what the deadline does. While the
+        sandbox is paused its TTL does not run: it starts whole at resume."""
+        return await self.client.call(_api.set_ttl(self.id, ttl_secs, ttl_action))
+
+    async def pause(self) -> SandboxInfo:
+        """Pauses the sandbox to disk: its memory and devices are saved, its VM
+        process ends (its memory returns to the host); it keeps its id, files,
+        network and lineage, and its TTL stops. Commands and file calls raise
+        :class:`~zygote.errors.SandboxPaused` until :meth:`resume` (or resume
+        it themselves if it was created with ``auto_resume=True``)."""
+        return await self.client.call(_api.pause(self.id))
+
+    async def resume(self) -> SandboxInfo:
+        """Brings a paused sandbox back where it was: the same processes, files
+        and network; its clock is stepped to now."""
+        return await self.client.call(_api.resume(self.id))
 
     async def tree(self) -> SandboxTree:
         """The lineage: topmost existing ancestor and every descendant, with

@@ -127,6 +127,19 @@ class SandboxNotRunning(ConflictError):
     default_code = "sandbox_not_running"
 
 
+class SandboxPaused(SandboxNotRunning):
+    """The sandbox is paused: ``sb.resume()`` it first (or create it with
+    ``auto_resume=True`` so that commands and file calls resume it)."""
+
+    default_code = "sandbox_paused"
+
+
+class WrongState(ConflictError):
+    """Pause of a sandbox that is not running, or resume of one that is not paused."""
+
+    default_code = "wrong_state"
+
+
 class SandboxBusy(ConflictError):
     """Another branch, snapshot, restore or delete is in progress on it."""
 
@@ -249,6 +262,8 @@ _BY_CODE: dict[str, type[ZygoteError]] = {
     "guest_not_found": FileNotFound,
     "sandbox_not_running": SandboxNotRunning,
     "sandbox_busy": SandboxBusy,
+    "sandbox_paused": SandboxPaused,
+    "wrong_state": WrongState,
     "snapshot_in_use": SnapshotInUse,
     "process_exited": ProcessExited,
     "guest_busy": ConflictError,

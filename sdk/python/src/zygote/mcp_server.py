@@ -39,6 +39,8 @@ INSTRUCTIONS = (
     "another (a winning child's into its parent; branch with mergeable=true), and keep_branch "
     "keeps one child of a branch and deletes its siblings; "
     "snapshot_sandbox saves a state and restore_snapshot starts a new sandbox from it; "
+    "pause_sandbox saves an idle sandbox to disk (its VM stops, it keeps its id, files and "
+    "processes) and resume_sandbox brings it back where it was; "
     "kill_sandbox removes one. Kill sandboxes you no longer need. "
     "start_background_command starts a long-running program (a server, a watcher) and returns "
     "its pid at once; read_process_output reads what it printed from an offset (optionally "
@@ -313,6 +315,26 @@ def build_server(
         except ZygoteError as e:
             raise _tool_error(e) from e
         return {"sandbox_id": session.adopt(sb.id)}
+
+    @server.tool()
+    async def pause_sandbox(sandbox_id: str) -> dict[str, Any]:
+        """Pause a sandbox to disk: its memory and processes are saved and its VM stops
+        (freeing the host's memory); it keeps its id and files. exec and file tools on it
+        fail until resume_sandbox."""
+        try:
+            info = await session.sandbox(sandbox_id).pause()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"sandbox_id": sandbox_id, "state": info.state}
+
+    @server.tool()
+    async def resume_sandbox(sandbox_id: str) -> dict[str, Any]:
+        """Resume a paused sandbox where it was: the same processes and files."""
+        try:
+            info = await session.sandbox(sandbox_id).resume()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"sandbox_id": sandbox_id, "state": info.state}
 
     @server.tool()
     async def kill_sandbox(sandbox_id: str) -> dict[str, Any]:

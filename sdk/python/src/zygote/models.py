@@ -100,7 +100,9 @@ class ForkHook:
 class SandboxInfo:
     id: str
     state: str
-    """``creating``, ``running``, ``paused`` (during branch/snapshot) or ``dead``."""
+    """``creating``, ``running``, ``paused`` (paused to disk with ``pause()``; also
+    for a moment while a branch or snapshot stops the VM), ``pausing``,
+    ``resuming``, ``error``, ``dead`` or ``deleting``."""
     runtime: str
     hostname: str
     name: Optional[str]
@@ -129,6 +131,14 @@ class SandboxInfo:
     metadata: Mapping[str, str] = field(default_factory=dict)
     """Its labels: ``metadata`` given at create; a branch child has its parent's
     plus ``zygote.parent`` (the parent's id). Empty from daemons without metadata."""
+    auto_resume: bool = False
+    """Commands and file calls resume it when it is paused."""
+    ttl_action: str = "delete"
+    """What its TTL running out does: ``delete`` or ``pause``."""
+    paused_at: Optional[int] = None
+    """Unix seconds when it was paused, while it is paused."""
+    ttl_left_secs: Optional[int] = None
+    """While paused with a TTL: the seconds it will have once resumed."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -153,6 +163,10 @@ class SandboxInfo:
             envs={str(k): str(v) for k, v in (d.get("envs") or {}).items()},
             secrets=tuple(str(s) for s in (d.get("secrets") or ())),
             metadata={str(k): str(v) for k, v in (d.get("metadata") or {}).items()},
+            auto_resume=bool(d.get("auto_resume", False)),
+            ttl_action=str(d.get("ttl_action") or "delete"),
+            paused_at=_opt_int(d.get("paused_at")),
+            ttl_left_secs=_opt_int(d.get("ttl_left_secs")),
             fork_hooks=tuple(
                 ForkHook.from_json(h) for h in (d.get("fork_hooks") or ()) if isinstance(h, Mapping)
             ),

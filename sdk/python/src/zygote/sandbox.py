@@ -188,6 +188,8 @@ class Sandbox:
         envs: Optional[Mapping[str, str]] = None,
         secrets: Optional[Mapping[str, Any]] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        auto_resume: Optional[bool] = None,
+        ttl_action: Optional[str] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -196,7 +198,10 @@ class Sandbox:
 
         ``limits`` are cgroup limits (``memory_mib``, ``cpu_percent``, ``pids``).
         With ``ttl_secs`` the daemon deletes the sandbox that many seconds
-        after it is running, even if this process dies first (see :meth:`set_ttl`).
+        after it is running, even if this process dies first (see :meth:`set_ttl`);
+        with ``ttl_action="pause"`` it pauses it instead (see :meth:`pause`).
+        ``auto_resume=True``: commands and file calls on it while it is paused
+        resume it first (otherwise they raise :class:`~zygote.errors.SandboxPaused`).
 
         ``network`` is ``"egress"`` (the daemon's default: outbound traffic
         through NAT) or ``"none"`` (no traffic at all). ``allow_out`` (IPv4
@@ -230,6 +235,8 @@ class Sandbox:
                 envs=envs,
                 secrets=secrets,
                 metadata=metadata,
+                auto_resume=auto_resume,
+                ttl_action=ttl_action,
             )
         )
         return cls(made[0].id, client=c)
@@ -333,10 +340,25 @@ class Sandbox:
         or of its lineage); its id stays the same."""
         return self.client.call(_api.restore_in_place(self.id, _snapshot_id(snapshot)))
 
-    def set_ttl(self, ttl_secs: Optional[int]) -> SandboxInfo:
+    def set_ttl(self, ttl_secs: Optional[int], *, ttl_action: Optional[str] = None) -> SandboxInfo:
         """The daemon deletes this sandbox ``ttl_secs`` from now (replacing any
-        earlier deadline); ``None`` keeps it until killed."""
-        return self.client.call(_api.set_ttl(self.id, ttl_secs))
+        earlier deadline); ``None`` keeps it until killed. ``ttl_action``
+        (``"delete"`` or ``"pause"``) changes what the deadline does. While the
+        sandbox is paused its TTL does not run: it starts whole at resume."""
+        return self.client.call(_api.set_ttl(self.id, ttl_secs, ttl_action))
+
+    def pause(self) -> SandboxInfo:
+        """Pauses the sandbox to disk: its memory and devices are saved, its VM
+        process ends (its memory returns to the host); it keeps its id, files,
+        network and lineage, and its TTL stops. Commands and file calls raise
+        :class:`~zygote.errors.SandboxPaused` until :meth:`resume` (or resume
+        it themselves if it was created with ``auto_resume=True``)."""
+        return self.client.call(_api.pause(self.id))
+
+    def resume(self) -> SandboxInfo:
+        """Brings a paused sandbox back where it was: the same processes, files
+        and network; its clock is stepped to now."""
+        return self.client.call(_api.resume(self.id))
 
     def tree(self) -> SandboxTree:
         """The lineage: topmost existing ancestor and every descendant, with
