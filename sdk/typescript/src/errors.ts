@@ -57,6 +57,17 @@ export class ProcessExited extends ConflictError {
 export class SandboxNotRunning extends ConflictError {
   static override readonly defaultCode: string = "sandbox_not_running";
 }
+/**
+ * The sandbox is paused: `resume()` it first (or create it with
+ * `autoResume: true` so that commands and file calls resume it).
+ */
+export class SandboxPaused extends SandboxNotRunning {
+  static override readonly defaultCode: string = "sandbox_paused";
+}
+/** Pause of a sandbox that is not running, or resume of one that is not paused. */
+export class WrongState extends ConflictError {
+  static override readonly defaultCode: string = "wrong_state";
+}
 /** Another branch, snapshot, restore or delete is in progress on it. */
 export class SandboxBusy extends ConflictError {
   static override readonly defaultCode: string = "sandbox_busy";
@@ -156,6 +167,8 @@ const BY_CODE: Record<string, ErrorClass> = {
   guest_not_found: FileNotFound,
   sandbox_not_running: SandboxNotRunning,
   sandbox_busy: SandboxBusy,
+  sandbox_paused: SandboxPaused,
+  wrong_state: WrongState,
   snapshot_in_use: SnapshotInUse,
   process_exited: ProcessExited,
   guest_busy: ConflictError,

@@ -47,6 +47,7 @@ export type {
   ProcessInfo,
   ProcessOutput,
   SandboxInfo,
+  TtlAction,
   SandboxTree,
   Snapshot,
   TreeNode,

@@ -4,7 +4,11 @@ type Json = Record<string, unknown>;
 
 export interface SandboxInfo {
   id: string;
-  /** `creating`, `running`, `paused` (during branch/snapshot) or `dead`. */
+  /**
+   * `creating`, `running`, `paused` (paused to disk with `pause()`; also for a
+   * moment while a branch or snapshot stops the VM), `pausing`, `resuming`,
+   * `error`, `dead` or `deleting`.
+   */
   state: string;
   runtime: string;
   hostname: string;
@@ -34,9 +38,20 @@ export interface SandboxInfo {
    * plus `zygote.parent` (the parent's id). Empty from daemons without metadata.
    */
   metadata: Record<string, string>;
+  /** Commands and file calls resume it when it is paused. */
+  autoResume: boolean;
+  /** What its TTL running out does: `delete` or `pause`. */
+  ttlAction: TtlAction;
+  /** Unix seconds when it was paused, while it is paused. */
+  pausedAt: number | null;
+  /** While paused with a TTL: the seconds it will have once resumed. */
+  ttlLeftSecs: number | null;
   /** The daemon's object as sent (fields this SDK does not model included). */
   raw: Json;
 }
+
+/** What a sandbox's TTL running out does. */
+export type TtlAction = "delete" | "pause";
 
 /** How one `forked.d` hook ended (hooks run before a child is reported ready). */
 export interface ForkHook {
@@ -231,6 +246,10 @@ export function sandboxFromJson(d: Json): SandboxInfo {
         : {},
     secrets: strs(d.secrets),
     metadata: strMap(d.metadata),
+    autoResume: d.auto_resume === true,
+    ttlAction: d.ttl_action === "pause" ? "pause" : "delete",
+    pausedAt: optNum(d.paused_at),
+    ttlLeftSecs: optNum(d.ttl_left_secs),
     forkHooks: Array.isArray(d.fork_hooks)
       ? (d.fork_hooks as Json[]).map((h) => ({
           name: str(h.name),

@@ -20,6 +20,7 @@ import {
   type SandboxInfo,
   type SandboxTree,
   type Snapshot,
+  type TtlAction,
   type WriteResult,
   branchFromJson,
   diffFromJson,
@@ -50,9 +51,17 @@ export interface CreateOptions extends Connection {
   limits?: { memory_mib?: number; cpu_percent?: number; pids?: number };
   /**
    * The daemon deletes the sandbox this many seconds after it is running,
-   * even if this process dies first (see {@link Sandbox.setTtl}).
+   * even if this process dies first (see {@link Sandbox.setTtl}); with
+   * `ttlAction: "pause"` it pauses it instead (see {@link Sandbox.pause}).
    */
   ttlSecs?: number;
+  /** What the TTL running out does: `delete` (the daemon's default) or `pause`. */
+  ttlAction?: TtlAction;
+  /**
+   * Commands and file calls on the sandbox while it is paused resume it first
+   * (otherwise they throw {@link SandboxPaused}).
+   */
+  autoResume?: boolean;
   /**
    * `egress` (the daemon's default: outbound traffic through NAT) or `none`
    * (no traffic at all). Branch children inherit the policy.
@@ -245,6 +254,8 @@ export class Sandbox {
     if (opts.name !== undefined) body.name = opts.name;
     if (opts.limits !== undefined) body.limits = opts.limits;
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
+    if (opts.ttlAction !== undefined) body.ttl_action = checkTtlAction(opts.ttlAction);
+    if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
     if (opts.network !== undefined) body.network = opts.network;
     if (opts.allowOut !== undefined) body.allow_out = [...opts.allowOut];
     if (opts.denyOut !== undefined) body.deny_out = [...opts.denyOut];
@@ -350,12 +361,32 @@ export class Sandbox {
 
   /**
    * The daemon deletes this sandbox `ttlSecs` from now (replacing any
-   * earlier deadline); `null` keeps it until killed.
+   * earlier deadline); `null` keeps it until killed. `ttlAction` changes what
+   * the deadline does (`delete` or `pause`). While the sandbox is paused its
+   * TTL does not run: it starts whole at resume.
    */
-  async setTtl(ttlSecs: number | null): Promise<SandboxInfo> {
+  async setTtl(ttlSecs: number | null, opts: { ttlAction?: TtlAction } = {}): Promise<SandboxInfo> {
     // null is meaningful (no TTL), so the field is always sent.
-    const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/ttl`, { json: { ttl_secs: ttlSecs } });
+    const body: Json = { ttl_secs: ttlSecs };
+    if (opts.ttlAction !== undefined) body.ttl_action = checkTtlAction(opts.ttlAction);
+    const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/ttl`, { json: body });
     return sandboxFromJson(d);
+  }
+
+  /**
+   * Pauses the sandbox to disk: its memory and devices are saved, its VM
+   * process ends (its memory returns to the host); it keeps its id, files,
+   * network and lineage, and its TTL stops. Commands and file calls throw
+   * {@link SandboxPaused} until {@link resume} (or resume it themselves if it
+   * was created with `autoResume: true`).
+   */
+  async pause(): Promise<SandboxInfo> {
+    return sandboxFromJson(await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/pause`));
+  }
+
+  /** Brings a paused sandbox back where it was: the same processes, files and network. */
+  async resume(): Promise<SandboxInfo> {
+    return sandboxFromJson(await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/resume`));
   }
 
   /**
@@ -524,4 +555,12 @@ export class Sandbox {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.kill();
   }
+}
+
+/** `action` if the daemon knows it (the type allows only those; plain JS may not). */
+function checkTtlAction(action: TtlAction): TtlAction {
+  if (action !== "delete" && action !== "pause") {
+    throw new TypeError(`ttlAction must be "delete" or "pause", not ${JSON.stringify(action)}`);
+  }
+  return action;
 }

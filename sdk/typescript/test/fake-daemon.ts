@@ -87,6 +87,10 @@ export function parseFilters(params: URLSearchParams): [string, string][] | Answ
  * Sandboxes carry metadata like zygoted's: validated at create (400
  * `invalid_argument`), inherited by branch children with `zygote.parent`
  * added, shown in every sandbox view and used to filter the list.
+ *
+ * Pause and resume too: a paused sandbox's file calls get 409
+ * `sandbox_paused` (one created with `auto_resume` is resumed instead), pausing
+ * a paused one or resuming a running one 409 `wrong_state`.
  */
 export class FakeFiles {
   readonly sandboxes = new Map<string, Files>();
@@ -94,6 +98,9 @@ export class FakeFiles {
   /** child -> [parent, branch point]; branch point -> the files it kept (null: not kept). */
   private readonly origin = new Map<string, [string, string]>();
   private readonly points = new Map<string, Files | null>();
+  readonly paused = new Set<string>();
+  /** sandbox -> `auto_resume` and `ttl_action` as given at create. */
+  private readonly lifecycle = new Map<string, { auto_resume?: boolean; ttl_action?: string }>();
   private ids = 0;
 
   constructor(
@@ -109,7 +116,18 @@ export class FakeFiles {
 
   /** A sandbox as zygoted shows it (the fields this model keeps). */
   view(sid: string): Record<string, unknown> {
-    return { id: sid, state: "running", name: null, metadata: { ...this.metadata.get(sid) } };
+    const paused = this.paused.has(sid);
+    const life = this.lifecycle.get(sid) ?? {};
+    return {
+      id: sid,
+      state: paused ? "paused" : "running",
+      name: null,
+      metadata: { ...this.metadata.get(sid) },
+      pid: paused ? null : 4242,
+      paused_at: paused ? 1700000000 : null,
+      auto_resume: life.auto_resume === true,
+      ttl_action: life.ttl_action ?? "delete",
+    };
   }
 
   /** The answer to a request this model handles, else undefined. */
@@ -131,10 +149,17 @@ export class FakeFiles {
       this.metadata.delete(sid);
       return { status: 204 };
     }
-    const m = /^\/v1\/sandboxes\/([^/]+)\/(files|branch|merge)$/.exec(path);
+    const m = /^\/v1\/sandboxes\/([^/]+)\/(files|branch|merge|pause|resume)$/.exec(path);
     const files = m ? this.sandboxes.get(m[1]!) : undefined;
     if (!m || !files) return undefined;
     const [, sid, route] = m as unknown as [string, string, string];
+    if (route === "pause" || route === "resume") return this.pauseOrResume(sid, route);
+    if (this.paused.has(sid)) {
+      if (route !== "files" || this.lifecycle.get(sid)?.auto_resume !== true) {
+        return failure(409, "sandbox_paused", `sandbox ${sid} is paused: resume it first`);
+      }
+      this.paused.delete(sid);
+    }
     const file = query.path ?? "";
     if (route === "files" && method === "GET") {
       const text = files.get(file);
@@ -161,6 +186,17 @@ export class FakeFiles {
     return this.merge(sid, req);
   }
 
+  private pauseOrResume(sid: string, op: "pause" | "resume"): Answer {
+    const paused = this.paused.has(sid);
+    if ((op === "pause") === paused) {
+      const state = paused ? "paused" : "running";
+      return failure(409, "wrong_state", `sandbox ${sid} is ${state}: ${op} needs it ${paused ? "running" : "paused"}`);
+    }
+    if (op === "pause") this.paused.add(sid);
+    else this.paused.delete(sid);
+    return { status: 200, json: this.view(sid) };
+  }
+
   private create(req: Record<string, unknown>): Answer {
     const meta = req.metadata ?? {};
     const why = metadataError(meta);
@@ -169,6 +205,10 @@ export class FakeFiles {
       const sid = this.nextId("sb");
       this.sandboxes.set(sid, new Map());
       this.metadata.set(sid, { ...(meta as Record<string, string>) });
+      this.lifecycle.set(sid, {
+        auto_resume: req.auto_resume as boolean | undefined,
+        ttl_action: req.ttl_action as string | undefined,
+      });
       return this.view(sid);
     });
     return { status: 201, json: { sandboxes: made } };

@@ -17,10 +17,12 @@ import {
   InvalidArgument,
   MergeConflictError,
   SandboxNotRunning,
+  SandboxPaused,
   ServerError,
   Sandbox,
   SandboxNotFound,
   type SandboxTree,
+  WrongState,
   ZygoteError,
   errorFor,
   resolveConfig,
@@ -623,6 +625,59 @@ describe("sandbox handles", () => {
     } finally {
       fake.files = undefined;
     }
+  });
+
+  test("pause and resume; a paused sandbox refuses file calls unless created with autoResume", async () => {
+    fake.load([]);
+    fake.files = new FakeFiles();
+    try {
+      const client = new Client({ url: fake.url, token: "t" });
+      const sb = await Sandbox.create({ client });
+      await sb.files.write("/root/f", "kept");
+      const paused = await sb.pause();
+      assert.deepEqual([paused.state, paused.pid, paused.pausedAt !== null], ["paused", null, true]);
+      await assert.rejects(
+        sb.files.read("/root/f"),
+        (e) => e instanceof SandboxPaused && e instanceof SandboxNotRunning && e.status === 409,
+      );
+      await assert.rejects(sb.pause(), (e) => e instanceof WrongState && e.code === "wrong_state");
+      assert.equal((await sb.resume()).state, "running");
+      assert.equal(await sb.files.read("/root/f"), "kept");
+      await assert.rejects(sb.resume(), WrongState);
+
+      const auto = await Sandbox.create({ client, autoResume: true, ttlAction: "pause", ttlSecs: 60 });
+      assert.deepEqual(JSON.parse(fake.requests.at(-1)!.body.toString("utf8")), {
+        image: "minimal",
+        ttl_secs: 60,
+        ttl_action: "pause",
+        auto_resume: true,
+      });
+      const info = await auto.info();
+      assert.deepEqual([info.autoResume, info.ttlAction], [true, "pause"]);
+      await auto.files.write("/root/g", "x");
+      await auto.pause();
+      assert.equal(await auto.files.read("/root/g"), "x");
+      assert.equal((await auto.info()).state, "running");
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
+  test("setTtl sends ttl_action when given; an unknown action is refused locally", async () => {
+    fake.load([
+      { status: 200, json: SANDBOX },
+      { status: 200, json: SANDBOX },
+    ]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    const info = await sb.setTtl(30, { ttlAction: "pause" });
+    await sb.setTtl(null);
+    await assert.rejects(sb.setTtl(30, { ttlAction: "stop" as "pause" }), TypeError);
+    assert.deepEqual(
+      fake.requests.map((r) => JSON.parse(r.body.toString("utf8"))),
+      [{ ttl_secs: 30, ttl_action: "pause" }, { ttl_secs: null }],
+    );
+    // Daemons from before pause/resume: the defaults.
+    assert.deepEqual([info.autoResume, info.ttlAction, info.pausedAt, info.ttlLeftSecs], [false, "delete", null, null]);
   });
 
   test("a stream without an exit event is a ServerError", async () => {
