@@ -23,7 +23,8 @@ use crate::fault;
 use crate::model::pause::{deadline_on_resume, ttl_left, Park};
 use crate::model::{Sandbox, SnapshotKind};
 use crate::procs::ProcId;
-use crate::runtime::BootSource;
+use crate::runtime::guest_agent::net_identity;
+use crate::runtime::{BootSource, RuntimeError};
 
 /// Stored while the runtime saves a VM's state (see the module doc).
 pub const STATE_PAUSING: &str = "pausing";
@@ -167,6 +168,7 @@ impl Manager {
         let mut spec = self.prepare(row, BootSource::Parked(park.data.clone()), None)?;
         spec.disk = park.disk.clone();
         self.forget_agent(&row.id);
+        let net_before = row.network.attachment.clone();
         let start = self.start_with_network(&row.id, row.network.clone(), spec);
         let (net, result) = self.blocking(start).await?;
         row.network = net;
@@ -174,6 +176,9 @@ impl Manager {
             Ok(vm) => {
                 fault::point("resume.started");
                 row.vm = Some(vm);
+                if net_before.is_some() && row.network.attachment != net_before {
+                    self.readdress(row).await;
+                }
                 row.state = STATE_RUNNING.into();
                 row.expires_at = deadline_on_resume(row.ttl_secs, park.ttl_left_secs, now());
                 if !self.runtime.resumed_needs_park() {
@@ -197,6 +202,34 @@ impl Manager {
                 self.db.put_sandbox(row)?;
                 Err(e.into())
             }
+        }
+    }
+
+    /// A resumed guest whose namespace had to be made anew (gone while it was paused:
+    /// the host rebooted) still has its old address: it gets the new one.
+    async fn readdress(&self, row: &SandboxRow) {
+        let Some(vm) = row.vm.clone() else { return };
+        let Some(ident) = net_identity(&self.network.guest_net(&row.network)) else {
+            return;
+        };
+        let rt = self.runtime.clone();
+        let token = self.dirs.agent_key.token(&row.id);
+        let req = zygote_proto::ReidentifyRequest {
+            net: Some(ident),
+            ..Default::default()
+        };
+        let done = self
+            .blocking(move || {
+                let client = rt.connect(&vm, &token)?;
+                client.reidentify(req).map_err(RuntimeError::from)
+            })
+            .await;
+        match done {
+            Ok(Ok(_)) => {
+                tracing::info!(sandbox = %row.id, "resumed on a new network namespace: readdressed")
+            }
+            Ok(Err(e)) => tracing::warn!(sandbox = %row.id, "readdressing after resume: {e}"),
+            Err(e) => tracing::warn!(sandbox = %row.id, "readdressing after resume: {e}"),
         }
     }
 

@@ -80,16 +80,22 @@ fn reidentify_request(who: &GuestWho) -> Result<ReidentifyRequest, ClientError> 
         hostname: Some(who.hostname.to_string()),
         time,
         identity: Some(who.identity.clone()),
-        net: match who.net {
-            GuestNet::Tap(t) => Some(NetIdentity {
-                interface: "eth0".into(),
-                address: format!("{}/{}", t.address, t.prefix),
-                gateway: t.gateway.to_string(),
-                mac: t.mac.clone(),
-            }),
-            GuestNet::User { .. } => None,
-        },
+        net: net_identity(who.net),
     })
+}
+
+/// The guest's interface configuration on `net` (None: QEMU's user network, which
+/// configures the guest itself).
+pub fn net_identity(net: &GuestNet) -> Option<NetIdentity> {
+    match net {
+        GuestNet::Tap(t) => Some(NetIdentity {
+            interface: "eth0".into(),
+            address: format!("{}/{}", t.address, t.prefix),
+            gateway: t.gateway.to_string(),
+            mac: t.mac.clone(),
+        }),
+        GuestNet::User { .. } => None,
+    }
 }
 
 /// Where a VM's agent is and how to tell that the VM is gone.
