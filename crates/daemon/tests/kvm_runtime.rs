@@ -138,18 +138,40 @@ fn wait_exit(rt: &dyn Runtime, vm: &VmRecord) -> String {
     }
 }
 
-#[test]
-fn kvm_runtime_manages_vmm_processes() {
+/// What each test here needs: KVM, the `zygote` binary, a scratch root (with `layers/`)
+/// whose processes are killed at the end. None (after saying why) to skip.
+struct Setup {
+    bin: PathBuf,
+    root: PathBuf,
+    // Dropped after the reaper: processes go before their directory.
+    _reaper: Reaper,
+    _tmp: tempfile::TempDir,
+}
+
+fn setup() -> Option<Setup> {
     if let Err(why) = zygote_vmm::host::kvm_usable() {
-        return skip(&format!("KVM unavailable on this host: {why}"));
+        skip(&format!("KVM unavailable on this host: {why}"));
+        return None;
     }
     let Some(bin) = zygote_bin() else {
-        return skip("no zygote binary (run `cargo build -p zygote-cli` or set ZYGOTE_BIN)");
+        skip("no zygote binary (run `cargo build -p zygote-cli` or set ZYGOTE_BIN)");
+        return None;
     };
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_path_buf();
-    let _reaper = Reaper(root.clone());
     std::fs::create_dir_all(root.join("layers")).unwrap();
+    Some(Setup {
+        bin,
+        _reaper: Reaper(root.clone()),
+        root,
+        _tmp: tmp,
+    })
+}
+
+#[test]
+fn kvm_runtime_manages_vmm_processes() {
+    let Some(env) = setup() else { return };
+    let (bin, root) = (env.bin.clone(), env.root.clone());
     let rt = KvmRuntime::with_probe(bin.clone(), "spin");
     assert_eq!(rt.name(), "kvm");
     assert!(rt.snapshot_kinds().contains(&SnapshotKind::Live));
@@ -351,16 +373,8 @@ fn wait_spinning(vm: &VmRecord) {
 /// where it was).
 #[test]
 fn kvm_runtime_parks_a_vm_and_resumes_it_in_place() {
-    if let Err(why) = zygote_vmm::host::kvm_usable() {
-        return skip(&format!("KVM unavailable on this host: {why}"));
-    }
-    let Some(bin) = zygote_bin() else {
-        return skip("no zygote binary (run `cargo build -p zygote-cli` or set ZYGOTE_BIN)");
-    };
-    let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().to_path_buf();
-    let _reaper = Reaper(root.clone());
-    std::fs::create_dir_all(root.join("layers")).unwrap();
+    let Some(env) = setup() else { return };
+    let (bin, root) = (env.bin.clone(), env.root.clone());
     let rt = KvmRuntime::with_probe(bin, "spin");
     let sp = spec(&root, "p", BootSource::Image(PathBuf::new()));
     let a = rt.start(&sp).expect("start");
