@@ -461,6 +461,37 @@ async fn suite(runtime: &str) {
         "an exposed port serves the guest's HTTP server through the proxy",
     );
 
+    // Pause and resume: the same address, policy and exposed port come back, and the
+    // guest's HTTP server (a process that was running) serves again.
+    for op in ["pause", "resume"] {
+        let s: Sandbox = c
+            .json(
+                Method::POST,
+                &format!("/v1/sandboxes/{}/{op}", only_b.id),
+                None::<&()>,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{op}: {e}"));
+        assert_eq!(
+            s.network.address, only_b.network.address,
+            "{op}: {:?}",
+            s.network
+        );
+    }
+    assert_eq!(reach(&c, &only_b.id, &remote_targets).await, [false, true]);
+    let proxy = proxy_url(&c).await.expect("the daemon runs its proxy");
+    let page = http_get(
+        &proxy,
+        "127.0.0.1",
+        &format!("/sandboxes/{}/ports/8080/", only_b.id),
+        None,
+    );
+    assert!(page.contains("guest-page"), "{page}");
+    step(
+        t0,
+        "paused and resumed: same address and policy, the exposed port serves again",
+    );
+
     // A branch child: its own address and MAC, its parent's policy.
     let br: BranchResponse = c
         .json(
