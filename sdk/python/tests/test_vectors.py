@@ -86,7 +86,9 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         },
         # The SDK has no public call for the whole answer: check what branch parses.
         "branch_detailed": lambda: client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs"))),
-        "set_ttl": lambda: sb.set_ttl(a["ttl_secs"]),
+        "set_ttl": lambda: sb.set_ttl(a["ttl_secs"], ttl_action=a.get("ttl_action")),
+        "pause": lambda: sb.pause(),
+        "resume": lambda: sb.resume(),
         "expose_port": lambda: sb.expose_port(a["port"], public=a.get("public", False)),
         "ports": lambda: {"ports": sb.ports()},
         "get_host": lambda: {"host": sb.get_host(a["port"])},
@@ -128,7 +130,11 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
     if op == "branch_detailed":
         return await client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs")))
     if op == "set_ttl":
-        return await sb.set_ttl(a["ttl_secs"])
+        return await sb.set_ttl(a["ttl_secs"], ttl_action=a.get("ttl_action"))
+    if op == "pause":
+        return await sb.pause()
+    if op == "resume":
+        return await sb.resume()
     if op == "expose_port":
         return await sb.expose_port(a["port"], public=a.get("public", False))
     if op == "ports":

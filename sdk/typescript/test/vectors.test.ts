@@ -90,6 +90,8 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
             allowOut: a.allow_out,
             denyOut: a.deny_out,
             metadata: a.metadata,
+            autoResume: a.auto_resume,
+            ttlAction: a.ttl_action,
           })
         ).id,
       };
@@ -130,7 +132,11 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
     case "branch_detailed":
       return sb.branchDetailed({ n: a.n, ttlSecs: a.ttl_secs });
     case "set_ttl":
-      return sb.setTtl(a.ttl_secs);
+      return sb.setTtl(a.ttl_secs, { ttlAction: a.ttl_action });
+    case "pause":
+      return sb.pause();
+    case "resume":
+      return sb.resume();
     case "expose_port":
       return sb.exposePort(a.port, { public: a.public });
     case "ports":
