@@ -458,7 +458,8 @@ async fn suite(runtime: &str) {
 
     // Pause: killed before the runtime starts, with the state saved but the VM not yet
     // ended, or with the VM ended but not yet recorded: the sandbox is running (the pause
-    // undone) or paused (the state complete), never lost; resume brings every mark back.
+    // undone) or paused (the state was complete: a VM still there is killed), never lost;
+    // resume brings every mark back.
     for point in ["pause.recorded", "pause.saved", "pause.stopped"] {
         let d = faulty(point);
         let c = d.client();
@@ -469,10 +470,11 @@ async fn suite(runtime: &str) {
         let d = start_daemon(state, &args);
         let c = d.client();
         let sb = get(&c, &a).await;
-        let want_state = if point == "pause.stopped" {
-            "paused"
-        } else {
+        // Once the state is saved the pause is finished at start-up.
+        let want_state = if point == "pause.recorded" {
             "running"
+        } else {
+            "paused"
         };
         assert_eq!(sb.state, want_state, "{point}: {sb:?}");
         assert_vm_processes(&c, state, point).await;

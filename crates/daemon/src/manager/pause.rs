@@ -10,9 +10,9 @@
 //! Crash safety follows the snapshot's intent records (`recovery`): before the runtime
 //! touches the VM the row says `pausing` and names the park directory; the runtime's
 //! state file appears there only once complete. A daemon restarted after a crash
-//! (`settle_pause`) finds either the VM alive (the pause is undone: the VM goes on) or
-//! gone with the state complete (the sandbox is paused) or gone without it (the VM died:
-//! dead, as any VM that dies). A resume is recorded as `resuming`; after a crash any VM
+//! (`settle_pause`) finds the state complete (the pause is finished: the VM, if it still
+//! lives, is killed and the sandbox is paused), or not and the VM alive (the pause is
+//! undone: the VM goes on), or neither (the VM died: dead, as any VM that dies). A resume is recorded as `resuming`; after a crash any VM
 //! it started is killed and the sandbox is paused again, its state still on disk.
 use std::time::{Duration, Instant};
 
@@ -238,21 +238,41 @@ impl Manager {
         let (Some(vm), Some(park)) = (row.vm.clone(), row.lifecycle.park.clone()) else {
             return self.mark_dead(row, "the daemon stopped while pausing it".into());
         };
-        let rt = self.runtime.clone();
-        let v = vm.clone();
-        let (exit, resumed) = self
-            .blocking(move || match rt.exit_status(&v) {
-                Some(e) => (Some(e), Ok(())),
-                None => (None, rt.reattach(&v)),
+        // A whole saved state rolls the pause forward, whatever the VM does now (stopped
+        // after the save, or quitting): it is killed, the sandbox is paused.
+        if park.data.state_file.exists() {
+            let rt = self.runtime.clone();
+            self.blocking(move || {
+                if rt.exit_status(&vm).is_none() {
+                    crate::runtime::supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
+                }
             })
             .await?;
+            row.vm = None;
+            row.state = STATE_PAUSED.into();
+            row.expires_at = None;
+            self.db.put_sandbox(row)?;
+            tracing::warn!(
+                "sandbox {}: a pause a crash interrupted had saved its state: paused",
+                row.id
+            );
+            return Ok(());
+        }
+        // Otherwise it is undone: the VM goes on (resumed if the save had stopped it).
+        let rt = self.runtime.clone();
+        let (exit, resumed) = self
+            .blocking(move || match rt.exit_status(&vm) {
+                Some(e) => (Some(e), Ok(())),
+                None => (None, rt.reattach(&vm)),
+            })
+            .await?;
+        remove_park_files(&park, false);
+        row.lifecycle.park = None;
         match exit {
             None => {
                 if let Err(e) = resumed {
                     tracing::warn!("sandbox {}: re-attach after a pause: {e}", row.id);
                 }
-                remove_park_files(&park, false);
-                row.lifecycle.park = None;
                 row.state = STATE_RUNNING.into();
                 self.db.put_sandbox(row)?;
                 tracing::warn!(
@@ -260,27 +280,13 @@ impl Manager {
                     row.id
                 );
             }
-            Some(_) if park.data.state_file.exists() => {
-                row.vm = None;
-                row.state = STATE_PAUSED.into();
-                row.expires_at = None;
-                self.db.put_sandbox(row)?;
-                tracing::warn!(
-                    "sandbox {}: a pause a crash interrupted had saved its state: paused",
-                    row.id
-                );
-            }
-            Some(exit) => {
-                remove_park_files(&park, false);
-                row.lifecycle.park = None;
-                self.mark_dead(
-                    row,
-                    format!(
-                        "ended while being paused, its state unsaved: {}",
-                        exit.reason
-                    ),
-                )?;
-            }
+            Some(exit) => self.mark_dead(
+                row,
+                format!(
+                    "ended while being paused, its state unsaved: {}",
+                    exit.reason
+                ),
+            )?,
         }
         Ok(())
     }
