@@ -459,6 +459,10 @@ impl Manager {
         let row = self.sandbox_row(id)?;
         Ok(match &row.vm {
             Some(vm) => self.runtime.console_log(vm),
+            // Paused: the console output of the VM it had, still in its directory.
+            None if pause::is_parked(&row) => {
+                self.runtime.console_log_in(&self.dirs.vms.join(&row.id))
+            }
             None => String::new(),
         })
     }

@@ -276,7 +276,13 @@ pub trait Runtime: Send + Sync {
 
     /// Serial console output so far.
     fn console_log(&self, vm: &VmRecord) -> String {
-        std::fs::read_to_string(vm.dir.join("serial.log")).unwrap_or_default()
+        self.console_log_in(&vm.dir)
+    }
+
+    /// Serial console output kept in a VM directory (also once the VM is gone: a
+    /// paused sandbox's).
+    fn console_log_in(&self, dir: &Path) -> String {
+        std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default()
     }
 }
 

@@ -104,6 +104,14 @@ pub async fn check_pause(c: &Client, cleanup: &Cleanup) -> Parked {
     let started = Instant::now();
     let paused = pause_and_check(c, id).await;
     eprintln!("    paused {id} in {} ms", started.elapsed().as_millis());
+    let console = c
+        .raw(Method::GET, &format!("/v1/sandboxes/{id}/logs"), None)
+        .await
+        .expect("logs of a paused sandbox");
+    assert!(
+        !console.is_empty(),
+        "a paused sandbox keeps its console log"
+    );
     let left = paused.ttl_left_secs.expect("TTL set aside");
     assert!(left <= 3600 && left > 3000, "{left}");
 
