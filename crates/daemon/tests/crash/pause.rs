@@ -44,12 +44,12 @@ pub async fn crash_points(
         let d = faulty(point);
         let c = d.client();
         marks += 1;
-        sh(&c, &a, &format!("echo {marks} > /root/mark-{marks}; sync")).await;
-        let r = pause(&c, &a, "pause").await;
+        sh(&c, a, &format!("echo {marks} > /root/mark-{marks}; sync")).await;
+        let r = pause(&c, a, "pause").await;
         expect_killed(d, point, r).await;
-        let d = start_daemon(state, &args);
+        let d = start_daemon(state, args);
         let c = d.client();
-        let sb = get(&c, &a).await;
+        let sb = get(&c, a).await;
         // Once the state is saved the pause is finished at start-up.
         let want_state = if point == "pause.recorded" {
             "running"
@@ -61,19 +61,19 @@ pub async fn crash_points(
         assert_no_orphans(&c, state, point).await;
         if sb.state == "paused" {
             assert_eq!(sb.pid, None, "{point}: {sb:?}");
-            pause(&c, &a, "resume")
+            pause(&c, a, "resume")
                 .await
                 .unwrap_or_else(|e| panic!("{point}: resume: {e}"));
         }
-        let sb = get(&c, &a).await;
+        let sb = get(&c, a).await;
         assert_no_deleted_files_open(&sb, point);
         let want: String = (1..=marks).map(|m| format!("{m}\n")).collect();
-        assert_eq!(sh(&c, &a, MARKS_IN_ORDER).await, want, "{point}");
+        assert_eq!(sh(&c, a, MARKS_IN_ORDER).await, want, "{point}");
         // Pausing works again.
-        pause(&c, &a, "pause")
+        pause(&c, a, "pause")
             .await
             .unwrap_or_else(|e| panic!("{point}: pause after recovery: {e}"));
-        pause(&c, &a, "resume")
+        pause(&c, a, "resume")
             .await
             .unwrap_or_else(|e| panic!("{point}: resume after recovery: {e}"));
         assert_no_orphans(&c, state, point).await;
@@ -86,18 +86,18 @@ pub async fn crash_points(
     // Resume: killed before or after the VM started: paused again (no VM of it runs), and
     // resuming then works.
     for point in ["resume.recorded", "resume.started"] {
-        let d = start_daemon(state, &args);
+        let d = start_daemon(state, args);
         let c = d.client();
         marks += 1;
-        sh(&c, &a, &format!("echo {marks} > /root/mark-{marks}; sync")).await;
-        pause(&c, &a, "pause").await.expect("pause");
+        sh(&c, a, &format!("echo {marks} > /root/mark-{marks}; sync")).await;
+        pause(&c, a, "pause").await.expect("pause");
         drop(d);
         let d = faulty(point);
-        let r = pause(&d.client(), &a, "resume").await;
+        let r = pause(&d.client(), a, "resume").await;
         expect_killed(d, point, r).await;
-        let d = start_daemon(state, &args);
+        let d = start_daemon(state, args);
         let c = d.client();
-        let sb = get(&c, &a).await;
+        let sb = get(&c, a).await;
         assert_eq!(
             (sb.state.as_str(), sb.pid),
             ("paused", None),
@@ -105,11 +105,11 @@ pub async fn crash_points(
         );
         assert_vm_processes(&c, state, point).await;
         assert_no_orphans(&c, state, point).await;
-        pause(&c, &a, "resume")
+        pause(&c, a, "resume")
             .await
             .unwrap_or_else(|e| panic!("{point}: resume again: {e}"));
         let want: String = (1..=marks).map(|m| format!("{m}\n")).collect();
-        assert_eq!(sh(&c, &a, MARKS_IN_ORDER).await, want, "{point}");
+        assert_eq!(sh(&c, a, MARKS_IN_ORDER).await, want, "{point}");
         step(
             t0,
             &format!("{point}: paused after the restart, resumed, marks intact"),
