@@ -301,10 +301,11 @@ async fn suite(runtime: &str) {
     );
     processes::check_processes(&c, &a.id).await;
     processes::check_processes_branch(&c, &a.id).await;
+    processes::check_processes_pause(&c, &a.id).await;
     step(
         t0,
         "background processes: stdin, offsets, follow, signals, bad input; a branch child \
-         runs its own copy",
+         runs its own copy; they go on after pause and resume",
     );
 
     // Snapshot + restore (in place), and lineage checks.

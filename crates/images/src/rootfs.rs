@@ -13,7 +13,8 @@ use crate::exec::{run_quiet, Progress};
 use crate::paths::{images_dir, prebuilt_only};
 use crate::recipe::{find_recipe, Base, Recipe};
 use crate::store::{
-    image_path, locate_image, lookup_by_recipe_key, save_info, sha256_file, FileLock, ImageInfo,
+    image_path, locate_image, lookup_by_recipe_key, mark_current, save_info, sha256_file, FileLock,
+    ImageInfo,
 };
 
 #[path = "overlay.rs"]
@@ -64,6 +65,7 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
     if !opts.force && !opts.refresh_base {
         if let Some(info) = lookup_by_recipe_key(&dir, &recipe.name, &key) {
             progress(&format!("cached: {}", info.path.display()));
+            mark_current(&dir, &info)?;
             return Ok(info);
         }
     }
@@ -72,6 +74,7 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
     let _lock = FileLock::acquire(&dir.join(format!(".lock-{}", recipe.name)), progress)?;
     if !opts.force && !opts.refresh_base {
         if let Some(info) = lookup_by_recipe_key(&dir, &recipe.name, &key) {
+            mark_current(&dir, &info)?;
             return Ok(info);
         }
     }
@@ -127,6 +130,7 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
         build_secs: started.elapsed().as_secs_f64(),
     };
     save_info(&dir, &info)?;
+    mark_current(&dir, &info)?;
     progress(&format!("built {}", info.path.display()));
     Ok(info)
 }

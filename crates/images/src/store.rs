@@ -4,7 +4,12 @@
 //! <name>-<sha256>.ext4     the image; sha256 = sha256 of the file's bytes
 //! <name>-<sha256>.json     ImageInfo
 //! index/<name>-<recipe key>  one line: the sha256 built from that recipe key
+//! index/<name>.current        one line: the sha256 the last build of <name> gave
 //! ```
+//!
+//! A name means the image its last build gave (made or found in the cache), not the
+//! newest file: after a rebuild from older inputs (another checkout, a reverted
+//! recipe) "minimal" is what that build produced.
 //!
 //! Images are named by their content so that a VM overlay or snapshot that
 //! refers to a base image by hash can never silently get different bytes; the
@@ -61,6 +66,24 @@ fn metadata_path(dir: &Path, name: &str, sha256: &str) -> PathBuf {
 
 fn index_path(dir: &Path, name: &str, recipe_key: &str) -> PathBuf {
     dir.join("index").join(format!("{name}-{recipe_key}"))
+}
+
+fn current_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join("index").join(format!("{name}.current"))
+}
+
+/// Records `info` as what its name now means (see the module doc).
+pub(crate) fn mark_current(dir: &Path, info: &ImageInfo) -> Result<()> {
+    let path = current_path(dir, &info.name);
+    std::fs::create_dir_all(path.parent().expect("index has a parent"))
+        .ctx(|| "creating the image index".into())?;
+    write_atomic(&path, format!("{}\n", info.sha256).as_bytes())
+}
+
+/// The sha256 `name` currently means, if a build recorded one.
+fn current_sha(dir: &Path, name: &str) -> Option<String> {
+    let sha = std::fs::read_to_string(current_path(dir, name)).ok()?;
+    Some(sha.trim().to_string())
 }
 
 fn load_info(dir: &Path, json_path: &Path) -> Result<ImageInfo> {
@@ -125,18 +148,24 @@ pub(crate) fn list_images_in(dir: &Path) -> Result<Vec<ImageInfo>> {
     Ok(images)
 }
 
-/// Finds a built image without building: by name (the newest build of that
-/// name), by sha256 or a unique prefix of at least 8 hex digits, or by `name-sha256`.
+/// Finds a built image without building: by name (what its last build gave, else the
+/// newest of that name), by sha256 or a unique prefix of at least 8 hex digits, or by `name-sha256`.
 pub fn locate_image(query: &str) -> Result<ImageInfo> {
     locate_image_in(&images_dir(), query)
 }
 
 pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
     let images = list_images_in(dir)?;
-    if let Some(found) = images
+    let current = current_sha(dir, query);
+    let by_name = images
         .iter()
-        .find(|i| i.name == query || i.file_stem() == query)
-    {
+        .find(|i| i.name == query && current.as_deref() == Some(i.sha256.as_str()))
+        .or_else(|| {
+            images
+                .iter()
+                .find(|i| i.name == query || i.file_stem() == query)
+        });
+    if let Some(found) = by_name {
         return Ok(found.clone());
     }
     let is_hex = query.len() >= 8 && query.chars().all(|c| c.is_ascii_hexdigit());
@@ -162,17 +191,16 @@ pub fn remove_image(query: &str) -> Result<ImageInfo> {
     Ok(info)
 }
 
-/// Deletes every image but the newest of each name; returns what was removed.
+/// Deletes every image but the one each name means ([`locate_image`]); returns what was
+/// removed.
 pub fn prune_images() -> Result<Vec<ImageInfo>> {
     prune_in(&images_dir())
 }
 
 pub(crate) fn prune_in(dir: &Path) -> Result<Vec<ImageInfo>> {
     let mut removed = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
-    // Sorted by name, newest first: the first of each name is kept.
     for info in list_images_in(dir)? {
-        if !seen.insert(info.name.clone()) {
+        if locate_image_in(dir, &info.name)?.sha256 != info.sha256 {
             remove_in(dir, &info)?;
             removed.push(info);
         }
@@ -181,6 +209,9 @@ pub(crate) fn prune_in(dir: &Path) -> Result<Vec<ImageInfo>> {
 }
 
 fn remove_in(dir: &Path, info: &ImageInfo) -> Result<()> {
+    if current_sha(dir, &info.name).as_deref() == Some(info.sha256.as_str()) {
+        let _ = std::fs::remove_file(current_path(dir, &info.name));
+    }
     let index_dir = dir.join("index");
     if let Ok(entries) = std::fs::read_dir(&index_dir) {
         let prefix = format!("{}-", info.name);
@@ -349,5 +380,33 @@ mod tests {
             .map(|i| i.name)
             .collect();
         assert_eq!(names, vec!["mini", "py"]);
+    }
+
+    #[test]
+    fn a_name_means_its_last_build_not_the_newest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let old = info("mini", &"a".repeat(64), "k1", 10);
+        let new = info("mini", &"b".repeat(64), "k2", 20);
+        for i in [&old, &new] {
+            save_info(d, i).unwrap();
+            std::fs::write(image_path(d, &i.name, &i.sha256), b"x").unwrap();
+        }
+        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, new.sha256);
+        // A build resolved the older inputs again (cache hit): the name follows it.
+        mark_current(d, &old).unwrap();
+        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, old.sha256);
+        // Pruning keeps what the name means.
+        let removed = prune_in(d).unwrap();
+        assert_eq!(removed.len(), 1);
+        assert_eq!(removed[0].sha256, new.sha256);
+        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, old.sha256);
+        // Removing it drops the pointer; the name falls back to the newest left.
+        mark_current(d, &old).unwrap();
+        save_info(d, &new).unwrap();
+        std::fs::write(image_path(d, &new.name, &new.sha256), b"x").unwrap();
+        remove_in(d, &old).unwrap();
+        assert!(current_sha(d, "mini").is_none());
+        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, new.sha256);
     }
 }

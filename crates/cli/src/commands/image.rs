@@ -16,9 +16,9 @@ pub enum ImageCommand {
     Ls(LsArgs),
     /// Build the guest kernel (cached) and print the path of its vmlinux.
     Kernel,
-    /// Delete a built image: NAME (its newest build), NAME-SHA256 or a sha256 prefix.
+    /// Delete a built image: NAME (what its last build gave), NAME-SHA256 or a sha256 prefix.
     Rm { image: String },
-    /// Delete every image except the newest build of each name.
+    /// Delete every image except the one each name means (its last build).
     Prune,
 }
 

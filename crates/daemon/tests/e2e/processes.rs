@@ -239,3 +239,30 @@ pub async fn check_processes_branch(c: &Client, id: &str) {
         .await
         .expect("delete the child");
 }
+
+/// A background process goes on after a pause and resume: same pid, its output kept
+/// and growing, still taking signals.
+pub async fn check_processes_pause(c: &Client, id: &str) {
+    let counter = start(
+        c,
+        id,
+        "i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done",
+    )
+    .await;
+    let before = count_above(c, id, counter.pid, 3).await;
+    for what in ["pause", "resume"] {
+        c.raw(Method::POST, &format!("/v1/sandboxes/{id}/{what}"), None)
+            .await
+            .unwrap_or_else(|e| panic!("{what} {id}: {e}"));
+    }
+    let after = count_above(c, id, counter.pid, before).await;
+    assert!(after > before);
+    let kept = output(c, id, counter.pid, "offset=0").await;
+    assert_eq!(kept.offset, 0, "the output from before the pause is kept");
+    assert!(kept.stdout.starts_with("1\n2\n3\n"), "{}", kept.stdout);
+    post(c, id, counter.pid, "signal", json!({"signal": "KILL"}))
+        .await
+        .unwrap();
+    let ended = output(c, id, counter.pid, "wait_ms=20000").await;
+    assert_eq!(ended.process.signal, Some(9), "{ended:?}");
+}
