@@ -57,6 +57,23 @@ async fn follow(c: &Client, id: &str, pid: u32) -> (String, String, Value) {
     (text(out), text(err), last)
 }
 
+/// The process once it has ended (all its output read), waiting for that.
+async fn ended(c: &Client, id: &str, pid: u32) -> Process {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut offset = 0;
+    loop {
+        let out = output(c, id, pid, &format!("offset={offset}&wait_ms=10000")).await;
+        if out.process.state == "exited" && out.next_offset == out.process.output_bytes {
+            return out.process;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pid} in {id} did not end: {out:?}"
+        );
+        offset = out.next_offset;
+    }
+}
+
 /// The last number a counting process printed, waiting for it to print at least `above`.
 async fn count_above(c: &Client, id: &str, pid: u32, above: u64) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -138,9 +155,7 @@ pub async fn check_processes(c: &Client, id: &str) {
     post(c, id, sleeper.pid, "signal", json!({"signal": "term"}))
         .await
         .unwrap();
-    let ended = output(c, id, sleeper.pid, "wait_ms=20000").await;
-    assert_eq!(ended.process.state, "exited", "{ended:?}");
-    assert_eq!(ended.process.signal, Some(15));
+    assert_eq!(ended(c, id, sleeper.pid).await.signal, Some(15));
 
     // Bad input: clear 4xx, nothing started.
     let bad = |path: String| async move { c.raw(Method::GET, &path, None).await.unwrap_err() };
@@ -227,8 +242,7 @@ pub async fn check_processes_branch(c: &Client, id: &str) {
     post(c, child, counter.pid, "signal", json!({"signal": 9}))
         .await
         .unwrap();
-    let ended = output(c, child, counter.pid, "wait_ms=20000").await;
-    assert_eq!(ended.process.signal, Some(9), "{ended:?}");
+    assert_eq!(ended(c, child, counter.pid).await.signal, Some(9));
     // The parent's goes on.
     let parent_count = count_above(c, id, counter.pid, after).await;
     assert!(parent_count > after);
@@ -263,6 +277,5 @@ pub async fn check_processes_pause(c: &Client, id: &str) {
     post(c, id, counter.pid, "signal", json!({"signal": "KILL"}))
         .await
         .unwrap();
-    let ended = output(c, id, counter.pid, "wait_ms=20000").await;
-    assert_eq!(ended.process.signal, Some(9), "{ended:?}");
+    assert_eq!(ended(c, id, counter.pid).await.signal, Some(9));
 }
