@@ -75,7 +75,10 @@ impl Manager {
     /// `auto_resume`, else the call gets [`Error::Paused`].
     pub(crate) async fn wake(&self, id: &str) -> Result<()> {
         let row = self.sandbox_row(id)?;
-        if !is_parked(&row) {
+        // Being paused or resumed by another call: with auto_resume, wait for it (a
+        // second guest call during an auto-resume must not fail).
+        let moving = matches!(row.state.as_str(), STATE_PAUSING | STATE_RESUMING);
+        if !is_parked(&row) && !(moving && row.lifecycle.auto_resume) {
             return Ok(());
         }
         if !row.lifecycle.auto_resume {

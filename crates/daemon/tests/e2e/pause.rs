@@ -212,8 +212,10 @@ async fn check_auto_resume(c: &Client, cleanup: &Cleanup) {
     assert_eq!((a.auto_resume, a.ttl_action.as_str()), (true, "pause"));
     write(c, id, "/root/a.txt", "auto").await;
     pause_and_check(c, id).await;
-    let r = exec(c, id, "cat /root/a.txt").await;
+    // Two guest calls at once: one resumes it, the other waits for that.
+    let (r, other) = tokio::join!(exec(c, id, "cat /root/a.txt"), exec(c, id, "echo too"));
     assert_eq!(r.stdout, "auto", "{r:?}");
+    assert_eq!(other.stdout, "too\n", "{other:?}");
     assert_eq!(get(c, id).await.state, "running");
 
     let s: Sandbox = c
