@@ -78,7 +78,8 @@ impl Manager {
         // Being paused or resumed by another call: with auto_resume, wait for it (a
         // second guest call during an auto-resume must not fail).
         let moving = matches!(row.state.as_str(), STATE_PAUSING | STATE_RESUMING);
-        if !is_parked(&row) && !(moving && row.lifecycle.auto_resume) {
+        let waits = moving && row.lifecycle.auto_resume;
+        if !(is_parked(&row) || waits) {
             return Ok(());
         }
         if !row.lifecycle.auto_resume {
