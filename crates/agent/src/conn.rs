@@ -37,6 +37,8 @@ struct State {
     inflight: HashSet<u64>,
     /// Running execs of this connection: request id → process group id.
     execs: HashMap<u64, libc::pid_t>,
+    /// Open ptys of this connection (also in `execs`): request id → its terminal.
+    ptys: HashMap<u64, Arc<crate::pty::Terminal>>,
     closed: bool,
     /// A `hello` with the right token opened the current session.
     authenticated: bool,
@@ -109,6 +111,7 @@ impl Conn {
                 unsafe { libc::kill(-pgid, libc::SIGKILL) };
             }
             st.execs.clear();
+            st.ptys.clear();
             st.inflight.clear();
             st.session += 1;
             st.authenticated = true;
@@ -189,6 +192,31 @@ impl Reply {
         if st.session == self.session {
             st.execs.remove(&self.id);
         }
+    }
+
+    /// Make this request's pty reachable by `pty_input` and `pty_resize`.
+    pub(crate) fn register_pty(&self, terminal: Arc<crate::pty::Terminal>) {
+        let mut st = self.conn.state();
+        if !st.closed && st.session == self.session {
+            st.ptys.insert(self.id, terminal);
+        }
+    }
+
+    pub(crate) fn unregister_pty(&self) {
+        let mut st = self.conn.state();
+        if st.session == self.session {
+            st.ptys.remove(&self.id);
+        }
+    }
+
+    /// The open pty `pty_id` of this connection.
+    pub(crate) fn pty(&self, pty_id: u64) -> Result<Arc<crate::pty::Terminal>, ErrorBody> {
+        self.conn.state().ptys.get(&pty_id).cloned().ok_or_else(|| {
+            ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no open pty with id {pty_id} on this connection"),
+            )
+        })
     }
 
     /// Signal another exec of the same connection.

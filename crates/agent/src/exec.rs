@@ -43,35 +43,45 @@ pub(crate) fn start_unblocked(cmd: &mut Command) {
     }
 }
 
-/// `req` as a command in its own process group. `stdin_pipe`: give it a stdin pipe
-/// even without initial `stdin` data (a background process takes more later).
-pub(crate) fn build_command(req: &ExecRequest, stdin_pipe: bool) -> Result<Command, ErrorBody> {
-    let Some(program) = req.argv.first() else {
+/// A command for `argv` with `env` on top of the agent's environment (an empty one
+/// with `clear_env`) in `cwd`, after checking what the kernel would refuse or
+/// misread: an empty argv, NUL bytes, variable names with `=`. Shared by `exec` and
+/// `pty_open`; stdio, process group and ids are the caller's.
+pub(crate) fn command(
+    argv: &[String],
+    env: &std::collections::BTreeMap<String, String>,
+    clear_env: bool,
+    cwd: Option<&String>,
+) -> Result<Command, ErrorBody> {
+    let Some(program) = argv.first() else {
         return Err(bad("argv must not be empty"));
     };
-    let strings = req
-        .argv
-        .iter()
-        .chain(req.env.keys())
-        .chain(req.env.values())
-        .chain(req.cwd.iter());
+    let strings = argv.iter().chain(env.keys()).chain(env.values()).chain(cwd);
     for s in strings {
         if s.contains('\0') {
             return Err(bad("argv, env and cwd must not contain NUL bytes"));
         }
     }
-    if let Some(key) = req.env.keys().find(|k| k.is_empty() || k.contains('=')) {
+    if let Some(key) = env.keys().find(|k| k.is_empty() || k.contains('=')) {
         return Err(bad(format!("invalid environment variable name {key:?}")));
     }
     let mut cmd = Command::new(program);
-    cmd.args(&req.argv[1..]);
-    if req.clear_env {
+    cmd.args(&argv[1..]);
+    if clear_env {
         cmd.env_clear();
     }
-    cmd.envs(&req.env);
-    if let Some(cwd) = &req.cwd {
+    cmd.envs(env);
+    if let Some(cwd) = cwd {
         cmd.current_dir(cwd);
     }
+    start_unblocked(&mut cmd);
+    Ok(cmd)
+}
+
+/// `req` as a command in its own process group. `stdin_pipe`: give it a stdin pipe
+/// even without initial `stdin` data (a background process takes more later).
+fn build_command(req: &ExecRequest, stdin_pipe: bool) -> Result<Command, ErrorBody> {
+    let mut cmd = command(&req.argv, &req.env, req.clear_env, req.cwd.as_ref())?;
     if let Some(uid) = req.uid {
         cmd.uid(uid);
     }
@@ -81,7 +91,6 @@ pub(crate) fn build_command(req: &ExecRequest, stdin_pipe: bool) -> Result<Comma
     // Own process group, so timeouts, kills and disconnects reach everything
     // the program starts, not only the program itself.
     cmd.process_group(0);
-    start_unblocked(&mut cmd);
     cmd.stdin(if stdin_pipe || req.stdin.is_some() {
         Stdio::piped()
     } else {
@@ -294,7 +303,7 @@ pub(crate) fn pump(
     }
 }
 
-fn pollfd(fd: &OwnedFd, events: libc::c_short) -> libc::pollfd {
+pub(crate) fn pollfd(fd: &OwnedFd, events: libc::c_short) -> libc::pollfd {
     libc::pollfd {
         fd: fd.as_raw_fd(),
         events,
@@ -302,14 +311,14 @@ fn pollfd(fd: &OwnedFd, events: libc::c_short) -> libc::pollfd {
     }
 }
 
-fn retryable(e: &io::Error) -> bool {
+pub(crate) fn retryable(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
     )
 }
 
-fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
     if n < 0 {
         return Err(io::Error::last_os_error());
@@ -317,7 +326,7 @@ fn read_some(fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
-fn write_some(fd: &OwnedFd, data: &[u8]) -> io::Result<usize> {
+pub(crate) fn write_some(fd: &OwnedFd, data: &[u8]) -> io::Result<usize> {
     if data.is_empty() {
         return Ok(0);
     }

@@ -35,6 +35,8 @@ mod forked;
 mod netconf;
 mod port;
 mod procs;
+mod pty;
+mod pty_session;
 pub mod reaper;
 pub mod system;
 mod vsock;

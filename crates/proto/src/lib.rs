@@ -26,13 +26,16 @@
 //! unfinished requests (keep it below 2^53 for JavaScript clients). Requests
 //! run concurrently; every agent → host frame is a [`ResponseFrame`] carrying
 //! the id it answers. A request ends with exactly one *terminal* frame; only
-//! `exec` has non-terminal events before it:
+//! `exec` and `pty_open` have non-terminal events before it:
 //!
 //! | request `type` | fields | terminal response `type` |
 //! |---|---|---|
 //! | `health` | — | `health` ([`HealthInfo`]) |
 //! | `exec` | [`ExecRequest`] | `exec_started`, `output`*, then `exit` ([`ExecResult`]) |
 //! | `kill` | [`KillRequest`] | `ok` |
+//! | `pty_open` | [`PtyOpenRequest`] | `pty_started`, `output`*, then `exit` ([`ExecResult`]) |
+//! | `pty_input` | [`PtyInputRequest`] | `ok` |
+//! | `pty_resize` | [`PtyResizeRequest`] | `ok` |
 //! | `read_file` | [`ReadFileRequest`] | `file_data` ([`FileChunk`]) |
 //! | `write_file` | [`WriteFileRequest`] | `written` |
 //! | `list_dir` | [`PathRequest`] | `dir_listing` |

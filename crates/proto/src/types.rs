@@ -44,6 +44,9 @@ pub enum Request {
     ProcessStdin(ProcessStdinRequest),
     ProcessSignal(ProcessSignalRequest),
     Shutdown,
+    PtyOpen(PtyOpenRequest),
+    PtyInput(PtyInputRequest),
+    PtyResize(PtyResizeRequest),
 }
 
 impl Request {
@@ -69,6 +72,9 @@ impl Request {
         "process_stdin",
         "process_signal",
         "shutdown",
+        "pty_open",
+        "pty_input",
+        "pty_resize",
     ];
 }
 
@@ -161,6 +167,51 @@ pub struct KillRequest {
 
 fn default_signal() -> i32 {
     9
+}
+
+/// Largest terminal width or height (`cols`, `rows`) a pty may have.
+pub const MAX_PTY_DIM: u16 = 1000;
+
+/// Most bytes one `pty_input` carries, and most input a pty holds that its program
+/// has not read yet (a `pty_input` that does not fit is answered `busy`).
+pub const MAX_PTY_INPUT: usize = 64 * 1024;
+
+/// Run a program on a new pseudo-terminal. Like `exec`: `pty_started`, then `output`
+/// events (stream `stdout`: the terminal's output), then one `exit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyOpenRequest {
+    /// Program and arguments; empty: the login shell of the agent's user (from
+    /// `/etc/passwd`, `/bin/sh` if none) started as a login shell (`-l`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub argv: Vec<String>,
+    /// Variables set on top of the agent's environment; `TERM` defaults to
+    /// `xterm-256color`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the user's home directory (else `/`) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Terminal size, each 1..=[`MAX_PTY_DIM`].
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// Keystrokes (raw bytes) for a running pty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyInputRequest {
+    /// The request id of the `pty_open` on the same connection.
+    pub pty_id: u64,
+    /// At most [`MAX_PTY_INPUT`] bytes.
+    #[serde(with = "b64::bytes")]
+    pub data: Vec<u8>,
+}
+
+/// A new terminal size for a running pty (its foreground programs get SIGWINCH).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyResizeRequest {
+    pub pty_id: u64,
+    pub cols: u16,
+    pub rows: u16,
 }
 
 /// Read (part of) a file. The agent returns at most [`crate::MAX_DATA_CHUNK`]
@@ -390,6 +441,10 @@ pub enum Response {
     ExecStarted {
         pid: u32,
     },
+    /// The pty's program is running with this pid (its own session and process group).
+    PtyStarted {
+        pid: u32,
+    },
     /// A chunk of the exec's output, sent as soon as it is read.
     Output {
         stream: Stream,
@@ -433,9 +488,12 @@ pub enum Response {
 }
 
 impl Response {
-    /// Whether this ends its request: everything except exec progress events.
+    /// Whether this ends its request: everything except exec and pty progress events.
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, Response::ExecStarted { .. } | Response::Output { .. })
+        !matches!(
+            self,
+            Response::ExecStarted { .. } | Response::PtyStarted { .. } | Response::Output { .. }
+        )
     }
 }
 

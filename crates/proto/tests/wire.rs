@@ -139,6 +139,20 @@ fn every_request_type_is_listed() {
         }),
         Request::ProcessSignal(ProcessSignalRequest { pid: 7, signal: 2 }),
         Request::Shutdown,
+        Request::PtyOpen(PtyOpenRequest {
+            cols: 80,
+            rows: 24,
+            ..Default::default()
+        }),
+        Request::PtyInput(PtyInputRequest {
+            pty_id: 1,
+            data: b"ls\n".to_vec(),
+        }),
+        Request::PtyResize(PtyResizeRequest {
+            pty_id: 1,
+            cols: 80,
+            rows: 24,
+        }),
     ];
     assert_eq!(samples.len(), Request::TYPES.len());
     for (req, name) in samples.iter().zip(Request::TYPES) {

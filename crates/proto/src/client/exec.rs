@@ -4,7 +4,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use super::{unexpected, AgentClient, ClientError};
-use crate::{ExecResult, KillRequest, Request, Response, Stream};
+use crate::{ExecResult, Response, Stream};
 
 /// Slack on top of an exec's own timeout before the client stops waiting for
 /// the agent's exit event (the agent enforces the timeout; this only guards
@@ -97,14 +97,6 @@ impl Drop for ExecHandle {
         if self.finished {
             return;
         }
-        self.client.forget(self.id);
-        // Fire and forget: don't block a drop on the agent's answer.
-        let kill = Request::Kill(KillRequest {
-            exec_id: self.id,
-            signal: libc::SIGKILL,
-        });
-        if let Ok((kill_id, _rx)) = self.client.send(kill) {
-            self.client.forget(kill_id);
-        }
+        self.client.abandon(self.id);
     }
 }

@@ -10,6 +10,7 @@
 mod exec;
 mod files;
 mod process;
+mod pty;
 mod transport;
 
 use std::collections::HashMap;
@@ -22,12 +23,14 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub use exec::{ExecHandle, ExecOutput};
+pub use pty::{PtyControl, PtyHandle};
 pub use transport::ReadWrite;
 
 use crate::frame::{self, FrameError, MAX_FRAME_LEN};
 use crate::{
     ErrorBody, ErrorCode, ExecRequest, ExecResult, HealthInfo, HelloRequest, KillRequest,
-    ReidentifyReport, ReidentifyRequest, Request, RequestFrame, Response, ResponseFrame, Stream,
+    PtyOpenRequest, ReidentifyReport, ReidentifyRequest, Request, RequestFrame, Response,
+    ResponseFrame, Stream,
 };
 
 /// Default limit on how long a non-exec request waits for its response.
@@ -252,6 +255,19 @@ impl AgentClient {
         self.conn.shared.routes().waiting.remove(&id);
     }
 
+    /// Stop waiting for a running exec or pty `id` and kill its process group, fire
+    /// and forget (a drop must not block on the agent's answer).
+    fn abandon(&self, id: u64) {
+        self.forget(id);
+        let kill = Request::Kill(KillRequest {
+            exec_id: id,
+            signal: libc::SIGKILL,
+        });
+        if let Ok((kill_id, _rx)) = self.send(kill) {
+            self.forget(kill_id);
+        }
+    }
+
     fn closed_error(&self) -> ClientError {
         let why = self.conn.shared.routes().closed.clone();
         ClientError::Closed(why.unwrap_or_else(|| "reader stopped".into()))
@@ -337,6 +353,20 @@ impl AgentClient {
             Ok(other) => {
                 self.forget(id);
                 Err(unexpected("exec", &other))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Start a program on a new pty; returns once the agent reports it running (or
+    /// why it could not start). Drive it with [`PtyHandle::wait`] and a [`PtyControl`].
+    pub fn open_pty(&self, req: PtyOpenRequest) -> Result<PtyHandle, ClientError> {
+        let (id, rx) = self.send(Request::PtyOpen(req))?;
+        match self.recv(id, &rx, self.request_timeout, "pty_open") {
+            Ok(Response::PtyStarted { pid }) => Ok(PtyHandle::new(self.clone(), id, pid, rx)),
+            Ok(other) => {
+                self.forget(id);
+                Err(unexpected("pty_open", &other))
             }
             Err(e) => Err(e),
         }
