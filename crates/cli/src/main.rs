@@ -40,6 +40,8 @@ enum Command {
     /// Background processes of a sandbox: ls, logs [-f], stdin, kill (daemon).
     #[command(subcommand, visible_alias = "proc")]
     Process(commands::process::ProcessCommand),
+    /// An interactive terminal in a sandbox, like `docker exec -it` (daemon).
+    Shell(commands::shell::ShellArgs),
     /// Copy a file into or out of a sandbox: `cp FILE ID:/path`, `cp ID:/path FILE` (daemon).
     Cp(commands::cp::CpArgs),
     /// Branch a running sandbox into copy-on-write children (daemon).
@@ -96,6 +98,7 @@ fn main() {
         Command::Create(args) => commands::create::run(args),
         Command::Exec(args) => commands::exec::run(args),
         Command::Process(cmd) => commands::process::run(cmd),
+        Command::Shell(args) => commands::shell::run(args),
         Command::Cp(args) => commands::cp::run(args),
         Command::Branch(args) => commands::branch::run(args),
         Command::Tree(args) => commands::tree::run_tree(args),

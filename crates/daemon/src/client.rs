@@ -166,20 +166,22 @@ impl Client {
         }
     }
 
-    /// Sends one request; the response body is not read yet.
-    pub async fn send(
+    /// A new HTTP/1 connection to the daemon (upgradable, for WebSockets).
+    async fn open(
         &self,
-        method: Method,
-        path: &str,
-        body: Option<(Bytes, &str)>,
-    ) -> Result<Response<Incoming>, ClientError> {
+    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError> {
         let io = self.connect().await?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!("connection: {e}");
             }
         });
+        Ok(sender)
+    }
+
+    /// A request to `path` with the Host and Authorization headers set.
+    pub(crate) fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
         let host = match &self.target {
             Target::Tcp { host, port, .. } => format!("{host}:{port}"),
             Target::Unix(_) => "localhost".into(),
@@ -191,12 +193,45 @@ impl Client {
         if let Some(t) = &self.token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
         }
+        req
+    }
+
+    /// Sends one request; the response body is not read yet.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, &str)>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let mut sender = self.open().await?;
         let (bytes, ctype) = body.unwrap_or((Bytes::new(), "application/json"));
-        let req = req
+        let req = self
+            .request(method, path)
             .header(hyper::header::CONTENT_TYPE, ctype)
             .body(Full::new(bytes))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
         Ok(sender.send_request(req).await?)
+    }
+
+    /// Sends `req` (a GET asking for an upgrade) and hands back the upgraded
+    /// connection; an answer other than 101 becomes its [`ClientError::Api`].
+    pub(crate) async fn upgrade(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<(hyper::HeaderMap, hyper::upgrade::Upgraded), ClientError> {
+        let mut sender = self.open().await?;
+        let mut resp = sender.send_request(req).await?;
+        let status = resp.status();
+        if status != StatusCode::SWITCHING_PROTOCOLS {
+            let bytes = resp.into_body().collect().await?.to_bytes();
+            check(status, &bytes)?;
+            return Err(ClientError::Decode(format!(
+                "HTTP {status} instead of an upgrade"
+            )));
+        }
+        let headers = resp.headers().clone();
+        let upgraded = hyper::upgrade::on(&mut resp).await?;
+        Ok((headers, upgraded))
     }
 
     /// Sends a request and reads the whole answer; error statuses become

@@ -20,6 +20,7 @@ pub mod model;
 pub mod network;
 pub mod procs;
 pub mod proxy;
+pub mod pty_client;
 pub mod runtime;
 pub mod server;
 

@@ -10,6 +10,8 @@ mod merge;
 mod pause;
 #[path = "e2e/processes.rs"]
 mod processes;
+#[path = "e2e/pty.rs"]
+mod pty;
 #[path = "e2e/tree.rs"]
 mod tree;
 
@@ -184,6 +186,11 @@ async fn suite(runtime: &str) {
     step(t0, "agent channel private");
     assert_abandoned_execs_end(&c, &a.id).await;
     step(t0, "execs end with their clients");
+    pty::check(&c, &d1.url, &a.id).await;
+    step(
+        t0,
+        "pty: shell, resize, Ctrl-C, exit code, errors, nothing left on disconnect",
+    );
 
     // Files.
     write(&c, &a.id, "/root/data.txt", "parent data").await;

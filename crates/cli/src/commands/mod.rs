@@ -35,6 +35,7 @@ pub mod restore;
 pub mod rm;
 pub mod run;
 pub mod serve;
+pub mod shell;
 pub mod snapshot;
 pub mod tree;
 pub mod ttl;

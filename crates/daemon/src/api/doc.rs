@@ -6,7 +6,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::OpenApi;
 
-use super::{guest, pause, ports, processes, sandboxes, snapshots, system, PUBLIC};
+use super::{guest, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC};
 
 struct BearerAuth;
 
@@ -94,7 +94,7 @@ impl utoipa::Modify for CommonResponses {
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
         pause::pause, pause::resume,
         ports::expose, ports::list, ports::unexpose,
-        guest::exec, guest::exec_stream, guest::read_file, guest::write_file, guest::list_dir,
+        guest::exec, guest::exec_stream, pty::pty, guest::read_file, guest::write_file, guest::list_dir,
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
     ),

@@ -114,15 +114,28 @@ fn parameters_are_where_the_router_reads_them() {
                 "{method} {path}: {{{name}}} is not documented"
             );
         }
-        if path.ends_with("/diff") {
-            for (name, required) in [("against", true), ("path", false), ("content", false)] {
-                let p = params
-                    .iter()
-                    .find(|p| p["name"] == name)
-                    .unwrap_or_else(|| panic!("{method} {path}: no {name}"));
-                assert_eq!(p["in"], "query", "{method} {path}: {name}");
-                assert_eq!(p["required"], required, "{method} {path}: {name}");
-            }
+        let expected: &[(&str, bool)] = if path.ends_with("/diff") {
+            &[("against", true), ("path", false), ("content", false)]
+        } else if path.ends_with("/pty") {
+            &[
+                ("cols", true),
+                ("rows", true),
+                ("cmd", false),
+                ("env", false),
+                ("cwd", false),
+            ]
+        } else if path.contains("/files") {
+            &[("path", true), ("mode", false), ("special", false)]
+        } else {
+            &[]
+        };
+        for &(name, required) in expected {
+            let p = params
+                .iter()
+                .find(|p| p["name"] == name)
+                .unwrap_or_else(|| panic!("{method} {path}: no {name}"));
+            assert_eq!(p["in"], "query", "{method} {path}: {name}");
+            assert_eq!(p["required"], required, "{method} {path}: {name}");
         }
         if path == "/v1/sandboxes" && method == "get" {
             let p = params
@@ -154,9 +167,10 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 16,
+        query_seen, 21,
         "path, mode, special on three file routes; against, path, content on diff; \
-         the list's metadata filter; offset, wait_ms, follow on process output"
+         the list's metadata filter; offset, wait_ms, follow on process output; \
+         cols, rows, cmd, env, cwd on pty"
     );
 }
 

@@ -9,6 +9,7 @@ mod guest;
 mod pause;
 mod ports;
 mod processes;
+mod pty;
 mod sandboxes;
 mod snapshots;
 mod system;
@@ -29,6 +30,7 @@ use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 pub use doc::ApiDoc;
+pub use pty::PTY_PROTOCOL;
 
 use crate::error::Error;
 use crate::manager::Manager;
@@ -133,6 +135,7 @@ pub fn routes() -> Routes {
             "/v1/sandboxes/{id}/processes/{pid}/signal",
             processes::signal,
         )
+        .add(Method::GET, "/v1/sandboxes/{id}/pty", pty::pty)
         .add(Method::GET, "/v1/sandboxes/{id}/files", guest::read_file)
         .add(Method::PUT, "/v1/sandboxes/{id}/files", guest::write_file)
         .add(
@@ -197,12 +200,11 @@ async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Respon
     if PUBLIC.contains(&req.uri().path()) {
         return next.run(req).await;
     }
-    let given = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .unwrap_or("");
+    let given = match req.headers().get(header::AUTHORIZATION) {
+        Some(v) => v.to_str().ok().and_then(bearer_token).unwrap_or(""),
+        // Browsers cannot set Authorization on a WebSocket: see `pty`.
+        None => pty::protocol_token(req.headers()).unwrap_or(""),
+    };
     if !token_matches(given.as_bytes(), state.token.as_bytes()) {
         let mut resp = Error::Unauthorized.into_response();
         resp.headers_mut().insert(

@@ -18,6 +18,8 @@ mod ops;
 mod pause;
 mod ports;
 mod processes;
+mod pty;
+pub use pty::{PtyInput, PtyOutput, PtySession};
 mod recovery;
 mod startup;
 mod tree;

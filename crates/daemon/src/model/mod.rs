@@ -19,6 +19,7 @@ mod network;
 pub mod pause;
 mod ports;
 mod process;
+mod pty;
 mod tree;
 mod ttl;
 mod validate;
@@ -36,6 +37,7 @@ pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
 pub use process::{
     OutputQuery, Process, ProcessList, ProcessOutput, SignalRequest, SignalSpec, StdinRequest,
 };
+pub use pty::{check_pty_size, PtyClientMessage, PtyQuery, PtyServerMessage, MAX_PTY_ENV};
 pub use tree::{KeepRequest, KeepResponse, SandboxTree, TreeNode, TreeSnapshot};
 pub use ttl::{SetTtlRequest, MAX_TTL_SECS};
 pub(crate) use validate::in_range;
