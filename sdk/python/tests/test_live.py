@@ -8,7 +8,7 @@ more. Everything created here is killed, and snapshots deleted, at the end.
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
@@ -103,6 +103,29 @@ def test_files_write_read_list(sb: Sandbox) -> None:
     with pytest.raises(zygote.InvalidArgument):
         sb.files.read_bytes("/dev/null")
     assert sb.files.read_bytes("/dev/null", special=True) == b""
+
+
+def _until(chunks: List[bytes], needle: bytes, timeout: float = 60) -> None:
+    end = time.time() + timeout
+    while needle not in b"".join(chunks):
+        assert time.time() < end, f"{needle!r} not in {b''.join(chunks)!r}"
+        time.sleep(0.05)
+
+
+def test_pty_round_trip(sb: Sandbox) -> None:
+    chunks: List[bytes] = []
+    term = sb.pty.create(80, 24, chunks.append, ["sh"], env={"PS1": "$ "})
+    term.send_input("echo pty-$((6*7)); tty; stty size\n")
+    _until(chunks, b"pty-42")
+    _until(chunks, b"/dev/pts/")
+    _until(chunks, b"24 80")
+    term.resize(100, 30)
+    term.send_input(b"stty size\n")
+    _until(chunks, b"30 100")
+    term.resize(0, 5)  # refused: an error message, nothing changes
+    term.send_input("exit 3\n")
+    assert term.wait(60) == zygote.PtyExit(exit_code=3, signal=None)
+    assert [e.code for e in term.errors] == ["invalid_argument"]
 
 
 def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> None:

@@ -63,12 +63,16 @@ from .models import (
     TreeSnapshot,
     WriteResult,
 )
+from .pty import Pty, PtyExit, PtyHandle
 from .sandbox import Commands, Files, Sandbox
 
 __all__ = [
     "__version__",
     "Sandbox",
     "AsyncSandbox",
+    "Pty",
+    "PtyExit",
+    "PtyHandle",
     "Client",
     "AsyncClient",
     "Commands",

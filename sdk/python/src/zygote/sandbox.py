@@ -11,6 +11,7 @@ from ._client import Client
 from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .pty import Pty
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -166,6 +167,7 @@ class Sandbox:
         self.client = client if client is not None else Client()
         self.commands = Commands(self)
         self.files = Files(self)
+        self.pty = Pty(self)
 
     def __repr__(self) -> str:
         return f"Sandbox({self.id!r})"
