@@ -29,6 +29,7 @@ export {
 } from "./commands.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
+export { PTY_PROTOCOL, Pty, PtyHandle, type PtyCreateOptions, type PtyExit, parseControl, ptyQuery } from "./pty.js";
 export type {
   BranchFailure,
   BranchResult,

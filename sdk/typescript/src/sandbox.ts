@@ -32,6 +32,7 @@ import {
   snapshotFromJson,
   treeFromJson,
 } from "./models.js";
+import { Pty } from "./pty.js";
 
 export const DEFAULT_IMAGE = "minimal";
 
@@ -236,6 +237,7 @@ export class Files {
 export class Sandbox {
   readonly commands: Commands;
   readonly files: Files;
+  readonly pty: Pty;
 
   constructor(
     readonly id: string,
@@ -243,6 +245,7 @@ export class Sandbox {
   ) {
     this.commands = new Commands(this);
     this.files = new Files(this);
+    this.pty = new Pty(this);
   }
 
   /** Boots a sandbox from an image; resolves once its agent answers. */

@@ -78,6 +78,33 @@ describe("live zygoted", { skip }, () => {
     assert.ok(lead >= 600, `first output only ${lead.toFixed(0)} ms before the end: not streamed`);
   });
 
+  test("pty: a shell, its output, a resize, a refused size, the exit code", async () => {
+    const chunks: Uint8Array[] = [];
+    const seen = () => Buffer.concat(chunks).toString();
+    const until = async (needle: string) => {
+      const end = Date.now() + 60_000;
+      while (!seen().includes(needle)) {
+        assert.ok(Date.now() < end, `${needle} not in ${seen()}`);
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    };
+    const term = await sb.pty.create({ cols: 80, rows: 24, onData: (d) => chunks.push(d), cmd: ["sh"], env: { PS1: "$ " } });
+    term.sendInput("echo pty-$((6*7)); tty; stty size\n");
+    await until("pty-42");
+    await until("/dev/pts/");
+    await until("24 80");
+    term.resize(100, 30);
+    term.sendInput("stty size\n");
+    await until("30 100");
+    term.resize(0, 5); // refused: an error message, nothing changes
+    term.sendInput("exit 3\n");
+    assert.deepEqual(await term.wait(), { exitCode: 3, signal: null });
+    assert.deepEqual(
+      term.errors.map((e) => e.code),
+      ["invalid_argument"],
+    );
+  });
+
   test("files: write, read, list", async () => {
     const w = await sb.files.write("/root/ts/notes.txt", "hello from ts\n");
     assert.deepEqual(w, { path: "/root/ts/notes.txt", size: 14 });
