@@ -14,8 +14,8 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.sync.server import Server, ServerConnection, serve
 
-from zygote import Client, PtyExit, Sandbox
-from zygote.errors import InvalidArgument, SandboxNotFound, Unauthorized
+from zygote import AsyncClient, AsyncSandbox, Client, PtyExit, Sandbox
+from zygote.errors import InvalidArgument, SandboxNotFound, Unauthorized, ZygoteError
 from zygote.pty import pty_query
 
 TOKEN = "t0k"
@@ -118,3 +118,24 @@ def test_kill_closes_the_terminal(server: Server) -> None:
     term.kill()
     with pytest.raises(Exception, match="closed before its program ended"):
         term.wait(5)
+
+
+@pytest.mark.anyio
+async def test_the_async_surface(server: Server) -> None:
+    host, port = server.socket.getsockname()[:2]
+    async with AsyncClient(f"http://{host}:{port}", TOKEN) as client:
+        sb = AsyncSandbox("sb-1", client=client)
+        chunks: List[bytes] = []
+        term = await sb.pty.create(90, 20, chunks.append, ["sh"])
+        await term.send_input(b"echo hi\n")
+        await term.resize(0, 1)
+        await term.send_input("exit 4")
+        assert await term.wait() == PtyExit(exit_code=4, signal=None)
+        assert b"size=90x20" in b"".join(chunks) and b"echo hi\n" in b"".join(chunks)
+        assert [e.code for e in term.errors] == ["invalid_argument"]
+        with pytest.raises(SandboxNotFound):
+            await AsyncSandbox("sb-x", client=client).pty.create(80, 24, chunks.append)
+        term = await sb.pty.create(80, 24, chunks.append)
+        await term.kill()
+        with pytest.raises(ZygoteError, match="closed before its program ended"):
+            await term.wait()

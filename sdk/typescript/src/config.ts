@@ -29,7 +29,7 @@ export function resolveConfig(opts: { url?: string; token?: string; env?: Env } 
   const url = (opts.url || env.ZYGOTE_URL || DEFAULT_URL).replace(/\/+$/, "");
   if (url.startsWith("unix://")) {
     // Node's fetch cannot dial Unix sockets without undici's dispatcher,
-    // which this dependency-free SDK does not ship.
+    // which this SDK does not ship.
     throw new Error(
       `zygoted URL ${url}: Unix sockets are not supported by the TypeScript SDK; run zygoted with --listen 127.0.0.1:PORT`,
     );

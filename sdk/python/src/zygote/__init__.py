@@ -11,6 +11,7 @@ from ._client import AsyncClient, Client
 from ._process import AsyncCommandHandle, CommandHandle
 from ._version import __version__
 from .aio import AsyncCommands, AsyncFiles, AsyncSandbox
+from .aio_pty import AsyncPty, AsyncPtyHandle
 from .errors import (
     BranchIncomplete,
     CommandFailed,
@@ -71,6 +72,8 @@ __all__ = [
     "Sandbox",
     "AsyncSandbox",
     "Pty",
+    "AsyncPty",
+    "AsyncPtyHandle",
     "PtyExit",
     "PtyHandle",
     "Client",

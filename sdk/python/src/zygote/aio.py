@@ -11,6 +11,7 @@ from . import _api
 from ._api import Command, OnConflict, OutputCallback
 from ._client import AsyncClient
 from ._process import AsyncCommandHandle, AsyncProcessCommands
+from .aio_pty import AsyncPty
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
@@ -135,6 +136,7 @@ class AsyncSandbox:
         self.client = client if client is not None else AsyncClient()
         self.commands = AsyncCommands(self)
         self.files = AsyncFiles(self)
+        self.pty = AsyncPty(self)
 
     def __repr__(self) -> str:
         return f"AsyncSandbox({self.id!r})"

@@ -13,7 +13,7 @@ import json
 import ssl
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import urlencode
 
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -65,7 +65,7 @@ def parse_control(text: str) -> Union[PtyExit, ZygoteError]:
     return error_for(str(msg.get("code", "error")), str(msg.get("message", text)))
 
 
-def _http_error(e: InvalidStatus) -> ZygoteError:
+def http_error(e: InvalidStatus) -> ZygoteError:
     """The daemon's JSON error body of a refused upgrade as a ZygoteError."""
     status = e.response.status_code
     try:
@@ -75,34 +75,35 @@ def _http_error(e: InvalidStatus) -> ZygoteError:
         return error_for("error", f"HTTP {status} instead of a WebSocket", status)
 
 
-def open_socket(cfg: Config, sandbox_id: str, query: str) -> ClientConnection:
-    """Connects the pty WebSocket (http, https or unix URLs, the bearer token)."""
+def ws_target(cfg: Config, sandbox_id: str, query: str) -> Tuple[str, Optional[ssl.SSLContext], Dict[str, str]]:
+    """The pty route's WebSocket URL, TLS context (wss only) and headers."""
     path = f"/v1/sandboxes/{sandbox_id}/pty?{query}"
     headers = {"Authorization": f"Bearer {cfg.token}"} if cfg.token else {}
+    if cfg.unix_socket:
+        return f"ws://zygoted{path}", None, headers
+    base = cfg.url.rstrip("/")
+    if not base.startswith("https://"):
+        return "ws://" + base[len("http://") :] + path, None, headers
+    tls = ssl.create_default_context(cafile=cfg.verify if isinstance(cfg.verify, str) else None)
+    if cfg.verify is False:
+        tls.check_hostname = False
+        tls.verify_mode = ssl.CERT_NONE
+    return "wss://" + base[len("https://") :] + path, tls, headers
+
+
+def open_socket(cfg: Config, sandbox_id: str, query: str) -> ClientConnection:
+    """Connects the pty WebSocket (http, https or unix URLs, the bearer token)."""
+    url, tls, headers = ws_target(cfg, sandbox_id, query)
     protocols = [Subprotocol(PTY_PROTOCOL)]
     try:
         if cfg.unix_socket:
             ws = unix_connect(
-                cfg.unix_socket,
-                f"ws://zygoted{path}",
-                additional_headers=headers,
-                subprotocols=protocols,
-                open_timeout=OPEN_TIMEOUT,
+                cfg.unix_socket, url, additional_headers=headers, subprotocols=protocols, open_timeout=OPEN_TIMEOUT
             )
         else:
-            base = cfg.url.rstrip("/")
-            tls: Optional[ssl.SSLContext] = None
-            if base.startswith("https://"):
-                url = "wss://" + base[len("https://") :] + path
-                tls = ssl.create_default_context(cafile=cfg.verify if isinstance(cfg.verify, str) else None)
-                if cfg.verify is False:
-                    tls.check_hostname = False
-                    tls.verify_mode = ssl.CERT_NONE
-            else:
-                url = "ws://" + base[len("http://") :] + path
             ws = connect(url, ssl=tls, additional_headers=headers, subprotocols=protocols, open_timeout=OPEN_TIMEOUT)
     except InvalidStatus as e:
-        raise _http_error(e) from None
+        raise http_error(e) from None
     except (OSError, TimeoutError) as e:
         raise ConnectionFailed(f"cannot open a terminal at {cfg.url}: {e}") from e
     # The handle owns the connection as a `with` block would (it is closed by kill()
@@ -110,16 +111,43 @@ def open_socket(cfg: Config, sandbox_id: str, query: str) -> ClientConnection:
     return ws.__enter__()
 
 
+class PtyState:
+    """What a terminal's reader collected: shared by the sync and async handles."""
+
+    def __init__(self, on_data: Callable[[bytes], None]) -> None:
+        self.on_data = on_data
+        self.exit: Optional[PtyExit] = None
+        self.failure: Optional[ZygoteError] = None
+        self.errors: List[ZygoteError] = []
+
+    def take(self, msg: Union[str, bytes]) -> None:
+        """One message from the daemon."""
+        if isinstance(msg, bytes):
+            self.on_data(msg)
+            return
+        got = parse_control(msg)
+        if isinstance(got, PtyExit):
+            self.exit = got
+        else:
+            self.errors.append(got)
+
+    def outcome(self) -> PtyExit:
+        """The exit, once the socket closed; raises if there was none."""
+        if self.exit is not None:
+            return self.exit
+        if self.failure is not None:
+            raise self.failure
+        raise self.errors[-1] if self.errors else ZygoteError("the terminal closed before its program ended")
+
+
 class PtyHandle:
     """A running terminal. Output goes to ``on_data`` from a background thread."""
 
     def __init__(self, ws: ClientConnection, on_data: Callable[[bytes], None]) -> None:
         self._ws = ws
-        self._on_data = on_data
+        self._state = PtyState(on_data)
         self._done = threading.Event()
-        self._exit: Optional[PtyExit] = None
-        self._failure: Optional[ZygoteError] = None
-        self.errors: List[ZygoteError] = []
+        self.errors = self._state.errors
         """Control messages the daemon refused (the session went on)."""
         self._reader = threading.Thread(target=self._read, name="zygote-pty", daemon=True)
         self._reader.start()
@@ -127,19 +155,11 @@ class PtyHandle:
     def _read(self) -> None:
         try:
             while True:
-                msg = self._ws.recv()
-                if isinstance(msg, bytes):
-                    self._on_data(msg)
-                    continue
-                got = parse_control(msg)
-                if isinstance(got, PtyExit):
-                    self._exit = got
-                else:
-                    self.errors.append(got)
+                self._state.take(self._ws.recv())
         except ConnectionClosed:
             pass
         except Exception as e:  # an on_data callback failed, or a bad message
-            self._failure = ZygoteError(f"terminal reader stopped: {e}")
+            self._state.failure = ZygoteError(f"terminal reader stopped: {e}")
             self._ws.close()
         finally:
             self._done.set()
@@ -156,12 +176,7 @@ class PtyHandle:
         """Waits for the program to end; raises if the terminal closed without an exit."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"the terminal's program did not end within {timeout}s")
-        if self._exit is not None:
-            return self._exit
-        if self._failure is not None:
-            raise self._failure
-        last = self.errors[-1] if self.errors else None
-        raise last or ZygoteError("the terminal closed before its program ended")
+        return self._state.outcome()
 
     def kill(self) -> None:
         """Closes the terminal: the daemon kills the program (and its session)."""
