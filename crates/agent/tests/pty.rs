@@ -88,8 +88,9 @@ fn ctrl_c_interrupts_the_foreground_program_not_the_shell() {
     let agent = TestAgent::start(&[]);
     let client = agent.client();
     let pty = Pty::open(&client, &["sh"], 80, 24);
-    pty.control.input(b"sleep 100\n").unwrap();
-    pty.expect("sleep 100");
+    // The output (not the echo of the typed line) says the shell runs the command.
+    pty.control.input(b"echo sl''eeping; sleep 100\n").unwrap();
+    pty.expect("sleeping\r\n");
     thread::sleep(Duration::from_millis(300));
     pty.control.input(&[0x03]).unwrap();
     pty.expect("^C");

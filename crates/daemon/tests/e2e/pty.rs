@@ -129,8 +129,9 @@ pub async fn check(c: &Client, url: &str, id: &str) {
     t.expect("50 132").await;
 
     // Ctrl-C reaches the foreground program through the terminal, not the shell.
-    t.input(b"sleep 100\n").await;
-    t.expect("sleep 100").await;
+    // The output (not the echo of the typed line) says the shell runs the command.
+    t.input(b"echo sl''eeping; sleep 100\n").await;
+    t.expect("sleeping\r\n").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     t.input(&[0x03]).await;
     t.input(b"echo status=$?\n").await;
