@@ -128,6 +128,16 @@ def test_pty_round_trip(sb: Sandbox) -> None:
     assert [e.code for e in term.errors] == ["invalid_argument"]
 
 
+@pytest.mark.anyio
+async def test_async_pty_round_trip(sb: Sandbox, live_env: dict[str, str]) -> None:
+    chunks: List[bytes] = []
+    async with AsyncClient(live_env["url"], live_env["token"]) as ac:
+        term = await AsyncSandbox(sb.id, client=ac).pty.create(80, 24, chunks.append, ["sh"])
+        await term.send_input("echo apty-$((6*7)); exit 4\n")
+        assert await term.wait() == zygote.PtyExit(exit_code=4, signal=None)
+    assert b"apty-42" in b"".join(chunks)
+
+
 def test_error_cases(sb: Sandbox, client: Client, live_env: dict[str, str]) -> None:
     t0 = time.monotonic()
     with pytest.raises(zygote.CommandTimeout) as timeout:
