@@ -29,6 +29,14 @@ impl ProcId {
         }
     }
 
+    /// Waits up to `limit` for the process to end (polling: it need not be our child).
+    pub fn wait_gone(&self, limit: std::time::Duration) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Sends `signal` if the process is still this one. Returns whether it was sent.
     pub fn signal(&self, signal: i32) -> bool {
         if !self.is_alive() {

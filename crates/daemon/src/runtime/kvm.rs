@@ -519,7 +519,7 @@ impl Runtime for KvmRuntime {
         crate::fault::point("pause.saved");
         // `stop` ends the VMM; its reply may or may not make it out first.
         let _ = c.request::<StatusInfo>(&Request::Stop);
-        super::qemu::wait_gone(&vm.process, Duration::from_secs(5));
+        vm.process.wait_gone(Duration::from_secs(5));
         supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
         self.brought_up.forget(&vm.agent_addr);
         Ok(snapshot_data(dir, &vm_dir, info.pause_ms))

@@ -237,14 +237,6 @@ pub(crate) fn sync_into_place(partial: &Path, dest: &Path) -> Result<(), Runtime
         .map_err(RuntimeError::io(format!("saving {}", dest.display())))
 }
 
-/// Waits up to `limit` for `p` to end.
-pub(crate) fn wait_gone(p: &crate::procs::ProcId, limit: Duration) {
-    let deadline = Instant::now() + limit;
-    while p.is_alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     let stderr = std::fs::read_to_string(dir.join("qemu.stderr")).unwrap_or_default();
     let serial = std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default();
@@ -397,7 +389,7 @@ impl Runtime for QemuRuntime {
         // then a kill for a QEMU that does not go.
         let _ = qmp.execute("quit", serde_json::json!({}));
         drop(qmp);
-        wait_gone(&vm.process, Duration::from_secs(5));
+        vm.process.wait_gone(Duration::from_secs(5));
         supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
         self.brought_up.forget(&vm.agent_addr);
         Ok(data)
