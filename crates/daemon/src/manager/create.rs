@@ -124,6 +124,7 @@ impl Manager {
                     auto_resume: req.auto_resume.unwrap_or(false),
                     ttl_action: req.ttl_action.unwrap_or_default(),
                     park: None,
+                    resumed_from: None,
                 },
             };
             let this = self.clone();

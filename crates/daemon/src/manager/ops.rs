@@ -180,9 +180,11 @@ impl Manager {
                 },
                 env,
                 metadata: crate::model::metadata::for_child(&parent.id, &parent.metadata),
-                // The pause settings, never the parent's saved state.
+                // The pause settings, never the parent's saved state (a resumed parent's
+                // is in the child's `depends_on`: its VM forks one that reads it).
                 lifecycle: crate::model::pause::Lifecycle {
                     park: None,
+                    resumed_from: None,
                     ..parent.lifecycle.clone()
                 },
             };
@@ -327,6 +329,8 @@ impl Manager {
         row.vcpus = snap.vcpus;
         row.depends_on = snap.depends_on.clone();
         row.depends_on.push(snap.id.clone());
+        // No VM of its own reads a resumed-from state any more (collected below).
+        row.lifecycle.resumed_from = None;
         row.exit_reason = None;
         row.exited_at = None;
         let boot_token = Some(self.dirs.agent_key.token(&snap.source_sandbox));

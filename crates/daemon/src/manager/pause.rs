@@ -16,8 +16,8 @@
 //! it started is killed and the sandbox is paused again, its state still on disk.
 use std::time::{Duration, Instant};
 
-use super::{now, random_hex, Manager, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
-use crate::db::SandboxRow;
+use super::{new_id, now, random_hex, Manager, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
+use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::model::pause::{deadline_on_resume, ttl_left, Park};
@@ -137,9 +137,17 @@ impl Manager {
                 row.vm = None;
                 row.state = STATE_PAUSED.into();
                 row.expires_at = None;
+                // The state it was resumed from is no longer read by any VM of its own.
+                let resumed_from = row.lifecycle.resumed_from.take();
+                if let Some(snap) = &resumed_from {
+                    row.depends_on.retain(|d| d != snap);
+                }
                 self.db.put_sandbox(row)?;
                 if let Some(p) = previous {
                     remove_park_files(&p, false);
+                }
+                if resumed_from.is_some() {
+                    self.collect_garbage()?;
                 }
                 self.metrics.pause.observe(started.elapsed());
                 tracing::info!(
@@ -185,11 +193,29 @@ impl Manager {
                 }
                 row.state = STATE_RUNNING.into();
                 row.expires_at = deadline_on_resume(row.ttl_secs, park.ttl_left_secs, now());
-                if !self.runtime.resumed_needs_park() {
-                    row.lifecycle.park = None;
-                }
-                self.db.put_sandbox(row)?;
-                if row.lifecycle.park.is_none() {
+                row.lifecycle.park = None;
+                if self.runtime.resumed_needs_park() {
+                    // The VM reads its memory from the saved state: it becomes an implicit
+                    // snapshot the sandbox depends on, so that a diff snapshot naming it as
+                    // its parent keeps it, and nothing else does once the sandbox pauses
+                    // again or goes (see `collect_garbage`).
+                    let snap = SnapshotRow::captured(
+                        row,
+                        new_id("snap"),
+                        None,
+                        SnapshotKind::Full,
+                        park.data.clone(),
+                        park.paused_at,
+                    );
+                    let snap = SnapshotRow {
+                        implicit: true,
+                        ..snap
+                    };
+                    row.depends_on.push(snap.id.clone());
+                    row.lifecycle.resumed_from = Some(snap.id.clone());
+                    self.db.commit(&[&*row], &[&snap])?;
+                } else {
+                    self.db.put_sandbox(row)?;
                     remove_park_files(&park, false);
                 }
                 self.metrics.resume.observe(started.elapsed());

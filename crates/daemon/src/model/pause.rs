@@ -42,6 +42,12 @@ pub struct Lifecycle {
     pub ttl_action: TtlAction,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub park: Option<Park>,
+    /// The implicit snapshot a resumed VM still reads its memory from (a runtime whose
+    /// resume maps the saved state: [`crate::runtime::Runtime::resumed_needs_park`]).
+    /// The sandbox depends on it until it is paused again; snapshots taken meanwhile
+    /// (a diff names it as its parent) keep it for as long as they exist.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<String>,
 }
 
 /// A sandbox's saved memory and device state.

@@ -71,7 +71,13 @@ impl Qmp {
             reader: BufReader::new(stream),
             writer,
         };
-        let greeting = qmp.read_message()?;
+        // An event can come first: QEMU loading an incoming migration (a resume) reports
+        // its status on the monitor as soon as a client is there.
+        let mut greeting = qmp.read_message()?;
+        while greeting.get("event").is_some() {
+            tracing::debug!("QMP event before the greeting: {greeting}");
+            greeting = qmp.read_message()?;
+        }
         if greeting.get("QMP").is_none() {
             return Err(QmpError::Command {
                 command: "greeting".into(),

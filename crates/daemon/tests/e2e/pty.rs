@@ -204,11 +204,14 @@ async fn check_disconnect(c: &Client, id: &str) {
     t.expect("started").await;
     t.input(b"sleep 4243\n").await;
     t.expect("sleep 4243").await;
-    let running = leftovers(c, id).await;
-    assert!(
-        running.contains("sleep 4242") && running.contains("sleep 4243"),
-        "{running:?}"
-    );
+    // The echo of the typed line comes before the shell starts the command: wait for
+    // both to run (a loaded machine takes a while).
+    let both = eventually(Duration::from_secs(30), async || {
+        let running = leftovers(c, id).await;
+        (running.contains("sleep 4242") && running.contains("sleep 4243")).then_some(())
+    })
+    .await;
+    assert!(both.is_some(), "{:?}", leftovers(c, id).await);
     drop(t);
     let gone = eventually(Duration::from_secs(30), async || {
         leftovers(c, id).await.trim().is_empty().then_some(())
