@@ -15,10 +15,11 @@ use super::common::{create, eventually, get, Cleanup};
 use super::{exec, read, write};
 
 /// Counts into /root/count every 0.2 s, in its own session (outlives the exec), and
-/// records its pid.
+/// records its pid. Each count is renamed into place, so a reader never sees the file
+/// truncated and not yet written.
 const COUNTER: &str = "setsid sh -c 'echo $$ > /root/counter.pid; i=0; \
-    while :; do i=$((i+1)); echo $i > /root/count; sleep 0.2; done' \
-    </dev/null >/dev/null 2>&1 &";
+    while :; do i=$((i+1)); echo $i > /root/count.new; mv /root/count.new /root/count; \
+    sleep 0.2; done' </dev/null >/dev/null 2>&1 &";
 
 async fn post(
     c: &Client,
