@@ -533,7 +533,20 @@ async fn suite(runtime: &str) {
         .expect("the egress sandbox's namespace");
     let stray = format!("{prefix}sb-left-behind");
     ip(&["netns", "add", &stray]);
+    // One sandbox is paused, and its namespace and host link vanish while the daemon is
+    // down, as a host reboot would have it.
+    c.raw(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/pause", only_b.id),
+        None,
+    )
+    .await
+    .expect("pause");
     d.kill9();
+    ip(&["netns", "del", &format!("{prefix}{}", only_b.id)]);
+    let _ = Command::new("ip")
+        .args(["link", "del", &host_link(oa)])
+        .output();
     let d = start_daemon(
         &scratch.state,
         &["--listen", "127.0.0.1:0", "--runtime", runtime],
@@ -542,7 +555,31 @@ async fn suite(runtime: &str) {
     assert!(!namespaces().contains(&stray), "swept at start-up");
     assert_eq!(reach(&c, &egress.id, &remote_targets).await, [true, false]);
     assert_eq!(reach(&c, &none.id, &remote_targets).await, [false, false]);
-    step(t0, "after kill -9 + restart: same policies, leftover swept");
+    let resumed: Sandbox = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/resume", only_b.id),
+            None::<&()>,
+        )
+        .await
+        .expect("resume on a namespace made anew");
+    let ra = addr_of(&resumed);
+    let inside = sh(&c, &only_b.id, "ifconfig eth0").await.unwrap();
+    assert!(inside.contains(&format!("inet addr:{ra}")), "{inside}");
+    assert_eq!(reach(&c, &only_b.id, &remote_targets).await, [false, true]);
+    let proxy = proxy_url(&c).await.expect("the daemon runs its proxy");
+    let page = http_get(
+        &proxy,
+        "127.0.0.1",
+        &format!("/sandboxes/{}/ports/8080/", only_b.id),
+        None,
+    );
+    assert!(page.contains("guest-page"), "{page}");
+    step(
+        t0,
+        "after kill -9 + restart: same policies, leftover swept; a paused sandbox whose \
+         namespace vanished resumes on a new one, with its policy and exposed port",
+    );
 
     // A VM that dies: the daemon finds it dead and its namespace goes.
     let pid = get(&c, &none.id).await.pid.expect("the VM's pid");
@@ -565,7 +602,7 @@ async fn suite(runtime: &str) {
             .unwrap();
     }
     assert!(leftovers(&ids).is_empty(), "{:?}", leftovers(&ids));
-    for a in [ea, na, oa] {
+    for a in [ea, na, oa, ra] {
         assert!(!links().contains(&host_link(a)), "{} is left", host_link(a));
     }
     let ours: Vec<String> = namespaces()
