@@ -389,7 +389,7 @@ async fn suite(runtime: &str) {
         .remove(0);
     let only_b = create(
         &c,
-        json!({"image": "minimal", "allow_out": [format!("{}/32", remote.b)]}),
+        json!({"image": "minimal", "allow_out": [format!("{}/32", remote.b)], "auto_resume": true}),
         cleanup,
     )
     .await
@@ -487,9 +487,26 @@ async fn suite(runtime: &str) {
         None,
     );
     assert!(page.contains("guest-page"), "{page}");
+    // auto_resume: a request through the proxy to a paused sandbox resumes it.
+    c.raw(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/pause", only_b.id),
+        None,
+    )
+    .await
+    .expect("pause");
+    let page = http_get(
+        &proxy,
+        "127.0.0.1",
+        &format!("/sandboxes/{}/ports/8080/", only_b.id),
+        None,
+    );
+    assert!(page.contains("guest-page"), "{page}");
+    assert_eq!(get(&c, &only_b.id).await.state, "running");
     step(
         t0,
-        "paused and resumed: same address and policy, the exposed port serves again",
+        "paused and resumed: same address and policy, the exposed port serves again; \
+         with auto_resume a proxied request resumes it",
     );
 
     // A branch child: its own address and MAC, its parent's policy.

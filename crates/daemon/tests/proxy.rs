@@ -458,3 +458,83 @@ async fn an_upgraded_connection_is_a_pipe_both_ways() {
         assert_eq!(String::from_utf8(got).unwrap(), want);
     }
 }
+
+/// A sandbox that is "paused": waking it moves it to its new address (as a resume into a
+/// new namespace may), or fails when `refuse` is set.
+struct Sleeper {
+    old: SocketAddr,
+    new: SocketAddr,
+    public: bool,
+    refuse: bool,
+    woken: std::sync::atomic::AtomicUsize,
+}
+
+impl proxy::Lookup for Sleeper {
+    fn lookup(&self, sandbox: &str, port: u16) -> Option<Target> {
+        (sandbox == SANDBOX && port == 8080).then(|| Target {
+            addr: if self.woken.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                self.new
+            } else {
+                self.old
+            },
+            public: self.public,
+        })
+    }
+
+    fn wake<'a>(&'a self, _sandbox: &'a str) -> proxy::WakeFuture<'a> {
+        Box::pin(async move {
+            if self.refuse {
+                return Err(format!("sandbox {SANDBOX} is paused"));
+            }
+            self.woken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_request_wakes_the_sandbox_only_when_allowed_and_goes_where_it_now_is() {
+    let up = start_upstream(axum::Router::new().fallback(mirror)).await;
+    // The address before the wake: nothing listens there.
+    let old = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let path = format!("/sandboxes/{SANDBOX}/ports/8080/x");
+    for refuse in [false, true] {
+        let sleeper = Arc::new(Sleeper {
+            old,
+            new: up,
+            public: false,
+            refuse,
+            woken: Default::default(),
+        });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lookup: Arc<dyn proxy::Lookup> = sleeper.clone();
+        tokio::spawn(proxy::serve(
+            listener,
+            Proxy::new(lookup, Arc::new(TOKEN.into())),
+        ));
+
+        // Without the token nothing is woken.
+        let (status, _) = get(addr, None, &path, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(sleeper.woken.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+        let (status, v) = get(addr, None, &path, Some(TOKEN)).await;
+        if refuse {
+            assert_eq!(
+                (status, code(&v)),
+                (StatusCode::BAD_GATEWAY, "upstream_unreachable")
+            );
+            let msg = v["error"]["message"].as_str().unwrap_or("");
+            assert!(msg.contains("is paused"), "{v}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "{v}");
+            assert_eq!(v["uri"], "/x", "{v}");
+            assert_eq!(sleeper.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
+}

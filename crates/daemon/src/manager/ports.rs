@@ -8,7 +8,7 @@ use crate::db::{AddPort, PortRow};
 use crate::error::{Error, Result};
 use crate::model::{ExposePortRequest, Validate};
 use crate::network::Network;
-use crate::proxy::{Lookup, Target};
+use crate::proxy::{Lookup, Target, WakeFuture};
 
 impl Manager {
     /// Exposes a port of a running sandbox.
@@ -93,5 +93,13 @@ impl Lookup for Manager {
                 None
             }
         }
+    }
+
+    fn wake<'a>(&'a self, sandbox: &'a str) -> WakeFuture<'a> {
+        Box::pin(async move {
+            Manager::wake(self, sandbox)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }

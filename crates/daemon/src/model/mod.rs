@@ -157,8 +157,9 @@ pub struct CreateSandboxRequest {
     /// its branch children (which add `zygote.parent`), filterable in the list.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
-    /// Exec and file calls on the sandbox while it is paused resume it first (without
-    /// it they get 409 `sandbox_paused`). Kept by branch children.
+    /// Exec and file calls, and requests through the port proxy, on the sandbox while it
+    /// is paused resume it first (without it they get 409 `sandbox_paused`, and the proxy
+    /// 502). Kept by branch children.
     #[serde(default)]
     pub auto_resume: Option<bool>,
     /// What its TTL running out does: `delete` (default) or `pause`. Kept by branch

@@ -43,7 +43,18 @@ pub struct Target {
 /// `(sandbox, port)` to where the proxy forwards it; None: not exposed.
 pub trait Lookup: Send + Sync + 'static {
     fn lookup(&self, sandbox: &str, port: u16) -> Option<Target>;
+
+    /// Makes the sandbox ready to answer before a request goes to it (a paused one
+    /// created with `auto_resume` is resumed); Err says why it cannot answer.
+    fn wake<'a>(&'a self, _sandbox: &'a str) -> WakeFuture<'a> {
+        Box::pin(async { Ok(()) })
+    }
 }
+
+/// What [`Lookup::wake`] returns.
+pub type WakeFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<(), String>> + Send + 'a>,
+>;
 
 impl<F> Lookup for F
 where
@@ -155,6 +166,19 @@ impl Proxy {
                 })
             }
         };
+        // Only for a client allowed to reach the port: nobody else wakes a sandbox.
+        if let Err(why) = self.lookup.wake(&route.sandbox).await {
+            return Err(ProxyError::Unreachable {
+                sandbox: route.sandbox,
+                port: route.port,
+                why,
+            });
+        }
+        // A resume may have given the guest a new namespace (and address): ask again.
+        let target = self
+            .lookup
+            .lookup(&route.sandbox, route.port)
+            .unwrap_or(target);
         if let Some(location) = route.redirect() {
             // `/sandboxes/<id>/ports/<port>` without its slash: relative links in what
             // the guest serves would resolve outside the prefix.
