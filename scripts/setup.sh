@@ -9,6 +9,7 @@ APT_PACKAGES=(
   e2fsprogs xfsprogs btrfs-progs util-linux iproute2 python3-venv
   qemu-utils nftables iperf3
   fonts-dejavu-core  # text in `zygote bench ... --plot` pictures (read at run time)
+  docker-registry skopeo umoci  # OCI image tests: a real registry on loopback, images made by the tests
 )
 RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
 RUST_COMPONENTS=(rustfmt clippy)

@@ -15,6 +15,8 @@ mod debootstrap;
 mod error;
 mod exec;
 mod kernel;
+mod overlay;
+pub mod pack;
 pub mod paths;
 pub mod recipe;
 mod rootfs;
@@ -27,7 +29,10 @@ pub use kernel::{build_kernel, kernel_info, KernelInfo};
 pub use paths::cache_dir;
 pub use recipe::{find_recipe, list_recipes, Recipe};
 pub use rootfs::{build_image, build_image_with, BuildOptions, AGENT_GUEST_PATH};
-pub use store::{list_images, locate_image, prune_images, remove_image, sha256_file, ImageInfo};
+pub use store::{
+    list_images, locate_image, prune_images, remove_image, sha256_file, ImageInfo, OciOrigin,
+    RunConfig,
+};
 
 /// sha256 of a byte string, lowercase hex.
 pub(crate) fn sha256_hex(data: &[u8]) -> String {

@@ -97,7 +97,7 @@ mod tests {
             assert!(handle.is_some(), "{lines:?}");
             assert!(mounted(&staging));
         }
-        crate::rootfs::put_file(&staging, "/etc/hostname", b"built\n", 0o644).unwrap();
+        crate::pack::put_file(&staging, "/etc/hostname", b"built\n", 0o644).unwrap();
         assert_eq!(fs::read(staging.join("etc/hostname")).unwrap(), b"built\n");
         assert_eq!(
             fs::read_link(staging.join("abs")).unwrap(),

@@ -1,24 +1,24 @@
 //! Building ext4 root filesystems from recipes, without mounting any image:
 //! the tree is assembled in a staging directory and packed by `mkfs.ext4 -d`.
 //! A debootstrap base is staged as an overlay on the cached tree where the
-//! host allows it (root, overlayfs), else hard-linked (see [`overlay`]).
+//! host allows it (root, overlayfs), else hard-linked (see `overlay.rs`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use crate::agent::build_agent;
 use crate::debootstrap::{ensure_tree, host_mirror, TreeSpec};
 use crate::error::{ImageError, IoContext, Result};
 use crate::exec::{run_quiet, Progress};
+use crate::pack::{
+    add_guest_essentials, mkfs_ext4, put_file, resolve_parent, scratch_dir, store_image, Ext4Spec,
+    ScratchPath,
+};
 use crate::paths::{images_dir, prebuilt_only};
 use crate::recipe::{find_recipe, Base, Recipe};
 use crate::store::{
-    image_path, locate_image, lookup_by_recipe_key, mark_current, save_info, sha256_file, FileLock,
-    ImageInfo,
+    locate_image, lookup_by_recipe_key, mark_current, sha256_file, FileLock, ImageInfo,
 };
-
-#[path = "overlay.rs"]
-mod overlay;
 
 /// Bumped whenever this builder's output changes for the same inputs, so that
 /// old cached images stop matching.
@@ -69,8 +69,6 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
             return Ok(info);
         }
     }
-    let tmp_dir = dir.join("tmp");
-    std::fs::create_dir_all(&tmp_dir).ctx(|| format!("creating {}", tmp_dir.display()))?;
     let _lock = FileLock::acquire(&dir.join(format!(".lock-{}", recipe.name)), progress)?;
     if !opts.force && !opts.refresh_base {
         if let Some(info) = lookup_by_recipe_key(&dir, &recipe.name, &key) {
@@ -78,11 +76,11 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
             return Ok(info);
         }
     }
-    remove_stale_staging(&tmp_dir);
+    let tmp_dir = scratch_dir()?;
     let started = Instant::now();
     let stamp = format!("{}-{}", recipe.name, std::process::id());
-    let staging = TempPath(tmp_dir.join(format!("{stamp}.root")));
-    let raw = TempPath(tmp_dir.join(format!("{stamp}.ext4")));
+    let staging = ScratchPath(tmp_dir.join(format!("{stamp}.root")));
+    let raw = ScratchPath(tmp_dir.join(format!("{stamp}.ext4")));
     staging.clear()?;
     raw.clear()?;
     // Declared after the paths above so that it drops first: the overlay is
@@ -96,43 +94,57 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
         }
         BaseKind::Debootstrap(spec) => {
             let tree = ensure_tree(&spec.as_spec(), opts.refresh_base, progress)?;
-            staging_overlay = overlay::stage_cached_tree(&tree, &staging.0, progress)?;
+            staging_overlay = crate::overlay::stage_cached_tree(&tree, &staging.0, progress)?;
         }
     }
-    add_common_files(&staging.0, &recipe, &agent, progress)?;
+    add_guest_essentials(&staging.0, &recipe.hostname, &agent, progress)?;
+    add_recipe_files(&staging.0, &recipe)?;
     progress(&format!("mkfs.ext4 -d ({} MiB, sparse)", recipe.size_mib));
-    mkfs(&staging.0, &raw.0, &recipe, &key)?;
+    let spec = Ext4Spec {
+        size_mib: recipe.size_mib,
+        label: &recipe.name,
+        key: &key,
+        inodes: None,
+    };
+    mkfs_ext4(&staging.0, &raw.0, &spec)?;
     // The image holds the tree now: unmount before hashing.
     drop(staging_overlay);
-    progress("hashing the image");
-    let sha = sha256_file(&raw.0)?;
-    let final_path = image_path(&dir, &recipe.name, &sha);
-    std::fs::rename(&raw.0, &final_path).ctx(|| format!("storing {}", final_path.display()))?;
-    // Bases are shared by every VM through CoW overlays: make accidental
-    // writes fail instead of corrupting them.
-    set_mode(&final_path, 0o444)?;
-    let meta = std::fs::metadata(&final_path).ctx(|| "stat of the image".into())?;
     let info = ImageInfo {
         name: recipe.name.clone(),
-        sha256: sha,
-        path: final_path,
-        size_bytes: meta.len(),
-        disk_bytes: std::os::unix::fs::MetadataExt::blocks(&meta) * 512,
+        sha256: String::new(),
+        path: PathBuf::new(),
+        size_bytes: 0,
+        disk_bytes: 0,
         recipe_key: key,
         recipe_path: recipe.path.clone(),
         description: recipe.description.clone(),
         base: base.label,
         agent_sha256: agent_sha,
-        built_at: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
+        built_at: 0,
         build_secs: started.elapsed().as_secs_f64(),
+        oci: None,
     };
-    save_info(&dir, &info)?;
-    mark_current(&dir, &info)?;
-    progress(&format!("built {}", info.path.display()));
-    Ok(info)
+    store_image(&raw.0, info, progress)
+}
+
+/// What a recipe adds over the essentials: busybox's account files, the recipe's files.
+fn add_recipe_files(root: &Path, recipe: &Recipe) -> Result<()> {
+    if matches!(recipe.base, Base::Busybox) {
+        put_file(
+            root,
+            "/etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+            0o644,
+        )?;
+        put_file(root, "/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
+    }
+    for file in &recipe.files {
+        let data = std::fs::read(&file.src).ctx(|| format!("reading {}", file.src.display()))?;
+        let meta = std::fs::metadata(&file.src).ctx(|| format!("stat {}", file.src.display()))?;
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+        put_file(root, &file.dest, &data, mode)?;
+    }
+    Ok(())
 }
 
 struct ResolvedBase {
@@ -243,224 +255,6 @@ fn add_busybox(root: &Path, progress: Progress) -> Result<()> {
     }
     progress(&format!("busybox with {count} applet links"));
     Ok(())
-}
-
-/// Files every image gets, whatever its base.
-fn add_common_files(root: &Path, recipe: &Recipe, agent: &Path, progress: Progress) -> Result<()> {
-    // Mount points and scratch space the agent (as PID 1) expects.
-    for (dir, mode) in [
-        ("/dev", 0o755),
-        ("/proc", 0o555),
-        ("/sys", 0o555),
-        ("/tmp", 0o1777),
-        ("/run", 0o755),
-        ("/root", 0o700),
-        ("/etc", 0o755),
-        ("/var/tmp", 0o1777),
-    ] {
-        let path = resolve_parent(root, &format!("{dir}/x"))?;
-        set_mode(&path, mode)?;
-    }
-    let agent_bytes = std::fs::read(agent).ctx(|| format!("reading {}", agent.display()))?;
-    put_file(root, AGENT_GUEST_PATH, &agent_bytes, 0o755)?;
-    // The release profile keeps debug info (8 MiB vs 1 MiB stripped); the guest
-    // has no use for it, and every byte is read through emulated virtio.
-    let staged = resolve_parent(root, AGENT_GUEST_PATH)?.join("zygote-agent");
-    if let Err(e) = run_quiet(
-        Command::new("strip").arg("--strip-debug").arg(&staged),
-        "strip",
-    ) {
-        progress(&format!("warning: keeping the agent's debug info: {e}"));
-    }
-    put_file(
-        root,
-        "/etc/hostname",
-        format!("{}\n", recipe.hostname).as_bytes(),
-        0o644,
-    )?;
-    let hosts = format!("127.0.0.1 localhost\n127.0.1.1 {}\n", recipe.hostname);
-    put_file(root, "/etc/hosts", hosts.as_bytes(), 0o644)?;
-    // QEMU user networking's DNS forwarder; debootstrap copied the host's file.
-    put_file(root, "/etc/resolv.conf", b"nameserver 10.0.2.3\n", 0o644)?;
-    if matches!(recipe.base, Base::Busybox) {
-        put_file(
-            root,
-            "/etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-            0o644,
-        )?;
-        put_file(root, "/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
-    }
-    for file in &recipe.files {
-        let data = std::fs::read(&file.src).ctx(|| format!("reading {}", file.src.display()))?;
-        let meta = std::fs::metadata(&file.src).ctx(|| format!("stat {}", file.src.display()))?;
-        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
-        put_file(root, &file.dest, &data, mode)?;
-    }
-    Ok(())
-}
-
-fn mkfs(staging: &Path, image: &Path, recipe: &Recipe, key: &str) -> Result<()> {
-    // A UUID and directory-hash seed derived from the inputs instead of random
-    // ones: fewer arbitrary differences between two builds of the same recipe.
-    let uuid = format!(
-        "{}-{}-{}-{}-{}",
-        &key[0..8],
-        &key[8..12],
-        &key[12..16],
-        &key[16..20],
-        &key[20..32]
-    );
-    let label: String = recipe.name.chars().take(16).collect();
-    run_quiet(
-        Command::new("mkfs.ext4")
-            .args([
-                "-q", "-F", "-b", "4096", "-m", "0", "-L", &label, "-U", &uuid,
-            ])
-            .arg("-E")
-            .arg(format!("root_owner=0:0,hash_seed={uuid}"))
-            .arg("-d")
-            .arg(staging)
-            .arg(image)
-            .arg(format!("{}M", recipe.size_mib)),
-        "mkfs.ext4 -d",
-    )?;
-    Ok(())
-}
-
-/// Writes a file inside the guest tree at `root`, never through the old inode
-/// (it may be a hard link into the cached debootstrap tree) and never outside
-/// `root` (symlinks are resolved as if `root` were `/`).
-pub(crate) fn put_file(root: &Path, guest: &str, data: &[u8], mode: u32) -> Result<()> {
-    let name = Path::new(guest)
-        .file_name()
-        .ok_or_else(|| ImageError::GuestPath {
-            path: guest.into(),
-            msg: "no file name".into(),
-        })?;
-    let path = resolve_parent(root, guest)?.join(name);
-    match std::fs::symlink_metadata(&path) {
-        Ok(m) if m.is_dir() => {
-            return Err(ImageError::GuestPath {
-                path: guest.into(),
-                msg: "is a directory".into(),
-            })
-        }
-        Ok(_) => std::fs::remove_file(&path).ctx(|| format!("replacing {}", path.display()))?,
-        Err(_) => {}
-    }
-    std::fs::write(&path, data).ctx(|| format!("writing {}", path.display()))?;
-    set_mode(&path, mode)
-}
-
-/// Host directory holding `guest`'s final component, created as needed,
-/// following symlinks inside the tree chroot-style.
-pub(crate) fn resolve_parent(root: &Path, guest: &str) -> Result<PathBuf> {
-    let err = |msg: &str| ImageError::GuestPath {
-        path: guest.into(),
-        msg: msg.into(),
-    };
-    let parent = Path::new(guest).parent().ok_or_else(|| err("no parent"))?;
-    // Components still to walk, reversed so that pop() yields the next one.
-    let mut pending: Vec<String> = parent
-        .iter()
-        .map(|c| c.to_string_lossy().into_owned())
-        .rev()
-        .collect();
-    let mut resolved: Vec<String> = Vec::new();
-    let mut hops = 0;
-    while let Some(comp) = pending.pop() {
-        match comp.as_str() {
-            "/" | "." | "" => continue,
-            ".." => {
-                resolved.pop();
-                continue;
-            }
-            _ => {}
-        }
-        let host = resolved
-            .iter()
-            .fold(root.to_path_buf(), |p, c| p.join(c))
-            .join(&comp);
-        match std::fs::symlink_metadata(&host) {
-            Ok(m) if m.file_type().is_symlink() => {
-                hops += 1;
-                if hops > 40 {
-                    return Err(err("too many levels of symbolic links"));
-                }
-                let target =
-                    std::fs::read_link(&host).ctx(|| format!("readlink {}", host.display()))?;
-                if target.is_absolute() {
-                    resolved.clear();
-                }
-                pending.extend(
-                    target
-                        .iter()
-                        .map(|c| c.to_string_lossy().into_owned())
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev(),
-                );
-            }
-            Ok(m) if m.is_dir() => resolved.push(comp),
-            Ok(_) => return Err(err("a parent is not a directory")),
-            Err(_) => {
-                std::fs::create_dir(&host).ctx(|| format!("creating {}", host.display()))?;
-                set_mode(&host, 0o755)?;
-                resolved.push(comp);
-            }
-        }
-    }
-    Ok(resolved.iter().fold(root.to_path_buf(), |p, c| p.join(c)))
-}
-
-/// Removes `<name>-<pid>.{root,ext4}` scratch entries of builds whose process
-/// is gone (killed mid-build, so their Drop never ran), unmounting a staging
-/// overlay left on `.root` and removing its upper layer.
-fn remove_stale_staging(tmp_dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(tmp_dir) else {
-        return;
-    };
-    let stale: Vec<PathBuf> = entries
-        .flatten()
-        .filter(|entry| {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let pid = name
-                .rsplit_once('.')
-                .and_then(|(stem, _)| stem.rsplit_once('-'))
-                .and_then(|(_, pid)| pid.parse::<u32>().ok());
-            pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
-        })
-        .map(|entry| entry.path())
-        .collect();
-    for path in stale {
-        let _ = TempPath(path).clear();
-    }
-}
-
-fn set_mode(path: &Path, mode: u32) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .ctx(|| format!("chmod {}", path.display()))
-}
-
-/// A scratch path removed (file or tree) on drop, so failed builds leave nothing.
-struct TempPath(PathBuf);
-
-impl TempPath {
-    fn clear(&self) -> Result<()> {
-        match std::fs::symlink_metadata(&self.0) {
-            Ok(m) if m.is_dir() => overlay::remove_dir_tree(&self.0),
-            Ok(_) => std::fs::remove_file(&self.0).ctx(|| format!("removing {}", self.0.display())),
-            Err(_) => Ok(()),
-        }
-    }
-}
-
-impl Drop for TempPath {
-    fn drop(&mut self) {
-        let _ = self.clear();
-    }
 }
 
 #[cfg(test)]

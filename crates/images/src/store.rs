@@ -48,28 +48,80 @@ pub struct ImageInfo {
     /// Unix time of the build.
     pub built_at: u64,
     pub build_secs: f64,
+    /// Set for an image converted from an OCI image (pulled or imported): where it came
+    /// from and the run configuration it carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciOrigin>,
+}
+
+/// Where an image converted from an OCI image came from, and what of its configuration
+/// the sandbox keeps (the image's entrypoint is not run: the agent is PID 1).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OciOrigin {
+    /// The reference as pulled (normalized, e.g. `docker.io/library/alpine:3.20`), or
+    /// `oci-archive:PATH` / `docker-archive:PATH` for an import.
+    pub reference: String,
+    /// Digest of the platform's image manifest (for a docker archive without one: the
+    /// config's digest, which is docker's image id).
+    pub manifest_digest: String,
+    pub config_digest: String,
+    /// `os/architecture` of the image, e.g. `linux/amd64`.
+    pub platform: String,
+    /// Compressed layer digests, bottom first.
+    pub layers: Vec<String>,
+    pub config: RunConfig,
+}
+
+/// The part of an OCI image's config that shapes how commands run in the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// `KEY=value` entries: the default environment of every exec.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Default working directory of execs (absolute), if the image sets one.
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    /// `User` as the image wrote it (`name`, `uid`, `uid:gid`, `name:group`).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `User` resolved against the image's /etc/passwd and /etc/group at conversion.
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
+    #[serde(default)]
+    pub cmd: Vec<String>,
 }
 
 impl ImageInfo {
     pub fn file_stem(&self) -> String {
-        format!("{}-{}", self.name, self.sha256)
+        format!("{}-{}", fs_name(&self.name), self.sha256)
     }
 }
 
+/// An image name as a file name: OCI references contain `/`, which no other name
+/// character maps to `+` (a reference cannot contain `+`), so the mapping is one to one.
+pub(crate) fn fs_name(name: &str) -> String {
+    name.replace('/', "+")
+}
+
 pub(crate) fn image_path(dir: &Path, name: &str, sha256: &str) -> PathBuf {
-    dir.join(format!("{name}-{sha256}.ext4"))
+    dir.join(format!("{}-{sha256}.ext4", fs_name(name)))
 }
 
 fn metadata_path(dir: &Path, name: &str, sha256: &str) -> PathBuf {
-    dir.join(format!("{name}-{sha256}.json"))
+    dir.join(format!("{}-{sha256}.json", fs_name(name)))
 }
 
 fn index_path(dir: &Path, name: &str, recipe_key: &str) -> PathBuf {
-    dir.join("index").join(format!("{name}-{recipe_key}"))
+    dir.join("index")
+        .join(format!("{}-{recipe_key}", fs_name(name)))
 }
 
 fn current_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join("index").join(format!("{name}.current"))
+    dir.join("index").join(format!("{}.current", fs_name(name)))
 }
 
 /// Records `info` as what its name now means (see the module doc).
@@ -161,9 +213,11 @@ pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
         .iter()
         .find(|i| i.name == query && current.as_deref() == Some(i.sha256.as_str()))
         .or_else(|| {
-            images
-                .iter()
-                .find(|i| i.name == query || i.file_stem() == query)
+            images.iter().find(|i| {
+                i.name == query
+                    || i.file_stem() == query
+                    || format!("{}-{}", i.name, i.sha256) == query
+            })
         });
     if let Some(found) = by_name {
         return Ok(found.clone());
@@ -214,7 +268,7 @@ fn remove_in(dir: &Path, info: &ImageInfo) -> Result<()> {
     }
     let index_dir = dir.join("index");
     if let Ok(entries) = std::fs::read_dir(&index_dir) {
-        let prefix = format!("{}-", info.name);
+        let prefix = format!("{}-", fs_name(&info.name));
         for entry in entries.flatten() {
             let named = entry.file_name().to_string_lossy().starts_with(&prefix);
             let points_here =
@@ -262,7 +316,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
 /// An exclusive `flock` on a file, released on drop: serializes builds of the
 /// same thing across threads and processes (tests run in parallel, and a user
 /// may run `zygote image build` twice).
-pub(crate) struct FileLock {
+pub struct FileLock {
     _file: File,
 }
 
@@ -318,6 +372,7 @@ mod tests {
             agent_sha256: "0".into(),
             built_at,
             build_secs: 0.0,
+            oci: None,
         }
     }
 

@@ -252,6 +252,7 @@ mod tests {
             agent_sha256: "a".into(),
             built_at: 1000,
             build_secs: 1.0,
+            oci: None,
         };
         let table = render_table(&[info], 1060);
         let lines: Vec<&str> = table.lines().collect();

@@ -1,0 +1,318 @@
+//! Packing a staged guest tree into a stored image: the files every guest needs, the
+//! ext4 file (`mkfs.ext4 -d`, no mount), and its registration in the store. Shared by
+//! recipe builds ([`crate::build_image`]) and images converted from OCI images.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::error::{ImageError, IoContext, Result};
+use crate::exec::{run_quiet, Progress};
+use crate::paths::images_dir;
+use crate::store::{
+    fs_name, image_path, lookup_by_recipe_key, mark_current, save_info, sha256_file, FileLock,
+    ImageInfo,
+};
+use crate::AGENT_GUEST_PATH;
+
+/// The files every image gets, whatever its base: the mount points and scratch space
+/// the agent (as PID 1) expects, the agent itself, and the guest's name and resolver.
+pub fn add_guest_essentials(
+    root: &Path,
+    hostname: &str,
+    agent: &Path,
+    progress: Progress,
+) -> Result<()> {
+    for (dir, mode) in [
+        ("/dev", 0o755),
+        ("/proc", 0o555),
+        ("/sys", 0o555),
+        ("/tmp", 0o1777),
+        ("/run", 0o755),
+        ("/root", 0o700),
+        ("/etc", 0o755),
+        ("/var/tmp", 0o1777),
+    ] {
+        let path = resolve_parent(root, &format!("{dir}/x"))?;
+        set_mode(&path, mode)?;
+    }
+    let agent_bytes = std::fs::read(agent).ctx(|| format!("reading {}", agent.display()))?;
+    put_file(root, AGENT_GUEST_PATH, &agent_bytes, 0o755)?;
+    // The release profile keeps debug info (8 MiB vs 1 MiB stripped); the guest
+    // has no use for it, and every byte is read through emulated virtio.
+    let staged = resolve_parent(root, AGENT_GUEST_PATH)?.join("zygote-agent");
+    if let Err(e) = run_quiet(
+        Command::new("strip").arg("--strip-debug").arg(&staged),
+        "strip",
+    ) {
+        progress(&format!("warning: keeping the agent's debug info: {e}"));
+    }
+    put_file(
+        root,
+        "/etc/hostname",
+        format!("{hostname}\n").as_bytes(),
+        0o644,
+    )?;
+    let hosts = format!("127.0.0.1 localhost\n127.0.1.1 {hostname}\n");
+    put_file(root, "/etc/hosts", hosts.as_bytes(), 0o644)?;
+    // QEMU user networking's DNS forwarder (and the address the daemon's isolated
+    // networking answers DNS on); a base's own file would name the build host's.
+    put_file(root, "/etc/resolv.conf", b"nameserver 10.0.2.3\n", 0o644)?;
+    Ok(())
+}
+
+/// How to lay out the ext4 file.
+pub struct Ext4Spec<'a> {
+    /// Apparent size (the file is sparse).
+    pub size_mib: u64,
+    /// Volume label (at most 16 bytes are kept).
+    pub label: &'a str,
+    /// At least 32 hex digits: the UUID and directory-hash seed are derived from it
+    /// instead of random ones, so two builds of the same inputs differ less.
+    pub key: &'a str,
+    /// Inode count; None: mkfs's default ratio.
+    pub inodes: Option<u64>,
+}
+
+/// Packs `staging` into a new ext4 file at `image` with `mkfs.ext4 -d` (no mount).
+/// Owners, modes, times, hard links and extended attributes come from the staged tree.
+pub fn mkfs_ext4(staging: &Path, image: &Path, spec: &Ext4Spec) -> Result<()> {
+    let key = spec.key;
+    if key.len() < 32 {
+        return Err(ImageError::BadOutput {
+            what: "mkfs.ext4".into(),
+            detail: format!("key {key:?} is shorter than 32 hex digits"),
+        });
+    }
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &key[0..8],
+        &key[8..12],
+        &key[12..16],
+        &key[16..20],
+        &key[20..32]
+    );
+    let label: String = spec.label.chars().take(16).collect();
+    let mut cmd = Command::new("mkfs.ext4");
+    cmd.args([
+        "-q", "-F", "-b", "4096", "-m", "0", "-L", &label, "-U", &uuid,
+    ])
+    .arg("-E")
+    .arg(format!("root_owner=0:0,hash_seed={uuid}"));
+    if let Some(n) = spec.inodes {
+        cmd.arg("-N").arg(n.to_string());
+    }
+    cmd.arg("-d")
+        .arg(staging)
+        .arg(image)
+        .arg(format!("{}M", spec.size_mib));
+    run_quiet(&mut cmd, "mkfs.ext4 -d")?;
+    Ok(())
+}
+
+/// Moves a packed ext4 file into the store under its content hash, read-only, and
+/// records `info` (whose name, keys and origin the caller filled in) as what its name
+/// now means. Returns the stored image's full metadata.
+pub fn store_image(raw: &Path, mut info: ImageInfo, progress: Progress) -> Result<ImageInfo> {
+    let dir = images_dir();
+    progress("hashing the image");
+    info.sha256 = sha256_file(raw)?;
+    let final_path = image_path(&dir, &info.name, &info.sha256);
+    std::fs::rename(raw, &final_path).ctx(|| format!("storing {}", final_path.display()))?;
+    // Bases are shared by every VM through CoW overlays: make accidental
+    // writes fail instead of corrupting them.
+    set_mode(&final_path, 0o444)?;
+    let meta = std::fs::metadata(&final_path).ctx(|| "stat of the image".into())?;
+    info.path = final_path;
+    info.size_bytes = meta.len();
+    info.disk_bytes = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    info.built_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    save_info(&dir, &info)?;
+    mark_current(&dir, &info)?;
+    progress(&format!("built {}", info.path.display()));
+    Ok(info)
+}
+
+/// The image `name` built from inputs hashing to `key`, if the store has it; it
+/// becomes what `name` means, as a build would make it.
+pub fn cached(name: &str, key: &str) -> Result<Option<ImageInfo>> {
+    let dir = images_dir();
+    match lookup_by_recipe_key(&dir, name, key) {
+        Some(info) => {
+            mark_current(&dir, &info)?;
+            Ok(Some(info))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Serializes builds of `what` (an image name, a blob digest) across threads and
+/// processes; released on drop.
+pub fn build_lock(what: &str, progress: Progress) -> Result<FileLock> {
+    let dir = images_dir();
+    std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+    FileLock::acquire(&dir.join(format!(".lock-{}", fs_name(what))), progress)
+}
+
+/// The store's scratch directory (staging trees and unfinished ext4 files), created
+/// if needed, with what killed builds left there removed.
+pub fn scratch_dir() -> Result<PathBuf> {
+    let tmp_dir = images_dir().join("tmp");
+    std::fs::create_dir_all(&tmp_dir).ctx(|| format!("creating {}", tmp_dir.display()))?;
+    remove_stale_staging(&tmp_dir);
+    Ok(tmp_dir)
+}
+
+/// Writes a file inside the guest tree at `root`, never through the old inode
+/// (it may be a hard link into the cached debootstrap tree) and never outside
+/// `root` (symlinks are resolved as if `root` were `/`).
+pub fn put_file(root: &Path, guest: &str, data: &[u8], mode: u32) -> Result<()> {
+    let name = Path::new(guest)
+        .file_name()
+        .ok_or_else(|| ImageError::GuestPath {
+            path: guest.into(),
+            msg: "no file name".into(),
+        })?;
+    let path = resolve_parent(root, guest)?.join(name);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() => {
+            return Err(ImageError::GuestPath {
+                path: guest.into(),
+                msg: "is a directory".into(),
+            })
+        }
+        Ok(_) => std::fs::remove_file(&path).ctx(|| format!("replacing {}", path.display()))?,
+        Err(_) => {}
+    }
+    std::fs::write(&path, data).ctx(|| format!("writing {}", path.display()))?;
+    set_mode(&path, mode)
+}
+
+/// Host directory holding `guest`'s final component, created as needed,
+/// following symlinks inside the tree chroot-style.
+pub fn resolve_parent(root: &Path, guest: &str) -> Result<PathBuf> {
+    Ok(walk_parent(root, guest, true)?.expect("created as needed"))
+}
+
+/// Host directory holding `guest`'s final component, following symlinks inside the
+/// tree chroot-style; None when a component is missing or not a directory.
+pub fn find_parent(root: &Path, guest: &str) -> Result<Option<PathBuf>> {
+    walk_parent(root, guest, false)
+}
+
+fn walk_parent(root: &Path, guest: &str, create: bool) -> Result<Option<PathBuf>> {
+    let err = |msg: &str| ImageError::GuestPath {
+        path: guest.into(),
+        msg: msg.into(),
+    };
+    let parent = Path::new(guest).parent().ok_or_else(|| err("no parent"))?;
+    // Components still to walk, reversed so that pop() yields the next one.
+    let mut pending: Vec<String> = parent
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .rev()
+        .collect();
+    let mut resolved: Vec<String> = Vec::new();
+    let mut hops = 0;
+    while let Some(comp) = pending.pop() {
+        match comp.as_str() {
+            "/" | "." | "" => continue,
+            ".." => {
+                resolved.pop();
+                continue;
+            }
+            _ => {}
+        }
+        let host = resolved
+            .iter()
+            .fold(root.to_path_buf(), |p, c| p.join(c))
+            .join(&comp);
+        match std::fs::symlink_metadata(&host) {
+            Ok(m) if m.file_type().is_symlink() => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(err("too many levels of symbolic links"));
+                }
+                let target =
+                    std::fs::read_link(&host).ctx(|| format!("readlink {}", host.display()))?;
+                if target.is_absolute() {
+                    resolved.clear();
+                }
+                pending.extend(
+                    target
+                        .iter()
+                        .map(|c| c.to_string_lossy().into_owned())
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev(),
+                );
+            }
+            Ok(m) if m.is_dir() => resolved.push(comp),
+            Ok(_) if !create => return Ok(None),
+            Ok(_) => return Err(err("a parent is not a directory")),
+            Err(_) if !create => return Ok(None),
+            Err(_) => {
+                std::fs::create_dir(&host).ctx(|| format!("creating {}", host.display()))?;
+                set_mode(&host, 0o755)?;
+                resolved.push(comp);
+            }
+        }
+    }
+    Ok(Some(
+        resolved.iter().fold(root.to_path_buf(), |p, c| p.join(c)),
+    ))
+}
+
+/// Removes `<name>-<pid>.<ext>` scratch entries of builds whose process is gone
+/// (killed mid-build, so their Drop never ran), unmounting a staging overlay left on
+/// `.root` and removing its upper layer.
+fn remove_stale_staging(tmp_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp_dir) else {
+        return;
+    };
+    let stale: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let pid = name
+                .rsplit_once('.')
+                .and_then(|(stem, _)| stem.rsplit_once('-'))
+                .and_then(|(_, pid)| pid.parse::<u32>().ok());
+            pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        })
+        .map(|entry| entry.path())
+        .collect();
+    for path in stale {
+        let _ = ScratchPath(path).clear();
+    }
+}
+
+pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .ctx(|| format!("chmod {}", path.display()))
+}
+
+/// A scratch path removed (file or tree) on drop, so failed builds leave nothing.
+/// Name it `<anything>-<pid>.<ext>` inside [`scratch_dir`] so that a build killed
+/// before its drop ran is cleaned up by the next one.
+pub struct ScratchPath(pub PathBuf);
+
+impl ScratchPath {
+    /// Removes the file or tree (unmounting a staging overlay on it) if it exists.
+    pub fn clear(&self) -> Result<()> {
+        match std::fs::symlink_metadata(&self.0) {
+            Ok(m) if m.is_dir() => crate::overlay::remove_dir_tree(&self.0),
+            Ok(_) => std::fs::remove_file(&self.0).ctx(|| format!("removing {}", self.0.display())),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl Drop for ScratchPath {
+    fn drop(&mut self) {
+        let _ = self.clear();
+    }
+}

@@ -1,0 +1,5 @@
+//! OCI images for zygote (under construction).
+pub mod apply;
+mod error;
+
+pub use error::{OciError, Result};
