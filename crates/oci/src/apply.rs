@@ -595,7 +595,7 @@ fn bad_layer(layer: usize, digest: &str, message: String) -> OciError {
 }
 
 /// The absolute, normalized form of a tar entry's path; None for the root itself.
-fn guest_path(raw: &[u8]) -> std::result::Result<Option<String>, String> {
+pub(crate) fn guest_path(raw: &[u8]) -> std::result::Result<Option<String>, String> {
     let s = std::str::from_utf8(raw)
         .map_err(|_| format!("{:?} is not UTF-8", String::from_utf8_lossy(raw)))?;
     let mut parts = Vec::new();

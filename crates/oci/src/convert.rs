@@ -1,0 +1,400 @@
+//! An OCI image whose blobs are all local (pulled or imported) turned into a stored
+//! zygote image: layers applied bottom first (each checked against the config's diff
+//! id), the agent and the guest essentials added, packed with `mkfs.ext4 -d`, owners
+//! fixed with debugfs when not converting as root, stored under its content hash.
+//! Cached by what goes in (manifest digest, agent, converter version, size): a second
+//! pull of an unchanged image converts nothing.
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use zygote_images::pack::{
+    add_guest_essentials, build_lock, cached, find_parent, mkfs_ext4, put_file, scratch_dir,
+    store_image, Ext4Spec, ScratchPath,
+};
+use zygote_images::{ImageInfo, OciOrigin, RunConfig};
+
+use crate::apply::{Applier, Fixup, Ownership};
+use crate::error::{IoContext, OciError, Result};
+use crate::manifest::{Digest, ImageConfig};
+use crate::{Event, Limits, Progress};
+
+/// Bumped whenever conversion gives different images for the same inputs.
+const CONVERTER_VERSION: &str = "zygote-oci v1";
+
+/// Everything conversion needs, with every blob in the blob store.
+pub(crate) struct LocalImage {
+    /// The name it is stored under (a normalized reference, or a name given to import).
+    pub name: String,
+    pub origin: OciOrigin,
+    pub config: ImageConfig,
+    /// Layer blobs, bottom first, with their digests.
+    pub layers: Vec<(Digest, PathBuf)>,
+}
+
+/// How to convert.
+#[derive(Debug, Clone, Default)]
+pub struct ConvertOptions {
+    /// The ext4 file's size (sparse); None: what the tree needs plus 1 GiB free.
+    pub size_mib: Option<u64>,
+    /// Convert even if the cache has this image.
+    pub force: bool,
+    /// Stage the tree without chown even as root and set owners with debugfs, as an
+    /// unprivileged conversion does (for testing that path).
+    pub rootless: bool,
+}
+
+/// What a conversion's cache key is made of, worked out before anything is fetched
+/// (so that a cached image costs no downloads).
+pub(crate) struct Prepared {
+    key: String,
+    agent: PathBuf,
+    agent_sha: String,
+}
+
+pub(crate) fn prepare(
+    manifest_digest: &Digest,
+    opts: &ConvertOptions,
+    progress: Progress,
+) -> Result<Prepared> {
+    let agent = zygote_images::build_agent(&mut |l| {
+        progress(Event::Step {
+            message: l.to_string(),
+        })
+    })?;
+    let agent_sha = zygote_images::sha256_file(&agent)?;
+    let key = Digest::of(
+        format!(
+            "{CONVERTER_VERSION}\nmanifest {manifest_digest}\nagent {agent_sha}\nsize {:?}\nrootless {}\n",
+            opts.size_mib, opts.rootless
+        )
+        .as_bytes(),
+    )
+    .hex()
+    .to_string();
+    Ok(Prepared {
+        key,
+        agent,
+        agent_sha,
+    })
+}
+
+/// The conversion of these inputs, if the store has it (it becomes what `name` means).
+pub(crate) fn lookup(
+    name: &str,
+    prepared: &Prepared,
+    opts: &ConvertOptions,
+) -> Result<Option<ImageInfo>> {
+    if opts.force {
+        return Ok(None);
+    }
+    Ok(cached(name, &prepared.key)?)
+}
+
+pub(crate) fn convert(
+    mut img: LocalImage,
+    prepared: &Prepared,
+    opts: &ConvertOptions,
+    limits: &Limits,
+    progress: Progress,
+) -> Result<ImageInfo> {
+    let say = |s: String| progress(Event::Step { message: s });
+    let Prepared {
+        key,
+        agent,
+        agent_sha,
+    } = prepared;
+    let (key, agent, agent_sha) = (key.clone(), agent.clone(), agent_sha.clone());
+    let _lock = build_lock(&img.name, &mut |l| say(l.to_string()))?;
+    if let Some(info) = lookup(&img.name, prepared, opts)? {
+        say(format!("cached: {}", info.path.display()));
+        return Ok(info);
+    }
+    let started = Instant::now();
+    let tmp = scratch_dir()?;
+    let stamp = format!("oci-{}-{}", &key[..12], std::process::id());
+    let staging = ScratchPath(tmp.join(format!("{stamp}.root")));
+    let raw = ScratchPath(tmp.join(format!("{stamp}.ext4")));
+    staging.clear()?;
+    raw.clear()?;
+    std::fs::create_dir(&staging.0).ctx(|| format!("creating {}", staging.0.display()))?;
+    let root = &staging.0;
+
+    let diff_ids = &img.config.rootfs.diff_ids;
+    if diff_ids.len() != img.layers.len() {
+        return Err(OciError::BadImage {
+            what: img.name.clone(),
+            message: format!(
+                "the manifest has {} layers but the config lists {} diff ids",
+                img.layers.len(),
+                diff_ids.len()
+            ),
+        });
+    }
+    let ownership = if opts.rootless {
+        Ownership::Record
+    } else {
+        Ownership::for_this_process()
+    };
+    let mut applier = Applier::new(root, ownership, limits.unpack);
+    for (i, (digest, blob)) in img.layers.iter().enumerate() {
+        say(format!(
+            "applying layer {}/{} ({digest})",
+            i + 1,
+            img.layers.len()
+        ));
+        let done = applier.apply_blob(i, digest.as_str(), blob)?;
+        if done.diff_id != diff_ids[i] {
+            return Err(OciError::DigestMismatch {
+                what: format!("layer {i} ({digest}) uncompressed, against the config's diff id"),
+                expected: diff_ids[i].clone(),
+                actual: done.diff_id,
+            });
+        }
+    }
+    let run = run_config(root, &img.config)?;
+    say("adding the agent and the guest essentials".into());
+    add_guest_essentials(root, "zygote", &agent, &mut |l| say(l.to_string()))?;
+    ensure_accounts(root)?;
+    let applied = applier.finish()?;
+    if applied.skipped_devices > 0 {
+        say(format!(
+            "skipped {} device nodes (the guest's /dev is devtmpfs)",
+            applied.skipped_devices
+        ));
+    }
+    if applied.skipped_xattrs > 0 {
+        say(format!(
+            "warning: {} extended attributes could not be kept",
+            applied.skipped_xattrs
+        ));
+    }
+    let (used_bytes, inodes) = usage(root)?;
+    let size_mib = opts
+        .size_mib
+        .unwrap_or_else(|| ((used_bytes * 13 / 10) >> 20) + 1024)
+        .max(used_bytes * 11 / 10 / (1 << 20) + 64);
+    let spec = Ext4Spec {
+        size_mib,
+        label: "zygote-oci",
+        key: &key,
+        inodes: Some((inodes * 2).max(size_mib * 64)),
+    };
+    say(format!(
+        "mkfs.ext4 -d ({size_mib} MiB, {} MiB used, {inodes} inodes)",
+        used_bytes >> 20
+    ));
+    mkfs_ext4(root, &raw.0, &spec)?;
+    if ownership == Ownership::Record {
+        let fixups = with_defaults(root, applied.fixups)?;
+        say(format!("setting {} owners with debugfs", fixups.len()));
+        crate::ext4::apply_fixups(&raw.0, root, &fixups)?;
+    }
+    img.origin.config = run;
+    let info = ImageInfo {
+        name: img.name.clone(),
+        sha256: String::new(),
+        path: PathBuf::new(),
+        size_bytes: 0,
+        disk_bytes: 0,
+        recipe_key: key,
+        recipe_path: PathBuf::new(),
+        description: format!("OCI image {}", img.origin.reference),
+        base: format!("oci {}", img.origin.manifest_digest),
+        agent_sha256: agent_sha,
+        built_at: 0,
+        build_secs: started.elapsed().as_secs_f64(),
+        oci: Some(img.origin),
+    };
+    Ok(store_image(&raw.0, info, &mut |l| say(l.to_string()))?)
+}
+
+/// The image config's Env, WorkingDir and User, the user resolved to ids in the tree.
+fn run_config(root: &Path, config: &ImageConfig) -> Result<RunConfig> {
+    let c = config.config.clone().unwrap_or_default();
+    let user = c.user.filter(|u| !u.is_empty());
+    let (uid, gid) = match &user {
+        Some(u) => {
+            let (uid, gid) = resolve_user(root, u)?;
+            (Some(uid), Some(gid))
+        }
+        None => (None, None),
+    };
+    Ok(RunConfig {
+        env: c.env.unwrap_or_default(),
+        working_dir: c.working_dir.filter(|w| w.starts_with('/')),
+        user,
+        uid,
+        gid,
+        entrypoint: c.entrypoint.unwrap_or_default(),
+        cmd: c.cmd.unwrap_or_default(),
+    })
+}
+
+/// `user`, `uid`, `user:group` or `uid:gid` to ids, as a container runtime would:
+/// names from the image's /etc/passwd and /etc/group, a lone user's group from its
+/// passwd entry (0 for a uid not in it).
+pub(crate) fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let passwd = read_guest(root, "/etc/passwd");
+    let entry = |field: usize, want: &str| {
+        passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.len() >= 4 && f[field] == want)
+            .map(|f| (f[2].parse::<u32>().ok(), f[3].parse::<u32>().ok()))
+    };
+    let bad = |what: &str| OciError::BadImage {
+        what: format!("the image's User {spec:?}"),
+        message: format!("{what} is not in the image's /etc/passwd or /etc/group"),
+    };
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(uid) => (uid, entry(2, user).and_then(|(_, g)| g).unwrap_or(0)),
+        Err(_) => match entry(0, user) {
+            Some((Some(uid), Some(gid))) => (uid, gid),
+            _ => return Err(bad(&format!("user {user:?}"))),
+        },
+    };
+    let gid = match group {
+        None => primary,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => read_guest(root, "/etc/group")
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 3 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| bad(&format!("group {g:?}")))?,
+        },
+    };
+    Ok((uid, gid))
+}
+
+/// A file of the guest tree (symlinks resolved inside it), or "" if it is not there.
+fn read_guest(root: &Path, guest: &str) -> String {
+    let Ok(Some(parent)) = find_parent(root, guest) else {
+        return String::new();
+    };
+    let name = guest.rsplit_once('/').map_or(guest, |(_, n)| n);
+    let path = parent.join(name);
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink()) {
+        // A final symlink (e.g. /etc/passwd -> ../usr/share/...) is followed inside.
+        if let Ok(target) = std::fs::read_link(&path) {
+            let t = target.to_string_lossy();
+            let next = if t.starts_with('/') {
+                t.into_owned()
+            } else {
+                format!("{}/{t}", guest.rsplit_once('/').map_or("", |(d, _)| d))
+            };
+            if next != guest {
+                return read_guest(root, &next);
+            }
+        }
+        return String::new();
+    }
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The agent runs commands as root and looks up login shells: an image without
+/// account files (`FROM scratch`) gets minimal ones.
+fn ensure_accounts(root: &Path) -> Result<()> {
+    if read_guest(root, "/etc/passwd").is_empty() {
+        put_file(
+            root,
+            "/etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+            0o644,
+        )?;
+    }
+    if read_guest(root, "/etc/group").is_empty() {
+        put_file(root, "/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
+    }
+    Ok(())
+}
+
+/// Bytes allocated and inodes used by the staged tree.
+fn usage(root: &Path) -> Result<(u64, u64)> {
+    let mut bytes = 0;
+    let mut inodes = 0;
+    let mut seen = std::collections::HashSet::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+            let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
+            let m = entry
+                .metadata()
+                .ctx(|| format!("stat {}", entry.path().display()))?;
+            if !seen.insert(m.ino()) {
+                continue;
+            }
+            inodes += 1;
+            bytes += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok((bytes.max(1 << 20), inodes + 1))
+}
+
+/// Unprivileged conversion: every path the layers did not describe (the agent, the
+/// essentials, parents made on the way) belongs to root.
+fn with_defaults(root: &Path, mut fixups: Vec<Fixup>) -> Result<Vec<Fixup>> {
+    let known: std::collections::HashSet<String> = fixups.iter().map(|f| f.guest.clone()).collect();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    let mut extra = Vec::new();
+    while let Some((dir, guest_dir)) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).ctx(|| format!("listing {}", dir.display()))? {
+            let entry = entry.ctx(|| format!("listing {}", dir.display()))?;
+            let guest = format!("{guest_dir}/{}", entry.file_name().to_string_lossy());
+            let m = entry
+                .metadata()
+                .ctx(|| format!("stat {}", entry.path().display()))?;
+            if !known.contains(&guest) {
+                extra.push(Fixup {
+                    guest: guest.clone(),
+                    uid: 0,
+                    gid: 0,
+                    mode: (!m.file_type().is_symlink()).then_some(m.mode() & 0o7777),
+                    xattrs: Vec::new(),
+                });
+            }
+            if m.is_dir() {
+                stack.push((entry.path(), guest));
+            }
+        }
+    }
+    fixups.extend(extra);
+    Ok(fixups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_resolve_like_a_container_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+        std::fs::write(
+            root.join("usr/lib/passwd"),
+            "root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/home/app:/bin/sh\n",
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("../usr/lib/passwd", root.join("etc/passwd")).unwrap();
+        std::fs::write(root.join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        assert_eq!(resolve_user(root, "app").unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(root, "1000").unwrap(), (1000, 1001));
+        assert_eq!(resolve_user(root, "4242").unwrap(), (4242, 0));
+        assert_eq!(resolve_user(root, "app:staff").unwrap(), (1000, 50));
+        assert_eq!(resolve_user(root, "7:8").unwrap(), (7, 8));
+        let err = resolve_user(root, "ghost").unwrap_err().to_string();
+        assert!(err.contains("\"ghost\""), "{err}");
+        assert!(resolve_user(root, "app:nogroup").is_err());
+    }
+}
