@@ -60,6 +60,27 @@ pub fn add_guest_essentials(
     Ok(())
 }
 
+/// The smallest account files a guest needs (root for the agent's commands, nobody);
+/// `missing_only` keeps files a base already has.
+pub fn add_minimal_accounts(root: &Path, missing_only: bool) -> Result<()> {
+    const PASSWD: &[u8] =
+        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
+    const GROUP: &[u8] = b"root:x:0:\nnogroup:x:65534:\n";
+    for (guest, data) in [("/etc/passwd", PASSWD), ("/etc/group", GROUP)] {
+        let exists = || -> Result<bool> {
+            let Some(parent) = find_parent(root, guest)? else {
+                return Ok(false);
+            };
+            let name = guest.rsplit_once('/').map_or(guest, |(_, n)| n);
+            Ok(std::fs::metadata(parent.join(name)).is_ok_and(|m| m.len() > 0))
+        };
+        if !missing_only || !exists()? {
+            put_file(root, guest, data, 0o644)?;
+        }
+    }
+    Ok(())
+}
+
 /// How to lay out the ext4 file.
 pub struct Ext4Spec<'a> {
     /// Apparent size (the file is sparse).

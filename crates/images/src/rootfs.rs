@@ -11,8 +11,8 @@ use crate::debootstrap::{ensure_tree, host_mirror, TreeSpec};
 use crate::error::{ImageError, IoContext, Result};
 use crate::exec::{run_quiet, Progress};
 use crate::pack::{
-    add_guest_essentials, mkfs_ext4, put_file, resolve_parent, scratch_dir, store_image, Ext4Spec,
-    ScratchPath,
+    add_guest_essentials, add_minimal_accounts, mkfs_ext4, put_file, resolve_parent, scratch_dir,
+    store_image, Ext4Spec, ScratchPath,
 };
 use crate::paths::{images_dir, prebuilt_only};
 use crate::recipe::{find_recipe, Base, Recipe};
@@ -130,13 +130,7 @@ pub fn build_image_with(name: &str, opts: &BuildOptions, progress: Progress) -> 
 /// What a recipe adds over the essentials: busybox's account files, the recipe's files.
 fn add_recipe_files(root: &Path, recipe: &Recipe) -> Result<()> {
     if matches!(recipe.base, Base::Busybox) {
-        put_file(
-            root,
-            "/etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-            0o644,
-        )?;
-        put_file(root, "/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
+        add_minimal_accounts(root, false)?;
     }
     for file in &recipe.files {
         let data = std::fs::read(&file.src).ctx(|| format!("reading {}", file.src.display()))?;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use zygote_images::pack::{
-    add_guest_essentials, build_lock, cached, find_parent, mkfs_ext4, put_file, scratch_dir,
-    store_image, Ext4Spec, ScratchPath,
+    add_guest_essentials, add_minimal_accounts, build_lock, cached, find_parent, mkfs_ext4,
+    scratch_dir, store_image, Ext4Spec, ScratchPath,
 };
 use zygote_images::{ImageInfo, OciOrigin, RunConfig};
 
@@ -155,7 +155,9 @@ pub(crate) fn convert(
     let run = run_config(root, &img.config)?;
     say("adding the agent and the guest essentials".into());
     add_guest_essentials(root, "zygote", &agent, &mut |l| say(l.to_string()))?;
-    ensure_accounts(root)?;
+    // The agent runs commands as root and looks up login shells: an image without
+    // account files (`FROM scratch`) gets minimal ones.
+    add_minimal_accounts(root, true)?;
     let applied = applier.finish()?;
     if applied.skipped_devices > 0 {
         say(format!(
@@ -296,23 +298,6 @@ fn read_guest(root: &Path, guest: &str) -> String {
         return String::new();
     }
     std::fs::read_to_string(path).unwrap_or_default()
-}
-
-/// The agent runs commands as root and looks up login shells: an image without
-/// account files (`FROM scratch`) gets minimal ones.
-fn ensure_accounts(root: &Path) -> Result<()> {
-    if read_guest(root, "/etc/passwd").is_empty() {
-        put_file(
-            root,
-            "/etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
-            0o644,
-        )?;
-    }
-    if read_guest(root, "/etc/group").is_empty() {
-        put_file(root, "/etc/group", b"root:x:0:\nnogroup:x:65534:\n", 0o644)?;
-    }
-    Ok(())
 }
 
 /// Bytes allocated and inodes used by the staged tree.

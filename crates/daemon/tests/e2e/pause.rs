@@ -80,6 +80,8 @@ pub struct Parked {
     pub id: String,
     pid: u32,
     counted: u64,
+    /// A diff snapshot of it taken after a resume (runtimes that have them).
+    diff: Option<String>,
 }
 
 /// Everything but the restart; returns a sandbox left paused for it.
@@ -170,7 +172,7 @@ pub async fn check_pause(c: &Client, cleanup: &Cleanup) -> Parked {
     assert_eq!(e.code(), Some("wrong_state"), "{e}");
 
     check_auto_resume(c, cleanup).await;
-    check_snapshots_after_resume(c, id, cleanup).await;
+    let diff = check_snapshots_after_resume(c, id, cleanup).await;
 
     // Left paused for the daemon restart.
     let counted = count(c, id).await;
@@ -179,6 +181,7 @@ pub async fn check_pause(c: &Client, cleanup: &Cleanup) -> Parked {
         id: id.to_string(),
         pid,
         counted,
+        diff,
     }
 }
 
@@ -197,9 +200,11 @@ async fn implicit_of(c: &Client, id: &str) -> Vec<String> {
 }
 
 /// A diff snapshot taken after a resume outlives the next pause: it restores with what
-/// was written after the resume, and once it is gone nothing of the old saved state is
-/// left. (Runtimes without diff snapshots skip that part, saying so.)
-async fn check_snapshots_after_resume(c: &Client, id: &str, cleanup: &Cleanup) {
+/// was written after the resume, and keeps the state it is a diff of (the first
+/// resume's) while the sandbox reads the second's. Returns it; [`check_after_restart`]
+/// checks that nothing of either is left once it and the sandbox are gone. (Runtimes
+/// without diff snapshots skip that part, saying so.)
+async fn check_snapshots_after_resume(c: &Client, id: &str, cleanup: &Cleanup) -> Option<String> {
     let resumed_from = implicit_of(c, id).await;
     assert!(resumed_from.len() <= 1, "{resumed_from:?}");
     write(c, id, "/root/after-resume.txt", "written after the resume").await;
@@ -214,7 +219,7 @@ async fn check_snapshots_after_resume(c: &Client, id: &str, cleanup: &Cleanup) {
         Ok(d) => d,
         Err(e) if e.code() == Some("unsupported") => {
             eprintln!("    (diff snapshots after resume not checked: {e})");
-            return;
+            return None;
         }
         Err(e) => panic!("diff snapshot after resume: {e}"),
     };
@@ -229,21 +234,23 @@ async fn check_snapshots_after_resume(c: &Client, id: &str, cleanup: &Cleanup) {
         read(c, copy, "/root/after-resume.txt").await.unwrap(),
         "written after the resume"
     );
-    for path in [
-        format!("/v1/sandboxes/{copy}"),
-        format!("/v1/snapshots/{}", diff.id),
-    ] {
-        c.raw(Method::DELETE, &path, None)
-            .await
-            .unwrap_or_else(|e| panic!("DELETE {path}: {e}"));
-    }
-    // The first resume's state is gone; the second's is the one the VM reads now.
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{copy}"), None)
+        .await
+        .expect("delete the copy");
+    // The sandbox's disk reads the diff's frozen layer: the diff stays while it lives.
+    let e = c
+        .raw(Method::DELETE, &format!("/v1/snapshots/{}", diff.id), None)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("snapshot_in_use"), "{e}");
+    // The diff keeps the first resume's state; the VM reads the second's.
     let now_from = implicit_of(c, id).await;
-    assert_eq!(now_from.len(), resumed_from.len(), "{now_from:?}");
     assert!(
-        now_from.iter().all(|s| !resumed_from.contains(s)),
-        "the first resume's state was kept: {now_from:?}"
+        resumed_from.iter().all(|s| now_from.contains(s)),
+        "the state the diff depends on went: {now_from:?}"
     );
+    assert_eq!(now_from.len(), resumed_from.len() + 1, "{now_from:?}");
+    Some(diff.id)
 }
 
 /// After resume: the files, the hostname and the same counter process, counting on
@@ -326,4 +333,11 @@ pub async fn check_after_restart(c: &Client, parked: &Parked) {
     c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
         .await
         .expect("delete");
+    if let Some(diff) = &parked.diff {
+        c.raw(Method::DELETE, &format!("/v1/snapshots/{diff}"), None)
+            .await
+            .expect("delete the diff once the sandbox is gone");
+        let left = implicit_of(c, id).await;
+        assert!(left.is_empty(), "saved states left: {left:?}");
+    }
 }
