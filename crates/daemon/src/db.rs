@@ -13,14 +13,15 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::pause::Lifecycle;
-use crate::model::{CgroupReport, Limits, Origin, SandboxEnv, SnapshotKind};
+use crate::model::{CgroupReport, ImageRun, Limits, Origin, SandboxEnv, SnapshotKind};
 use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
-/// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`.
-const SCHEMA_VERSION: i64 = 8;
+/// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`; 9 added
+/// `snapshots.run`.
+const SCHEMA_VERSION: i64 = 9;
 
 #[path = "db_ports.rs"]
 mod ports;
@@ -63,7 +64,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     created_at INTEGER NOT NULL,
     size_bytes INTEGER NOT NULL,
     implicit INTEGER NOT NULL,
-    data TEXT NOT NULL
+    data TEXT NOT NULL,
+    run TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expires_at ON sandboxes (expires_at)
     WHERE expires_at IS NOT NULL;
@@ -146,6 +148,9 @@ pub struct SnapshotRow {
     pub size_bytes: u64,
     pub implicit: bool,
     pub data: SnapshotData,
+    /// The source sandbox's OCI image run config, for sandboxes started from it (rows
+    /// from before: none).
+    pub run: ImageRun,
 }
 
 impl SnapshotRow {
@@ -173,6 +178,7 @@ impl SnapshotRow {
             size_bytes: data.size_bytes(),
             implicit: kind == SnapshotKind::Branch,
             data,
+            run: source.env.image.clone(),
         }
     }
 }
@@ -238,6 +244,7 @@ impl Db {
         // runs: CREATE TABLE IF NOT EXISTS leaves an existing table as it
         // was, and SCHEMA's index needs the columns.
         add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V1)?;
+        add_missing_columns(&conn, "snapshots", &[("run", "TEXT")])?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(ports::SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -400,8 +407,8 @@ impl Db {
     fn put_snapshot_on(conn: &Connection, s: &SnapshotRow) -> Result<()> {
         conn.execute(
             "INSERT OR REPLACE INTO snapshots (id, name, kind, runtime, source_sandbox, depends_on,
-                mem_mib, vcpus, created_at, size_bytes, implicit, data)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                mem_mib, vcpus, created_at, size_bytes, implicit, data, run)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             params![
                 s.id,
                 s.name,
@@ -415,6 +422,7 @@ impl Db {
                 s.size_bytes as i64,
                 s.implicit,
                 to_json(&s.data),
+                (!s.run.is_empty()).then(|| to_json(&s.run)),
             ],
         )?;
         Ok(())
@@ -441,11 +449,15 @@ impl Db {
             size_bytes: r.get::<_, i64>(9)? as u64,
             implicit: r.get(10)?,
             data: from_json(11, r.get(11)?)?,
+            run: match r.get::<_, Option<String>>(12)? {
+                Some(j) => from_json(12, j)?,
+                None => ImageRun::default(),
+            },
         })
     }
 
     const SNAPSHOT_COLS: &'static str = "id, name, kind, runtime, source_sandbox, depends_on,
-        mem_mib, vcpus, created_at, size_bytes, implicit, data";
+        mem_mib, vcpus, created_at, size_bytes, implicit, data, run";
 
     pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
         let sql = format!(

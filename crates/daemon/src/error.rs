@@ -90,6 +90,8 @@ pub enum Error {
     Runtime(#[from] RuntimeError),
     #[error("image: {0}")]
     Image(#[from] zygote_images::ImageError),
+    #[error("{0}")]
+    Oci(#[from] zygote_oci::OciError),
     #[error("state database: {0}")]
     Database(#[from] rusqlite::Error),
     #[error("{context}: {source}")]
@@ -175,6 +177,7 @@ impl Error {
                 | zygote_images::ImageError::ImageNotFound(_),
             ) => (S::NOT_FOUND, "not_found"),
             Error::Image(_) => (S::INTERNAL_SERVER_ERROR, "image_error"),
+            Error::Oci(e) => oci_status(e),
             Error::Database(_) | Error::Io { .. } | Error::Internal(_) => {
                 (S::INTERNAL_SERVER_ERROR, "internal")
             }
@@ -189,6 +192,27 @@ impl Error {
                 message: self.to_string(),
             },
         }
+    }
+}
+
+/// A pull's failure: the caller's reference or image (4xx), the registry (502), or
+/// ours (500).
+fn oci_status(e: &zygote_oci::OciError) -> (StatusCode, &'static str) {
+    use zygote_oci::OciError as O;
+    use StatusCode as S;
+    match e {
+        O::BadReference(_) => (S::BAD_REQUEST, "invalid_argument"),
+        O::NotFound { .. } => (S::NOT_FOUND, "image_not_found"),
+        // Not 401: that would say the API token is wrong.
+        O::Unauthorized { .. } => (S::FORBIDDEN, "registry_unauthorized"),
+        O::NoPlatform { .. } => (S::UNPROCESSABLE_ENTITY, "unsupported_platform"),
+        O::TooLarge { .. } => (S::UNPROCESSABLE_ENTITY, "image_too_large"),
+        O::DigestMismatch { .. }
+        | O::BadLayer { .. }
+        | O::BadImage { .. }
+        | O::BadArchive { .. } => (S::UNPROCESSABLE_ENTITY, "bad_image"),
+        O::Registry { .. } => (S::BAD_GATEWAY, "registry_error"),
+        O::Io { .. } | O::Image(_) => (S::INTERNAL_SERVER_ERROR, "image_error"),
     }
 }
 

@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// non-loopback nameserver in /etc/resolv.conf).
     #[arg(long, value_name = "IPV4")]
     pub dns: Option<std::net::Ipv4Addr>,
+    /// Pull from this registry (`host[:port]`) over plain HTTP, as docker's
+    /// insecure-registries (loopback registries always are); repeatable. Also
+    /// $ZYGOTE_INSECURE_REGISTRIES, comma-separated.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
 }
 
 /// The state directory a daemon (and a client looking for its token) uses.
@@ -154,14 +159,10 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     let network = Network::start(args.network, &dirs.state, args.dns)
         .map_err(|e| Error::Internal(e.to_string()))?;
     tracing::info!("network: {:?}", network.info());
-    let manager = Arc::new(Manager::new(
-        db,
-        selected.runtime,
-        info,
-        cgroups,
-        dirs,
-        network,
-    ));
+    let manager = Arc::new(
+        Manager::new(db, selected.runtime, info, cgroups, dirs, network)
+            .with_insecure_registries(args.insecure_registries.clone()),
+    );
     manager.reattach_all().await?;
     tokio::spawn(manager.clone().watch());
     tokio::spawn(manager.clone().reap_expired());

@@ -2,7 +2,7 @@
 //! resolve a reference to the linux/amd64 image manifest, fetch its config and its
 //! layers into the blob store (three at a time, resuming partial downloads), checking
 //! every digest and size against what the manifest declared.
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
 use oci_client::manifest::OciDescriptor;
 use oci_client::secrets::RegistryAuth;
@@ -125,11 +125,21 @@ impl Registry {
         limits: &Limits,
         progress: Progress<'_>,
     ) -> Result<()> {
-        futures_util::stream::iter(layers.iter().enumerate())
-            .map(|(index, d)| self.fetch_layer(index, d, store, limits, progress))
-            .buffer_unordered(3)
-            .try_for_each(|_| async { Ok(()) })
-            .await
+        // Made in a loop, not a closure over the stream's items: the compiler cannot
+        // prove such a closure's futures `Send` for every lifetime, which a caller that
+        // must be `Send` (an axum handler) needs.
+        let mut jobs: Vec<futures_util::future::BoxFuture<'_, Result<()>>> = Vec::new();
+        for (index, d) in layers.iter().enumerate() {
+            jobs.push(Box::pin(
+                self.fetch_layer(index, d, store, limits, progress),
+            ));
+        }
+        let downloads = futures_util::stream::iter(jobs).buffer_unordered(3);
+        let mut downloads = std::pin::pin!(downloads);
+        while let Some(done) = downloads.next().await {
+            done?;
+        }
+        Ok(())
     }
 
     async fn fetch_layer(

@@ -1,4 +1,4 @@
-//! `zygote image build|ls|kernel`: guest images and the guest kernel.
+//! `zygote image build|pull|import|ls|rm|prune|kernel`: guest images and the guest kernel.
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -12,13 +12,20 @@ pub enum ImageCommand {
     /// path to a .recipe file), and the guest kernel if needed. Cached:
     /// unchanged inputs return at once.
     Build(BuildArgs),
-    /// List built images (and recipes not built yet).
+    /// Pull an OCI image from a registry and convert it (cached by manifest digest;
+    /// layers shared between images are downloaded once).
+    Pull(super::image_pull::PullArgs),
+    /// Import an OCI image layout (directory or tar) or a `docker save` archive.
+    Import(super::image_pull::ImportArgs),
+    /// List built and pulled images (and recipes not built yet).
     Ls(LsArgs),
     /// Build the guest kernel (cached) and print the path of its vmlinux.
     Kernel,
-    /// Delete a built image: NAME (what its last build gave), NAME-SHA256 or a sha256 prefix.
+    /// Delete an image: NAME (what its last build or pull gave), NAME-SHA256 or a sha256
+    /// prefix; layers no other image uses are deleted too.
     Rm { image: String },
-    /// Delete every image except the one each name means (its last build).
+    /// Delete every image except the one each name means (its last build or pull), and
+    /// layers no image uses.
     Prune,
 }
 
@@ -47,16 +54,28 @@ pub struct LsArgs {
 pub fn run(cmd: ImageCommand) -> anyhow::Result<i32> {
     match cmd {
         ImageCommand::Build(args) => build(args),
+        ImageCommand::Pull(args) => super::image_pull::pull(args),
+        ImageCommand::Import(args) => super::image_pull::import(args),
         ImageCommand::Ls(args) => ls(args),
         ImageCommand::Kernel => kernel(),
         ImageCommand::Rm { image } => {
-            let info = zygote_images::remove_image(&image)?;
+            let info = match zygote_oci::find_local(&image)? {
+                Some(found) => {
+                    zygote_images::remove_image(&format!("{}-{}", found.name, found.sha256))?
+                }
+                None => zygote_images::remove_image(&image)?,
+            };
             eprintln!("removed {}", info.path.display());
+            let layers = zygote_oci::prune_blobs()?;
+            if layers > 0 {
+                eprintln!("{} of unused layers removed", human_bytes(layers));
+            }
             Ok(0)
         }
         ImageCommand::Prune => {
             let removed = zygote_images::prune_images()?;
-            let freed: u64 = removed.iter().map(|i| i.disk_bytes).sum();
+            let freed: u64 =
+                removed.iter().map(|i| i.disk_bytes).sum::<u64>() + zygote_oci::prune_blobs()?;
             for info in &removed {
                 eprintln!("removed {}", info.path.display());
             }
@@ -142,7 +161,7 @@ fn render_table(images: &[ImageInfo], now: u64) -> String {
         "SIZE".to_string(),
         "ON DISK".to_string(),
         "BUILT".to_string(),
-        "BASE".to_string(),
+        "SOURCE".to_string(),
     ]];
     for i in images {
         rows.push([
@@ -151,7 +170,10 @@ fn render_table(images: &[ImageInfo], now: u64) -> String {
             human_bytes(i.size_bytes),
             human_bytes(i.disk_bytes),
             ago(now.saturating_sub(i.built_at)),
-            i.base.clone(),
+            match &i.oci {
+                Some(o) => o.reference.clone(),
+                None => i.base.clone(),
+            },
         ]);
     }
     let widths: Vec<usize> = (0..6)
@@ -261,7 +283,7 @@ mod tests {
         assert!(lines[1].starts_with("minimal  0123456789ab"), "{table}");
         assert!(lines[1].contains("256.0 MiB"));
         assert!(lines[1].contains("1m ago"));
-        let col = lines[0].find("BASE").unwrap();
+        let col = lines[0].find("SOURCE").unwrap();
         assert_eq!(&lines[1][col..], "busybox-static 1.35");
     }
 }

@@ -8,8 +8,12 @@ use super::daemon_client::{age, print_json, print_table, spinner, ApiArgs};
 #[derive(clap::Args)]
 pub struct ImagesArgs {
     /// Build this recipe (through the daemon) instead of listing.
-    #[arg(long, value_name = "RECIPE")]
+    #[arg(long, value_name = "RECIPE", conflicts_with = "pull")]
     build: Option<String>,
+    /// Pull this OCI image (through the daemon, with the daemon's registry settings and
+    /// docker config) instead of listing.
+    #[arg(long, value_name = "REFERENCE")]
+    pull: Option<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -18,15 +22,28 @@ pub struct ImagesArgs {
 
 pub fn run(args: ImagesArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
-    if let Some(name) = &args.build {
-        let pb = spinner(&format!("building {name}"));
+    let job = match (&args.build, &args.pull) {
+        (Some(name), _) => Some(("building", name, "/v1/images/build", json!({"name": name}))),
+        (None, Some(r)) => Some(("pulling", r, "/v1/images", json!({"reference": r}))),
+        (None, None) => None,
+    };
+    if let Some((verb, name, path, body)) = job {
+        let pb = spinner(&format!("{verb} {name}"));
         let mut last = None;
         block_on(client.ndjson(
             Method::POST,
-            "/v1/images/build",
-            Some(&json!({"name": name})),
+            path,
+            Some(&body),
             |ev: BuildEvent| match &ev {
-                BuildEvent::Progress { line } => pb.set_message(format!("building {name}: {line}")),
+                BuildEvent::Progress { line } => pb.set_message(format!("{verb} {name}: {line}")),
+                BuildEvent::Resolved { digest, .. } => pb.set_message(format!("{name}: {digest}")),
+                BuildEvent::Layer {
+                    index, done, total, ..
+                } => pb.set_message(format!(
+                    "{verb} {name}: layer {index} {:.1}/{:.1} MiB",
+                    *done as f64 / 1048576.0,
+                    *total as f64 / 1048576.0
+                )),
                 _ => last = Some(ev),
             },
         ))?;
@@ -58,11 +75,11 @@ pub fn run(args: ImagesArgs) -> anyhow::Result<i32> {
                 i.sha256[..12.min(i.sha256.len())].to_string(),
                 format!("{:.1}M", i.disk_bytes as f64 / 1048576.0),
                 age(i.built_at),
-                i.description.clone(),
+                i.source.clone().unwrap_or_else(|| i.description.clone()),
             ]
         })
         .collect();
-    print_table(&["NAME", "SHA256", "DISK", "BUILT", "DESCRIPTION"], &rows);
+    print_table(&["NAME", "SHA256", "DISK", "BUILT", "SOURCE"], &rows);
     eprintln!("recipes: {}", list.recipes.join(", "));
     Ok(0)
 }

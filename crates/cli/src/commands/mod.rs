@@ -22,6 +22,7 @@ pub mod daemon_client;
 pub mod doctor;
 pub mod exec;
 pub mod image;
+pub mod image_pull;
 pub mod images;
 pub mod logs;
 pub mod merge;

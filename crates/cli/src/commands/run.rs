@@ -100,9 +100,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     if args.runtime == Runtime::Kvm {
         anyhow::bail!("the kvm runtime arrives with the devices issue; use --runtime qemu");
     }
-    let request = exec_request(&args)?;
+    let mut request = exec_request(&args)?;
     install_signal_handlers();
-    let cfg = prepare(&args)?;
+    let (cfg, image) = prepare(&args)?;
+    apply_image_config(&image, &mut request);
     if let Some(code) = interrupted() {
         return Ok(code);
     }
@@ -167,9 +168,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     Ok(code)
 }
 
-/// Kernel + image, building them if needed. An image already built is used as
-/// is (like `docker run` with a local image); `zygote image build` refreshes it.
-fn prepare(args: &RunArgs) -> anyhow::Result<QemuConfig> {
+/// Kernel + image, building (a recipe) or pulling (a reference) them if needed. An
+/// image already there is used as is (like `docker run` with a local image); `zygote
+/// image build|pull` refreshes it.
+fn prepare(args: &RunArgs) -> anyhow::Result<(QemuConfig, zygote_images::ImageInfo)> {
     let verbose = args.verbose;
     let kernel = with_progress("preparing the guest kernel", |p| {
         // A cache hit is the normal case: say nothing unless asked.
@@ -180,20 +182,42 @@ fn prepare(args: &RunArgs) -> anyhow::Result<QemuConfig> {
         })
     })
     .context("building the guest kernel")?;
-    let image = match zygote_images::locate_image(&args.image) {
-        Ok(info) => info,
-        Err(zygote_images::ImageError::ImageNotFound(_)) => {
-            with_progress(&format!("building image {}", args.image), |p| {
-                zygote_images::build_image(&args.image, p)
-            })
-            .with_context(|| format!("building image {}", args.image))?
+    let image = match zygote_oci::find_local(&args.image).context("looking up the image")? {
+        Some(info) => info,
+        None if zygote_oci::ImageRef::looks_like_reference(&args.image) => {
+            let opts = zygote_oci::PullOptions {
+                transport: zygote_oci::Transport::from_env(),
+                ..Default::default()
+            };
+            super::image_pull::pull_with_progress(&args.image, &opts)
+                .with_context(|| format!("pulling {}", args.image))?
         }
-        Err(e) => return Err(e).context("looking up the image"),
+        None => with_progress(&format!("building image {}", args.image), |p| {
+            zygote_images::build_image(&args.image, p)
+        })
+        .with_context(|| format!("building image {}", args.image))?,
     };
-    let mut cfg = QemuConfig::new(kernel.vmlinux, image.path);
+    let mut cfg = QemuConfig::new(kernel.vmlinux, image.path.clone());
     cfg.mem_mib = args.mem_mib;
     cfg.vcpus = args.vcpus;
-    Ok(cfg)
+    Ok((cfg, image))
+}
+
+/// An OCI image's Env under the command's own, its WorkingDir and User unless given.
+fn apply_image_config(image: &zygote_images::ImageInfo, req: &mut ExecRequest) {
+    let Some(oci) = &image.oci else { return };
+    let c = &oci.config;
+    for (k, v) in c.env.iter().filter_map(|kv| kv.split_once('=')) {
+        req.env
+            .entry(k.to_string())
+            .or_insert_with(|| v.to_string());
+    }
+    if req.cwd.is_none() {
+        req.cwd = c.working_dir.clone();
+    }
+    if req.uid.is_none() {
+        (req.uid, req.gid) = (c.uid, c.gid);
+    }
 }
 
 fn exec_request(args: &RunArgs) -> anyhow::Result<ExecRequest> {

@@ -6,7 +6,7 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::OpenApi;
 
-use super::{guest, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC};
+use super::{guest, images, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC};
 
 struct BearerAuth;
 
@@ -88,7 +88,7 @@ impl utoipa::Modify for CommonResponses {
     ),
     paths(
         system::healthz, system::metrics, system::openapi, system::info,
-        system::list_images, system::build_image,
+        system::list_images, system::build_image, images::pull,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,

@@ -6,6 +6,7 @@
 //! exactly the same operations.
 mod doc;
 mod guest;
+mod images;
 mod pause;
 mod ports;
 mod processes;
@@ -82,6 +83,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/v1/openapi.json", system::openapi)
         .add(Method::GET, "/v1/info", system::info)
         .add(Method::GET, "/v1/images", system::list_images)
+        .add(Method::POST, "/v1/images", images::pull)
         .add(Method::POST, "/v1/images/build", system::build_image)
         .add(Method::GET, "/v1/sandboxes", sandboxes::list)
         .add(Method::POST, "/v1/sandboxes", sandboxes::create)

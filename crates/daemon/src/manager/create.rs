@@ -8,7 +8,7 @@ use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::model::pause::Lifecycle;
-use crate::model::{CreateSandboxRequest, Origin, Sandbox, Validate, DEFAULT_MEM_MIB};
+use crate::model::{CreateSandboxRequest, ImageRun, Origin, Sandbox, Validate, DEFAULT_MEM_MIB};
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
 use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
@@ -36,7 +36,7 @@ impl Manager {
             )));
         }
         let policy = req.network_request().policy()?;
-        let env = req.sandbox_env()?;
+        let mut env = req.sandbox_env()?;
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
@@ -52,12 +52,8 @@ impl Manager {
         }
         let (source, boot_token, origin, depends_on, mem_mib, vcpus) =
             if let Some(image) = &req.image {
-                let info = tokio::task::spawn_blocking({
-                    let image = image.clone();
-                    move || zygote_images::locate_image(&image)
-                })
-                .await
-                .map_err(|e| Error::Internal(e.to_string()))??;
+                let info = self.find_or_pull(image).await?;
+                env.image = ImageRun::of(&info);
                 self.db
                     .note_image(&info.name, &info.sha256, &info.path, now())?;
                 (
@@ -75,6 +71,7 @@ impl Manager {
                 let id = req.snapshot.as_deref().unwrap_or_default();
                 let snap = self.snapshot_row(id)?;
                 self.check_runtime(&snap)?;
+                env.image = snap.run.clone();
                 let mut deps = snap.depends_on.clone();
                 deps.push(snap.id.clone());
                 (

@@ -28,17 +28,20 @@ fn stream_name(s: Stream) -> &'static str {
 }
 
 impl Manager {
-    /// `req` as the agent gets it: the sandbox's envs and secrets, the request's own
-    /// `env` over them.
+    /// `req` as the agent gets it: the sandbox's envs and secrets (over its OCI image's
+    /// `Env`), the request's own `env` over them; the image's working directory and
+    /// user where the request names none.
     pub(super) fn agent_exec(
         &self,
         id: &str,
         req: &ExecRequest,
     ) -> Result<zygote_proto::ExecRequest> {
         let mut agent_req = req.to_agent();
-        let mut env = self.sandbox_row(id)?.env.exec_env();
+        let sandbox_env = self.sandbox_row(id)?.env;
+        let mut env = sandbox_env.exec_env();
         env.append(&mut agent_req.env);
         agent_req.env = env;
+        sandbox_env.image.defaults_for(&mut agent_req);
         Ok(agent_req)
     }
 

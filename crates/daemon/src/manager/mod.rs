@@ -9,6 +9,7 @@ mod create;
 mod diff;
 mod exec_cancel;
 mod guest;
+mod images;
 mod merge;
 mod merge_apply;
 mod merge_intent;
@@ -116,6 +117,8 @@ pub struct Manager {
     /// memory, not in the database: the fault is often a full disk, the database's too,
     /// and the watcher finds it again within seconds of a restart.
     faults: Mutex<HashMap<String, String>>,
+    /// How OCI registries are reached (which ones over plain HTTP).
+    pub(crate) registries: zygote_oci::Transport,
 }
 
 pub fn now() -> u64 {
@@ -159,7 +162,14 @@ impl Manager {
             agents: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
+            registries: zygote_oci::Transport::from_env(),
         }
+    }
+
+    /// Registries reached over plain HTTP although not on loopback (`--insecure-registry`).
+    pub fn with_insecure_registries(mut self, registries: Vec<String>) -> Manager {
+        self.registries.insecure.extend(registries);
+        self
     }
 
     fn lock_for(&self, id: &str) -> Arc<AsyncMutex<()>> {

@@ -88,12 +88,13 @@ impl Manager {
     /// such sandbox, not running, the program cannot start) are returned here, so
     /// they become HTTP statuses before any upgrade.
     pub async fn pty_open(self: &Arc<Self>, id: &str, q: PtyQuery) -> Result<PtySession> {
-        let mut env = self.sandbox_row(id)?.env.exec_env();
+        let sandbox_env = self.sandbox_row(id)?.env;
+        let mut env = sandbox_env.exec_env();
         env.extend(q.env);
         let req = PtyOpenRequest {
             argv: q.argv,
             env,
-            cwd: q.cwd,
+            cwd: q.cwd.or(sandbox_env.image.cwd),
             cols: q.cols,
             rows: q.rows,
         };

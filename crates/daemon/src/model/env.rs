@@ -54,6 +54,60 @@ pub struct SandboxEnv {
     pub vars: BTreeMap<String, String>,
     #[serde(default)]
     pub secrets: BTreeMap<String, StoredSecret>,
+    /// What the sandbox's OCI image says execs run with (under `vars`).
+    #[serde(default, skip_serializing_if = "ImageRun::is_empty")]
+    pub image: ImageRun,
+}
+
+/// An OCI image's run configuration as execs get it: its `Env` below the sandbox's
+/// envs, its `WorkingDir` and `User` when the exec names none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageRun {
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+}
+
+impl ImageRun {
+    pub fn is_empty(&self) -> bool {
+        self == &ImageRun::default()
+    }
+
+    /// From an image's stored run config (`KEY=value` entries; malformed ones skipped).
+    pub fn of(info: &zygote_images::ImageInfo) -> ImageRun {
+        let Some(oci) = &info.oci else {
+            return ImageRun::default();
+        };
+        let c = &oci.config;
+        ImageRun {
+            env: c
+                .env
+                .iter()
+                .filter_map(|kv| kv.split_once('='))
+                .filter(|(k, _)| valid_name(k))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            cwd: c.working_dir.clone(),
+            uid: c.uid,
+            gid: c.gid,
+        }
+    }
+
+    /// Fills what an exec left open: working directory, user and group.
+    pub fn defaults_for(&self, req: &mut zygote_proto::ExecRequest) {
+        if req.cwd.is_none() {
+            req.cwd = self.cwd.clone();
+        }
+        if req.uid.is_none() && req.gid.is_none() {
+            req.uid = self.uid;
+            req.gid = self.gid;
+        }
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +179,7 @@ impl SandboxEnv {
             )));
         }
         let env = SandboxEnv {
+            image: ImageRun::default(),
             vars: envs.clone(),
             secrets: secrets
                 .iter()
@@ -150,6 +205,7 @@ impl SandboxEnv {
     /// inherited secrets (a secret's name given in `extra` replaces it).
     pub fn for_child(&self, extra: Option<&BTreeMap<String, String>>) -> Result<SandboxEnv> {
         let mut child = SandboxEnv {
+            image: self.image.clone(),
             vars: self.vars.clone(),
             secrets: self
                 .secrets
@@ -168,7 +224,8 @@ impl SandboxEnv {
 
     /// What an exec's environment starts from (its own `env` goes over it).
     pub fn exec_env(&self) -> BTreeMap<String, String> {
-        let mut env = self.vars.clone();
+        let mut env = self.image.env.clone();
+        env.extend(self.vars.clone());
         env.extend(
             self.secrets
                 .iter()

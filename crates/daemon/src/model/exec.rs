@@ -37,17 +37,29 @@ pub struct ExecRequest {
     /// `exec/stream`.
     #[serde(default)]
     pub background: bool,
+    /// Run as `UID:GID`, `UID` (group 0) or `root` (docker's `exec -u` with numeric
+    /// ids). Absent: the sandbox's OCI image's `User` if it names one, else root.
+    #[serde(default)]
+    #[schema(pattern = "^(root|[0-9]{1,10}(:[0-9]{1,10})?)$")]
+    pub user: Option<String>,
 }
 
 impl ExecRequest {
     /// The request as the guest agent receives it.
     pub fn to_agent(&self) -> zygote_proto::ExecRequest {
+        let (uid, gid) = self
+            .user
+            .as_deref()
+            .and_then(|u| parse_user(u).ok())
+            .map_or((None, None), |(u, g)| (Some(u), Some(g)));
         zygote_proto::ExecRequest {
             argv: self.argv.clone(),
             env: self.env.clone(),
             cwd: self.cwd.clone(),
             stdin: self.stdin.as_ref().map(|s| s.clone().into_bytes()),
             timeout_ms: self.timeout_ms,
+            uid,
+            gid,
             ..Default::default()
         }
     }
@@ -64,6 +76,7 @@ impl ExecRequest {
             stdin: None,
             timeout_ms: self.timeout_ms,
             background: false,
+            user: self.user.clone(),
         };
         let frame = RequestFrame {
             id: u64::MAX,
@@ -76,6 +89,23 @@ impl ExecRequest {
         });
         count.0 + stdin
     }
+}
+
+/// `root`, `UID` (with group 0: the daemon does not read the guest's /etc/passwd, so
+/// it does as docker does for a uid it cannot find there) or `UID:GID`.
+fn parse_user(u: &str) -> Result<(u32, u32)> {
+    let bad = || Error::invalid(format!("user {u:?}: expected root, UID or UID:GID"));
+    if u == "root" {
+        return Ok((0, 0));
+    }
+    let (uid, gid) = match u.split_once(':') {
+        Some((a, b)) => (a, b),
+        None => (u, "0"),
+    };
+    Ok((
+        uid.parse().map_err(|_| bad())?,
+        gid.parse().map_err(|_| bad())?,
+    ))
 }
 
 /// An `io::Write` that only counts, to size an encoding without keeping it.
@@ -124,6 +154,9 @@ impl Validate for ExecRequest {
         }
         if let Some(t) = self.timeout_ms {
             in_range("timeout_ms", t, 1, MAX_EXEC_TIMEOUT_MS)?;
+        }
+        if let Some(u) = &self.user {
+            parse_user(u)?;
         }
         // Last: it encodes the whole request, so it runs only for one otherwise valid.
         let len = self.agent_frame_len();
@@ -183,19 +216,39 @@ mod tests {
         r.cwd = Some("relative".into());
         assert!(r.validate().is_err());
         r.cwd = None;
+        for (user, ok) in [
+            ("root", true),
+            ("0", true),
+            ("1000:100", true),
+            ("app", false),
+            ("1:", false),
+            ("-1", false),
+            ("1:2:3", false),
+        ] {
+            r.user = Some(user.into());
+            assert_eq!(r.validate().is_ok(), ok, "{user}");
+        }
+        assert_eq!(
+            (r.to_agent().uid, r.to_agent().gid),
+            (None, None),
+            "an invalid user is refused, never run"
+        );
+        r.user = Some("1000".into());
+        assert_eq!((r.to_agent().uid, r.to_agent().gid), (Some(1000), Some(0)));
+        r.user = None;
         r.env.insert("A=B".into(), "x".into());
         assert!(r.validate().is_err());
     }
 
     #[test]
     fn the_agent_frame_size_is_exact_and_bounds_the_request() {
-        for stdin in [
-            None,
-            Some(""),
-            Some("a"),
-            Some("ab"),
-            Some("abc"),
-            Some("h\u{e9}llo"),
+        for (stdin, user) in [
+            (None, None),
+            (Some(""), Some("root")),
+            (Some("a"), None),
+            (Some("ab"), Some("1000:1000")),
+            (Some("abc"), Some("4294967295")),
+            (Some("h\u{e9}llo"), None),
         ] {
             let r = ExecRequest {
                 argv: vec!["echo".into(), "a\"b\n\u{1}".into()],
@@ -204,6 +257,7 @@ mod tests {
                 stdin: stdin.map(str::to_string),
                 timeout_ms: Some(5),
                 background: false,
+                user: user.map(str::to_string),
             };
             let frame = RequestFrame {
                 id: u64::MAX,

@@ -13,6 +13,7 @@ mod diff;
 mod env;
 mod exec;
 mod fork;
+mod image;
 mod merge;
 pub mod metadata;
 mod network;
@@ -25,9 +26,10 @@ mod ttl;
 mod validate;
 pub use branch::{BranchFailure, BranchRequest, BranchResponse};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
-pub use env::{validate_vars, SandboxEnv, SecretSpec};
+pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;
+pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
@@ -453,54 +455,6 @@ pub struct RestoreRequest {
     /// Snapshot to roll the sandbox back (or forward) to.
     #[schema(min_length = 1)]
     pub snapshot: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Image {
-    pub name: String,
-    pub sha256: String,
-    pub size_bytes: u64,
-    pub disk_bytes: u64,
-    pub description: String,
-    pub built_at: u64,
-}
-
-impl From<&zygote_images::ImageInfo> for Image {
-    fn from(i: &zygote_images::ImageInfo) -> Self {
-        Image {
-            name: i.name.clone(),
-            sha256: i.sha256.clone(),
-            size_bytes: i.size_bytes,
-            disk_bytes: i.disk_bytes,
-            description: i.description.clone(),
-            built_at: i.built_at,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct ImageList {
-    pub images: Vec<Image>,
-    /// Recipes that `POST /v1/images/build` accepts.
-    pub recipes: Vec<String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BuildImageRequest {
-    /// Recipe name (e.g. `minimal`): a lower-case letter or digit, then up to 63 of
-    /// those and `.`, `_`, `-`.
-    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,63}$")]
-    pub name: String,
-}
-
-/// One line of the NDJSON stream of `POST /v1/images/build`.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum BuildEvent {
-    Progress { line: String },
-    Done { image: Image },
-    Error { code: String, message: String },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -34,6 +34,7 @@ pub use skopeo::{docker_archive, push, push_index, push_zstd, skopeo_inspect, Fo
 pub const MISSING: &str = "missing tool";
 
 /// Unwraps a fixture result; a missing tool makes the calling test print why and return.
+#[allow(unused_macros)]
 macro_rules! or_skip {
     ($e:expr) => {
         match $e {
