@@ -206,6 +206,7 @@ fn oci_status(e: &zygote_oci::OciError) -> (StatusCode, &'static str) {
         // Not 401: that would say the API token is wrong.
         O::Unauthorized { .. } => (S::FORBIDDEN, "registry_unauthorized"),
         O::NoPlatform { .. } => (S::UNPROCESSABLE_ENTITY, "unsupported_platform"),
+        O::PullsDisabled(_) => (S::UNPROCESSABLE_ENTITY, "unsupported"),
         O::TooLarge { .. } => (S::UNPROCESSABLE_ENTITY, "image_too_large"),
         O::DigestMismatch { .. }
         | O::BadLayer { .. }

@@ -3,6 +3,11 @@ use std::path::PathBuf;
 /// Everything that can go wrong turning an OCI image into a zygote image.
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
+    #[error(
+        "pulling {0:?} is off here: ZYGOTE_PREBUILT is set (only images already in the cache \
+         are used)"
+    )]
+    PullsDisabled(String),
     #[error("{0:?} is not an image reference (expected e.g. alpine:3.20, registry.example:5000/app:1.4 or app@sha256:...)")]
     BadReference(String),
     #[error("registry {registry}: {message}")]

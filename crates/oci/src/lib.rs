@@ -126,6 +126,9 @@ pub async fn pull(
     progress: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<ImageInfo> {
     let image = ImageRef::parse(reference)?;
+    if zygote_images::paths::prebuilt_only() {
+        return Err(OciError::PullsDisabled(reference.to_string()));
+    }
     let name = image.name();
     let auth = credentials(image.registry(), opts.credentials.clone())?;
     let registry = Registry::new(opts.transport.client(&image), image.clone(), auth);

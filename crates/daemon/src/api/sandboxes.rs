@@ -29,10 +29,12 @@ pub async fn list(
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
     responses((status = 201, description = "Created (n sandboxes, all running)", body = SandboxList),
-              (status = 400, description = "Invalid request", body = ErrorBody),
-              (status = 404, description = "No such image or snapshot", body = ErrorBody),
+              (status = 400, description = "Invalid request (e.g. an image name that is no reference)", body = ErrorBody),
+              (status = 403, description = "The registry of an image pulled on first use refused the daemon's credentials (registry_unauthorized)", body = ErrorBody),
+              (status = 404, description = "No such image or snapshot (image_not_found: not in the registry)", body = ErrorBody),
               (status = 409, description = "Name taken", body = ErrorBody),
-              (status = 422, description = "The snapshot is from another runtime", body = ErrorBody)))]
+              (status = 422, description = "The snapshot is from another runtime; an image for another platform, malformed, too large, or pulling is off", body = ErrorBody),
+              (status = 502, description = "The registry of an image pulled on first use failed or is unreachable", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
