@@ -26,8 +26,22 @@ fn cache() -> &'static Path {
     .path()
 }
 
-/// Tests that change DOCKER_CONFIG hold this.
-static ENV: Mutex<()> = Mutex::new(());
+/// Held by every test: they share one cache, and checking that a failed conversion
+/// left no scratch files needs no other conversion running.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Nothing in the image store's scratch directory.
+fn assert_no_scratch() {
+    let scratch = cache().join("images/tmp");
+    let left: Vec<_> = std::fs::read_dir(&scratch)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
 
 fn pull_with(reference: &str, opts: &PullOptions) -> (Result<ImageInfo, OciError>, Vec<Event>) {
     cache();
@@ -141,6 +155,7 @@ fn layout(spec: &ImageSpec, tag: &str) -> (tempfile::TempDir, LayoutRef) {
 
 #[test]
 fn pulls_convert_the_tree_and_config_and_hit_the_cache() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let (_d, l) = layout(&sample_spec(), "v1");
@@ -205,6 +220,7 @@ fn pulls_convert_the_tree_and_config_and_hit_the_cache() {
 
 #[test]
 fn rootless_conversion_sets_owners_with_debugfs() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let (_d, l) = layout(&sample_spec(), "v1");
@@ -217,6 +233,7 @@ fn rootless_conversion_sets_owners_with_debugfs() {
 
 #[test]
 fn platforms_missing_images_and_unreachable_registries() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let (_a, amd) = layout(&ImageSpec::tiny("amd64"), "amd");
@@ -276,8 +293,8 @@ fn platforms_missing_images_and_unreachable_registries() {
 
 #[test]
 fn registries_with_basic_and_token_auth() {
+    let _serial = serial();
     or_skip!(tools());
-    let _env = ENV.lock().unwrap();
     for auth in [Auth::basic("alice", "s3cret"), Auth::token("bob", "t0ken")] {
         let reg = or_skip!(Registry::start(auth.clone()));
         let (_d, l) = layout(&ImageSpec::tiny("amd64"), "t");
@@ -330,6 +347,7 @@ fn registries_with_basic_and_token_auth() {
 
 #[test]
 fn digests_sizes_and_limits_are_enforced_and_nothing_is_left() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let (_d, l) = layout(&sample_spec(), "v1");
@@ -385,15 +403,12 @@ fn digests_sizes_and_limits_are_enforced_and_nothing_is_left() {
         matches!(r, Err(OciError::TooLarge { limit: 5, .. })),
         "{r:?}"
     );
-    let scratch = cache().join("images/tmp");
-    let left: Vec<_> = std::fs::read_dir(&scratch)
-        .map(|d| d.flatten().collect())
-        .unwrap_or_default();
-    assert!(left.is_empty(), "{left:?}");
+    assert_no_scratch();
 }
 
 #[test]
 fn an_interrupted_download_resumes() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let mut spec = ImageSpec::tiny("amd64");
@@ -428,6 +443,7 @@ fn an_interrupted_download_resumes() {
 
 #[test]
 fn zstd_layers_pull() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let (_d, l) = layout(&sample_spec(), "z");
@@ -438,6 +454,7 @@ fn zstd_layers_pull() {
 
 #[test]
 fn hostile_layers_are_refused_or_contained() {
+    let _serial = serial();
     or_skip!(tools());
     let reg = or_skip!(Registry::start(Auth::None));
     let mut escape = ImageSpec::tiny("amd64");
@@ -452,6 +469,7 @@ fn hostile_layers_are_refused_or_contained() {
     assert!(matches!(err, OciError::BadLayer { layer: 1, .. }), "{err}");
     assert!(err.to_string().contains("`..`"), "{err}");
     assert!(zygote_oci::find_local(&reference).unwrap().is_none());
+    assert_no_scratch();
 
     // Through an absolute symlink: lands inside the image, never on the host.
     let mut through = ImageSpec::tiny("amd64");
@@ -473,6 +491,7 @@ fn hostile_layers_are_refused_or_contained() {
 
 #[test]
 fn layouts_and_docker_archives_import() {
+    let _serial = serial();
     or_skip!(tools());
     cache();
     let (d, l) = layout(&sample_spec(), "v1");
