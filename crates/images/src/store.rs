@@ -294,20 +294,67 @@ fn remove_in(dir: &Path, info: &ImageInfo) -> Result<()> {
 
 /// sha256 of a file's bytes, hex (what `sha256sum FILE` prints).
 ///
-/// Images are GiB-sized sparse files: the workspace builds `sha2` optimized even in
-/// dev profiles (Cargo.toml), and it uses the CPU's SHA extensions where present.
+/// Images are GiB-sized sparse files: holes (found with SEEK_DATA/SEEK_HOLE) are hashed
+/// as the zeros they read as without reading them, and the workspace builds `sha2`
+/// optimized even in dev profiles (Cargo.toml), where it uses the CPU's SHA extensions.
 pub fn sha256_file(path: &Path) -> Result<String> {
     use sha2::Digest;
-    use std::io::Read;
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    const ZEROS: [u8; 1 << 16] = [0; 1 << 16];
     let mut file = File::open(path).ctx(|| format!("opening {} to hash it", path.display()))?;
+    let len = file
+        .metadata()
+        .ctx(|| format!("stat {}", path.display()))?
+        .len();
     let mut hasher = sha2::Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => hasher.update(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e).ctx(|| format!("reading {}", path.display())),
+    let mut pos = 0u64;
+    let fd = file.as_raw_fd();
+    while pos < len {
+        // SAFETY: fd is open for the life of `file`; lseek has no memory effects.
+        let data = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_DATA) };
+        // No more data (ENXIO), or no SEEK_DATA here: the rest is a hole, or read it all.
+        let data = if data < 0 {
+            match std::io::Error::last_os_error().raw_os_error() {
+                Some(libc::ENXIO) => len,
+                _ => pos,
+            }
+        } else {
+            data as u64
+        };
+        let mut zeros = data - pos;
+        while zeros > 0 {
+            let n = zeros.min(ZEROS.len() as u64) as usize;
+            hasher.update(&ZEROS[..n]);
+            zeros -= n as u64;
+        }
+        pos = data;
+        if pos >= len {
+            break;
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_HOLE) };
+        let end = if hole < 0 { len } else { (hole as u64).min(len) };
+        file.seek(SeekFrom::Start(pos))
+            .ctx(|| format!("seeking in {}", path.display()))?;
+        let mut left = end - pos;
+        while left > 0 {
+            let want = left.min(buf.len() as u64) as usize;
+            match file.read(&mut buf[..want]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    hasher.update(&buf[..n]);
+                    left -= n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e).ctx(|| format!("reading {}", path.display())),
+            }
+        }
+        pos = end - left;
+        if left > 0 {
+            // The file shrank while being read: hash what is there, as sha256sum would.
+            break;
         }
     }
     Ok(hex::encode(hasher.finalize()))
@@ -346,6 +393,26 @@ impl FileLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sha256_of_a_sparse_file_is_that_of_its_bytes() {
+        use sha2::Digest;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let f = File::create(&path).unwrap();
+        f.set_len(10 << 20).unwrap();
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(b"in the middle", 5 << 20).unwrap();
+        f.write_all_at(b"at the end", (10 << 20) - 10).unwrap();
+        f.write_all_at(&[7u8; 70_000], 4096).unwrap();
+        drop(f);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(sha256_file(&path).unwrap(), hex::encode(sha2::Sha256::digest(&bytes)));
+        let empty = dir.path().join("empty");
+        File::create(&empty).unwrap().set_len(3 << 20).unwrap();
+        let zeros = vec![0u8; 3 << 20];
+        assert_eq!(sha256_file(&empty).unwrap(), hex::encode(sha2::Sha256::digest(&zeros)));
+    }
 
     #[test]
     fn sha256_of_file_matches_known_vector() {
