@@ -301,7 +301,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     use sha2::Digest;
     use std::io::{Read, Seek, SeekFrom};
     use std::os::fd::AsRawFd;
-    const ZEROS: [u8; 1 << 16] = [0; 1 << 16];
+    static ZEROS: [u8; 1 << 16] = [0; 1 << 16];
     let mut file = File::open(path).ctx(|| format!("opening {} to hash it", path.display()))?;
     let len = file
         .metadata()
