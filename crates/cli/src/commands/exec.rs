@@ -17,8 +17,11 @@ pub struct ExecArgs {
     /// KEY=VALUE, repeatable.
     #[arg(long = "env", short = 'e')]
     env: Vec<String>,
-    #[arg(long)]
+    #[arg(long, short = 'w', visible_alias = "workdir")]
     cwd: Option<String>,
+    /// Run as root, UID or UID:GID (default: the image's User, else root).
+    #[arg(long, short = 'u')]
+    user: Option<String>,
     #[arg(long)]
     timeout_ms: Option<u64>,
     /// Run it in the background: print its pid and return (see `zygote process`).
@@ -36,6 +39,7 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
     let mut req = ExecRequest {
         argv: args.argv,
         cwd: args.cwd,
+        user: args.user,
         timeout_ms: args.timeout_ms,
         background: args.detach,
         ..Default::default()
