@@ -38,6 +38,7 @@ pub mod run;
 pub mod serve;
 pub mod shell;
 pub mod snapshot;
+pub mod snapshot_pack;
 pub mod tree;
 pub mod ttl;
 pub mod vm;

@@ -69,14 +69,14 @@ impl Manager {
                 )
             } else {
                 let id = req.snapshot.as_deref().unwrap_or_default();
-                let snap = self.snapshot_row(id)?;
+                let snap = self.find_or_pull_snapshot(id).await?;
                 self.check_runtime(&snap)?;
                 env.image = snap.run.clone();
                 let mut deps = snap.depends_on.clone();
                 deps.push(snap.id.clone());
                 (
                     BootSource::Snapshot(snap.data.clone()),
-                    Some(self.dirs.agent_key.token(&snap.source_sandbox)),
+                    Some(self.boot_token(&snap)),
                     Origin::Snapshot {
                         id: snap.id.clone(),
                     },

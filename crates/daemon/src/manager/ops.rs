@@ -333,7 +333,7 @@ impl Manager {
         row.lifecycle.resumed_from = None;
         row.exit_reason = None;
         row.exited_at = None;
-        let boot_token = Some(self.dirs.agent_key.token(&snap.source_sandbox));
+        let boot_token = Some(self.boot_token(&snap));
         let spec = self.prepare(
             &mut row,
             BootSource::Snapshot(snap.data.clone()),

@@ -17,6 +17,7 @@ mod image;
 mod merge;
 pub mod metadata;
 mod network;
+pub mod pack;
 pub mod pause;
 mod ports;
 mod process;
@@ -34,6 +35,7 @@ pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflic
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
+pub use pack::{PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
 pub use pause::TtlAction;
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
 pub use process::{
@@ -442,6 +444,9 @@ pub struct Snapshot {
     pub implicit: bool,
     /// How long taking it stopped the sandbox's vCPUs (null if not measured).
     pub pause_ms: Option<f64>,
+    /// For a snapshot imported from a pack: where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackOrigin>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -7,6 +7,7 @@ pub mod handoff;
 pub mod kvm;
 pub mod kvm_cmd;
 pub mod qemu;
+mod qemu_pack;
 pub mod qmp;
 pub mod supervisor;
 
@@ -284,6 +285,49 @@ pub trait Runtime: Send + Sync {
     fn console_log_in(&self, dir: &Path) -> String {
         std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default()
     }
+
+    /// A snapshot as files that stand on their own (for a snapshot pack): its base
+    /// image, one disk layer over it with every intermediate layer folded in (made in
+    /// `work`), and its state files.
+    fn export_files(
+        &self,
+        _data: &SnapshotData,
+        _work: &Path,
+    ) -> Result<ExportedSnapshot, RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
+            self.name()
+        )))
+    }
+
+    /// The snapshot whose state files are in `dir` and whose folded disk layer is
+    /// `disk`, now over the base image at `base`.
+    fn import_files(
+        &self,
+        _dir: &Path,
+        _state_file: &Path,
+        _disk: &Path,
+        _base: &Path,
+        _accel: &str,
+    ) -> Result<SnapshotData, RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
+            self.name()
+        )))
+    }
+}
+
+/// [`Runtime::export_files`]' result.
+#[derive(Debug, Clone)]
+pub struct ExportedSnapshot {
+    /// The raw base image the disk layer reads.
+    pub base: PathBuf,
+    /// The disk layer, self-contained but for the base.
+    pub disk: PathBuf,
+    /// State files by their name in the snapshot's directory.
+    pub state: Vec<(String, PathBuf)>,
+    /// Which of `state` is [`SnapshotData::state_file`].
+    pub state_file: String,
 }
 
 /// The runtime the daemon uses and why.

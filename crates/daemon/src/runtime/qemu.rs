@@ -20,7 +20,8 @@ use super::handoff::BroughtUp;
 use super::qmp::Qmp;
 use super::{guest_agent, supervisor};
 use super::{
-    BootSource, Exit, GuestNet, RunState, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord,
+    BootSource, Exit, ExportedSnapshot, GuestNet, RunState, Runtime, RuntimeError, SnapshotData,
+    StartSpec, VmRecord,
 };
 use crate::model::SnapshotKind;
 
@@ -332,6 +333,25 @@ impl Runtime for QemuRuntime {
             self.start(&spec)
         });
         Ok((point, results))
+    }
+
+    fn export_files(
+        &self,
+        data: &SnapshotData,
+        work: &Path,
+    ) -> Result<ExportedSnapshot, RuntimeError> {
+        super::qemu_pack::export(data, work)
+    }
+
+    fn import_files(
+        &self,
+        dir: &Path,
+        state_file: &Path,
+        disk: &Path,
+        base: &Path,
+        accel: &str,
+    ) -> Result<SnapshotData, RuntimeError> {
+        super::qemu_pack::import(dir, state_file, disk, base, accel)
     }
 
     fn finished_capture(
