@@ -137,6 +137,7 @@ registry_request!(PullSnapshotRequest);
 
 /// `POST /v1/snapshots/import?name=`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ImportQuery {
     /// Name for the imported snapshot (default: the exported one's).
