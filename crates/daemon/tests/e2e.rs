@@ -2,6 +2,8 @@
 //! runs on the qemu runtime (everywhere; TCG here) and on the kvm runtime
 //! (only where the host has hardware virtualization; skipped otherwise).
 mod common;
+#[path = "e2e/fanout.rs"]
+mod fanout;
 #[path = "e2e/fork.rs"]
 mod fork;
 #[path = "e2e/merge.rs"]
@@ -384,6 +386,25 @@ async fn suite(runtime: &str) {
             metrics.contains(needle),
             "metrics lack {needle}:\n{metrics}"
         );
+    }
+
+    let mut streamed = fanout::check_streamed_branch(&c, &a.id).await;
+    step(
+        t0,
+        "streamed branch: the point, then each child as it runs (listed creating, then \
+         running), other requests answered meanwhile; bad requests refused first",
+    );
+    streamed.extend(fanout::check_disconnect(&c, &a.id).await);
+    step(
+        t0,
+        "a client gone after the first line: its children come up all the same",
+    );
+    for id in &streamed {
+        let path = get(&c, id).await.cgroup.path;
+        cleanup.cgroups.lock().unwrap().extend(path.map(Into::into));
+        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+            .expect("delete a streamed branch's child");
     }
 
     let parked = pause::check_pause(&c, &cleanup).await;
