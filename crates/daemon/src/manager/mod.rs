@@ -6,6 +6,7 @@
 //! branch, snapshot, restore) hold that sandbox's lock; exec and file
 //! access do not, so a long exec never delays a delete.
 mod branch;
+mod branch_record;
 mod create;
 mod diff;
 mod exec_cancel;

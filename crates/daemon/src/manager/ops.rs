@@ -46,11 +46,7 @@ impl Manager {
     /// Records a capture (snapshot or branch) about to start: the sandbox shows `paused`
     /// while its vCPUs may be stopped, and the intent record tells a daemon restarted
     /// after a crash to finish or undo it (`recovery`).
-    pub(super) fn begin_capture(
-        &self,
-        row: &mut SandboxRow,
-        pending: PendingCapture,
-    ) -> Result<()> {
+    fn begin_capture(&self, row: &mut SandboxRow, pending: PendingCapture) -> Result<()> {
         row.state = STATE_PAUSED.into();
         row.pending = Some(pending);
         self.db.put_sandbox(row)
