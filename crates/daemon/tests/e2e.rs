@@ -302,6 +302,7 @@ async fn suite(runtime: &str) {
     );
     tree::check_diff(&c, &a.id, &b, &cc).await;
     tree::check_branch_capacity(&c, &a.id, runtime).await;
+    fanout::check_create_capacity(&c, runtime).await;
     step(t0, "diff: siblings and parent compared file by file");
     merge::check_merge(&c, &a.id).await;
     step(

@@ -208,3 +208,31 @@ pub async fn check_disconnect(c: &Client, parent: &str) -> Vec<String> {
     );
     children
 }
+
+/// On the qemu runtime (each VM its own copy of its memory) a create of more sandboxes
+/// than the host holds is refused with 422 `insufficient_memory` before any VM starts.
+pub async fn check_create_capacity(c: &Client, runtime: &str) {
+    if runtime != "qemu" {
+        return; // kvm: no capacity refusal.
+    }
+    let available_mib = zygote_vmm::host::meminfo_kib("MemAvailable").expect("MemAvailable") / 1024;
+    if available_mib / 1024 >= 256 {
+        eprintln!(
+            "skip: {available_mib} MiB available holds 256 sandboxes of 1 GiB; the capacity \
+             refusal is not reachable here"
+        );
+        return;
+    }
+    let before = list(c).await.len();
+    let e = c
+        .json::<Value>(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"image": "minimal", "n": 256, "mem_mib": 1024})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some("insufficient_memory"), "{e}");
+    assert!(e.to_string().contains("sandboxes of 1024 MiB"), "{e}");
+    assert_eq!(list(c).await.len(), before, "nothing was created");
+}
