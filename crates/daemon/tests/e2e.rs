@@ -389,24 +389,7 @@ async fn suite(runtime: &str) {
         );
     }
 
-    let mut streamed = fanout::check_streamed_branch(&c, &a.id).await;
-    step(
-        t0,
-        "streamed branch: the point, then each child as it runs (listed creating, then \
-         running), other requests answered meanwhile; bad requests refused first",
-    );
-    streamed.extend(fanout::check_disconnect(&c, &a.id).await);
-    step(
-        t0,
-        "a client gone after the first line: its children come up all the same",
-    );
-    for id in &streamed {
-        let path = get(&c, id).await.cgroup.path;
-        cleanup.cgroups.lock().unwrap().extend(path.map(Into::into));
-        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
-            .await
-            .expect("delete a streamed branch's child");
-    }
+    fanout::check_fanout(&c, &a.id, &cleanup, t0).await;
 
     let parked = pause::check_pause(&c, &cleanup).await;
     step(

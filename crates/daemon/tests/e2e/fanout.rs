@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use zygote_daemon::client::Client;
 use zygote_daemon::model::{BranchEvent, Sandbox, SandboxList};
 
-use super::{eventually, get};
+use super::{eventually, get, step, Cleanup};
 
 async fn list(c: &Client) -> Vec<Sandbox> {
     let l: SandboxList = c
@@ -36,8 +36,30 @@ async fn refused(c: &Client, parent: &str, body: Value, code: &str) {
     assert_eq!(list(c).await.len(), before, "{body} changed nothing");
 }
 
+/// The streamed branch and the dropped stream (see the module doc); their children go.
+pub async fn check_fanout(c: &Client, parent: &str, cleanup: &Cleanup, t0: Instant) {
+    let mut children = check_streamed_branch(c, parent).await;
+    step(
+        t0,
+        "streamed branch: the point, then each child as it runs (listed creating, then \
+         running), other requests answered meanwhile; bad requests refused first",
+    );
+    children.extend(check_disconnect(c, parent).await);
+    step(
+        t0,
+        "a client gone after the first line: its children come up all the same",
+    );
+    for id in &children {
+        let path = get(c, id).await.cgroup.path;
+        cleanup.cgroups.lock().unwrap().extend(path.map(Into::into));
+        c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await
+            .expect("delete a streamed branch's child");
+    }
+}
+
 /// A streamed branch of `parent` into 3 children, followed as it happens; returns them.
-pub async fn check_streamed_branch(c: &Client, parent: &str) -> Vec<String> {
+async fn check_streamed_branch(c: &Client, parent: &str) -> Vec<String> {
     for (body, code) in [
         (json!({"count": 0, "stream": true}), "invalid_argument"),
         (json!({"count": 1000, "stream": true}), "invalid_argument"),
@@ -154,7 +176,7 @@ pub async fn check_streamed_branch(c: &Client, parent: &str) -> Vec<String> {
 
 /// A client that reads only the first line of a streamed branch and goes away: the
 /// children come up all the same, and nothing is left `creating`.
-pub async fn check_disconnect(c: &Client, parent: &str) -> Vec<String> {
+async fn check_disconnect(c: &Client, parent: &str) -> Vec<String> {
     let body = serde_json::to_vec(&json!({"count": 2, "stream": true})).unwrap();
     let resp = c
         .send(
