@@ -5,6 +5,8 @@
 //! tokio's blocking pool. Operations that change a sandbox's VM (delete,
 //! branch, snapshot, restore) hold that sandbox's lock; exec and file
 //! access do not, so a long exec never delays a delete.
+mod branch;
+mod branch_record;
 mod create;
 mod diff;
 mod exec_cancel;

@@ -25,7 +25,7 @@ mod pty;
 mod tree;
 mod ttl;
 mod validate;
-pub use branch::{BranchFailure, BranchRequest, BranchResponse};
+pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
@@ -48,7 +48,9 @@ pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
 
 /// Limits on what one request may ask for.
-pub const MAX_FAN_OUT: u32 = 16;
+/// Sandboxes of one create (where each VM holds its own copy of its memory, also bounded
+/// by what the host has: `Manager::create`).
+pub const MAX_FAN_OUT: u32 = 256;
 /// Guest RAM when a create request names none.
 pub const DEFAULT_MEM_MIB: u32 = 256;
 /// Children of one branch (where children copy their parent's memory, also bounded by
@@ -115,9 +117,12 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
-    /// How many sandboxes to create (fan-out), 1..=16.
+    /// How many sandboxes to create (fan-out), 1..=256. On the qemu runtime (each VM
+    /// holds its own copy of its memory), at most as many as the host's available memory
+    /// holds (422 `insufficient_memory` says how many fit). They are listed as `creating`
+    /// until each runs.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 16)]
+    #[schema(minimum = 1, maximum = 256)]
     pub n: Option<u32>,
     /// Guest RAM in MiB, 64..=65536 (image boots only; a snapshot keeps its own).
     #[serde(default)]
