@@ -134,9 +134,21 @@ pub fn mkfs_ext4(staging: &Path, image: &Path, spec: &Ext4Spec) -> Result<()> {
 /// records `info` (whose name, keys and origin the caller filled in) as what its name
 /// now means. Returns the stored image's full metadata.
 pub fn store_image(raw: &Path, mut info: ImageInfo, progress: Progress) -> Result<ImageInfo> {
-    let dir = images_dir();
     progress("hashing the image");
     info.sha256 = sha256_file(raw)?;
+    info.built_at = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let info = place(raw, info, true)?;
+    progress(&format!("built {}", info.path.display()));
+    Ok(info)
+}
+
+/// Moves `raw` into the store as `info` (whose sha256 is its hash), read-only, records
+/// it, and makes it what its name means when `current`.
+fn place(raw: &Path, mut info: ImageInfo, current: bool) -> Result<ImageInfo> {
+    let dir = images_dir();
     let final_path = image_path(&dir, &info.name, &info.sha256);
     std::fs::rename(raw, &final_path).ctx(|| format!("storing {}", final_path.display()))?;
     // Bases are shared by every VM through CoW overlays: make accidental
@@ -146,13 +158,10 @@ pub fn store_image(raw: &Path, mut info: ImageInfo, progress: Progress) -> Resul
     info.path = final_path;
     info.size_bytes = meta.len();
     info.disk_bytes = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
-    info.built_at = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
     save_info(&dir, &info)?;
-    mark_current(&dir, &info)?;
-    progress(&format!("built {}", info.path.display()));
+    if current {
+        mark_current(&dir, &info)?;
+    }
     Ok(info)
 }
 
@@ -173,21 +182,9 @@ pub fn adopt_image(raw: &Path, mut info: ImageInfo, sha256: &str) -> Result<Imag
             detail: format!("its bytes hash to {actual}, not the {sha256} it claims"),
         });
     }
-    let dir = images_dir();
     let name_taken = crate::store::locate_image(&info.name).is_ok();
     info.sha256 = actual;
-    let final_path = image_path(&dir, &info.name, &info.sha256);
-    std::fs::rename(raw, &final_path).ctx(|| format!("storing {}", final_path.display()))?;
-    set_mode(&final_path, 0o444)?;
-    let meta = std::fs::metadata(&final_path).ctx(|| "stat of the image".into())?;
-    info.path = final_path;
-    info.size_bytes = meta.len();
-    info.disk_bytes = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
-    save_info(&dir, &info)?;
-    if !name_taken {
-        mark_current(&dir, &info)?;
-    }
-    Ok(info)
+    place(raw, info, !name_taken)
 }
 
 /// The image `name` built from inputs hashing to `key`, if the store has it; it

@@ -78,6 +78,18 @@ pub enum LayerState {
     Done,
 }
 
+impl LayerState {
+    /// The name the API streams (as serde names it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LayerState::Cached => "cached",
+            LayerState::Resuming => "resuming",
+            LayerState::Downloading => "downloading",
+            LayerState::Done => "done",
+        }
+    }
+}
+
 /// Where events go (the CLI draws bars, the daemon streams NDJSON).
 pub type Progress<'a> = &'a (dyn Fn(Event) + Send + Sync);
 

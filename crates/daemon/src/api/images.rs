@@ -1,10 +1,8 @@
 //! `POST /v1/images`: pulling OCI images through the daemon.
-use std::sync::Arc;
-
 use axum::extract::State;
 use axum::response::Response;
 
-use super::system::ndjson;
+use super::system::ndjson_job;
 use super::{ApiJson, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{BuildEvent, Image, PullImageRequest, Validate};
@@ -21,30 +19,22 @@ pub async fn pull(
     ApiJson(req): ApiJson<PullImageRequest>,
 ) -> Result<Response> {
     req.validate()?;
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
     let manager = st.manager.clone();
-    // The pull goes on if the client leaves: it registers the image whole or not at all,
-    // and a finished one serves the next create.
-    tokio::spawn(async move {
-        let progress_tx = tx.clone();
-        let progress = Arc::new(move |e: zygote_oci::Event| {
-            // Progress may be dropped for a slow reader; the outcome never is.
-            let _ = progress_tx.try_send(BuildEvent::from(e));
-        });
-        let last = match manager.pull_image(&req, progress).await {
+    let reference = req.reference.clone();
+    Ok(ndjson_job(
+        move |progress| async move { manager.pull_image(&req, progress).await },
+        move |outcome| match outcome {
             Ok(info) => BuildEvent::Done {
                 image: Image::from(&info),
             },
             Err(e) => {
-                tracing::warn!(reference = %req.reference, "pull failed: {e}");
+                tracing::warn!(%reference, "pull failed: {e}");
                 let body = e.body();
                 BuildEvent::Error {
                     code: body.error.code,
                     message: body.error.message,
                 }
             }
-        };
-        let _ = tx.send(last).await;
-    });
-    Ok(ndjson(rx))
+        },
+    ))
 }

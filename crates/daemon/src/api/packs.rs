@@ -11,7 +11,7 @@ use axum::Json;
 use http_body_util::BodyExt;
 use tokio::io::AsyncWriteExt;
 
-use super::system::ndjson;
+use super::system::ndjson_job;
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{Error, ErrorBody, Result};
 use crate::model::pack::ImportQuery;
@@ -145,30 +145,25 @@ pub async fn push(
 ) -> Result<Response> {
     req.validate()?;
     st.manager.snapshot_get(&id)?;
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
     let m = st.manager.clone();
-    tokio::spawn(async move {
-        let ptx = tx.clone();
-        let progress = Arc::new(move |e: zygote_oci::Event| {
-            let _ = ptx.try_send(PackEvent::from(e));
-        });
-        let last = match m
-            .push_pack(&id, &req.reference, req.credentials(), progress)
-            .await
-        {
+    let reference = req.reference.clone();
+    Ok(ndjson_job(
+        move |progress| async move {
+            m.push_pack(&id, &req.reference, req.credentials(), progress)
+                .await
+        },
+        move |outcome| match outcome {
             Ok((digest, size)) => PackEvent::Pushed {
-                reference: req.reference.clone(),
+                reference,
                 digest,
                 size,
             },
             Err(e) => {
-                tracing::warn!(snapshot = %id, reference = %req.reference, "push failed: {e}");
+                tracing::warn!(%reference, "push failed: {e}");
                 PackEvent::error(&e)
             }
-        };
-        let _ = tx.send(last).await;
-    });
-    Ok(ndjson(rx))
+        },
+    ))
 }
 
 #[utoipa::path(post, path = "/v1/snapshots/pull", tag = "snapshots",
@@ -182,31 +177,26 @@ pub async fn pull(
     ApiJson(req): ApiJson<PullSnapshotRequest>,
 ) -> Result<Response> {
     req.validate()?;
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
     let m = st.manager.clone();
-    tokio::spawn(async move {
-        let ptx = tx.clone();
-        let progress = Arc::new(move |e: zygote_oci::Event| {
-            let _ = ptx.try_send(PackEvent::from(e));
-        });
-        let last = match m
-            .pull_pack(
+    let reference = req.reference.clone();
+    Ok(ndjson_job(
+        move |progress| async move {
+            m.pull_pack(
                 &req.reference,
                 req.credentials(),
                 req.name.clone(),
                 progress,
             )
             .await
-        {
+        },
+        move |outcome| match outcome {
             Ok(snapshot) => PackEvent::Done {
                 snapshot: Box::new(snapshot),
             },
             Err(e) => {
-                tracing::warn!(reference = %req.reference, "pull failed: {e}");
+                tracing::warn!(%reference, "pull failed: {e}");
                 PackEvent::error(&e)
             }
-        };
-        let _ = tx.send(last).await;
-    });
-    Ok(ndjson(rx))
+        },
+    ))
 }

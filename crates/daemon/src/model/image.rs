@@ -70,32 +70,43 @@ pub struct PullImageRequest {
     pub password: Option<String>,
 }
 
-impl std::fmt::Debug for PullImageRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PullImageRequest")
-            .field("reference", &self.reference)
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Validate for PullImageRequest {
-    fn validate(&self) -> Result<()> {
-        zygote_oci::ImageRef::parse(&self.reference).map_err(|e| Error::invalid(e.to_string()))?;
-        match (&self.username, &self.password) {
-            (Some(_), None) | (None, Some(_)) => Err(Error::invalid(
-                "username and password go together: give both or neither",
-            )),
-            _ => Ok(()),
+/// Debug without the password, validation of the reference and of the credentials'
+/// pairing, and the credentials as a pull takes them: for every request that names a
+/// registry reference.
+macro_rules! registry_request {
+    ($t:ty) => {
+        impl std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($t))
+                    .field("reference", &self.reference)
+                    .field("username", &self.username)
+                    .finish_non_exhaustive()
+            }
         }
-    }
-}
 
-impl PullImageRequest {
-    pub fn credentials(&self) -> Option<(String, String)> {
-        self.username.clone().zip(self.password.clone())
-    }
+        impl Validate for $t {
+            fn validate(&self) -> Result<()> {
+                zygote_oci::ImageRef::parse(&self.reference)
+                    .map_err(|e| Error::invalid(e.to_string()))?;
+                match (&self.username, &self.password) {
+                    (Some(_), None) | (None, Some(_)) => Err(Error::invalid(
+                        "username and password go together: give both or neither",
+                    )),
+                    _ => Ok(()),
+                }
+            }
+        }
+
+        impl $t {
+            pub fn credentials(&self) -> Option<(String, String)> {
+                self.username.clone().zip(self.password.clone())
+            }
+        }
+    };
 }
+pub(crate) use registry_request;
+
+registry_request!(PullImageRequest);
 
 /// One line of the NDJSON stream of `POST /v1/images/build` and `POST /v1/images`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -155,10 +166,7 @@ impl From<zygote_oci::Event> for BuildEvent {
                 digest,
                 done,
                 total,
-                state: serde_json::to_value(state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                state: state.as_str().to_string(),
             },
             E::Step { message } => BuildEvent::Progress { line: message },
         }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::image::registry_request;
 use super::{ImageRun, Snapshot, SnapshotKind, Validate};
 use crate::error::{Error, Result};
 
@@ -101,37 +102,6 @@ pub struct PullSnapshotRequest {
     pub name: Option<String>,
 }
 
-macro_rules! registry_request {
-    ($t:ty) => {
-        impl std::fmt::Debug for $t {
-            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.debug_struct(stringify!($t))
-                    .field("reference", &self.reference)
-                    .field("username", &self.username)
-                    .finish_non_exhaustive()
-            }
-        }
-
-        impl Validate for $t {
-            fn validate(&self) -> Result<()> {
-                zygote_oci::ImageRef::parse(&self.reference)
-                    .map_err(|e| Error::invalid(e.to_string()))?;
-                match (&self.username, &self.password) {
-                    (Some(_), None) | (None, Some(_)) => Err(Error::invalid(
-                        "username and password go together: give both or neither",
-                    )),
-                    _ => Ok(()),
-                }
-            }
-        }
-
-        impl $t {
-            pub fn credentials(&self) -> Option<(String, String)> {
-                self.username.clone().zip(self.password.clone())
-            }
-        }
-    };
-}
 registry_request!(PushSnapshotRequest);
 registry_request!(PullSnapshotRequest);
 
@@ -196,10 +166,7 @@ impl From<zygote_oci::Event> for PackEvent {
                 digest,
                 done,
                 total,
-                state: serde_json::to_value(state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default(),
+                state: state.as_str().to_string(),
             },
             E::Step { message } => PackEvent::Progress { line: message },
         }
