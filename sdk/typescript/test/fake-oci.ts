@@ -55,20 +55,33 @@ interface RegistryPack {
   blobs: [string, number][];
 }
 
-/** A USTAR archive of `files` (what the export answers). */
-export function tar(files: [string, Buffer][]): Buffer {
+/** A tar member: a regular file (`data`), a directory (`dir`) or a symbolic link (`link`). */
+export interface TarEntry {
+  name: string;
+  data?: Buffer;
+  mode?: number;
+  dir?: boolean;
+  link?: string;
+}
+
+/** A USTAR archive of `entries`, root-owned (what the export answers; the live tests' layers). */
+export function tar(entries: (TarEntry | [string, Buffer])[]): Buffer {
   const parts: Buffer[] = [];
-  for (const [name, data] of files) {
+  for (const entry of entries) {
+    const e: TarEntry = Array.isArray(entry) ? { name: entry[0], data: entry[1] } : entry;
+    const data = e.data ?? Buffer.alloc(0);
     const h = Buffer.alloc(512);
     const field = (value: string, at: number, len: number) => h.write(value, at, len, "ascii");
-    field(name, 0, 100);
-    field("0000644\0", 100, 8);
-    field("0000000\0", 108, 8);
-    field("0000000\0", 116, 8);
-    field(`${data.length.toString(8).padStart(11, "0")}\0`, 124, 12);
-    field(`${(1700000000).toString(8).padStart(11, "0")}\0`, 136, 12);
+    const octal = (n: number, len: number) => `${n.toString(8).padStart(len - 1, "0")}\0`;
+    field(e.name, 0, 100);
+    field(octal(e.mode ?? (e.dir ? 0o755 : e.link ? 0o777 : 0o644), 8), 100, 8);
+    field(octal(0, 8), 108, 8);
+    field(octal(0, 8), 116, 8);
+    field(octal(data.length, 12), 124, 12);
+    field(octal(1700000000, 12), 136, 12);
     field("        ", 148, 8);
-    field("0", 156, 1);
+    field(e.dir ? "5" : e.link ? "2" : "0", 156, 1);
+    if (e.link) field(e.link, 157, 100);
     field("ustar\0", 257, 6);
     field("00", 263, 2);
     let sum = 0;
