@@ -218,6 +218,9 @@ def test_export_failures_leave_no_file(client: Client, oci: FakeOci, tmp_path: P
         client.export_snapshot(snap, dest)
     assert e.value.code == "stream_ended"
     assert os.listdir(tmp_path) == []
+    oci.cut_exports.clear()
+    with pytest.raises(FileNotFoundError):
+        client.export_snapshot(snap, tmp_path / "no" / "such" / "dir.tar")
     with pytest.raises(FileNotFoundError):
         client.import_snapshot(tmp_path / "missing.tar")
 

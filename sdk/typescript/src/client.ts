@@ -373,21 +373,23 @@ export class Client {
     if (!resp.body) throw new ServerError("the export answered without a body", { code: "bad_response" });
     const part = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString("hex")}.part`);
     let written = 0;
-    let cut: unknown;
     const body = Readable.fromWeb(resp.body as WebReadableStream<Uint8Array>);
     body.on("data", (chunk: Uint8Array) => {
       written += chunk.length;
     });
-    // The daemon ends a body it cannot finish by breaking the connection, so a
-    // partial pack is never mistaken for a whole one; a write error is the file's.
-    body.on("error", (e) => {
-      cut ??= e;
-    });
+    const file = createWriteStream(part, { flags: "wx" });
+    // Which side failed first: the daemon ends a body it cannot finish by breaking
+    // the connection (a partial pack is never mistaken for a whole one); a write
+    // error is the file's. The pipeline then fails the other side with the same error.
+    let first: { cut: boolean; error: unknown } | undefined;
+    body.on("error", (error) => void (first ??= { cut: true, error }));
+    file.on("error", (error) => void (first ??= { cut: false, error }));
     try {
       try {
-        await pipeline(body, createWriteStream(part, { flags: "wx" }));
+        await pipeline(body, file);
       } catch (e) {
-        if (cut === undefined) throw e;
+        if (!first?.cut) throw first?.error ?? e;
+        const cut = first.error;
         if (cut instanceof Error && (cut.name === "TimeoutError" || cut.name === "AbortError")) {
           throw this.transportError(cut);
         }

@@ -213,6 +213,12 @@ describe("OCI images and snapshot packs (fake daemon)", () => {
     oci.cutExports.add(snap.id);
     await assert.rejects(client.exportSnapshot(snap, dest), (e: unknown) => e instanceof ServerError && e.code === "stream_ended");
     assert.deepEqual(readdirSync(dir), []);
+    // A file that cannot be written is the file system's error, not a cut stream.
+    oci.cutExports.delete(snap.id);
+    await assert.rejects(client.exportSnapshot(snap, join(dir, "no/such/dir.tar")), (e: unknown) => {
+      assert.equal((e as NodeJS.ErrnoException).code, "ENOENT");
+      return true;
+    });
     const sent = fake.requests.length;
     await assert.rejects(client.importSnapshot(join(dir, "missing.tar")), /ENOENT/);
     assert.equal(fake.requests.length, sent);
