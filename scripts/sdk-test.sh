@@ -6,7 +6,11 @@
 # sdk/typescript; both skipped when already up to date), starts ONE zygoted
 # on a free localhost port with a temporary state directory for the live
 # tests, and stops it at the end. Needs target/release/zygoted (cargo build
-# --release --workspace) and the cached minimal image and guest kernel.
+# --release --workspace) and the cached minimal image and guest kernel. The
+# daemon gets an image cache of its own in the state directory (the kernel and
+# the built images linked from ~/.cache/zygote), so what the OCI live tests pull,
+# convert and pack goes away with it. Those tests also want docker-registry,
+# skopeo, umoci and busybox-static (scripts/setup.sh), and skip without them.
 #
 #   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted,
 #                                 else `target/release/zygote serve`)
@@ -95,10 +99,24 @@ EOF
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The daemon's cache: the user's kernel and built images (linked, never written:
+# an image is named by its hash), its own OCI blobs, pulled images and packs.
+USER_CACHE=${ZYGOTE_CACHE_DIR:-${HOME:-/root}/.cache/zygote}
+CACHE="$STATE/cache"
+mkdir -p "$CACHE/images/index"
+[ -d "$USER_CACHE/kernel" ] && ln -s "$USER_CACHE/kernel" "$CACHE/kernel"
+for f in "$USER_CACHE"/images/*.ext4 "$USER_CACHE"/images/*.json; do
+    [ -e "$f" ] && ln -s "$f" "$CACHE/images/"
+done
+for f in "$USER_CACHE"/images/index/*; do
+    [ -f "$f" ] && cp "$f" "$CACHE/images/index/"
+done
+
 say "starting zygoted (${DAEMON[*]}, state $STATE)"
 runtime_args=()
 [ -n "${ZYGOTE_SDK_RUNTIME:-}" ] && runtime_args=(--runtime "$ZYGOTE_SDK_RUNTIME")
-ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "${DAEMON[@]}" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
+ZYGOTE_CACHE_DIR="$CACHE" ZYGOTE_LOG=${ZYGOTE_LOG:-warn} \
+    "${DAEMON[@]}" --listen 127.0.0.1:0 --state-dir "$STATE/daemon" "${runtime_args[@]}" \
     >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
 DAEMON_PID=$!
 wait_for_daemon 60
@@ -113,7 +131,7 @@ say "Python SDK: type check (mypy --strict)"
 (cd "$PY" && "$VENV/bin/python" -m mypy --strict --cache-dir "$VENV/.mypy_cache" src examples tests) || FAILED=1
 
 say "Python SDK: unit, vectors, live, MCP, tree-search example"
-(cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations=5 tests) || FAILED=1
+(cd "$PY" && timeout --kill-after=10 900 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider --durations=5 tests) || FAILED=1
 
 say "TypeScript SDK: unit, vectors, live"
 (cd "$TS" && timeout --kill-after=10 600 node --test --test-reporter=spec build/*.test.js) || FAILED=1

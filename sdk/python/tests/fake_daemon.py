@@ -271,6 +271,9 @@ class FakeDaemon:
     files: Optional[FakeFiles] = None
     # Background processes (tests/fake_processes.py): answers {"status", "json" | "ndjson"}.
     processes: Optional[Any] = None
+    # Images, snapshots and packs (tests/fake_oci.py): answers as processes', or None to
+    # let the other models (and the script) answer.
+    oci: Optional[Any] = None
     _scripted: int = 0
     _server: Optional[ThreadingHTTPServer] = None
 
@@ -296,8 +299,7 @@ class FakeDaemon:
 
             def _handle(self) -> None:
                 parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else b""
+                body = self._body()
                 query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
                 fake.requests.append(
                     Recorded(
@@ -309,8 +311,8 @@ class FakeDaemon:
                         raw_query=parts.query,
                     )
                 )
-                if fake.processes is not None:
-                    answer = fake.processes.answer(self.command, parts.path, query, body)
+                for model in (fake.processes, fake.oci):
+                    answer = model.answer(self.command, parts.path, query, body) if model is not None else None
                     if answer is not None:
                         self._respond(answer)
                         return
@@ -333,9 +335,35 @@ class FakeDaemon:
                     return
                 self._respond(fake.responses[index])
 
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    data = bytearray()
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        chunk = self.rfile.read(size + 2)[:size]
+                        if size == 0:
+                            return bytes(data)
+                        data += chunk
+                length = int(self.headers.get("Content-Length") or 0)
+                return self.rfile.read(length) if length else b""
+
             def _respond(self, r: dict[str, Any]) -> None:
                 status = r["status"]
-                if "ndjson" in r:
+                if "chunks" in r:
+                    # A body streamed in chunks; with "cut", broken off before its end
+                    # (as zygoted does with a body it cannot finish).
+                    self.send_response(status)
+                    self.send_header("Content-Type", r.get("content_type", "application/octet-stream"))
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for chunk in r["chunks"]:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    if r.get("cut"):
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    self.wfile.write(b"0\r\n\r\n")
+                elif "ndjson" in r:
                     # Chunked, one event per chunk, as the daemon streams them.
                     self.send_response(status)
                     self.send_header("Content-Type", "application/x-ndjson")

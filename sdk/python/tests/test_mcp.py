@@ -16,6 +16,7 @@ import pytest
 from zygote import Client
 
 from .fake_daemon import FakeDaemon, FakeFiles
+from .fake_oci import FakeOci, RegistryImage
 from .fake_processes import FakeProcesses
 
 EXPECTED_TOOLS = {
@@ -40,6 +41,9 @@ EXPECTED_TOOLS = {
     "list_processes",
     "pause_sandbox",
     "resume_sandbox",
+    "pull_image",
+    "push_snapshot",
+    "pull_snapshot",
 }
 
 
@@ -152,6 +156,11 @@ def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
         assert merge_schema["required"] == ["sandbox_id", "from_sandbox_id"]
         assert merge_schema["properties"]["on_conflict"]["enum"] == ["fail", "theirs", "ours"]
         assert merge_schema["properties"]["dry_run"]["default"] is False
+        assert tools["pull_image"]["inputSchema"]["required"] == ["reference"]
+        assert set(tools["push_snapshot"]["inputSchema"]["required"]) == {"snapshot_id", "reference"}
+        assert tools["pull_snapshot"]["inputSchema"]["required"] == ["reference"]
+        assert "user" in exec_schema["properties"]
+        assert "user" in tools["start_background_command"]["inputSchema"]["properties"]
         # A daemon that is down is a tool error the model can read, not a crash.
         res = session.call("exec", sandbox_id="sb-000000000000", command="true")
         assert res["isError"] is True
@@ -473,3 +482,36 @@ def test_pause_and_resume_tools_against_a_fake_daemon() -> None:
     assert refused["isError"] is True and "[sandbox_paused]" in refused["content"][0]["text"]
     assert again["isError"] is True and "[wrong_state]" in again["content"][0]["text"]
     assert resumed == {"sandbox_id": sid, "state": "running"}
+
+
+def test_image_and_snapshot_pack_tools_against_a_fake_daemon() -> None:
+    app, warm = "127.0.0.1:5000/team/app:1", "127.0.0.1:5000/team/warm:v1"
+    oci = FakeOci(registry={app: RegistryImage(layers=[100])})
+    exit_ok = {"type": "exit", "exit_code": 0, "signal": None, "timed_out": False, "duration_ms": 1}
+    fake = FakeDaemon(files=FakeFiles(), oci=oci).start()
+    fake.load([{"status": 200, "ndjson": [{"type": "output", "stream": "stdout", "data": "MTAwMAo="}, exit_ok]}])
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        pulled = structured(session.call("pull_image", reference=app))
+        missing = session.call("pull_image", reference="127.0.0.1:5000/team/missing:1")
+        sid = structured(session.call("create_sandbox", image=app))["sandbox_id"]
+        ran = structured(session.call("exec", sandbox_id=sid, command="id -u", user="1000"))
+        snap = structured(session.call("snapshot_sandbox", sandbox_id=sid, name="warm"))["snapshot_id"]
+        pushed = structured(session.call("push_snapshot", snapshot_id=snap, reference=warm))
+        got = structured(session.call("pull_snapshot", reference=warm, name="warm-2"))
+        restored = structured(session.call("restore_snapshot", snapshot_id=got["snapshot_id"]))
+        unknown = session.call("pull_snapshot", reference="127.0.0.1:5000/team/none:v1")
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert pulled == {"image": app, "source": app, "digest": oci.registry[app].manifest(app), "size_bytes": 1 << 30}
+    assert missing["isError"] is True and "[image_not_found]" in missing["content"][0]["text"]
+    assert ran["stdout"] == "1000\n"
+    [exec_req] = [r for r in fake.requests if r.path.endswith("/exec/stream")]
+    assert json.loads(exec_req.body)["user"] == "1000"
+    assert pushed == {"reference": warm, "digest": oci.packs[warm].digest, "size_bytes": 6000}
+    assert got["name"] == "warm-2" and got["pack"] == {"source": f"oci://{warm}", "digest": pushed["digest"]}
+    assert restored["sandbox_id"].startswith("sb-")
+    assert unknown["isError"] is True and "[image_not_found]" in unknown["content"][0]["text"]

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import tempfile
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -64,9 +65,49 @@ def report(p: zygote.BranchProgress[Any], kind: type) -> dict[str, Any]:
     return {f: getattr(p, f) for f in fields}
 
 
+def credentials(a: dict[str, Any]) -> dict[str, Optional[str]]:
+    return {"username": a.get("username"), "password": a.get("password")}
+
+
+def exported(path: Path, size: int) -> dict[str, Any]:
+    return {"size": size, "data_base64": base64.b64encode(path.read_bytes()).decode()}
+
+
+def pack_file(tmp: str, a: dict[str, Any]) -> Path:
+    path = Path(tmp) / "pack.tar"
+    path.write_bytes(base64.b64decode(a["data_base64"]))
+    return path
+
+
+def transfer_sync(op: str, a: dict[str, Any], client: Client) -> Any:
+    """The image and snapshot pack ops (no sandbox involved)."""
+    progress: list[zygote.TransferProgress] = []
+    if op == "images":
+        return {"images": client.images()}
+    if op == "pull_image":
+        image = client.pull_image(a["reference"], on_progress=progress.append, **credentials(a))
+        return {"image": image, "progress": progress}
+    if op == "push_snapshot":
+        pushed = client.push_snapshot(a["snapshot"], a["reference"], on_progress=progress.append, **credentials(a))
+        return {"pushed": pushed, "progress": progress}
+    if op == "pull_snapshot":
+        snap = client.pull_snapshot(a["reference"], name=a.get("name"), on_progress=progress.append, **credentials(a))
+        return {"snapshot": snap, "progress": progress}
+    with tempfile.TemporaryDirectory() as tmp:
+        if op == "export_snapshot":
+            dest = Path(tmp) / "out.tar"
+            return exported(dest, client.export_snapshot(a["snapshot"], dest))
+        return client.import_snapshot(pack_file(tmp, a), name=a.get("name"))
+
+
+TRANSFER_OPS = {"images", "pull_image", "push_snapshot", "pull_snapshot", "export_snapshot", "import_snapshot"}
+
+
 def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]) -> Any:
     op, a = case["op"], case["args"]
     sb = Sandbox(case["sandbox"], client=client) if "sandbox" in case else None
+    if op in TRANSFER_OPS:
+        return transfer_sync(op, a, client)
     if op == "create":
         return {"id": Sandbox.create(client=client, **a).id}
     if op == "connect":
@@ -116,9 +157,35 @@ def branch_progress_sync(sb: Sandbox, a: dict[str, Any]) -> dict[str, Any]:
     return {"ids": [k.id for k in kids], "progress": seen}
 
 
+async def transfer_async(op: str, a: dict[str, Any], client: AsyncClient) -> Any:
+    progress: list[zygote.TransferProgress] = []
+
+    async def record(p: zygote.TransferProgress) -> None:
+        progress.append(p)
+
+    if op == "images":
+        return {"images": await client.images()}
+    if op == "pull_image":
+        image = await client.pull_image(a["reference"], on_progress=record, **credentials(a))
+        return {"image": image, "progress": progress}
+    if op == "push_snapshot":
+        pushed = await client.push_snapshot(a["snapshot"], a["reference"], on_progress=record, **credentials(a))
+        return {"pushed": pushed, "progress": progress}
+    if op == "pull_snapshot":
+        snap = await client.pull_snapshot(a["reference"], name=a.get("name"), on_progress=record, **credentials(a))
+        return {"snapshot": snap, "progress": progress}
+    with tempfile.TemporaryDirectory() as tmp:
+        if op == "export_snapshot":
+            dest = Path(tmp) / "out.tar"
+            return exported(dest, await client.export_snapshot(a["snapshot"], dest))
+        return await client.import_snapshot(pack_file(tmp, a), name=a.get("name"))
+
+
 async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str, list[str]]) -> Any:
     op, a = case["op"], case["args"]
     sb = AsyncSandbox(case["sandbox"], client=client) if "sandbox" in case else None
+    if op in TRANSFER_OPS:
+        return await transfer_async(op, a, client)
     if op == "create":
         return {"id": (await AsyncSandbox.create(client=client, **a)).id}
     if op == "connect":

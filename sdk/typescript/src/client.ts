@@ -1,7 +1,16 @@
 /**
  * The HTTP client: one daemon address and token, requests with the API's
- * errors mapped to typed exceptions, and the streamed exec.
+ * errors mapped to typed exceptions, the streamed exec, image pulls and
+ * snapshot packs.
  */
+import { createReadStream, createWriteStream } from "node:fs";
+import { rename, rm, stat } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import type { ReadableStream as WebReadableStream } from "node:stream/web";
+import { randomBytes } from "node:crypto";
+
 import { type Config, resolveConfig } from "./config.js";
 import {
   CommandFailed,
@@ -14,11 +23,16 @@ import {
 } from "./errors.js";
 import {
   type CommandResult,
+  type Image,
+  type PushResult,
   type SandboxInfo,
   type Snapshot,
+  imageFromJson,
+  pushResultFromJson,
   sandboxFromJson,
   snapshotFromJson,
 } from "./models.js";
+import { type Transfer, TransferCollector, type TransferOptions, registryBody } from "./transfer.js";
 
 export const VERSION = "0.1.0";
 
@@ -55,13 +69,30 @@ export interface RunOptions {
   stdin?: string;
   /** Throw {@link CommandFailed} when the exit code is not 0. */
   check?: boolean;
+  /**
+   * Run as `"root"`, a uid (`1000` or `"1000"`, group 0) or `"UID:GID"`
+   * (numeric, like `docker exec -u`). By default, and for `env` and `cwd` left
+   * out, the sandbox's OCI image decides (its `User`, `Env` and `WorkingDir`);
+   * otherwise root in `/`.
+   */
+  user?: string | number;
 }
 
 export interface RequestSpec {
   /** Query parameters: an object, or `[name, value]` pairs when a name repeats. */
   query?: Record<string, string> | readonly (readonly [string, string])[];
   json?: unknown;
-  body?: Uint8Array | string;
+  /** A body; a stream is sent as it is read. */
+  body?: Uint8Array | string | ReadableStream<Uint8Array>;
+  /** The body's type (default `application/octet-stream`). */
+  contentType?: string;
+  headers?: Record<string, string>;
+}
+
+/** Options of {@link Client.pullSnapshot}. */
+export interface PullSnapshotOptions extends TransferOptions {
+  /** Name of the snapshot registered (default: the pushed one's). */
+  name?: string;
 }
 
 type Json = Record<string, unknown>;
@@ -78,6 +109,12 @@ export function execBody(cmd: Command, opts: RunOptions): Json {
   const body: Json = { argv: argvOf(cmd) };
   if (opts.env && Object.keys(opts.env).length > 0) body.env = opts.env;
   if (opts.cwd !== undefined) body.cwd = opts.cwd;
+  if (opts.user !== undefined) {
+    if (typeof opts.user !== "string" && typeof opts.user !== "number") {
+      throw new TypeError(`user is "root", a uid or "UID:GID", not ${JSON.stringify(opts.user)}`);
+    }
+    body.user = String(opts.user);
+  }
   if (opts.stdin !== undefined) body.stdin = opts.stdin;
   if (timeoutMs !== null) {
     if (!(timeoutMs > 0)) throw new RangeError("timeoutMs must be positive (or null for no limit)");
@@ -119,22 +156,26 @@ export class Client {
     const url = new URL(this.config.url + path);
     const query = spec.query ?? {};
     for (const [k, v] of Array.isArray(query) ? query : Object.entries(query)) url.searchParams.append(k, v);
-    let body: string | Uint8Array | undefined;
+    let body: RequestSpec["body"];
     const extra: Record<string, string> = {};
     if (spec.json !== undefined) {
       body = JSON.stringify(spec.json);
       extra["content-type"] = "application/json";
     } else if (spec.body !== undefined) {
       body = spec.body;
-      extra["content-type"] = "application/octet-stream";
+      extra["content-type"] = spec.contentType ?? "application/octet-stream";
     }
+    Object.assign(extra, spec.headers);
+    const init: RequestInit & { duplex?: "half" } = {
+      method,
+      headers: this.headers(extra),
+      body,
+      signal: timeoutMs === null ? null : AbortSignal.timeout(timeoutMs),
+    };
+    // A streamed body goes out while the answer may already come back.
+    if (body instanceof ReadableStream) init.duplex = "half";
     try {
-      return await fetch(url, {
-        method,
-        headers: this.headers(extra),
-        body,
-        signal: timeoutMs === null ? null : AbortSignal.timeout(timeoutMs),
-      });
+      return await fetch(url, init);
     } catch (e) {
       throw this.transportError(e);
     }
@@ -231,6 +272,165 @@ export class Client {
     await onLine(pending + lines.decode());
   }
 
+  /**
+   * An image pull or a snapshot push or pull (NDJSON): `onProgress` gets each
+   * progress line (awaited); resolves to what the final line carries.
+   */
+  async transfer<T>(t: Transfer<T>, opts: TransferOptions = {}): Promise<T> {
+    const collector = new TransferCollector(t);
+    await this.streamLines("POST", t.path, { json: t.body }, opts.timeoutMs ?? null, async (line) => {
+      const p = collector.feed(line);
+      if (p !== null && opts.onProgress) await opts.onProgress(p);
+    });
+    return collector.result();
+  }
+
+  /**
+   * The images sandboxes can boot: built ones (`minimal`) and OCI images
+   * pulled or imported (with `source` and `digest`).
+   */
+  async images(): Promise<Image[]> {
+    const d = await this.json<{ images: Json[] }>("GET", "/v1/images");
+    return d.images.map(imageFromJson);
+  }
+
+  /**
+   * Pulls an OCI image (`alpine:3.20`, `registry.example:5000/team/app:1.4`,
+   * `app@sha256:...`) into the daemon and converts it; resolves to the image,
+   * whose `name` `Sandbox.create({ image })` takes (so does the reference: a
+   * create pulls on first use). `username`/`password` are for this pull only
+   * (else the daemon's docker config). `onProgress` gets each
+   * {@link TransferProgress} (`resolved`, `layer`, `progress`).
+   *
+   * Throws {@link ImageNotFound}, {@link RegistryUnauthorized},
+   * {@link UnsupportedPlatform}, {@link BadImage}, {@link ImageTooLarge} or
+   * {@link RegistryError}.
+   */
+  async pullImage(reference: string, opts: TransferOptions = {}): Promise<Image> {
+    return this.transfer(
+      {
+        path: "/v1/images",
+        body: registryBody(reference, opts),
+        what: `pull of ${reference}`,
+        final: "done",
+        parse: (ev) => imageFromJson(ev.image as Json),
+      },
+      opts,
+    );
+  }
+
+  /**
+   * Pushes a snapshot to a registry as one OCI artifact (its base image, disk
+   * and memory state); blobs the registry has are not sent again. `onProgress`
+   * gets `blob` and `progress` lines. The pack holds the guest's memory: push
+   * it only where you would keep the sandbox.
+   */
+  async pushSnapshot(snapshot: Snapshot | string, reference: string, opts: TransferOptions = {}): Promise<PushResult> {
+    const id = snapshotIdOf(snapshot);
+    return this.transfer(
+      {
+        path: `/v1/snapshots/${seg(id)}/push`,
+        body: registryBody(reference, opts),
+        what: `push of ${id} to ${reference}`,
+        final: "pushed",
+        parse: pushResultFromJson,
+      },
+      opts,
+    );
+  }
+
+  /**
+   * Pulls a snapshot pack (pushed by {@link pushSnapshot}, here or on another
+   * host) and registers it as a new snapshot (`name`: default the pushed
+   * one's); `Sandbox.restore` starts sandboxes from it, and its `pack` says
+   * where it came from. `Sandbox.restore(reference)` pulls on first use too.
+   */
+  async pullSnapshot(reference: string, opts: PullSnapshotOptions = {}): Promise<Snapshot> {
+    const body = registryBody(reference, opts);
+    if (opts.name !== undefined) body.name = opts.name;
+    return this.transfer(
+      {
+        path: "/v1/snapshots/pull",
+        body,
+        what: `pull of ${reference}`,
+        final: "done",
+        parse: (ev) => snapshotFromJson(ev.snapshot as Json),
+      },
+      opts,
+    );
+  }
+
+  /**
+   * Writes a snapshot's pack (a tar) to the file `path`, streamed as the daemon
+   * sends it; resolves to its size in bytes. The file appears only once it is
+   * complete. It holds the guest's memory: keep it as you would the sandbox.
+   * `timeoutMs` bounds the whole download (default: none).
+   */
+  async exportSnapshot(snapshot: Snapshot | string, path: string, opts: { timeoutMs?: number | null } = {}): Promise<number> {
+    const id = snapshotIdOf(snapshot);
+    const resp = await this.fetch("GET", `/v1/snapshots/${seg(id)}/export`, {}, opts.timeoutMs ?? null);
+    if (!resp.ok) throw await errorFromResponse(resp);
+    if (!resp.body) throw new ServerError("the export answered without a body", { code: "bad_response" });
+    const part = join(dirname(path), `.${basename(path)}.${randomBytes(4).toString("hex")}.part`);
+    let written = 0;
+    const body = Readable.fromWeb(resp.body as WebReadableStream<Uint8Array>);
+    body.on("data", (chunk: Uint8Array) => {
+      written += chunk.length;
+    });
+    const file = createWriteStream(part, { flags: "wx" });
+    // Which side failed first: the daemon ends a body it cannot finish by breaking
+    // the connection (a partial pack is never mistaken for a whole one); a write
+    // error is the file's. The pipeline then fails the other side with the same error.
+    let first: { cut: boolean; error: unknown } | undefined;
+    body.on("error", (error) => void (first ??= { cut: true, error }));
+    file.on("error", (error) => void (first ??= { cut: false, error }));
+    try {
+      try {
+        await pipeline(body, file);
+      } catch (e) {
+        if (!first?.cut) throw first?.error ?? e;
+        const cut = first.error;
+        if (cut instanceof Error && (cut.name === "TimeoutError" || cut.name === "AbortError")) {
+          throw this.transportError(cut);
+        }
+        throw new ServerError(`the export of ${id} was cut short: ${describe(cut)}`, { code: "stream_ended", cause: cut });
+      }
+      await rename(part, path);
+    } finally {
+      await rm(part, { force: true });
+    }
+    return written;
+  }
+
+  /**
+   * Uploads a pack file (made by {@link exportSnapshot}), streamed from disk,
+   * and registers it as a new snapshot (`name`: default the exported one's).
+   * A damaged pack throws {@link BadImage} with nothing registered.
+   * `timeoutMs` bounds the whole upload and import (default: none).
+   */
+  async importSnapshot(path: string, opts: { name?: string; timeoutMs?: number | null } = {}): Promise<Snapshot> {
+    // A missing file is the caller's error, before any request.
+    const { size } = await stat(path);
+    const stream = Readable.toWeb(createReadStream(path, { highWaterMark: 1 << 20 })) as ReadableStream<Uint8Array>;
+    const resp = await this.fetch(
+      "POST",
+      "/v1/snapshots/import",
+      {
+        query: opts.name === undefined ? {} : { name: opts.name },
+        body: stream,
+        contentType: "application/x-tar",
+        headers: { "content-length": String(size) },
+      },
+      opts.timeoutMs ?? null,
+    );
+    if (!resp.ok) throw await errorFromResponse(resp);
+    try {
+      return snapshotFromJson((await resp.json()) as Json);
+    } catch (e) {
+      throw new ServerError(`unexpected answer from zygoted: ${String(e)}`, { code: "bad_response" });
+    }
+  }
+
   /** `GET /v1/info`: runtime in use, snapshot kinds, cgroup support. */
   info(): Promise<Json> {
     return this.json("GET", "/v1/info");
@@ -257,8 +457,17 @@ export class Client {
   }
 
   async deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
-    await this.request("DELETE", `/v1/snapshots/${seg(typeof snapshot === "string" ? snapshot : snapshot.id)}`);
+    await this.request("DELETE", `/v1/snapshots/${seg(snapshotIdOf(snapshot))}`);
   }
+}
+
+const snapshotIdOf = (s: Snapshot | string): string => (typeof s === "string" ? s : s.id);
+
+/** An error and its causes in one line (undici's "terminated" says little alone). */
+function describe(e: unknown): string {
+  const parts: string[] = [];
+  for (let x: unknown = e; x instanceof Error && parts.length < 4; x = x.cause) parts.push(x.message);
+  return parts.join(": ") || String(e);
 }
 
 export interface ListOptions {

@@ -93,6 +93,37 @@ export class SpawnFailed extends ZygoteError {
 export class ServerError extends ZygoteError {
   static override readonly defaultCode: string = "internal";
 }
+/**
+ * The registry has no such image or snapshot pack (`image_not_found`): a wrong
+ * repository, tag or digest, or one the credentials may not see.
+ */
+export class ImageNotFound extends NotFoundError {
+  static override readonly defaultCode: string = "image_not_found";
+}
+/**
+ * The registry refused the credentials, or wants some (`registry_unauthorized`,
+ * HTTP 403: the API token itself is fine). Pass `username`/`password`, or log
+ * the daemon's user in (its docker config).
+ */
+export class RegistryUnauthorized extends ZygoteError {
+  static override readonly defaultCode: string = "registry_unauthorized";
+}
+/** The image or snapshot pack cannot be used (`bad_image`): a digest mismatch, a hostile layer, not a pack. */
+export class BadImage extends ZygoteError {
+  static override readonly defaultCode: string = "bad_image";
+}
+/** The image has no linux/amd64 variant (`unsupported_platform`; the message names those it has). */
+export class UnsupportedPlatform extends ZygoteError {
+  static override readonly defaultCode: string = "unsupported_platform";
+}
+/** The image is over one of the daemon's size limits (`image_too_large`). */
+export class ImageTooLarge extends ZygoteError {
+  static override readonly defaultCode: string = "image_too_large";
+}
+/** The registry failed or could not be reached (`registry_error`, 502). */
+export class RegistryError extends ServerError {
+  static override readonly defaultCode: string = "registry_error";
+}
 
 /** The command ran past its timeout and was killed; `result` has its output so far. */
 export class CommandTimeout extends ZygoteError {
@@ -179,6 +210,12 @@ const BY_CODE: Record<string, ErrorClass> = {
   guest_response_too_large: PayloadTooLarge,
   unsupported: Unsupported,
   guest_spawn_failed: SpawnFailed,
+  image_not_found: ImageNotFound,
+  registry_unauthorized: RegistryUnauthorized,
+  bad_image: BadImage,
+  unsupported_platform: UnsupportedPlatform,
+  image_too_large: ImageTooLarge,
+  registry_error: RegistryError,
 };
 
 const SERVER_CODES = new Set(["internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"]);

@@ -13,6 +13,7 @@ export {
   type Command,
   type ListOptions,
   type OutputCallback,
+  type PullSnapshotOptions,
   type RunOptions,
   DEFAULT_COMMAND_TIMEOUT_MS,
   DEFAULT_REQUEST_TIMEOUT_MS,
@@ -28,6 +29,13 @@ export {
   type WaitOptions,
 } from "./commands.js";
 export { BranchCollector, type BranchProgress, type ProgressCallback } from "./branch.js";
+export {
+  type RegistryCredentials,
+  type Transfer,
+  type TransferCallback,
+  TransferCollector,
+  type TransferOptions,
+} from "./transfer.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
 export { PTY_PROTOCOL, Pty, PtyHandle, type PtyCreateOptions, type PtyExit, parseControl, ptyQuery } from "./pty.js";
@@ -39,6 +47,7 @@ export type {
   FileEntry,
   ForkHook,
   DiffChange,
+  Image,
   DiffEntry,
   KeepResult,
   MergeChange,
@@ -46,13 +55,16 @@ export type {
   MergeReport,
   SandboxDiff,
   NetworkInfo,
+  PackOrigin,
   ProcessInfo,
   ProcessOutput,
+  PushResult,
   SandboxInfo,
   TtlAction,
   SandboxTree,
   Snapshot,
   TreeNode,
+  TransferProgress,
   TreeSnapshot,
   WriteResult,
 } from "./models.js";

@@ -135,6 +135,83 @@ export interface Snapshot {
   dependents: string[];
   /** How long taking it stopped the sandbox's vCPUs, in ms (null: not measured). */
   pauseMs: number | null;
+  /**
+   * For a snapshot imported from a pack (pulled from a registry or uploaded):
+   * where it came from. Null for one taken here.
+   */
+  pack: PackOrigin | null;
+  raw: Json;
+}
+
+/** Where a snapshot imported from a pack came from ({@link Snapshot.pack}). */
+export interface PackOrigin {
+  /** `oci://REFERENCE` for a pull ({@link Client.pullSnapshot}), `file` for an upload ({@link Client.importSnapshot}). */
+  source: string;
+  /** The pack's manifest digest. */
+  digest: string;
+  /** The snapshot's id on the daemon that exported it. */
+  snapshot: string;
+}
+
+/**
+ * An image sandboxes boot from: built from a recipe (`minimal`) or converted
+ * from an OCI image (pulled from a registry, or imported).
+ */
+export interface Image {
+  /**
+   * A recipe's name, or for an OCI image its normalized reference
+   * (`docker.io/library/python:3.12-slim`): what `Sandbox.create({ image })` takes.
+   */
+  name: string;
+  /** Hash of the root filesystem image file. */
+  sha256: string;
+  /** Apparent size of its (sparse) ext4 file. */
+  sizeBytes: number;
+  /** Bytes it takes on the host. */
+  diskBytes: number;
+  description: string;
+  /** Unix seconds when it was built or converted. */
+  builtAt: number;
+  /** For an OCI image: where it came from (the reference, or the archive imported). */
+  source: string | null;
+  /** For an OCI image: its manifest digest (`sha256:...`). */
+  digest: string | null;
+  raw: Json;
+}
+
+/** A snapshot pushed to a registry ({@link Client.pushSnapshot}). */
+export interface PushResult {
+  /** Where it is: what {@link Client.pullSnapshot} (or `Sandbox.restore`) takes on another host. */
+  reference: string;
+  /** The pack's manifest digest; `REPOSITORY@DIGEST` names this very pack. */
+  digest: string;
+  /** Bytes of all its blobs (a second push of the same snapshot uploads none). */
+  size: number;
+}
+
+/**
+ * One progress line of an image pull or a snapshot push or pull, as the
+ * `onProgress` callbacks get it. `type` says which fields are set:
+ * - `progress`: `line`, a step in words;
+ * - `resolved` (image pulls): `reference` resolved to the manifest `digest`
+ *   with `layers` layers of `bytes` compressed bytes;
+ * - `layer` (image pulls) and `blob` (snapshot packs): number `index`
+ *   (`digest`) has `done` of `total` bytes; `state` is `cached` (already
+ *   there: nothing is sent), `resuming`, `downloading` (also for uploads) or `done`.
+ *
+ * Lines of kinds newer than this SDK come with only `type` (and `raw`).
+ */
+export interface TransferProgress {
+  type: string;
+  line: string | null;
+  reference: string | null;
+  digest: string | null;
+  layers: number | null;
+  bytes: number | null;
+  index: number | null;
+  done: number | null;
+  total: number | null;
+  state: string | null;
   raw: Json;
 }
 
@@ -298,6 +375,47 @@ export function snapshotFromJson(d: Json): Snapshot {
     dependsOn: strs(d.depends_on),
     dependents: strs(d.dependents),
     pauseMs: optNum(d.pause_ms),
+    pack: isObject(d.pack) ? packOriginFromJson(d.pack) : null,
+    raw: d,
+  };
+}
+
+const isObject = (v: unknown): v is Json => v !== null && typeof v === "object" && !Array.isArray(v);
+
+export function packOriginFromJson(d: Json): PackOrigin {
+  return { source: str(d.source), digest: str(d.digest), snapshot: str(d.snapshot) };
+}
+
+export function imageFromJson(d: Json): Image {
+  return {
+    name: str(d.name),
+    sha256: str(d.sha256),
+    sizeBytes: num(d.size_bytes),
+    diskBytes: num(d.disk_bytes),
+    description: str(d.description),
+    builtAt: num(d.built_at),
+    source: optStr(d.source),
+    digest: optStr(d.digest),
+    raw: d,
+  };
+}
+
+export function pushResultFromJson(d: Json): PushResult {
+  return { reference: str(d.reference), digest: str(d.digest), size: num(d.size) };
+}
+
+export function transferProgressFromJson(d: Json): TransferProgress {
+  return {
+    type: str(d.type),
+    line: optStr(d.line),
+    reference: optStr(d.reference),
+    digest: optStr(d.digest),
+    layers: optNum(d.layers),
+    bytes: optNum(d.bytes),
+    index: optNum(d.index),
+    done: optNum(d.done),
+    total: optNum(d.total),
+    state: optStr(d.state),
     raw: d,
   };
 }

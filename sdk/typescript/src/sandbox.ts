@@ -43,7 +43,12 @@ export interface Connection extends ClientOptions {
 }
 
 export interface CreateOptions extends Connection {
-  /** Image name (default `minimal`). */
+  /**
+   * A built image's name (default `minimal`) or an OCI image reference
+   * (`python:3.12-slim`, `registry.example:5000/team/app:1.4`), pulled on first
+   * use ({@link Client.pullImage} pulls ahead, with progress and credentials);
+   * its `Env`, `WorkingDir` and `User` are the defaults of every command.
+   */
   image?: string;
   memoryMib?: number;
   vcpus?: number;
@@ -281,8 +286,11 @@ export class Sandbox {
   }
 
   /**
-   * A new sandbox started from a snapshot (its memory, processes and
-   * files). To roll an existing sandbox back instead, use {@link rollback}.
+   * A new sandbox started from a snapshot (its memory, processes and files):
+   * a snapshot, its id, or the reference of a snapshot pack in a registry
+   * (`registry.example:5000/team/warm:v1`, pulled on first use; see
+   * {@link Client.pullSnapshot}). To roll an existing sandbox back instead,
+   * use {@link rollback}.
    */
   static async restore(snapshot: Snapshot | string, opts: RestoreOptions = {}): Promise<Sandbox> {
     const body: Json = { snapshot: snapshotId(snapshot) };

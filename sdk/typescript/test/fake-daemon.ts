@@ -15,6 +15,9 @@ export interface ScriptedResponse {
   body_text?: string;
   body_base64?: string;
   content_type?: string;
+  /** A body written in these chunks; with `cut`, broken off before its end (as zygoted does). */
+  chunks?: Buffer[];
+  cut?: boolean;
 }
 
 export interface Recorded {
@@ -298,6 +301,10 @@ export class FakeDaemon {
   files: FakeFiles | undefined;
   /** Background processes (fake-processes.ts): it writes its answers itself. */
   processes: { answer(method: string, path: string, query: URLSearchParams, body: Buffer, res: ServerResponse): boolean; stop(): void } | undefined;
+  /** Images, snapshots and packs (fake-oci.ts): an answer, or undefined to let the others answer. */
+  oci:
+    | { answer(method: string, path: string, query: Record<string, string>, body: Buffer): ScriptedResponse | undefined }
+    | undefined;
   private scripted = 0;
   private server: Server | undefined;
 
@@ -334,6 +341,11 @@ export class FakeDaemon {
       rawQuery: url.search.replace(/^\?/, ""),
     });
     if (this.processes?.answer(req.method ?? "", url.pathname, url.searchParams, body, res)) return;
+    const oci = this.oci?.answer(req.method ?? "", url.pathname, Object.fromEntries(url.searchParams), body);
+    if (oci) {
+      this.respond(res, oci);
+      return;
+    }
     const modelled = this.files?.answer(
       req.method ?? "",
       url.pathname,
@@ -360,7 +372,20 @@ export class FakeDaemon {
       res.end(JSON.stringify({ error: { code: "fake_exhausted", message: "unexpected request" } }));
       return;
     }
-    if (r.ndjson) {
+    this.respond(res, r);
+  }
+
+  private respond(res: ServerResponse, r: ScriptedResponse): void {
+    if (r.chunks) {
+      res.writeHead(r.status, { "content-type": r.content_type ?? "application/octet-stream" });
+      for (const c of r.chunks) res.write(c);
+      if (r.cut) {
+        // Broken off once what was written is out: the client sees the body end early.
+        res.write("", () => setTimeout(() => res.socket?.destroy(), 50));
+        return;
+      }
+      res.end();
+    } else if (r.ndjson) {
       // One event per chunk, as the daemon streams them.
       res.writeHead(r.status, { "content-type": "application/x-ndjson" });
       for (const ev of r.ndjson) res.write(JSON.stringify(ev) + "\n");

@@ -3,7 +3,9 @@
  * SDK, talking to a scripted fake daemon.
  */
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
 
 import * as zygote from "../dist/index.js";
@@ -72,9 +74,44 @@ function assertSubset(expected: unknown, actual: unknown, where = "result"): voi
   }
 }
 
+/** The image and snapshot pack ops (no sandbox involved); undefined for the others. */
+async function transferOp(c: Case, client: Client): Promise<unknown> {
+  const a = c.args;
+  const progress: zygote.TransferProgress[] = [];
+  const opts = { username: a.username, password: a.password, onProgress: (p: zygote.TransferProgress) => void progress.push(p) };
+  switch (c.op) {
+    case "images":
+      return { images: await client.images() };
+    case "pull_image":
+      return { image: await client.pullImage(a.reference, opts), progress };
+    case "push_snapshot":
+      return { pushed: await client.pushSnapshot(a.snapshot, a.reference, opts), progress };
+    case "pull_snapshot":
+      return { snapshot: await client.pullSnapshot(a.reference, { ...opts, name: a.name }), progress };
+    case "export_snapshot":
+    case "import_snapshot": {
+      const dir = mkdtempSync(join(tmpdir(), "zygote-vectors-"));
+      try {
+        const file = join(dir, "pack.tar");
+        if (c.op === "import_snapshot") {
+          writeFileSync(file, Buffer.from(a.data_base64, "base64"));
+          return await client.importSnapshot(file, { name: a.name });
+        }
+        const size = await client.exportSnapshot(a.snapshot, file);
+        return { size, data_base64: readFileSync(file).toString("base64") };
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    }
+  }
+  return undefined;
+}
+
 async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stderr: string[] }): Promise<unknown> {
   const a = c.args;
   const sb = c.sandbox ? new Sandbox(c.sandbox, client) : undefined;
+  const transferred = await transferOp(c, client);
+  if (transferred !== undefined) return transferred;
   switch (c.op) {
     case "create":
       return {
@@ -116,6 +153,7 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
         cwd: a.cwd,
         stdin: a.stdin,
         check: a.check,
+        user: a.user,
         onStdout: (t) => void chunks.stdout.push(t),
         onStderr: (t) => void chunks.stderr.push(t),
       });

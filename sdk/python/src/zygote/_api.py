@@ -35,6 +35,7 @@ from .models import (
     CommandResult,
     ExposedPort,
     FileEntry,
+    Image,
     KeepResult,
     MergeReport,
     SandboxDiff,
@@ -113,8 +114,8 @@ def info() -> Call[dict[str, Any]]:
     return Call("GET", "/v1/info", _json)
 
 
-def list_images() -> Call[dict[str, Any]]:
-    return Call("GET", "/v1/images", _json)
+def list_images() -> Call[list[Image]]:
+    return Call("GET", "/v1/images", lambda r: [Image.from_json(i) for i in _json(r)["images"]])
 
 
 def create_sandboxes(
@@ -478,12 +479,15 @@ def exec_body(
     env: Optional[Mapping[str, str]] = None,
     cwd: Optional[str] = None,
     stdin: Optional[str] = None,
+    user: Optional[Union[str, int]] = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"argv": argv_of(cmd)}
     if env:
         body["env"] = dict(env)
     if cwd is not None:
         body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user_spec(user)
     if stdin is not None:
         body["stdin"] = stdin
     if timeout is not None:
@@ -491,6 +495,14 @@ def exec_body(
             raise ValueError("timeout must be positive (or None for no limit)")
         body["timeout_ms"] = max(1, math.ceil(timeout * 1000))
     return body
+
+
+def user_spec(user: Union[str, int]) -> str:
+    """An exec's ``user`` as the API takes it: ``root``, ``UID`` or ``UID:GID``
+    (an int is a uid). The daemon checks the form (400 otherwise)."""
+    if isinstance(user, bool) or not isinstance(user, (str, int)):
+        raise TypeError(f"user is 'root', a uid or 'UID:GID', not {user!r}")
+    return str(user)
 
 
 def exec_path(sid: str) -> str:

@@ -8,20 +8,25 @@ collected) but long-running programs should use it as a context manager.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import os
+import secrets
 import ssl
 from contextlib import asynccontextmanager, contextmanager
-from typing import Any, AsyncIterator, Iterator, List, Mapping, Optional, TypeVar, Union
+from pathlib import Path
+from typing import IO, Any, AsyncIterator, Iterator, List, Mapping, Optional, TypeVar, Union
 
 import httpx
 
-from . import _api
+from . import _api, _transfer
 from ._api import Call, Command, ExecCollector, OutputCallback
 from ._branch import BranchCollector, ProgressCallback
 from ._config import Config, Verify, resolve
+from ._transfer import CHUNK, Transfer, TransferCallback, TransferCollector
 from ._version import __version__
-from .errors import ConnectionFailed, RequestTimeout
-from .models import BranchResult, CommandResult, SandboxInfo, Snapshot
+from .errors import ConnectionFailed, RequestTimeout, ServerError
+from .models import BranchResult, CommandResult, Image, PushResult, SandboxInfo, Snapshot
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_HTTP_TIMEOUT"]
 
@@ -61,6 +66,29 @@ def _transport_errors(cfg: Config) -> Iterator[None]:
         raise RequestTimeout(f"zygoted at {cfg.url} did not answer in time: {e}") from e
     except httpx.TransportError as e:
         raise ConnectionFailed(f"cannot reach zygoted at {cfg.url}: {e} (is it running? `zygote serve`)") from e
+
+
+def _snapshot_id(snapshot: Union[Snapshot, str]) -> str:
+    return snapshot if isinstance(snapshot, str) else snapshot.id
+
+
+# A path for export and import: a str or a path object.
+StrPath = Union[str, "os.PathLike[str]"]
+
+
+def _partial(dest: Path) -> Path:
+    """Where an export is written before it is complete (then renamed to ``dest``)."""
+    return dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.part")
+
+
+def _cut_short(what: str, e: Exception) -> ServerError:
+    # The daemon ends a body it cannot finish by breaking the connection, so a
+    # partial pack is never mistaken for a whole one.
+    return ServerError(f"the {what} was cut short: {e}", code="stream_ended")
+
+
+def _import_headers(size: int) -> dict[str, str]:
+    return {"Content-Type": "application/x-tar", "Content-Length": str(size)}
 
 
 def _stream_timeout(timeout: Optional[float]) -> httpx.Timeout:
@@ -118,10 +146,11 @@ class Client:
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
     ) -> CommandResult:
         """Runs a command through the streaming endpoint, calling
         ``on_stdout``/``on_stderr`` as output arrives."""
-        body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+        body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user)
         collector = ExecCollector(cmd, on_stdout, on_stderr, check)
         with _transport_errors(self.config):
             with self._http.stream(
@@ -151,6 +180,129 @@ class Client:
                         on_progress(progress)
         return collector.result()
 
+    def transfer(self, transfer: Transfer[T], on_progress: Optional[TransferCallback] = None) -> T:
+        """An image pull or a snapshot push or pull (NDJSON): ``on_progress``
+        gets each progress line; returns what the final line carries."""
+        collector = TransferCollector(transfer)
+        with _transport_errors(self.config):
+            with self._http.stream("POST", transfer.path, json=transfer.body) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    _api.raise_for_error(resp)
+                for line in resp.iter_lines():
+                    progress = collector.feed(line)
+                    if progress is not None and on_progress is not None:
+                        on_progress(progress)
+        return collector.result()
+
+    # Images and snapshot packs.
+
+    def images(self) -> List[Image]:
+        """The images sandboxes can boot: built ones (``minimal``) and OCI
+        images pulled or imported (with ``source`` and ``digest``)."""
+        return self.call(_api.list_images())
+
+    def pull_image(
+        self,
+        reference: str,
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> Image:
+        """Pulls an OCI image (``alpine:3.20``, ``registry.example:5000/team/app:1.4``,
+        ``app@sha256:...``) into the daemon and converts it; returns the image,
+        whose ``name`` ``Sandbox.create(image=...)`` takes (so does the reference:
+        a create pulls on first use). ``username``/``password`` are for this pull
+        only (else the daemon's docker config). ``on_progress`` gets each
+        :class:`~zygote.TransferProgress` (``resolved``, ``layer``, ``progress``).
+
+        Raises :class:`~zygote.errors.ImageNotFound`,
+        :class:`~zygote.errors.RegistryUnauthorized`,
+        :class:`~zygote.errors.UnsupportedPlatform`, :class:`~zygote.errors.BadImage`,
+        :class:`~zygote.errors.ImageTooLarge` or :class:`~zygote.errors.RegistryError`."""
+        return self.transfer(_transfer.pull_image(reference, username, password), on_progress)
+
+    def push_snapshot(
+        self,
+        snapshot: Union[Snapshot, str],
+        reference: str,
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> PushResult:
+        """Pushes a snapshot to a registry as one OCI artifact (its base image,
+        disk and memory state); blobs the registry has are not sent again.
+        ``on_progress`` gets ``blob`` and ``progress`` lines. The pack holds the
+        guest's memory: push it only where you would keep the sandbox."""
+        t = _transfer.push_snapshot(_snapshot_id(snapshot), reference, username, password)
+        return self.transfer(t, on_progress)
+
+    def pull_snapshot(
+        self,
+        reference: str,
+        *,
+        name: Optional[str] = None,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> Snapshot:
+        """Pulls a snapshot pack (pushed by :meth:`push_snapshot`, here or on
+        another host) and registers it as a new snapshot (``name``: default the
+        exported one's); ``Sandbox.restore`` starts sandboxes from it. Its
+        ``pack`` says where it came from. ``Sandbox.restore(reference)`` pulls on
+        first use too."""
+        return self.transfer(_transfer.pull_snapshot(reference, name, username, password), on_progress)
+
+    def export_snapshot(self, snapshot: Union[Snapshot, str], path: StrPath) -> int:
+        """Writes a snapshot's pack (a tar) to the file ``path``, streamed as
+        the daemon sends it; returns its size in bytes. The file appears only
+        once it is complete. It holds the guest's memory: keep it as you would
+        the sandbox."""
+        dest = Path(path)
+        part = _partial(dest)
+        written = 0
+        try:
+            with _transport_errors(self.config):
+                with self._http.stream("GET", _transfer.export_path(_snapshot_id(snapshot))) as resp:
+                    if resp.status_code >= 400:
+                        resp.read()
+                        _api.raise_for_error(resp)
+                    with open(part, "wb") as f:
+                        try:
+                            for chunk in resp.iter_bytes(CHUNK):
+                                f.write(chunk)
+                                written += len(chunk)
+                        except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                            raise _cut_short(f"export of {_snapshot_id(snapshot)}", e) from e
+            os.replace(part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+        return written
+
+    def import_snapshot(self, path: StrPath, *, name: Optional[str] = None) -> Snapshot:
+        """Uploads a pack file (made by :meth:`export_snapshot`), streamed from
+        disk, and registers it as a new snapshot (``name``: default the
+        exported one's). A damaged pack raises :class:`~zygote.errors.BadImage`
+        with nothing registered."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+
+            def chunks() -> Iterator[bytes]:
+                while chunk := f.read(CHUNK):
+                    yield chunk
+
+            with _transport_errors(self.config):
+                resp = self._http.post(
+                    _transfer.IMPORT_PATH,
+                    params=_transfer.import_params(name),
+                    content=chunks(),
+                    headers=_import_headers(size),
+                )
+        _api.raise_for_error(resp)
+        return Snapshot.from_json(_api._json(resp))
+
     # Daemon-level conveniences.
 
     def info(self) -> dict[str, Any]:
@@ -169,7 +321,7 @@ class Client:
         return self.call(_api.get_snapshot(snapshot_id))
 
     def delete_snapshot(self, snapshot: Union[Snapshot, str]) -> None:
-        self.call(_api.delete_snapshot(snapshot if isinstance(snapshot, str) else snapshot.id))
+        self.call(_api.delete_snapshot(_snapshot_id(snapshot)))
 
     def close(self) -> None:
         self._http.close()
@@ -224,9 +376,10 @@ class AsyncClient:
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
     ) -> CommandResult:
         """As :meth:`Client.exec`; callbacks may be plain or coroutine functions."""
-        body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+        body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user)
         collector = ExecCollector(cmd, on_stdout, on_stderr, check)
         async with self._stream(_api.exec_path(sandbox_id), body, _stream_timeout(timeout)) as resp:
             async for line in resp.aiter_lines():
@@ -261,6 +414,106 @@ class AsyncClient:
                     _api.raise_for_error(resp)
                 yield resp
 
+    async def transfer(self, transfer: Transfer[T], on_progress: Optional[TransferCallback] = None) -> T:
+        """As :meth:`Client.transfer`; ``on_progress`` may be a plain or a
+        coroutine function."""
+        collector = TransferCollector(transfer)
+        async with self._stream(transfer.path, transfer.body, httpx.USE_CLIENT_DEFAULT) as resp:
+            async for line in resp.aiter_lines():
+                progress = collector.feed(line)
+                if progress is not None and on_progress is not None:
+                    maybe = on_progress(progress)
+                    if inspect.isawaitable(maybe):
+                        await maybe
+        return collector.result()
+
+    async def images(self) -> List[Image]:
+        """See :meth:`Client.images`."""
+        return await self.call(_api.list_images())
+
+    async def pull_image(
+        self,
+        reference: str,
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> Image:
+        """See :meth:`Client.pull_image`."""
+        return await self.transfer(_transfer.pull_image(reference, username, password), on_progress)
+
+    async def push_snapshot(
+        self,
+        snapshot: Union[Snapshot, str],
+        reference: str,
+        *,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> PushResult:
+        """See :meth:`Client.push_snapshot`."""
+        t = _transfer.push_snapshot(_snapshot_id(snapshot), reference, username, password)
+        return await self.transfer(t, on_progress)
+
+    async def pull_snapshot(
+        self,
+        reference: str,
+        *,
+        name: Optional[str] = None,
+        username: Optional[str] = None,
+        password: Optional[str] = None,
+        on_progress: Optional[TransferCallback] = None,
+    ) -> Snapshot:
+        """See :meth:`Client.pull_snapshot`."""
+        return await self.transfer(_transfer.pull_snapshot(reference, name, username, password), on_progress)
+
+    async def export_snapshot(self, snapshot: Union[Snapshot, str], path: StrPath) -> int:
+        """See :meth:`Client.export_snapshot` (file writes run in a thread)."""
+        dest = Path(path)
+        part = _partial(dest)
+        written = 0
+        try:
+            with _transport_errors(self.config):
+                async with self._http.stream("GET", _transfer.export_path(_snapshot_id(snapshot))) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        _api.raise_for_error(resp)
+                    f: IO[bytes] = await asyncio.to_thread(open, part, "wb")
+                    try:
+                        async for chunk in resp.aiter_bytes(CHUNK):
+                            await asyncio.to_thread(f.write, chunk)
+                            written += len(chunk)
+                    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
+                        raise _cut_short(f"export of {_snapshot_id(snapshot)}", e) from e
+                    finally:
+                        await asyncio.to_thread(f.close)
+            os.replace(part, dest)
+        finally:
+            part.unlink(missing_ok=True)
+        return written
+
+    async def import_snapshot(self, path: StrPath, *, name: Optional[str] = None) -> Snapshot:
+        """See :meth:`Client.import_snapshot` (file reads run in a thread)."""
+        f: IO[bytes] = await asyncio.to_thread(open, path, "rb")
+        try:
+            size = os.fstat(f.fileno()).st_size
+
+            async def chunks() -> AsyncIterator[bytes]:
+                while chunk := await asyncio.to_thread(f.read, CHUNK):
+                    yield chunk
+
+            with _transport_errors(self.config):
+                resp = await self._http.post(
+                    _transfer.IMPORT_PATH,
+                    params=_transfer.import_params(name),
+                    content=chunks(),
+                    headers=_import_headers(size),
+                )
+        finally:
+            f.close()
+        _api.raise_for_error(resp)
+        return Snapshot.from_json(_api._json(resp))
+
     async def info(self) -> dict[str, Any]:
         return await self.call(_api.info())
 
@@ -274,7 +527,7 @@ class AsyncClient:
         return await self.call(_api.get_snapshot(snapshot_id))
 
     async def delete_snapshot(self, snapshot: Union[Snapshot, str]) -> None:
-        await self.call(_api.delete_snapshot(snapshot if isinstance(snapshot, str) else snapshot.id))
+        await self.call(_api.delete_snapshot(_snapshot_id(snapshot)))
 
     async def aclose(self) -> None:
         await self._http.aclose()

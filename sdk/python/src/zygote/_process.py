@@ -58,8 +58,9 @@ def start(
     env: Optional[Mapping[str, str]] = None,
     cwd: Optional[str] = None,
     stdin: Optional[str] = None,
+    user: Optional[Union[str, int]] = None,
 ) -> Call[ProcessInfo]:
-    body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
+    body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user)
     body["background"] = True
     return Call("POST", f"/v1/sandboxes/{seg(sid)}/exec", _info, json=body)
 
@@ -456,8 +457,9 @@ class ProcessCommands:
         cwd: Optional[str],
         stdin: Optional[str],
         check: bool,
+        user: Optional[Union[str, int]] = None,
     ) -> CommandHandle:
-        info = self._sb.client.call(start(self._sb.id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin))
+        info = self._sb.client.call(start(self._sb.id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user))
         return CommandHandle(self._sb.client, self._sb.id, info, on_stdout=on_stdout, on_stderr=on_stderr, check=check)
 
     def list(self) -> List[ProcessInfo]:
@@ -514,8 +516,9 @@ class AsyncProcessCommands:
         cwd: Optional[str],
         stdin: Optional[str],
         check: bool,
+        user: Optional[Union[str, int]] = None,
     ) -> AsyncCommandHandle:
-        info = await self._sb.client.call(start(self._sb.id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin))
+        info = await self._sb.client.call(start(self._sb.id, cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user))
         return AsyncCommandHandle(
             self._sb.client, self._sb.id, info, on_stdout=on_stdout, on_stderr=on_stderr, check=check
         )

@@ -48,6 +48,7 @@ class AsyncCommands(AsyncProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: Literal[False] = False,
     ) -> CommandResult: ...
 
@@ -63,6 +64,7 @@ class AsyncCommands(AsyncProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: Literal[True],
     ) -> AsyncCommandHandle: ...
 
@@ -78,6 +80,7 @@ class AsyncCommands(AsyncProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: bool,
     ) -> Union[CommandResult, AsyncCommandHandle]: ...
 
@@ -92,12 +95,21 @@ class AsyncCommands(AsyncProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: bool = False,
     ) -> Union[CommandResult, AsyncCommandHandle]:
         """See :meth:`zygote.Commands.run`; callbacks may be coroutine functions."""
         if background:
             return await self._start(
-                cmd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, env=env, cwd=cwd, stdin=stdin, check=check
+                cmd,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                check=check,
+                user=user,
             )
         return await self._sb.client.exec(
             self._sb.id,
@@ -109,6 +121,7 @@ class AsyncCommands(AsyncProcessCommands):
             cwd=cwd,
             stdin=stdin,
             check=check,
+            user=user,
         )
 
 

@@ -38,6 +38,12 @@ __all__ = [
     "PayloadTooLarge",
     "Unsupported",
     "SpawnFailed",
+    "ImageNotFound",
+    "RegistryUnauthorized",
+    "BadImage",
+    "UnsupportedPlatform",
+    "ImageTooLarge",
+    "RegistryError",
     "CommandTimeout",
     "CommandFailed",
     "BranchIncomplete",
@@ -176,6 +182,54 @@ class SpawnFailed(ZygoteError):
     default_code = "guest_spawn_failed"
 
 
+class ServerError(ZygoteError):
+    """The daemon or the guest agent failed (5xx: ``internal``,
+    ``runtime_error``, ``agent_unreachable``, ``guest_error``, ...)."""
+
+    default_code = "internal"
+
+
+class ImageNotFound(NotFoundError):
+    """The registry has no such image or snapshot pack (``image_not_found``):
+    a wrong repository, tag or digest, or one the credentials may not see."""
+
+    default_code = "image_not_found"
+
+
+class RegistryUnauthorized(ZygoteError):
+    """The registry refused the credentials, or wants some
+    (``registry_unauthorized``, HTTP 403: the API token itself is fine). Pass
+    ``username``/``password``, or log the daemon's user in (its docker config)."""
+
+    default_code = "registry_unauthorized"
+
+
+class BadImage(ZygoteError):
+    """The image or snapshot pack cannot be used (``bad_image``): a digest or
+    size mismatch, a damaged or hostile layer, not a pack."""
+
+    default_code = "bad_image"
+
+
+class UnsupportedPlatform(ZygoteError):
+    """The image has no linux/amd64 variant (``unsupported_platform``; the
+    message names the platforms it has)."""
+
+    default_code = "unsupported_platform"
+
+
+class ImageTooLarge(ZygoteError):
+    """The image is over one of the daemon's size limits (``image_too_large``)."""
+
+    default_code = "image_too_large"
+
+
+class RegistryError(ServerError):
+    """The registry failed or could not be reached (``registry_error``, 502)."""
+
+    default_code = "registry_error"
+
+
 class CommandTimeout(ZygoteError):
     """The command ran past its timeout and was killed. ``result`` holds
     what it printed until then."""
@@ -242,13 +296,6 @@ class MergeConflictError(ZygoteError):
         return self.report.conflicts
 
 
-class ServerError(ZygoteError):
-    """The daemon or the guest agent failed (5xx: ``internal``,
-    ``runtime_error``, ``agent_unreachable``, ``guest_error``, ...)."""
-
-    default_code = "internal"
-
-
 # Stable API codes -> classes. `not_found` is resolved by `error_for` from
 # what the request was about, since the daemon uses one code for every kind
 # of missing object.
@@ -274,6 +321,12 @@ _BY_CODE: dict[str, type[ZygoteError]] = {
     "guest_response_too_large": PayloadTooLarge,
     "unsupported": Unsupported,
     "guest_spawn_failed": SpawnFailed,
+    "image_not_found": ImageNotFound,
+    "registry_unauthorized": RegistryUnauthorized,
+    "bad_image": BadImage,
+    "unsupported_platform": UnsupportedPlatform,
+    "image_too_large": ImageTooLarge,
+    "registry_error": RegistryError,
 }
 
 _SERVER_CODES = frozenset({"internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"})

@@ -1,7 +1,8 @@
 """An MCP server (stdio) exposing zygote sandboxes as tools, so an MCP
 host (an agent) can create sandboxes, run commands, move files, branch,
 inspect a branch tree, merge a branch's changes back and keep one branch,
-snapshot, restore and kill them.
+snapshot, restore and kill them, pull OCI images, and push and pull
+snapshots to and from registries.
 
 Run it as ``zygote-mcp`` (or ``python -m zygote.mcp_server``); it finds
 the daemon like the SDK does (``ZYGOTE_URL``, ``ZYGOTE_TOKEN`` or the
@@ -25,7 +26,7 @@ from ._client import AsyncClient
 from ._version import __version__
 from .aio import AsyncSandbox
 from .errors import BranchIncomplete, CommandTimeout, MergeConflictError, ProcessExited, ProcessNotFound, ZygoteError
-from .models import MergeReport, ProcessInfo
+from .models import Image, MergeReport, ProcessInfo, Snapshot
 
 __all__ = ["build_server", "main"]
 
@@ -42,6 +43,10 @@ INSTRUCTIONS = (
     "pause_sandbox saves an idle sandbox to disk (its VM stops, it keeps its id, files and "
     "processes) and resume_sandbox brings it back where it was; "
     "kill_sandbox removes one. Kill sandboxes you no longer need. "
+    "pull_image fetches an OCI image (e.g. python:3.12-slim) so create_sandbox can boot it (create_sandbox "
+    "also pulls a reference on first use); exec's user runs a command as root, UID or UID:GID (default: "
+    "the image's user). push_snapshot sends a snapshot to a registry and pull_snapshot brings one back "
+    "(from this or another host) as a snapshot restore_snapshot can start. "
     "start_background_command starts a long-running program (a server, a watcher) and returns "
     "its pid at once; read_process_output reads what it printed from an offset (optionally "
     "waiting for more), send_process_input writes to its stdin, kill_process signals it, "
@@ -93,6 +98,20 @@ def _proc(p: ProcessInfo) -> dict[str, Any]:
     }
 
 
+def _image(i: Image) -> dict[str, Any]:
+    return {"image": i.name, "source": i.source, "digest": i.digest, "size_bytes": i.size_bytes}
+
+
+def _snapshot(s: Snapshot) -> dict[str, Any]:
+    return {
+        "snapshot_id": s.id,
+        "name": s.name,
+        "kind": s.kind,
+        "size_bytes": s.size_bytes,
+        "pack": None if s.pack is None else {"source": s.pack.source, "digest": s.pack.digest},
+    }
+
+
 def _tool_error(e: ZygoteError) -> ToolError:
     # The host (and model) sees this text; keep the stable code in it so a
     # model can tell "no such sandbox" from "daemon down".
@@ -127,7 +146,8 @@ def build_server(
     async def create_sandbox(
         image: str = "minimal", memory_mib: Optional[int] = None, metadata: Optional[dict[str, str]] = None
     ) -> dict[str, Any]:
-        """Boot a new sandbox (a Linux microVM) from an image; returns its sandbox_id.
+        """Boot a new sandbox (a Linux microVM) from an image (a built one such as "minimal",
+        or an OCI image reference, pulled on first use); returns its sandbox_id.
         metadata: your own labels (key -> value; keys of A-Za-z0-9._-/, not starting
         "zygote."), kept by branch children (which add "zygote.parent") and usable to
         filter list_sandboxes."""
@@ -150,10 +170,13 @@ def build_server(
         }
 
     @server.tool(name="exec")
-    async def exec_command(sandbox_id: str, command: str, timeout_seconds: float = 60.0) -> dict[str, Any]:
-        """Run a shell command (sh -c) in a sandbox; returns stdout, stderr, exit_code and timed_out."""
+    async def exec_command(
+        sandbox_id: str, command: str, timeout_seconds: float = 60.0, user: Optional[str] = None
+    ) -> dict[str, Any]:
+        """Run a shell command (sh -c) in a sandbox; returns stdout, stderr, exit_code and timed_out.
+        user: "root", a numeric UID or "UID:GID" (default: the sandbox image's user, else root)."""
         try:
-            res = await session.sandbox(sandbox_id).commands.run(command, timeout=timeout_seconds)
+            res = await session.sandbox(sandbox_id).commands.run(command, timeout=timeout_seconds, user=user)
         except CommandTimeout as e:
             # A timeout is an outcome the model should see, with the output so far.
             res = e.result
@@ -309,12 +332,48 @@ def build_server(
 
     @server.tool()
     async def restore_snapshot(snapshot_id: str) -> dict[str, Any]:
-        """Start a new sandbox from a snapshot; returns its sandbox_id."""
+        """Start a new sandbox from a snapshot (its id, or the registry reference of a pushed
+        snapshot, pulled on first use); returns its sandbox_id."""
         try:
             sb = await AsyncSandbox.restore(snapshot_id, client=session.client)
         except ZygoteError as e:
             raise _tool_error(e) from e
         return {"sandbox_id": session.adopt(sb.id)}
+
+    @server.tool()
+    async def pull_image(reference: str) -> dict[str, Any]:
+        """Pull an OCI image from a registry (e.g. "python:3.12-slim",
+        "registry.example:5000/team/app:1.4") so create_sandbox can boot it; returns the
+        image name to pass to create_sandbox, its source and manifest digest. Registry
+        credentials come from the daemon's docker config."""
+        try:
+            image = await session.client.pull_image(reference)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return _image(image)
+
+    @server.tool()
+    async def push_snapshot(snapshot_id: str, reference: str) -> dict[str, Any]:
+        """Push a snapshot (from snapshot_sandbox) to a registry as one artifact, e.g.
+        "registry.example:5000/team/warm:v1"; pull_snapshot on any zygote host brings it
+        back. It holds the sandbox's memory: push only where the sandbox's data may go.
+        Returns the reference, the manifest digest and the bytes of its blobs."""
+        try:
+            pushed = await session.client.push_snapshot(snapshot_id, reference)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"reference": pushed.reference, "digest": pushed.digest, "size_bytes": pushed.size}
+
+    @server.tool()
+    async def pull_snapshot(reference: str, name: Optional[str] = None) -> dict[str, Any]:
+        """Pull a snapshot pushed with push_snapshot (here or on another host) and register
+        it as a snapshot of this daemon (name: default the pushed one's); returns its
+        snapshot_id for restore_snapshot."""
+        try:
+            snap = await session.client.pull_snapshot(reference, name=name)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return _snapshot(snap)
 
     @server.tool()
     async def pause_sandbox(sandbox_id: str) -> dict[str, Any]:
@@ -365,14 +424,18 @@ def build_server(
 
     @server.tool()
     async def start_background_command(
-        sandbox_id: str, command: str, stdin: Optional[str] = None, timeout_seconds: Optional[float] = None
+        sandbox_id: str,
+        command: str,
+        stdin: Optional[str] = None,
+        timeout_seconds: Optional[float] = None,
+        user: Optional[str] = None,
     ) -> dict[str, Any]:
         """Start a shell command (sh -c) in the background and return its pid at once; it
         runs on (with no time limit unless timeout_seconds) with its stdin open (stdin is
-        written first). Read its output with read_process_output."""
+        written first). Read its output with read_process_output. user: as for exec."""
         try:
             started = await session.client.call(
-                _process.start(sandbox_id, command, timeout=timeout_seconds, stdin=stdin)
+                _process.start(sandbox_id, command, timeout=timeout_seconds, stdin=stdin, user=user)
             )
             return _proc(started)
         except ZygoteError as e:

@@ -18,6 +18,10 @@ __all__ = [
     "FileEntry",
     "WriteResult",
     "Snapshot",
+    "PackOrigin",
+    "Image",
+    "PushResult",
+    "TransferProgress",
     "BranchResult",
     "BranchFailure",
     "SandboxTree",
@@ -248,6 +252,23 @@ class WriteResult:
 
 
 @dataclass(frozen=True)
+class PackOrigin:
+    """Where a snapshot imported from a pack came from (``Snapshot.pack``)."""
+
+    source: str
+    """``oci://REFERENCE`` for a pull (:meth:`zygote.Client.pull_snapshot`), ``file``
+    for an uploaded pack (:meth:`zygote.Client.import_snapshot`)."""
+    digest: str
+    """The pack's manifest digest."""
+    snapshot: str
+    """The snapshot's id on the daemon that exported it."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "PackOrigin":
+        return cls(source=str(d.get("source", "")), digest=str(d.get("digest", "")), snapshot=str(d.get("snapshot", "")))
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """A saved sandbox state; start new sandboxes from it with
     ``Sandbox.restore(snapshot)`` or roll one back with ``sb.rollback(snapshot)``."""
@@ -268,9 +289,13 @@ class Snapshot:
     pause_ms: Optional[float] = None
     """How long taking it stopped the sandbox's vCPUs, in milliseconds (None:
     not measured, e.g. recorded by an older daemon)."""
+    pack: Optional[PackOrigin] = None
+    """For a snapshot imported from a pack (pulled from a registry or uploaded):
+    where it came from. None for one taken here."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Snapshot":
+        pack = d.get("pack")
         return cls(
             id=d["id"],
             kind=d.get("kind", ""),
@@ -285,6 +310,106 @@ class Snapshot:
             dependents=tuple(d.get("dependents") or ()),
             raw=d,
             pause_ms=_opt_float(d.get("pause_ms")),
+            pack=PackOrigin.from_json(pack) if isinstance(pack, Mapping) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image sandboxes boot from: built from a recipe (``minimal``) or
+    converted from an OCI image (pulled from a registry, or imported)."""
+
+    name: str
+    """A recipe's name, or for an OCI image its normalized reference
+    (``docker.io/library/python:3.12-slim``): what ``Sandbox.create(image=...)`` takes."""
+    sha256: str
+    """Hash of the root filesystem image file."""
+    size_bytes: int
+    """Apparent size of its (sparse) ext4 file."""
+    disk_bytes: int
+    """Bytes it takes on the host."""
+    description: str
+    built_at: int
+    """Unix seconds when it was built or converted."""
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+    source: Optional[str] = None
+    """For an OCI image: where it came from (the reference, or the archive imported)."""
+    digest: Optional[str] = None
+    """For an OCI image: its manifest digest (``sha256:...``)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Image":
+        return cls(
+            name=str(d["name"]),
+            sha256=str(d.get("sha256", "")),
+            size_bytes=int(d.get("size_bytes") or 0),
+            disk_bytes=int(d.get("disk_bytes") or 0),
+            description=str(d.get("description") or ""),
+            built_at=int(d.get("built_at") or 0),
+            raw=d,
+            source=d.get("source"),
+            digest=d.get("digest"),
+        )
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """A snapshot pushed to a registry (:meth:`zygote.Client.push_snapshot`)."""
+
+    reference: str
+    """Where it is: what :meth:`zygote.Client.pull_snapshot` (or
+    ``Sandbox.restore``) takes on another host."""
+    digest: str
+    """The pack's manifest digest; ``REPOSITORY@DIGEST`` names this very pack."""
+    size: int
+    """Bytes of all its blobs (a second push of the same snapshot uploads none)."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "PushResult":
+        return cls(reference=str(d.get("reference", "")), digest=str(d.get("digest", "")), size=int(d.get("size") or 0))
+
+
+@dataclass(frozen=True)
+class TransferProgress:
+    """One progress line of an image pull or a snapshot push or pull, as the
+    ``on_progress`` callbacks get it. ``type`` says which fields are set:
+
+    - ``progress``: ``line``, a step in words;
+    - ``resolved`` (image pulls): ``reference`` resolved to the manifest
+      ``digest`` with ``layers`` layers of ``bytes`` compressed bytes;
+    - ``layer`` (image pulls) and ``blob`` (snapshot packs): number ``index``
+      (``digest``) has ``done`` of ``total`` bytes; ``state`` is ``cached``
+      (already there: nothing is sent), ``resuming``, ``downloading`` (also
+      for uploads) or ``done``.
+
+    Lines of kinds newer than this SDK come with only ``type`` (and ``raw``)."""
+
+    type: str
+    line: Optional[str] = None
+    reference: Optional[str] = None
+    digest: Optional[str] = None
+    layers: Optional[int] = None
+    bytes: Optional[int] = None
+    index: Optional[int] = None
+    done: Optional[int] = None
+    total: Optional[int] = None
+    state: Optional[str] = None
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "TransferProgress":
+        return cls(
+            type=str(d.get("type", "")),
+            line=d.get("line"),
+            reference=d.get("reference"),
+            digest=d.get("digest"),
+            layers=_opt_int(d.get("layers")),
+            bytes=_opt_int(d.get("bytes")),
+            index=_opt_int(d.get("index")),
+            done=_opt_int(d.get("done")),
+            total=_opt_int(d.get("total")),
+            state=d.get("state"),
+            raw=d,
         )
 
 

@@ -50,6 +50,7 @@ class Commands(ProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: Literal[False] = False,
     ) -> CommandResult: ...
 
@@ -65,6 +66,7 @@ class Commands(ProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: Literal[True],
     ) -> CommandHandle: ...
 
@@ -80,6 +82,7 @@ class Commands(ProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: bool,
     ) -> Union[CommandResult, CommandHandle]: ...
 
@@ -94,6 +97,7 @@ class Commands(ProcessCommands):
         cwd: Optional[str] = None,
         stdin: Optional[str] = None,
         check: bool = False,
+        user: Optional[Union[str, int]] = None,
         background: bool = False,
     ) -> Union[CommandResult, CommandHandle]:
         """Runs ``cmd`` (a shell command line, or an argv list) and waits
@@ -112,10 +116,23 @@ class Commands(ProcessCommands):
         callbacks) and returns or raises as above. ``timeout`` still bounds
         the program's whole run (pass ``None`` for a server); its stdin stays
         open, ``stdin`` is written first.
+
+        ``user`` runs it as ``"root"``, a uid (``1000`` or ``"1000"``, group 0)
+        or ``"UID:GID"`` (numeric, like ``docker exec -u``). By default, and
+        for ``env`` and ``cwd`` left out, the sandbox's OCI image decides (its
+        ``User``, ``Env`` and ``WorkingDir``); otherwise root in ``/``.
         """
         if background:
             return self._start(
-                cmd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr, env=env, cwd=cwd, stdin=stdin, check=check
+                cmd,
+                timeout=timeout,
+                on_stdout=on_stdout,
+                on_stderr=on_stderr,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                check=check,
+                user=user,
             )
         return self._sb.client.exec(
             self._sb.id,
@@ -127,6 +144,7 @@ class Commands(ProcessCommands):
             cwd=cwd,
             stdin=stdin,
             check=check,
+            user=user,
         )
 
 
@@ -199,6 +217,12 @@ class Sandbox:
     ) -> "Sandbox":
         """Boots a sandbox from an image and returns once its agent answers.
 
+        ``image`` is a built image's name (``minimal``) or an OCI image
+        reference (``python:3.12-slim``, ``registry.example:5000/team/app:1.4``),
+        pulled on first use (:meth:`Client.pull_image` pulls ahead, with
+        progress and credentials); its ``Env``, ``WorkingDir`` and ``User`` are
+        the defaults of every command.
+
         ``limits`` are cgroup limits (``memory_mib``, ``cpu_percent``, ``pids``).
         With ``ttl_secs`` the daemon deletes the sandbox that many seconds
         after it is running, even if this process dies first (see :meth:`set_ttl`);
@@ -256,7 +280,10 @@ class Sandbox:
         token: Optional[str] = None,
     ) -> "Sandbox":
         """A new sandbox started from a snapshot (its memory, processes and
-        files). To roll an existing sandbox back instead, use :meth:`rollback`."""
+        files): a snapshot, its id, or the reference of a snapshot pack in a
+        registry (``registry.example:5000/team/warm:v1``, pulled on first use;
+        see :meth:`Client.pull_snapshot`). To roll an existing sandbox back
+        instead, use :meth:`rollback`."""
         c = _client(client, url, token)
         made = c.call(_api.create_sandboxes(snapshot=_snapshot_id(snapshot), name=name, ttl_secs=ttl_secs))
         return cls(made[0].id, client=c)
