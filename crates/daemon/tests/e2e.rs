@@ -8,6 +8,8 @@ mod fanout;
 mod fork;
 #[path = "e2e/merge.rs"]
 mod merge;
+#[path = "e2e/packs.rs"]
+mod packs;
 #[path = "e2e/pause.rs"]
 mod pause;
 #[path = "e2e/processes.rs"]
@@ -331,6 +333,8 @@ async fn suite(runtime: &str) {
         t0,
         &format!("snapshot {} ({} bytes)", snap.id, snap.size_bytes),
     );
+    packs::check_round_trip(&c, &snap, "/root/data.txt", "parent data", &cleanup).await;
+    step(t0, "the snapshot exported as a pack, imported and started");
     write(&c, &a.id, "/root/data.txt", "changed").await;
     let restored: Sandbox = c
         .json(

@@ -68,10 +68,10 @@ impl Manager {
                     run: snap.run.clone(),
                     state_file: exported.state_file.clone(),
                 };
-                let mut files = vec![
-                    ("image".to_string(), image.path.clone()),
-                    ("disk".to_string(), exported.disk.clone()),
-                ];
+                let mut files = vec![("image".to_string(), image.path.clone())];
+                if let Some(disk) = &exported.disk {
+                    files.push(("disk".to_string(), disk.clone()));
+                }
                 for (name, path) in &exported.state {
                     files.push((format!("state/{name}"), path.clone()));
                 }
@@ -97,7 +97,7 @@ impl Manager {
             .map_err(|e| Error::invalid(format!("not a zygote snapshot pack: its config: {e}")))?;
         self.check_pack(&config)?;
         let state_role = format!("state/{}", config.state_file);
-        for role in ["image", "disk", state_role.as_str()] {
+        for role in ["image", state_role.as_str()] {
             if p.file(role).is_none() {
                 return Err(Error::invalid(format!("the pack has no {role} file")));
             }
@@ -115,16 +115,23 @@ impl Manager {
                 std::fs::create_dir_all(&d)
                     .map_err(Error::io(format!("creating {}", d.display())))?;
                 for f in p.files.iter().filter(|f| f.role.starts_with("state/")) {
-                    let name = &f.role["state/".len()..];
-                    if name.is_empty() || name.contains('/') || name.starts_with('.') {
-                        return Err(Error::invalid(format!("a state file named {name:?}")));
+                    let name = state_name(&f.role["state/".len()..])?;
+                    let dest = d.join(name);
+                    if let Some(parent) = dest.parent() {
+                        std::fs::create_dir_all(parent)
+                            .map_err(Error::io(format!("creating {}", parent.display())))?;
                     }
-                    pack::sparse::decode(&f.blob, &d.join(name), MAX_FILE_BYTES)?;
+                    pack::sparse::decode(&f.blob, &dest, MAX_FILE_BYTES)?;
                 }
-                let disk_blob = p.file("disk").expect("checked above");
-                pack::sparse::decode(&disk_blob.blob, &k, MAX_FILE_BYTES)?;
-                let state_file = d.join(&cfg.state_file);
-                rt.import_files(&d, &state_file, &k, &base, &cfg.accel)
+                let disk = match p.file("disk") {
+                    Some(blob) => {
+                        pack::sparse::decode(&blob.blob, &k, MAX_FILE_BYTES)?;
+                        Some(k.as_path())
+                    }
+                    None => None,
+                };
+                let state_file = d.join(state_name(&cfg.state_file)?);
+                rt.import_files(&d, &state_file, disk, &base, &cfg.accel)
                     .map_err(unsupported)
             })
             .await
@@ -249,6 +256,21 @@ impl Manager {
         }
         Ok(())
     }
+}
+
+/// A state file's path in the snapshot's directory as a pack names it: at most two
+/// plain components (`vm/memory.bin`), nothing that climbs out or hides.
+fn state_name(name: &str) -> Result<&str> {
+    let parts: Vec<&str> = name.split('/').collect();
+    let ok = !parts.is_empty()
+        && parts.len() <= 2
+        && parts
+            .iter()
+            .all(|c| !c.is_empty() && !c.starts_with('.') && !c.contains('\0'));
+    if !ok {
+        return Err(Error::invalid(format!("a state file named {name:?}")));
+    }
+    Ok(name)
 }
 
 /// The stored image a disk chain ends in (any stored image: by path).

@@ -382,6 +382,26 @@ impl Runtime for KvmRuntime {
         Ok(snapshot_data(snap_dir, &vm_dir, info.pause_ms))
     }
 
+    fn export_files(
+        &self,
+        data: &SnapshotData,
+        _work: &Path,
+    ) -> Result<super::ExportedSnapshot, RuntimeError> {
+        super::kvm_pack::export(data, VM_SNAPSHOT)
+    }
+
+    fn import_files(
+        &self,
+        dir: &Path,
+        _state_file: &Path,
+        _disk: Option<&Path>,
+        base: &Path,
+        _accel: &str,
+    ) -> Result<SnapshotData, RuntimeError> {
+        super::kvm_pack::import(dir, VM_SNAPSHOT, base)?;
+        Ok(snapshot_data(dir, &dir.join(VM_SNAPSHOT), 0.0))
+    }
+
     fn branch_child_copy_mib(&self, _mem_mib: u32) -> Option<u32> {
         // Forked: guest RAM is shared copy-on-write with the parent and siblings.
         None

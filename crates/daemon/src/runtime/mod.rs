@@ -6,6 +6,7 @@ pub mod guest_agent;
 pub mod handoff;
 pub mod kvm;
 pub mod kvm_cmd;
+mod kvm_pack;
 pub mod qemu;
 mod qemu_pack;
 pub mod qmp;
@@ -323,13 +324,14 @@ pub trait Runtime: Send + Sync {
         )))
     }
 
-    /// The snapshot whose state files are in `dir` and whose folded disk layer is
-    /// `disk`, now over the base image at `base`.
+    /// The snapshot whose state files are in `dir` and whose folded disk layer (for
+    /// runtimes whose disk is not among the state files) is `disk`, now over the base
+    /// image at `base`.
     fn import_files(
         &self,
         _dir: &Path,
         _state_file: &Path,
-        _disk: &Path,
+        _disk: Option<&Path>,
         _base: &Path,
         _accel: &str,
     ) -> Result<SnapshotData, RuntimeError> {
@@ -345,9 +347,9 @@ pub trait Runtime: Send + Sync {
 pub struct ExportedSnapshot {
     /// The raw base image the disk layer reads.
     pub base: PathBuf,
-    /// The disk layer, self-contained but for the base.
-    pub disk: PathBuf,
-    /// State files by their name in the snapshot's directory.
+    /// The disk layer, self-contained but for the base (None: it is among `state`).
+    pub disk: Option<PathBuf>,
+    /// State files by their path relative to the snapshot's directory.
     pub state: Vec<(String, PathBuf)>,
     /// Which of `state` is [`SnapshotData::state_file`].
     pub state_file: String,

@@ -353,10 +353,11 @@ impl Runtime for QemuRuntime {
         &self,
         dir: &Path,
         state_file: &Path,
-        disk: &Path,
+        disk: Option<&Path>,
         base: &Path,
         accel: &str,
     ) -> Result<SnapshotData, RuntimeError> {
+        let disk = disk.ok_or_else(|| RuntimeError::Boot("the pack has no disk layer".into()))?;
         super::qemu_pack::import(dir, state_file, disk, base, accel)
     }
 

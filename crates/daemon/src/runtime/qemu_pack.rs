@@ -78,7 +78,7 @@ pub(super) fn export(data: &SnapshotData, work: &Path) -> Result<ExportedSnapsho
         .unwrap_or_else(|| "state".into());
     Ok(ExportedSnapshot {
         base,
-        disk,
+        disk: Some(disk),
         state: vec![(name.clone(), data.state_file.clone())],
         state_file: name,
     })
