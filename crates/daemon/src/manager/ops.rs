@@ -136,6 +136,12 @@ impl Manager {
                 });
             }
         }
+        // The children's metadata (refused before anything is made if it has too many keys).
+        let child_metadata = crate::model::metadata::for_child(
+            &parent.id,
+            &parent.metadata,
+            req.metadata.as_ref(),
+        )?;
         let point_id = new_id("snap");
         let point_dir = self.dirs.snapshots.join(&point_id);
         std::fs::create_dir_all(&point_dir)
@@ -179,7 +185,7 @@ impl Manager {
                     attachment: None,
                 },
                 env,
-                metadata: crate::model::metadata::for_child(&parent.id, &parent.metadata),
+                metadata: child_metadata.clone(),
                 // The pause settings, never the parent's saved state (a resumed parent's
                 // is in the child's `depends_on`: its VM forks one that reads it).
                 lifecycle: crate::model::pause::Lifecycle {
