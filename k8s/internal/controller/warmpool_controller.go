@@ -205,4 +205,3 @@ func (r *WarmPoolReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("warmpool").
 		Complete(r)
 }
-
