@@ -13,10 +13,13 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	zv1 "zygote.dev/k8s/api/v1alpha1"
@@ -165,14 +168,20 @@ func (r *SandboxReconciler) place(ctx context.Context, sb *zv1.Sandbox) (ctrl.Re
 	}
 	r.assumed.add(sb.UID, assumption{node: d.Node, memMiB: preq.MemoryMiB, vcpus: preq.VCPUs, createdAt: time.Now()})
 	log.FromContext(ctx).Info("placed", "node", d.Node, "why", d.Message)
-	if sb.Status.Phase == "" {
-		sb.Status.Phase = zv1.PhasePending
-	}
-	meta.SetStatusCondition(&sb.Status.Conditions, metav1.Condition{Type: zv1.ConditionScheduled,
-		Status: metav1.ConditionTrue, Reason: zv1.ReasonPlaced, Message: d.Message, ObservedGeneration: sb.Generation})
-	// Best effort: the node agent may already be writing status; a conflict only loses
-	// the message (the placement itself is in spec.nodeName).
-	if err := r.Status().Update(ctx, sb); err != nil && !apierrors.IsConflict(err) {
+	// The node agent may be writing status already: retry on conflicts with the latest.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur zv1.Sandbox
+		if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(sb), &cur); err != nil {
+			return err
+		}
+		if cur.Status.Phase == "" {
+			cur.Status.Phase = zv1.PhasePending
+		}
+		meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: zv1.ConditionScheduled,
+			Status: metav1.ConditionTrue, Reason: zv1.ReasonPlaced, Message: d.Message, ObservedGeneration: cur.Generation})
+		return r.Status().Update(ctx, &cur)
+	})
+	if err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
@@ -200,8 +209,26 @@ func ignoreConflict(err error) error {
 // SetupWithManager registers the reconciler. Placement runs one Sandbox at a time, so
 // each decision sees the ones before it.
 func (r *SandboxReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	// A deleted pool or claim wakes its Sandboxes up, so they are deleted with it (what
+	// the garbage collector does where kube-controller-manager runs).
+	owned := func(label string) handler.EventHandler {
+		return handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+			var list zv1.SandboxList
+			if err := r.List(ctx, &list, client.InNamespace(o.GetNamespace()),
+				client.MatchingLabels{label: o.GetName()}); err != nil {
+				return nil
+			}
+			out := make([]reconcile.Request, len(list.Items))
+			for i := range list.Items {
+				out[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+			}
+			return out
+		})
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&zv1.Sandbox{}).
+		Watches(&zv1.SandboxClaim{}, owned(zv1.LabelClaim)).
+		Watches(&zv1.SandboxWarmPool{}, owned(zv1.LabelPool)).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Named("sandbox-placement").
 		Complete(r)

@@ -349,7 +349,8 @@ func (e *env) manifests() {
 		if err != nil {
 			e.t.Fatalf("applying config/%s (server-side dry run): %v\n%s", dir, err, res)
 		}
-		e.t.Logf("config/%s:\n%s", dir, strings.TrimSpace(string(res)))
+		e.t.Logf("config/%s: %d objects accepted (server-side dry run)", dir,
+			strings.Count(string(res), "(server dry run)"))
 	}
 	// kubectl's printer columns come from the CRDs.
 	out, err := exec.Command(kubectl, "--kubeconfig", e.c.Kubeconfig, "get", "znode").CombinedOutput()
@@ -574,27 +575,41 @@ func (e *env) nodeLost() {
 	members := e.waitPoolFull(60 * time.Second)
 	victim := e.c.Node(members[0].Spec.NodeName)
 	lostName := members[0].Name
+	// Watch (the pool deletes a Lost member at once: polling could miss the state).
+	wc, err := client.NewWithWatch(e.c.Config, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	w, err := wc.Watch(e.ctx, &zv1.SandboxList{}, client.InNamespace(ns))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer w.Stop()
 	t0 := time.Now()
 	killed := e.c.KillHost(victim)
 	e.t.Logf("killed %s's daemon and %d VM processes", victim.Name, killed)
 	var lostAt time.Duration
-	e.eventually(lostName+" Lost", 60*time.Second, func() (bool, string) {
-		sb, err := e.sandbox(lostName)
-		if apierrors.IsNotFound(err) {
-			// The pool may already have deleted it after it was marked Lost.
-			return lostAt > 0, "deleted before Lost was seen"
-		}
-		if err != nil {
-			return false, err.Error()
-		}
-		c := meta.FindStatusCondition(sb.Status.Conditions, zv1.ConditionReady)
-		if sb.Status.Phase == zv1.PhaseLost && c != nil && c.Reason == zv1.ReasonNodeLost &&
-			strings.Contains(c.Message, "stopped renewing its Lease") {
+	timeout := time.After(60 * time.Second)
+	for lostAt == 0 {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				e.t.Fatal("watch closed")
+			}
+			sb, isSB := ev.Object.(*zv1.Sandbox)
+			if !isSB || sb.Name != lostName || sb.Status.Phase != zv1.PhaseLost {
+				continue
+			}
+			c := meta.FindStatusCondition(sb.Status.Conditions, zv1.ConditionReady)
+			if c == nil || c.Reason != zv1.ReasonNodeLost || !strings.Contains(c.Message, "stopped renewing its Lease") {
+				e.t.Fatalf("Lost without the reason: %+v", c)
+			}
 			lostAt = time.Since(t0)
-			return true, ""
+			e.t.Logf("%s Lost: %s", lostName, c.Message)
+		case <-timeout:
+			e.t.Fatalf("%s not marked Lost within 60s", lostName)
 		}
-		return false, string(sb.Status.Phase) + " " + readyReason(sb)
-	})
+	}
 	var zn zv1.ZygoteNode
 	if err := e.cl.Get(e.ctx, client.ObjectKey{Name: victim.Name}, &zn); err != nil {
 		e.t.Fatal(err)
