@@ -22,9 +22,16 @@ mkdir -p "$BIN" "$GOMODCACHE" "$GOCACHE"
 
 log() { printf '\033[1m[k8s-setup]\033[0m %s\n' "$*" >&2; }
 
+# Go: this project's machines come with go1.26 (k8s 1.34 needs 1.24+). Debian 12's own
+# golang-go (1.19) is too old to build Kubernetes: say so rather than fail mid-build.
 if ! command -v go >/dev/null 2>&1; then
   log "installing Go (Debian's golang-go)"
   apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go >&2
+fi
+gov=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n1.24\n' "${gov%%[a-z]*}" | sort -V | head -n 1)" != 1.24 ]; then
+  echo "k8s-setup: Go $gov is older than 1.24, which Kubernetes 1.34 needs" >&2
+  exit 1
 fi
 command -v openssl >/dev/null 2>&1 || {
   log "installing openssl"

@@ -137,11 +137,8 @@ impl Manager {
             }
         }
         // The children's metadata (refused before anything is made if it has too many keys).
-        let child_metadata = crate::model::metadata::for_child(
-            &parent.id,
-            &parent.metadata,
-            req.metadata.as_ref(),
-        )?;
+        let child_metadata =
+            crate::model::metadata::for_child(&parent.id, &parent.metadata, req.metadata.as_ref())?;
         let point_id = new_id("snap");
         let point_dir = self.dirs.snapshots.join(&point_id);
         std::fs::create_dir_all(&point_dir)

@@ -154,7 +154,11 @@ mod tests {
         let c = for_child("sb-1", &meta(&[("team", "search")]), Some(&extra)).unwrap();
         assert_eq!(
             c,
-            meta(&[("team", "ranking"), ("owner", "k8s"), ("zygote.parent", "sb-1")])
+            meta(&[
+                ("team", "ranking"),
+                ("owner", "k8s"),
+                ("zygote.parent", "sb-1")
+            ])
         );
         let full: Metadata = (0..MAX_METADATA_KEYS - 1)
             .map(|i| (format!("k{i}"), "v".into()))
