@@ -33,7 +33,7 @@ const ns = "default"
 var (
 	claims    = flag.Int("claims", 10, "claims bound from a warm pool of 3")
 	creates   = flag.Int("creates", 10, "create-to-running rounds (API server and daemon, interleaved)")
-	kills     = flag.Int("kills", 2, "node deaths (Lost + refill)")
+	kills     = flag.Int("kills", 3, "node deaths (Lost + refill)")
 	scale     = flag.Int("scale", 100, "Sandboxes created at once across the nodes (0: skip)")
 	scaleMem  = flag.Int("scale-mem", 64, "guest MiB of each scale Sandbox")
 	nodes     = flag.Int("nodes", 3, "nodes")
