@@ -18,6 +18,8 @@ go build -o bin/zygote-node ./cmd/zygote-node
 echo "[k8s-test] tools and binaries ready in $(( $(date +%s) - start ))s"
 export KUBEBUILDER_ASSETS=$ASSETS ZYGOTED=$ROOT/target/release/zygoted
 export ZYGOTE_CONTROLLER=$ROOT/k8s/bin/zygote-controller ZYGOTE_NODE=$ROOT/k8s/bin/zygote-node
+unformatted=$(gofmt -l .)
+if [ -n "$unformatted" ]; then echo "gofmt needed: $unformatted" >&2; exit 1; fi
 go vet ./...
 go test -count=1 ./api/... ./internal/...
 go test -count=1 -v -timeout 30m ./test/e2e/ 2>&1 | tee /tmp/zygote-k8s-e2e.log | grep -v '^\s*$'

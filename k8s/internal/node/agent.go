@@ -69,6 +69,9 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		patch := client.MergeFromWithOptions(sb.DeepCopy(), client.MergeFromWithOptimisticLock{})
 		controllerutil.AddFinalizer(&sb, zv1.FinalizerVM)
 		if err := a.Client.Patch(ctx, &sb, patch); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: 100 * time.Millisecond}, nil // changed meanwhile: look again
+			}
 			return ctrl.Result{}, client.IgnoreNotFound(err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -203,6 +204,7 @@ func TestCluster(t *testing.T) {
 	t.Run("manifests apply (server-side dry run)", func(t *testing.T) { e.t = t; e.manifests() })
 	t.Run("sandbox placed, running, exec through its node's daemon", func(t *testing.T) { e.t = t; e.placeAndExec() })
 	t.Run("branchFrom on the parent's node with the parent's files", func(t *testing.T) { e.t = t; e.branch() })
+	t.Run("ttlSeconds: the daemon deletes the VM, the Sandbox is Expired", func(t *testing.T) { e.t = t; e.ttl() })
 	t.Run("warm pool of 3 kept full; claim binds within one reconcile", func(t *testing.T) { e.t = t; e.poolAndClaim() })
 	t.Run("node daemon killed: Sandboxes Lost, pool refilled elsewhere", func(t *testing.T) { e.t = t; e.nodeLost() })
 	t.Run("controller and node agent restarts create no duplicates", func(t *testing.T) { e.t = t; e.restarts() })
@@ -446,6 +448,32 @@ func (e *env) branch() {
 	})
 }
 
+func (e *env) ttl() {
+	sb := image("short", 128)
+	ttl := int64(2)
+	sb.Spec.TTLSeconds = &ttl
+	if err := e.cl.Create(e.ctx, sb); err != nil {
+		e.t.Fatal(err)
+	}
+	got := e.waitRunning("short", 120*time.Second)
+	if got.Status.ExpiresAt == nil {
+		e.t.Errorf("no expiresAt: %+v", got.Status)
+	}
+	e.eventually("short Expired", 60*time.Second, func() (bool, string) {
+		cur, err := e.sandbox("short")
+		if err != nil {
+			return false, err.Error()
+		}
+		c := meta.FindStatusCondition(cur.Status.Conditions, zv1.ConditionReady)
+		return cur.Status.Phase == zv1.PhaseExpired && c != nil && c.Reason == zv1.ReasonTTLExpired,
+			string(cur.Status.Phase) + " " + readyReason(cur)
+	})
+	if _, err := e.c.Node(got.Spec.NodeName).Client.Get(e.ctx, got.Status.SandboxID); !daemon.IsNotFound(err) {
+		e.t.Errorf("the expired VM %s is still on the daemon: %v", got.Status.SandboxID, err)
+	}
+	e.deleteAndWaitGone(got)
+}
+
 func (e *env) setUnschedulable(v bool) {
 	for _, n := range e.c.Nodes {
 		var zn zv1.ZygoteNode
@@ -680,10 +708,23 @@ func (e *env) restarts() {
 	if err := e.cl.Create(e.ctx, claim); err != nil {
 		e.t.Fatal(err)
 	}
+	restarted := time.Now()
 	for _, n := range e.c.Nodes {
 		if err := n.Agent.Start(); err != nil {
 			e.t.Fatal(err)
 		}
+	}
+	// The agents renew their Leases before the controller is back (else a slow start
+	// on a loaded machine could outlast lease + grace, and the nodes be judged lost).
+	for _, n := range e.c.Nodes {
+		e.eventually(n.Name+"'s Lease renewed", 60*time.Second, func() (bool, string) {
+			var l coordinationv1.Lease
+			err := e.cl.Get(e.ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: zv1.LeaseName(n.Name)}, &l)
+			if err != nil || l.Spec.RenewTime == nil {
+				return false, fmt.Sprintf("%v", err)
+			}
+			return l.Spec.RenewTime.After(restarted), "last renewed " + l.Spec.RenewTime.String()
+		})
 	}
 	if err := e.c.Controller.Start(); err != nil {
 		e.t.Fatal(err)
