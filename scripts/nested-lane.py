@@ -117,8 +117,15 @@ FULL = SMOKE + [
     Step("sdk/tree_search", 1200, serve=True),
     Step("cli/doctor", 120, zygote=["doctor"]),
 ]
-# `make bench-nested`: the Linux-guest figures of the kvm runtime (issue 22's targets).
-BENCH = [Step("bench/linux", 3600, zygote=["bench", "linux", "--rounds", "10"])]
+# `make bench-nested`: the Linux-guest figures of the kvm runtime (issue 22's targets), and
+# issue 17's streamed fan-out through the daemon (64 children, then the API's 256; small
+# guests so that L1's memory holds the children's own pages).
+FANOUT = ["bench", "api-fanout", "--runtime", "kvm", "--rounds", "1", "--mem-mib", "128"]
+BENCH = [
+    Step("bench/linux", 3600, zygote=["bench", "linux", "--rounds", "10"]),
+    Step("bench/api-fanout-64", 1200, zygote=FANOUT + ["--count", "64"]),
+    Step("bench/api-fanout-256", 2400, zygote=FANOUT + ["--count", "256"]),
+]
 LANES = {"smoke": SMOKE, "full": FULL, "bench": BENCH}
 
 

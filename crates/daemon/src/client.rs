@@ -249,6 +249,35 @@ impl Client {
         Ok(bytes)
     }
 
+    /// A GET whose body goes to `out` as it arrives (a snapshot pack); `on_bytes` gets
+    /// the running total. Returns the bytes written.
+    pub async fn download(
+        &self,
+        path: &str,
+        out: &mut (dyn std::io::Write + Send),
+        mut on_bytes: impl FnMut(u64),
+    ) -> Result<u64, ClientError> {
+        let resp = self.send(Method::GET, path, None).await?;
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if !status.is_success() {
+            let bytes = body.collect().await?.to_bytes();
+            check(status, &bytes)?;
+            return Err(ClientError::Decode(format!("HTTP {status}")));
+        }
+        let mut total = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            if let Some(data) = frame.data_ref() {
+                out.write_all(data)
+                    .map_err(|e| ClientError::Decode(format!("writing the download: {e}")))?;
+                total += data.len() as u64;
+                on_bytes(total);
+            }
+        }
+        Ok(total)
+    }
+
     /// A JSON request (body optional) with a JSON answer.
     pub async fn json<T: DeserializeOwned>(
         &self,

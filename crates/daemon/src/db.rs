@@ -13,14 +13,14 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::pause::Lifecycle;
-use crate::model::{CgroupReport, ImageRun, Limits, Origin, SandboxEnv, SnapshotKind};
+use crate::model::{CgroupReport, ImageRun, Limits, Origin, PackOrigin, SandboxEnv, SnapshotKind};
 use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};
 
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
 /// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`; 9 added
-/// `snapshots.run`.
+/// `snapshots.run` and `snapshots.pack`.
 const SCHEMA_VERSION: i64 = 9;
 
 #[path = "db_ports.rs"]
@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS snapshots (
     size_bytes INTEGER NOT NULL,
     implicit INTEGER NOT NULL,
     data TEXT NOT NULL,
-    run TEXT
+    run TEXT,
+    pack TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expires_at ON sandboxes (expires_at)
     WHERE expires_at IS NOT NULL;
@@ -151,6 +152,9 @@ pub struct SnapshotRow {
     /// The source sandbox's OCI image run config, for sandboxes started from it (rows
     /// from before: none).
     pub run: ImageRun,
+    /// For a snapshot imported from a pack: where it came from (rows from before or
+    /// of this daemon's own: none).
+    pub pack: Option<PackOrigin>,
 }
 
 impl SnapshotRow {
@@ -179,6 +183,7 @@ impl SnapshotRow {
             implicit: kind == SnapshotKind::Branch,
             data,
             run: source.env.image.clone(),
+            pack: None,
         }
     }
 }
@@ -244,7 +249,7 @@ impl Db {
         // runs: CREATE TABLE IF NOT EXISTS leaves an existing table as it
         // was, and SCHEMA's index needs the columns.
         add_missing_columns(&conn, "sandboxes", SANDBOX_COLUMNS_SINCE_V1)?;
-        add_missing_columns(&conn, "snapshots", &[("run", "TEXT")])?;
+        add_missing_columns(&conn, "snapshots", &[("run", "TEXT"), ("pack", "TEXT")])?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(ports::SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -407,8 +412,8 @@ impl Db {
     fn put_snapshot_on(conn: &Connection, s: &SnapshotRow) -> Result<()> {
         conn.execute(
             "INSERT OR REPLACE INTO snapshots (id, name, kind, runtime, source_sandbox, depends_on,
-                mem_mib, vcpus, created_at, size_bytes, implicit, data, run)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                mem_mib, vcpus, created_at, size_bytes, implicit, data, run, pack)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
             params![
                 s.id,
                 s.name,
@@ -423,6 +428,7 @@ impl Db {
                 s.implicit,
                 to_json(&s.data),
                 (!s.run.is_empty()).then(|| to_json(&s.run)),
+                s.pack.as_ref().map(to_json),
             ],
         )?;
         Ok(())
@@ -453,11 +459,15 @@ impl Db {
                 Some(j) => from_json(12, j)?,
                 None => ImageRun::default(),
             },
+            pack: match r.get::<_, Option<String>>(13)? {
+                Some(j) => Some(from_json(13, j)?),
+                None => None,
+            },
         })
     }
 
     const SNAPSHOT_COLS: &'static str = "id, name, kind, runtime, source_sandbox, depends_on,
-        mem_mib, vcpus, created_at, size_bytes, implicit, data, run";
+        mem_mib, vcpus, created_at, size_bytes, implicit, data, run, pack";
 
     pub fn snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
         let sql = format!(

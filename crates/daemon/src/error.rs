@@ -70,16 +70,18 @@ pub enum Error {
     },
     #[error("{0}")]
     Unsupported(String),
-    /// Branch children that each copy their parent's memory, more than the host holds.
+    /// More new VMs (branch children, created sandboxes) than the host's memory holds, on
+    /// a runtime where each holds its own copy of its memory.
     #[error(
-        "{requested} children of {per_child_mib} MiB each do not fit: this runtime's children \
-         each copy the parent's memory and the host has {available_mib} MiB available, \
-         room for {fit}"
+        "{requested} {what} of {per_vm_mib} MiB each do not fit: on this runtime each holds \
+         its own copy of its memory and the host has {available_mib} MiB available, room \
+         for {fit}"
     )]
     InsufficientMemory {
+        what: &'static str,
         requested: u32,
         fit: u32,
-        per_child_mib: u32,
+        per_vm_mib: u32,
         available_mib: u64,
     },
     #[error("guest: {0}")]
@@ -190,6 +192,10 @@ impl Error {
             error: ErrorDetail {
                 code: code.to_string(),
                 message: self.to_string(),
+                fit: match self {
+                    Error::InsufficientMemory { fit, .. } => Some(*fit),
+                    _ => None,
+                },
             },
         }
     }
@@ -229,6 +235,9 @@ pub struct ErrorDetail {
     pub code: String,
     /// Human-readable explanation.
     pub message: String,
+    /// With `insufficient_memory`: how many of the requested VMs the host holds now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<u32>,
 }
 
 impl IntoResponse for Error {

@@ -218,7 +218,14 @@ async fn suite(runtime: &str) {
         // Inside the qemu runtime's capture: after the state file, after the layer switch.
         capture_points.extend(["capture.migrated", "capture.disk-switched"]);
     }
-    capture_points.extend(["branch.recorded", "branch.started"]);
+    // A branch: recorded; point taken (not recorded); point recorded (the child not yet);
+    // the child recorded running.
+    capture_points.extend([
+        "branch.recorded",
+        "branch.captured",
+        "branch.point-recorded",
+        "branch.child-recorded",
+    ]);
     let mut marks = 0;
     for point in capture_points {
         let d = faulty(point);
@@ -253,8 +260,13 @@ async fn suite(runtime: &str) {
         // The capture is recorded if the runtime had finished it, else gone entirely.
         let after = snapshots(&c).await.snapshots;
         let new: Vec<_> = after.iter().filter(|s| !before.contains(&s.id)).collect();
-        let completed = matches!(point, "snapshot.captured" | "capture.disk-switched")
-            || (point == "branch.started" && runtime == "qemu");
+        let completed = matches!(
+            point,
+            "snapshot.captured"
+                | "capture.disk-switched"
+                | "branch.point-recorded"
+                | "branch.child-recorded"
+        ) || (point == "branch.captured" && runtime == "qemu");
         assert_eq!(new.len(), usize::from(completed), "{point}: {new:?}");
         if let Some(s) = new.first() {
             assert!(sb.depends_on.contains(&s.id), "{point}: {sb:?} / {s:?}");
@@ -262,7 +274,8 @@ async fn suite(runtime: &str) {
                 assert_eq!(s.name.as_deref(), Some(&*name_at("at", point)), "{s:?}");
             }
         }
-        // A half-made branch child is reported dead with the reason, nothing of it runs.
+        // A half-made branch child is reported dead with the reason, nothing of it runs;
+        // one recorded running before the crash runs on, with the parent's marks.
         let list: SandboxList = c
             .json(Method::GET, "/v1/sandboxes", None::<&()>)
             .await
@@ -272,8 +285,13 @@ async fn suite(runtime: &str) {
             .iter()
             .filter(|s| !sandboxes_before.sandboxes.iter().any(|o| o.id == s.id))
         {
-            let reason = dead_with_reason(&c, &child.id).await;
-            assert!(reason.contains("daemon stopped"), "{point}: {reason}");
+            if point == "branch.child-recorded" {
+                assert_eq!(get(&c, &child.id).await.state, "running", "{point}");
+                assert_eq!(sh(&c, &child.id, "cat /root/mark-*").await, want);
+            } else {
+                let reason = dead_with_reason(&c, &child.id).await;
+                assert!(reason.contains("daemon stopped"), "{point}: {reason}");
+            }
             c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
                 .await
                 .expect("delete the dead child");

@@ -2,6 +2,8 @@
 //! runs on the qemu runtime (everywhere; TCG here) and on the kvm runtime
 //! (only where the host has hardware virtualization; skipped otherwise).
 mod common;
+#[path = "e2e/fanout.rs"]
+mod fanout;
 #[path = "e2e/fork.rs"]
 mod fork;
 #[path = "e2e/merge.rs"]
@@ -300,6 +302,7 @@ async fn suite(runtime: &str) {
     );
     tree::check_diff(&c, &a.id, &b, &cc).await;
     tree::check_branch_capacity(&c, &a.id, runtime).await;
+    fanout::check_create_capacity(&c, runtime).await;
     step(t0, "diff: siblings and parent compared file by file");
     merge::check_merge(&c, &a.id).await;
     step(
@@ -385,6 +388,8 @@ async fn suite(runtime: &str) {
             "metrics lack {needle}:\n{metrics}"
         );
     }
+
+    fanout::check_fanout(&c, &a.id, &cleanup, t0).await;
 
     let parked = pause::check_pause(&c, &cleanup).await;
     step(

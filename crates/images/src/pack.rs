@@ -156,6 +156,40 @@ pub fn store_image(raw: &Path, mut info: ImageInfo, progress: Progress) -> Resul
     Ok(info)
 }
 
+/// Stores an image that came from elsewhere (a snapshot pack's base image) under its
+/// content hash, which must be `sha256`: the name keeps meaning what it meant if it
+/// meant anything. An image with that hash already stored is returned as it is.
+pub fn adopt_image(raw: &Path, mut info: ImageInfo, sha256: &str) -> Result<ImageInfo> {
+    if let Ok(found) = crate::store::locate_image(sha256) {
+        if found.sha256 == sha256 {
+            let _ = std::fs::remove_file(raw);
+            return Ok(found);
+        }
+    }
+    let actual = sha256_file(raw)?;
+    if actual != sha256 {
+        return Err(ImageError::BadOutput {
+            what: format!("image {}", info.name),
+            detail: format!("its bytes hash to {actual}, not the {sha256} it claims"),
+        });
+    }
+    let dir = images_dir();
+    let name_taken = crate::store::locate_image(&info.name).is_ok();
+    info.sha256 = actual;
+    let final_path = image_path(&dir, &info.name, &info.sha256);
+    std::fs::rename(raw, &final_path).ctx(|| format!("storing {}", final_path.display()))?;
+    set_mode(&final_path, 0o444)?;
+    let meta = std::fs::metadata(&final_path).ctx(|| "stat of the image".into())?;
+    info.path = final_path;
+    info.size_bytes = meta.len();
+    info.disk_bytes = std::os::unix::fs::MetadataExt::blocks(&meta) * 512;
+    save_info(&dir, &info)?;
+    if !name_taken {
+        mark_current(&dir, &info)?;
+    }
+    Ok(info)
+}
+
 /// The image `name` built from inputs hashing to `key`, if the store has it; it
 /// becomes what `name` means, as a build would make it.
 pub fn cached(name: &str, key: &str) -> Result<Option<ImageInfo>> {

@@ -335,7 +335,11 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         }
         // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, pos as libc::off_t, libc::SEEK_HOLE) };
-        let end = if hole < 0 { len } else { (hole as u64).min(len) };
+        let end = if hole < 0 {
+            len
+        } else {
+            (hole as u64).min(len)
+        };
         file.seek(SeekFrom::Start(pos))
             .ctx(|| format!("seeking in {}", path.display()))?;
         let mut left = end - pos;
@@ -407,11 +411,17 @@ mod tests {
         f.write_all_at(&[7u8; 70_000], 4096).unwrap();
         drop(f);
         let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(sha256_file(&path).unwrap(), hex::encode(sha2::Sha256::digest(&bytes)));
+        assert_eq!(
+            sha256_file(&path).unwrap(),
+            hex::encode(sha2::Sha256::digest(&bytes))
+        );
         let empty = dir.path().join("empty");
         File::create(&empty).unwrap().set_len(3 << 20).unwrap();
         let zeros = vec![0u8; 3 << 20];
-        assert_eq!(sha256_file(&empty).unwrap(), hex::encode(sha2::Sha256::digest(&zeros)));
+        assert_eq!(
+            sha256_file(&empty).unwrap(),
+            hex::encode(sha2::Sha256::digest(&zeros))
+        );
     }
 
     #[test]

@@ -32,6 +32,67 @@ impl BlobStore {
         })
     }
 
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stores what `write` produces, under its digest (computed as it is written).
+    pub fn put_with(&self, write: impl FnOnce(&mut dyn Write) -> Result<()>) -> Result<Digest> {
+        let tmp = self.dir.join(format!(
+            "tmp-{}-{:x}.partial",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+        ));
+        let result = (|| {
+            let file = File::create(&tmp).ctx(|| format!("creating {}", tmp.display()))?;
+            let mut w = HashingWriter {
+                inner: std::io::BufWriter::with_capacity(1 << 20, file),
+                hasher: Sha256::new(),
+            };
+            write(&mut w)?;
+            let file = w
+                .inner
+                .into_inner()
+                .map_err(|e| e.into_error())
+                .ctx(|| format!("writing {}", tmp.display()))?;
+            file.sync_data()
+                .ctx(|| format!("syncing {}", tmp.display()))?;
+            let digest = Digest::parse(&format!("sha256:{}", hex::encode(w.hasher.finalize())))?;
+            std::fs::rename(&tmp, self.path(&digest))
+                .ctx(|| format!("storing {}", tmp.display()))?;
+            Ok(digest)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Stores what `reader` yields as `digest`, checking it.
+    pub fn put_with_digest(
+        &self,
+        digest: &Digest,
+        reader: &mut dyn Read,
+        max_bytes: u64,
+    ) -> Result<PathBuf> {
+        let mut w = self.writer(digest)?;
+        w.restart()?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = reader
+                .read(&mut buf)
+                .ctx(|| format!("reading blob {digest}"))?;
+            if n == 0 {
+                break;
+            }
+            w.write(&buf[..n], max_bytes)?;
+        }
+        w.finish()
+    }
+
     pub fn path(&self, digest: &Digest) -> PathBuf {
         self.dir.join(digest.hex())
     }
@@ -79,20 +140,8 @@ impl BlobStore {
         if self.has(digest) {
             return Ok(self.path(digest));
         }
-        let mut w = self.writer(digest)?;
-        w.restart()?;
         let mut f = File::open(src).ctx(|| format!("opening {}", src.display()))?;
-        let mut buf = vec![0u8; 1 << 20];
-        loop {
-            let n = f
-                .read(&mut buf)
-                .ctx(|| format!("reading {}", src.display()))?;
-            if n == 0 {
-                break;
-            }
-            w.write(&buf[..n], max_bytes)?;
-        }
-        w.finish()
+        self.put_with_digest(digest, &mut f, max_bytes)
     }
 
     /// Deletes every blob (and leftover partial) not in `keep`; returns bytes freed.
@@ -106,10 +155,37 @@ impl BlobStore {
             if keep.contains(hex) {
                 continue;
             }
+            // A partial written in the last day may be a download or pack in progress
+            // (or one to resume): kept.
+            let young = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 86_400));
+            if name.ends_with(".partial") && young {
+                continue;
+            }
             freed += entry.metadata().map(|m| m.len()).unwrap_or(0);
             let _ = std::fs::remove_file(entry.path());
         }
         Ok(freed)
+    }
+}
+
+/// A writer that hashes what goes through it.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

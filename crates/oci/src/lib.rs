@@ -26,6 +26,7 @@ mod error;
 mod ext4;
 mod import;
 pub mod manifest;
+pub mod pack;
 mod reference;
 mod registry;
 

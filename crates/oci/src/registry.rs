@@ -74,6 +74,30 @@ impl Registry {
         }
     }
 
+    /// The reference's manifest as it is (no index resolution): bytes and digest.
+    pub async fn manifest_bytes(&self) -> Result<(Vec<u8>, Digest)> {
+        self.manifest(&self.image.inner).await
+    }
+
+    /// A small blob (a config) into memory, checked against its digest and size.
+    pub async fn small_blob(&self, d: &Descriptor, max: u64) -> Result<Vec<u8>> {
+        let digest = Digest::parse(&d.digest)?;
+        if d.size < 0 || d.size as u64 > max {
+            return Err(OciError::TooLarge {
+                what: format!("blob {digest} of {}", self.image.name()),
+                size: d.size.max(0) as u64,
+                limit: max,
+            });
+        }
+        let mut bytes = Vec::new();
+        self.client
+            .pull_blob(&self.image.inner, &descriptor(d), &mut bytes)
+            .await
+            .map_err(|e| self.error(e))?;
+        digest.verify(&format!("blob {digest} of {}", self.image.name()), &bytes)?;
+        Ok(bytes)
+    }
+
     /// One manifest's bytes and digest (checked against the bytes, and against the
     /// reference's digest when it has one).
     async fn manifest(&self, reference: &oci_client::Reference) -> Result<(Vec<u8>, Digest)> {
@@ -99,22 +123,9 @@ impl Registry {
     /// The image config (small: fetched into memory and checked).
     pub async fn config(&self, resolved: &Resolved) -> Result<(Digest, Vec<u8>, ImageConfig)> {
         let d = &resolved.manifest.config;
-        let digest = Digest::parse(&d.digest)?;
-        if d.size < 0 || d.size as u64 > manifest::MAX_DOCUMENT_BYTES {
-            return Err(OciError::TooLarge {
-                what: format!("the config of {}", self.image.name()),
-                size: d.size.max(0) as u64,
-                limit: manifest::MAX_DOCUMENT_BYTES,
-            });
-        }
-        let mut bytes = Vec::new();
-        self.client
-            .pull_blob(&self.image.inner, &descriptor(d), &mut bytes)
-            .await
-            .map_err(|e| self.error(e))?;
-        digest.verify(&format!("the config of {}", self.image.name()), &bytes)?;
+        let bytes = self.small_blob(d, manifest::MAX_DOCUMENT_BYTES).await?;
         let config = ImageConfig::parse(&self.image.name(), &bytes)?;
-        Ok((digest, bytes, config))
+        Ok((Digest::parse(&d.digest)?, bytes, config))
     }
 
     /// Every layer in the blob store (downloaded unless it is there already).
@@ -250,13 +261,21 @@ impl Registry {
         Ok(())
     }
 
-    /// A registry error as one of ours, with what it means for the user.
     fn error(&self, e: OciDistributionError) -> OciError {
-        let registry = self.image.registry().to_string();
-        let reference = self.image.name();
+        Registry::describe_error(&self.image, self.had_credentials, e)
+    }
+
+    /// A registry error as one of ours, with what it means for the user.
+    pub fn describe_error(
+        image: &ImageRef,
+        had_credentials: bool,
+        e: OciDistributionError,
+    ) -> OciError {
+        let registry = image.registry().to_string();
+        let reference = image.name();
         let unauthorized = |message: String| OciError::Unauthorized {
             registry: registry.clone(),
-            hint: if self.had_credentials {
+            hint: if had_credentials {
                 String::new()
             } else {
                 " (no credentials were found: pass them, or add them to ~/.docker/config.json)"

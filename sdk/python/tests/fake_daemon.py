@@ -341,11 +341,16 @@ class FakeDaemon:
                     self.send_header("Content-Type", "application/x-ndjson")
                     self.send_header("Transfer-Encoding", "chunked")
                     self.end_headers()
-                    for ev in r["ndjson"]:
-                        line = json.dumps(ev).encode() + b"\n"
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                        self.wfile.flush()
-                    self.wfile.write(b"0\r\n\r\n")
+                    try:
+                        for ev in r["ndjson"]:
+                            line = json.dumps(ev).encode() + b"\n"
+                            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                            self.wfile.flush()
+                        self.wfile.write(b"0\r\n\r\n")
+                    except (BrokenPipeError, ConnectionResetError):
+                        # A client that stopped reading (a callback raised): as zygoted,
+                        # drop the rest of the stream.
+                        self.close_connection = True
                 elif "json" in r:
                     self._send(status, "application/json", json.dumps(r["json"]).encode())
                 elif "body_text" in r:

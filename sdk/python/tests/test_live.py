@@ -224,6 +224,34 @@ def test_branch_into_three_children_that_diverge(sb: Sandbox) -> None:
             c.kill()
 
 
+def test_branch_with_progress_reports_each_child_as_it_runs(sb: Sandbox) -> None:
+    seen: list[zygote.BranchProgress[Sandbox]] = []
+    hostnames: dict[str, str] = {}
+
+    def on_progress(p: zygote.BranchProgress[Sandbox]) -> None:
+        assert p.sandbox is not None, p.error
+        if not seen:
+            # Its siblings are listed too, each creating or already running.
+            family = sb.client.sandboxes(metadata={"zygote.parent": sb.id})
+            states = {f.id: f.state for f in family}
+            assert states[p.sandbox_id] == "running", states
+            assert set(states.values()) <= {"creating", "running"}, states
+        seen.append(p)
+        # Usable at once, while its siblings may still be coming up.
+        hostnames[p.sandbox_id] = p.sandbox.commands.run("hostname").stdout.strip()
+
+    children = sb.branch(4, on_progress=on_progress)
+    try:
+        assert sorted(c.id for c in children) == sorted(p.sandbox_id for p in seen)
+        assert [p.ready for p in seen] == [1, 2, 3, 4] and {p.total for p in seen} == {4}
+        assert sorted(p.index for p in seen) == [0, 1, 2, 3]
+        assert [p.ms for p in seen] == sorted(p.ms for p in seen)
+        assert hostnames == {c.id: c.id for c in children}
+    finally:
+        for c in children:
+            c.kill()
+
+
 def test_merge_a_childs_changes_back_and_a_conflict_changes_nothing(sb: Sandbox) -> None:
     work = "/root/merge"
     sb.commands.run(f"mkdir -p {work} && echo v1 > {work}/calc.txt && echo keep > {work}/keep.txt", check=True)
@@ -355,6 +383,16 @@ async def test_async_surface(live_env: dict[str, str]) -> None:
                 await asb.commands.run("sleep 20", timeout=1)
             info = await asb.set_ttl(900)
             assert info.ttl_secs == 900 and info.expires_at is not None
+            ready: list[str] = []
+
+            async def on_progress(p: zygote.BranchProgress[AsyncSandbox]) -> None:
+                assert p.sandbox is not None, p.error
+                ready.append((await p.sandbox.commands.run("hostname")).stdout.strip())
+
+            pair = await asb.branch(2, on_progress=on_progress)
+            assert sorted(ready) == sorted(k.id for k in pair)
+            for k in pair:
+                assert await k.kill()
             [child] = await asb.branch(n=1, mergeable=True)
             try:
                 # Children inherit the parent's TTL length and metadata.

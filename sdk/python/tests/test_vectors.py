@@ -54,6 +54,16 @@ def run_kwargs(args: dict[str, Any], chunks: dict[str, list[str]]) -> dict[str, 
     return kw
 
 
+def report(p: zygote.BranchProgress[Any], kind: type) -> dict[str, Any]:
+    """A progress report as the vectors list it; its handle is checked here."""
+    if p.ok:
+        assert type(p.sandbox) is kind and getattr(p.sandbox, "id") == p.sandbox_id, p
+    else:
+        assert p.sandbox is None, p
+    fields = ("index", "sandbox_id", "ok", "error", "ms", "ready", "failed", "total", "branch_point")
+    return {f: getattr(p, f) for f in fields}
+
+
 def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]) -> Any:
     op, a = case["op"], case["args"]
     sb = Sandbox(case["sandbox"], client=client) if "sandbox" in case else None
@@ -84,6 +94,7 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
                 for c in sb.branch(n=a["n"], ttl_secs=a.get("ttl_secs"), allow_partial=a.get("allow_partial", False))
             ]
         },
+        "branch_progress": lambda: branch_progress_sync(sb, a),
         # The SDK has no public call for the whole answer: check what branch parses.
         "branch_detailed": lambda: client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs"))),
         "set_ttl": lambda: sb.set_ttl(a["ttl_secs"], ttl_action=a.get("ttl_action")),
@@ -97,6 +108,12 @@ def call_sync(case: dict[str, Any], client: Client, chunks: dict[str, list[str]]
         "kill": lambda: {"killed": sb.kill()},
     }
     return ops[op]()
+
+
+def branch_progress_sync(sb: Sandbox, a: dict[str, Any]) -> dict[str, Any]:
+    seen: list[dict[str, Any]] = []
+    kids = sb.branch(n=a["n"], allow_partial=a.get("allow_partial", False), on_progress=lambda p: seen.append(report(p, Sandbox)))
+    return {"ids": [k.id for k in kids], "progress": seen}
 
 
 async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str, list[str]]) -> Any:
@@ -129,6 +146,14 @@ async def call_async(case: dict[str, Any], client: AsyncClient, chunks: dict[str
         return {"ids": [c.id for c in children]}
     if op == "branch_detailed":
         return await client.call(_api.branch(sb.id, a["n"], a.get("ttl_secs")))
+    if op == "branch_progress":
+        seen: list[dict[str, Any]] = []
+
+        async def on_progress(p: zygote.BranchProgress[Any]) -> None:
+            seen.append(report(p, AsyncSandbox))
+
+        kids = await sb.branch(n=a["n"], allow_partial=a.get("allow_partial", False), on_progress=on_progress)
+        return {"ids": [k.id for k in kids], "progress": seen}
     if op == "set_ttl":
         return await sb.set_ttl(a["ttl_secs"], ttl_action=a.get("ttl_action"))
     if op == "pause":

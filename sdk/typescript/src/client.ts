@@ -101,7 +101,8 @@ async function errorFromResponse(resp: Response): Promise<ZygoteError> {
 
 export class Client {
   readonly config: Config;
-  private readonly requestTimeoutMs: number;
+  /** Bound of one request (and of a streamed branch as a whole). */
+  readonly requestTimeoutMs: number;
 
   constructor(options: ClientOptions = {}) {
     this.config = resolveConfig(options);

@@ -27,6 +27,7 @@ export {
   type Signal,
   type WaitOptions,
 } from "./commands.js";
+export { BranchCollector, type BranchProgress, type ProgressCallback } from "./branch.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
 export { PTY_PROTOCOL, Pty, PtyHandle, type PtyCreateOptions, type PtyExit, parseControl, ptyQuery } from "./pty.js";

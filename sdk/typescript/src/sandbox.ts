@@ -1,4 +1,5 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
+import { BranchCollector, type ProgressCallback, branchStreamed } from "./branch.js";
 import { Client, type ClientOptions, type Command, type ListOptions, type RunOptions, seg } from "./client.js";
 import { type BackgroundRunOptions, type CommandHandle, ProcessCommands } from "./commands.js";
 import {
@@ -131,6 +132,13 @@ export interface BranchOptions {
    * parent, written after the children run).
    */
   mergeable?: boolean;
+  /**
+   * Called for each child as soon as it runs or fails (in the order they
+   * finish; awaited), with a handle on it: large fan-outs (up to 256
+   * children) can be followed, and a child used while its siblings still come
+   * up. Uses the daemon's streaming form; the result is the same.
+   */
+  onProgress?: ProgressCallback<Sandbox>;
 }
 
 /** What a merge does with a path both sides changed: see {@link MergeOptions.onConflict}. */
@@ -357,6 +365,10 @@ export class Sandbox {
         throw new TypeError(`env takes one object per child: an array of ${count}`);
       }
       body.env = opts.env.map((e) => ({ ...e }));
+    }
+    if (opts.onProgress) {
+      const collector = new BranchCollector(count, (id) => new Sandbox(id, this.client));
+      return branchStreamed(this.client, this.id, body, collector, opts.onProgress);
     }
     const d = await this.client.json("POST", `/v1/sandboxes/${seg(this.id)}/branch`, { json: body });
     return branchFromJson(d);

@@ -184,6 +184,34 @@ describe("live zygoted", { skip }, () => {
     }
   });
 
+  test("branch with onProgress reports each child as it runs, usable at once", async () => {
+    const seen: { id: string; ready: number; total: number; index: number; ms: number; hostname: string }[] = [];
+    const children = await sb.branch({
+      n: 4,
+      onProgress: async (p) => {
+        assert.ok(p.sandbox, p.error ?? "");
+        if (seen.length === 0) {
+          // Its siblings are listed too, each creating or already running.
+          const family = await client.sandboxes({ metadata: { "zygote.parent": sb.id } });
+          const states = new Map(family.map((f) => [f.id, f.state]));
+          assert.equal(states.get(p.sandboxId), "running");
+          for (const st of states.values()) assert.ok(st === "creating" || st === "running", st);
+        }
+        const hostname = (await p.sandbox.commands.run("hostname")).stdout.trim();
+        seen.push({ id: p.sandboxId, ready: p.ready, total: p.total, index: p.index, ms: p.ms, hostname });
+      },
+    });
+    try {
+      assert.deepEqual(seen.map((p) => p.id).sort(), children.map((c) => c.id).sort());
+      assert.deepEqual(seen.map((p) => p.ready), [1, 2, 3, 4]);
+      assert.ok(seen.every((p) => p.total === 4 && p.hostname === p.id));
+      assert.deepEqual(seen.map((p) => p.index).sort(), [0, 1, 2, 3]);
+      assert.deepEqual(seen.map((p) => p.ms), seen.map((p) => p.ms).sort((a, b) => a - b));
+    } finally {
+      for (const c of children) await c.kill();
+    }
+  });
+
   test("merge a child's changes back; a conflict changes nothing", async () => {
     const work = "/root/tsmerge";
     await sb.commands.run(`mkdir -p ${work} && echo v1 > ${work}/calc.txt`, { check: true });

@@ -131,6 +131,21 @@ async function callOp(c: Case, client: Client, chunks: { stdout: string[]; stder
       };
     case "branch_detailed":
       return sb.branchDetailed({ n: a.n, ttlSecs: a.ttl_secs });
+    case "branch_progress": {
+      const progress: Record<string, unknown>[] = [];
+      const kids = await sb.branch({
+        n: a.n,
+        allowPartial: a.allow_partial,
+        onProgress: (p) => {
+          // The handle is checked here; the vectors list the rest.
+          if (p.ok) assert.ok(p.sandbox instanceof Sandbox && p.sandbox.id === p.sandboxId, p.sandboxId);
+          else assert.equal(p.sandbox, null);
+          const { sandbox: _handle, ...fields } = p;
+          progress.push(fields);
+        },
+      });
+      return { ids: kids.map((s) => s.id), progress };
+    }
     case "set_ttl":
       return sb.setTtl(a.ttl_secs, { ttlAction: a.ttl_action });
     case "pause":

@@ -20,6 +20,10 @@ pub enum BenchCommand {
     /// Soak: N create/exec/branch/exec/delete cycles through a private daemon, watching
     /// its fds, threads, RSS and leftover processes/files (the last line is JSON).
     Soak(super::bench_soak::SoakBenchArgs),
+    /// The largest branch the host holds through the daemon's streaming endpoint: time
+    /// to the branch point, the first and the last child, per child, and the daemon's
+    /// answers to another request meanwhile (medians and p90; the last line is JSON).
+    ApiFanout(super::bench_api_fanout::ApiFanoutBenchArgs),
     /// Isolated sandbox networking against QEMU user networking, interleaved: create,
     /// branch and guest-to-remote TCP throughput (medians and p90; the last line is JSON).
     Net(super::bench_net::NetBenchArgs),
@@ -35,5 +39,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<i32> {
         BenchCommand::Soak(args) => super::bench_soak::run(args),
         BenchCommand::Pause(args) => super::bench_pause::run(args),
         BenchCommand::Net(args) => super::bench_net::run(args),
+        BenchCommand::ApiFanout(args) => super::bench_api_fanout::run(args),
     }
 }

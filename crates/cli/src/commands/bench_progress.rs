@@ -1,4 +1,5 @@
-//! Progress of long benches, on stderr only (stdout carries the table or the JSON).
+//! Progress of long benches and fan-outs (`zygote branch -c N`), on stderr only (stdout
+//! carries the table, the ids or the JSON).
 //!
 //! On a terminal, one indicatif bar redrawn in place; otherwise (a log file, a pipe, CI)
 //! one complete line per step. The old `eprint!("\r...")` ran every step together on one
@@ -53,6 +54,14 @@ impl Steps {
                 pb.inc(1);
             }
             None => eprintln!("{}", plain_line(&self.label, self.done, self.total, &msg)),
+        }
+    }
+
+    /// A line about the run that is not a step (above the bar on a terminal).
+    pub fn note(&self, msg: &str) {
+        match &self.bar {
+            Some(pb) => pb.println(msg),
+            None => eprintln!("{msg}"),
         }
     }
 

@@ -3,9 +3,10 @@ use std::collections::BTreeMap;
 
 use serde_json::json;
 use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::BranchResponse;
+use zygote_daemon::model::{BranchEvent, BranchResponse};
 
-use super::daemon_client::{print_json, spinner, ApiArgs};
+use super::bench_progress::Steps;
+use super::daemon_client::{print_json, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct BranchArgs {
@@ -70,8 +71,11 @@ fn child_envs(
 pub fn run(args: BranchArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
     let env = child_envs(&args, &|k| std::env::var(k).ok())?;
-    let pb = (!args.json).then(|| spinner(&format!("branching {} x{}", args.id, args.count)));
-    let res: Result<BranchResponse, _> = block_on(client.json(
+    // The streaming form: each child is shown as it comes up (a bar on a terminal, a
+    // line per child otherwise), the summary is the same as the plain request's.
+    let mut steps = (!args.json).then(|| Steps::new("children", args.count as usize));
+    let mut summary: Option<anyhow::Result<BranchResponse>> = None;
+    block_on(client.ndjson(
         Method::POST,
         &format!("/v1/sandboxes/{}/branch", args.id),
         Some(&json!({
@@ -79,21 +83,62 @@ pub fn run(args: BranchArgs) -> anyhow::Result<i32> {
             "ttl_secs": args.ttl,
             "env": env,
             "mergeable": args.mergeable,
+            "stream": true,
         })),
-    ));
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
+        |ev: BranchEvent| match ev {
+            BranchEvent::Point {
+                branch_point,
+                pause_ms,
+                ..
+            } => {
+                if let Some(s) = &steps {
+                    s.note(&format!(
+                        "branch point {branch_point} taken (parent paused {})",
+                        pause_ms.map_or("-".into(), |p| format!("{p:.1} ms"))
+                    ));
+                }
+            }
+            BranchEvent::Child { id, ms, .. } => {
+                if let Some(s) = &mut steps {
+                    s.step(format!("{id} ready after {ms} ms"));
+                }
+            }
+            BranchEvent::ChildFailed {
+                index, error, ms, ..
+            } => {
+                if let Some(s) = &mut steps {
+                    s.step(format!("child {index} failed after {ms} ms: {error}"));
+                }
+            }
+            BranchEvent::Done(r) => summary = Some(Ok(r)),
+            BranchEvent::Error { code, message } => {
+                summary = Some(Err(anyhow::anyhow!("{message} ({code})")))
+            }
+        },
+    ))?;
+    if let Some(s) = steps {
+        s.finish();
     }
-    let res = res?;
+    let res = summary.unwrap_or_else(|| {
+        Err(anyhow::anyhow!(
+            "the daemon's stream ended without a summary"
+        ))
+    })?;
     if args.json {
         print_json(&res)?;
     } else {
         for c in &res.children {
             println!("{c}");
         }
+        for f in &res.failed {
+            eprintln!("child {} did not come up: {}", f.index, f.error);
+        }
         eprintln!(
-            "branched in {} ms (branch point {})",
-            res.duration_ms, res.branch_point
+            "branched {} of {} in {} ms (branch point {})",
+            res.children.len(),
+            args.count,
+            res.duration_ms,
+            res.branch_point
         );
     }
     Ok(0)

@@ -1,6 +1,7 @@
 //! One module per CLI verb. Each exposes a clap `Args`/`Subcommand` type and a
 //! `run(...) -> anyhow::Result<i32>` returning the process exit code.
 pub mod bench;
+pub mod bench_api_fanout;
 pub mod bench_branch;
 pub mod bench_branch_measure;
 pub mod bench_fanout;
@@ -38,6 +39,7 @@ pub mod run;
 pub mod serve;
 pub mod shell;
 pub mod snapshot;
+pub mod snapshot_pack;
 pub mod tree;
 pub mod ttl;
 pub mod vm;

@@ -34,10 +34,13 @@ pub enum SnapshotCommand {
         #[command(flatten)]
         api: ApiArgs,
     },
+    #[command(flatten)]
+    Pack(super::snapshot_pack::PackCommand),
 }
 
 pub fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
     match cmd {
+        SnapshotCommand::Pack(p) => return super::snapshot_pack::run(p),
         SnapshotCommand::Create {
             sandbox,
             kind,

@@ -6,7 +6,9 @@ use utoipa::openapi::path::Operation;
 use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder};
 use utoipa::OpenApi;
 
-use super::{guest, images, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC};
+use super::{
+    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC,
+};
 
 struct BearerAuth;
 
@@ -97,6 +99,7 @@ impl utoipa::Modify for CommonResponses {
         guest::exec, guest::exec_stream, pty::pty, guest::read_file, guest::write_file, guest::list_dir,
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
+        packs::export, packs::import, packs::push, packs::pull,
     ),
     modifiers(&BearerAuth, &CommonResponses),
     security(("bearer" = [])),

@@ -167,10 +167,10 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 21,
+        query_seen, 22,
         "path, mode, special on three file routes; against, path, content on diff; \
          the list's metadata filter; offset, wait_ms, follow on process output; \
-         cols, rows, cmd, env, cwd on pty"
+         cols, rows, cmd, env, cwd on pty; name on snapshot import"
     );
 }
 

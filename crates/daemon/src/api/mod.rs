@@ -7,6 +7,7 @@
 mod doc;
 mod guest;
 mod images;
+mod packs;
 mod pause;
 mod ports;
 mod processes;
@@ -149,6 +150,10 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/v1/snapshots", snapshots::create)
         .add(Method::GET, "/v1/snapshots/{id}", snapshots::get)
         .add(Method::DELETE, "/v1/snapshots/{id}", snapshots::delete)
+        .add(Method::GET, "/v1/snapshots/{id}/export", packs::export)
+        .add(Method::POST, "/v1/snapshots/import", packs::import)
+        .add(Method::POST, "/v1/snapshots/{id}/push", packs::push)
+        .add(Method::POST, "/v1/snapshots/pull", packs::pull)
 }
 
 /// The application: routes, auth, error fallbacks, body limit.

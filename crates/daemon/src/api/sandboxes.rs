@@ -1,15 +1,18 @@
 //! Sandbox lifecycle routes.
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::system::ndjson_stream;
 use super::{ApiJson, ApiQuery, AppState};
-use crate::error::{ErrorBody, Result};
+use crate::error::{Error, ErrorBody, Result};
 use crate::model::metadata;
 use crate::model::{
-    BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest, KeepResponse,
-    MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff, SandboxList, SandboxTree,
-    SetTtlRequest,
+    BranchEvent, BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest,
+    KeepResponse, MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff, SandboxList,
+    SandboxTree, SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -28,18 +31,27 @@ pub async fn list(
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
-    responses((status = 201, description = "Created (n sandboxes, all running)", body = SandboxList),
+    responses((status = 201, description = "Created (n sandboxes, all running; each is listed \
+                as `creating` until it runs)", body = SandboxList),
               (status = 400, description = "Invalid request (e.g. an image name that is no reference)", body = ErrorBody),
-              (status = 403, description = "The registry of an image pulled on first use refused the daemon's credentials (registry_unauthorized)", body = ErrorBody),
+              (status = 403, description = "The registry of an image (or snapshot pack) pulled on first use refused the daemon's credentials (registry_unauthorized)", body = ErrorBody),
               (status = 404, description = "No such image or snapshot (image_not_found: not in the registry)", body = ErrorBody),
               (status = 409, description = "Name taken", body = ErrorBody),
-              (status = 422, description = "The snapshot is from another runtime; an image for another platform, malformed, too large, or pulling is off", body = ErrorBody),
+              (status = 422, description = "The snapshot is from another runtime (unsupported); \
+                an image for another platform, malformed, too large, or pulling is off; or more \
+                sandboxes than the host's memory holds on the qemu runtime (insufficient_memory: \
+                `fit` says how many fit)", body = ErrorBody),
               (status = 502, description = "The registry of an image pulled on first use failed or is unreachable", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<SandboxList>)> {
-    let sandboxes = st.manager.create(req).await?;
+    // In a task of its own: a client that goes away does not cut a fan-out short
+    // between its sandboxes' records (all of them run, or none is left).
+    let manager = st.manager.clone();
+    let sandboxes = tokio::spawn(async move { manager.create(req).await })
+        .await
+        .map_err(|e| Error::Internal(format!("create task failed: {e}")))??;
     Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
 }
 
@@ -79,22 +91,40 @@ pub async fn set_ttl(
     request_body = BranchRequest,
     responses((status = 201, description = "At least one child running; `failed` lists the \
                 children that did not come up, with the cause", body = BranchResponse),
+              (status = 200, description = "With `\"stream\": true`, at once: an NDJSON stream of \
+                BranchEvent lines: `point` (the branch point is taken, the parent runs on; \
+                every child's id, each listed as `creating`), one `child` or `child_failed` \
+                per child as it comes up or fails, then `done` (the BranchResponse) or \
+                `error`. The checks below answer before the stream starts",
+               content_type = "application/x-ndjson", body = BranchEvent),
               (status = 500, description = "No child came up (the causes)", body = ErrorBody),
               (status = 400, description = "Invalid count", body = ErrorBody),
               (status = 422, description = "More children than the host's memory holds, on a \
                 runtime whose children each copy the parent's memory (insufficient_memory: \
-                the message says how many fit)", body = ErrorBody),
+                `fit` says how many fit)", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
-              (status = 409, description = "Sandbox not running", body = ErrorBody)))]
+              (status = 409, description = "Sandbox not running", body = ErrorBody),
+              (status = 507, description = "No room on the snapshot directory's filesystem for \
+                a kept branch point (no_space)", body = ErrorBody)))]
 pub async fn branch(
     State(st): State<AppState>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<BranchRequest>,
-) -> Result<(StatusCode, Json<BranchResponse>)> {
-    Ok((
-        StatusCode::CREATED,
-        Json(st.manager.branch(&id, req).await?),
-    ))
+) -> Result<Response> {
+    let stream = req.stream.unwrap_or(false);
+    let job = st.manager.begin_branch(&id, req).await?;
+    // The branch runs in a task of its own: a client that goes away (or stops reading
+    // the stream) neither cancels it nor holds it up.
+    let manager = st.manager.clone();
+    if stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(manager.finish_branch(job, Some(tx)));
+        return Ok(ndjson_stream(UnboundedReceiverStream::new(rx)));
+    }
+    let resp = tokio::spawn(manager.finish_branch(job, None))
+        .await
+        .map_err(|e| Error::Internal(format!("branch task failed: {e}")))??;
+    Ok((StatusCode::CREATED, Json(resp)).into_response())
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/restore", tag = "sandboxes",

@@ -17,7 +17,14 @@ use crate::model::{BuildEvent, BuildImageRequest, Health, Image, ImageList, Info
 pub fn ndjson<T: serde::Serialize + Send + 'static>(
     rx: tokio::sync::mpsc::Receiver<T>,
 ) -> Response {
-    let stream = ReceiverStream::new(rx).map(|ev| {
+    ndjson_stream(ReceiverStream::new(rx))
+}
+
+/// NDJSON body from a stream of serializable events.
+pub fn ndjson_stream<T: serde::Serialize + Send + 'static>(
+    events: impl tokio_stream::Stream<Item = T> + Send + 'static,
+) -> Response {
+    let stream = events.map(|ev| {
         let mut line = serde_json::to_vec(&ev).expect("events serialize");
         line.push(b'\n');
         Ok::<_, Infallible>(bytes::Bytes::from(line))

@@ -69,14 +69,14 @@ impl Manager {
                 )
             } else {
                 let id = req.snapshot.as_deref().unwrap_or_default();
-                let snap = self.snapshot_row(id)?;
+                let snap = self.find_or_pull_snapshot(id).await?;
                 self.check_runtime(&snap)?;
                 env.image = snap.run.clone();
                 let mut deps = snap.depends_on.clone();
                 deps.push(snap.id.clone());
                 (
                     BootSource::Snapshot(snap.data.clone()),
-                    Some(self.dirs.agent_key.token(&snap.source_sandbox)),
+                    Some(self.boot_token(&snap)),
                     Origin::Snapshot {
                         id: snap.id.clone(),
                     },
@@ -85,6 +85,11 @@ impl Manager {
                     snap.vcpus,
                 )
             };
+        // Where a branch child copies its parent's memory (qemu), every VM of the runtime
+        // is a process holding its own guest RAM: a fan-out is bounded the same way.
+        if let Some(per_vm_mib) = self.runtime.branch_child_copy_mib(mem_mib) {
+            super::branch_record::check_capacity("sandboxes", n, per_vm_mib)?;
+        }
         let mut tasks = Vec::new();
         for (i, id) in ids.into_iter().enumerate() {
             let name = req.name.as_ref().map(|base| match n {
@@ -169,6 +174,19 @@ impl Manager {
         source: BootSource,
         boot_token: Option<String>,
     ) -> Result<StartSpec> {
+        let spec = self.prepare_unrecorded(row, source, boot_token)?;
+        self.db.put_sandbox(row)?;
+        Ok(spec)
+    }
+
+    /// [`Manager::prepare`] without the record, for callers that record many rows in
+    /// one transaction (a branch's children).
+    pub(super) fn prepare_unrecorded(
+        &self,
+        row: &mut SandboxRow,
+        source: BootSource,
+        boot_token: Option<String>,
+    ) -> Result<StartSpec> {
         let dir = self.dirs.vms.join(&row.id);
         std::fs::create_dir_all(&dir).map_err(Error::io(format!("creating {}", dir.display())))?;
         if row.cgroup.path.is_none() {
@@ -177,7 +195,6 @@ impl Manager {
                 tracing::info!("sandbox {}: {limit} not applied: {why}", row.id);
             }
         }
-        self.db.put_sandbox(row)?;
         Ok(StartSpec {
             dir,
             disk: self.dirs.new_layer(&row.id),
@@ -218,29 +235,39 @@ impl Manager {
 
     async fn create_one(
         self: Arc<Self>,
-        mut row: SandboxRow,
+        row: SandboxRow,
         source: BootSource,
         boot_token: Option<String>,
     ) -> Result<Sandbox> {
         let _guard = self.lock(&row.id).await;
-        let spec = match self.prepare(&mut row, source, boot_token) {
-            Ok(s) => s,
-            Err(e) => {
-                self.discard(&row);
-                return Err(e);
-            }
-        };
+        // Records and clean-ups on the blocking pool: a fan-out of hundreds writes as
+        // many records without holding up the async workers.
+        let this = self.clone();
+        let (mut row, spec) = self
+            .blocking(move || {
+                let mut row = row;
+                let spec = this.prepare(&mut row, source, boot_token);
+                if spec.is_err() {
+                    this.discard(&row);
+                }
+                (row, spec)
+            })
+            .await?;
+        let spec = spec?;
         let started = Instant::now();
         let start = self.start_with_network(&row.id, row.network.clone(), spec);
         let (net, result) = self.blocking(start).await?;
         row.network = net;
+        let this = self.clone();
         match result {
             Ok(vm) => {
                 self.metrics.boot.observe(started.elapsed());
                 row.vm = Some(vm);
                 row.state = STATE_RUNNING.into();
                 row.expires_at = row.ttl_secs.map(ttl::deadline_after);
-                self.db.put_sandbox(&row)?;
+                let row = self
+                    .blocking(move || this.db.put_sandbox(&row).map(|()| row))
+                    .await??;
                 tracing::info!(
                     "sandbox {} running ({:.1}s)",
                     row.id,
@@ -249,7 +276,7 @@ impl Manager {
                 Ok(self.view(&row))
             }
             Err(e) => {
-                self.discard(&row);
+                self.blocking(move || this.discard(&row)).await?;
                 Err(e.into())
             }
         }

@@ -5,6 +5,8 @@
 //! tokio's blocking pool. Operations that change a sandbox's VM (delete,
 //! branch, snapshot, restore) hold that sandbox's lock; exec and file
 //! access do not, so a long exec never delays a delete.
+mod branch;
+mod branch_record;
 mod create;
 mod diff;
 mod exec_cancel;
@@ -16,6 +18,7 @@ mod merge_intent;
 mod merge_plan;
 pub use guest::FileBody;
 mod ops;
+mod packs;
 mod pause;
 mod ports;
 mod processes;
@@ -40,7 +43,7 @@ use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::metrics::Metrics;
-use crate::model::{ForkHook, RuntimeInfo, Sandbox, Snapshot};
+use crate::model::{ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
 use crate::runtime::{Runtime, VmRecord};
 
@@ -321,7 +324,17 @@ impl Manager {
             size_bytes: s.size_bytes,
             implicit: s.implicit,
             pause_ms: s.data.pause_ms,
+            pack: s.pack.as_ref().map(PackOrigin::public),
         })
+    }
+
+    /// The agent token a VM started from `snap` wakes up holding: its source sandbox's,
+    /// or for a snapshot from a pack, the one the pack carried.
+    pub(crate) fn boot_token(&self, snap: &SnapshotRow) -> String {
+        match &snap.pack {
+            Some(p) if !p.agent_token.is_empty() => p.agent_token.clone(),
+            _ => self.dirs.agent_key.token(&snap.source_sandbox),
+        }
     }
 
     /// Runs blocking runtime work off the async threads.

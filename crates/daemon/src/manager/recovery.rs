@@ -111,7 +111,14 @@ impl Manager {
             keep.insert(s.data.disk_layer);
             keep.insert(s.data.dir);
         }
-        for dir in [&self.dirs.layers, &self.dirs.snapshots, &self.dirs.vms] {
+        // Scratch space of operations (packing a snapshot) the last daemon did not finish.
+        let scratch = self.dirs.state.join("tmp");
+        for dir in [
+            &self.dirs.layers,
+            &self.dirs.snapshots,
+            &self.dirs.vms,
+            &scratch,
+        ] {
             let Ok(entries) = std::fs::read_dir(dir) else {
                 continue;
             };

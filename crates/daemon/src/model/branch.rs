@@ -34,6 +34,12 @@ pub struct BranchRequest {
     /// find its children again with `GET /v1/sandboxes?metadata=k=v`.
     #[serde(default)]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Answer `200` at once with an NDJSON stream of [`BranchEvent`] lines (the branch
+    /// point, then each child as it comes up or fails, then the summary) instead of
+    /// `201` with the [`BranchResponse`] once every child is done. A client that goes
+    /// away does not stop the branch: its children come up (or go) all the same.
+    #[serde(default)]
+    pub stream: Option<bool>,
 }
 
 impl Validate for BranchRequest {
@@ -76,10 +82,81 @@ pub struct BranchResponse {
     pub pause_ms: Option<f64>,
 }
 
+/// One line of the NDJSON stream of `POST /v1/sandboxes/{id}/branch` with `"stream":
+/// true`. `ms` is the time since the daemon took the request.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BranchEvent {
+    /// The branch point is taken and recorded; the parent runs on. `children` are the
+    /// ids of every requested child, in order: listed as `creating` until each runs.
+    Point {
+        parent: String,
+        branch_point: String,
+        /// How long the parent's vCPUs were stopped.
+        pause_ms: Option<f64>,
+        children: Vec<String>,
+        ms: u64,
+    },
+    /// A child runs and answers through its agent (it is `running` from now on).
+    Child { index: u32, id: String, ms: u64 },
+    /// A child did not come up; nothing of it is left.
+    ChildFailed {
+        index: u32,
+        id: String,
+        error: String,
+        ms: u64,
+    },
+    /// The last line when at least one child runs: what the non-streaming request
+    /// answers.
+    Done(BranchResponse),
+    /// The last line when the branch failed (no point taken, or no child came up).
+    Error { code: String, message: String },
+}
+
 /// One child of a branch that did not come up, and why.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct BranchFailure {
     /// Its position among the requested children (0-based).
     pub index: u32,
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_tagged_lines_and_done_is_the_plain_response() {
+        let done = BranchEvent::Done(BranchResponse {
+            parent: "sb-1".into(),
+            branch_point: "snap-1".into(),
+            children: vec!["sb-2".into()],
+            failed: Vec::new(),
+            duration_ms: 7,
+            pause_ms: Some(1.5),
+        });
+        let v = serde_json::to_value(&done).unwrap();
+        assert_eq!(v["type"], "done");
+        assert_eq!(v["children"], serde_json::json!(["sb-2"]));
+        // A client reading the summary as a BranchResponse ignores the tag.
+        let r: BranchResponse = serde_json::from_value(v).unwrap();
+        assert_eq!(r.duration_ms, 7);
+        let failed = BranchEvent::ChildFailed {
+            index: 3,
+            id: "sb-9".into(),
+            error: "boom".into(),
+            ms: 12,
+        };
+        let v = serde_json::to_value(&failed).unwrap();
+        assert_eq!(v["type"], "child_failed");
+        assert_eq!(v["index"], 3);
+    }
+
+    #[test]
+    fn stream_is_optional_and_known() {
+        let r: BranchRequest = serde_json::from_str(r#"{"count": 2, "stream": true}"#).unwrap();
+        assert_eq!(r.stream, Some(true));
+        assert!(r.validate().is_ok());
+        assert!(serde_json::from_str::<BranchRequest>(r#"{"streaming": true}"#).is_err());
+    }
 }

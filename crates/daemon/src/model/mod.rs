@@ -17,6 +17,7 @@ mod image;
 mod merge;
 pub mod metadata;
 mod network;
+pub mod pack;
 pub mod pause;
 mod ports;
 mod process;
@@ -24,7 +25,7 @@ mod pty;
 mod tree;
 mod ttl;
 mod validate;
-pub use branch::{BranchFailure, BranchRequest, BranchResponse};
+pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
@@ -34,6 +35,7 @@ pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflic
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
 };
+pub use pack::{PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
 pub use pause::TtlAction;
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
 pub use process::{
@@ -46,7 +48,9 @@ pub(crate) use validate::in_range;
 pub use validate::{validate_guest_path, validate_name, Validate};
 
 /// Limits on what one request may ask for.
-pub const MAX_FAN_OUT: u32 = 16;
+/// Sandboxes of one create (where each VM holds its own copy of its memory, also bounded
+/// by what the host has: `Manager::create`).
+pub const MAX_FAN_OUT: u32 = 256;
 /// Guest RAM when a create request names none.
 pub const DEFAULT_MEM_MIB: u32 = 256;
 /// Children of one branch (where children copy their parent's memory, also bounded by
@@ -113,9 +117,12 @@ pub struct CreateSandboxRequest {
     #[serde(default)]
     #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
-    /// How many sandboxes to create (fan-out), 1..=16.
+    /// How many sandboxes to create (fan-out), 1..=256. On the qemu runtime (each VM
+    /// holds its own copy of its memory), at most as many as the host's available memory
+    /// holds (422 `insufficient_memory` says how many fit). They are listed as `creating`
+    /// until each runs.
     #[serde(default)]
-    #[schema(minimum = 1, maximum = 16)]
+    #[schema(minimum = 1, maximum = 256)]
     pub n: Option<u32>,
     /// Guest RAM in MiB, 64..=65536 (image boots only; a snapshot keeps its own).
     #[serde(default)]
@@ -442,6 +449,9 @@ pub struct Snapshot {
     pub implicit: bool,
     /// How long taking it stopped the sandbox's vCPUs (null if not measured).
     pub pause_ms: Option<f64>,
+    /// For a snapshot imported from a pack: where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pack: Option<PackOrigin>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

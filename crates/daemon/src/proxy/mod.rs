@@ -113,6 +113,7 @@ impl IntoResponse for ProxyError {
             error: ErrorDetail {
                 code: code.into(),
                 message: self.to_string(),
+                fit: None,
             },
         };
         let mut resp = (status, axum::Json(body)).into_response();

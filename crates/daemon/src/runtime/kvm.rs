@@ -28,7 +28,7 @@ use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY
 use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
 use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
-use super::{GuestNet, SnapshotData, StartSpec, TapNet, VmRecord};
+use super::{BranchProgress, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
 
@@ -396,14 +396,15 @@ impl Runtime for KvmRuntime {
         }
     }
 
-    fn branch(
+    fn branch_with_progress(
         &self,
         parent: &mut VmRecord,
         point_dir: &Path,
         next_disk: &Path,
         children: &[StartSpec],
         keep_point: bool,
-    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
+        progress: &dyn BranchProgress,
+    ) -> Result<SnapshotData, RuntimeError> {
         let files: Vec<VmFiles> = children.iter().map(|c| VmFiles::in_dir(&c.dir)).collect();
         for (f, c) in files.iter().zip(children) {
             f.clear(&c.dir);
@@ -437,11 +438,16 @@ impl Runtime for KvmRuntime {
         // Fork-based: the point records lineage only, unless kept (its state file then
         // appears once the spawner has written it).
         let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT), info.pause_ms);
-        let results = supervisor::start_children(children, |i, spec| {
-            let child = info.children.iter().find(|c| c.index == i);
-            self.adopt_child(spec, &files[i], child.map(|c| c.pid))
-        });
-        Ok((point, results))
+        progress.point_taken(parent, &point);
+        supervisor::start_children(
+            children,
+            |i, spec| {
+                let child = info.children.iter().find(|c| c.index == i);
+                self.adopt_child(spec, &files[i], child.map(|c| c.pid))
+            },
+            |i, r| progress.child_done(i, r),
+        );
+        Ok(point)
     }
 
     fn finished_capture(

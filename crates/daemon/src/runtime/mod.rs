@@ -7,6 +7,7 @@ pub mod handoff;
 pub mod kvm;
 pub mod kvm_cmd;
 pub mod qemu;
+mod qemu_pack;
 pub mod qmp;
 pub mod supervisor;
 
@@ -210,14 +211,31 @@ pub trait Runtime: Send + Sync {
 
     /// Host memory (MiB) each branch child of a `mem_mib` VM takes for itself from the
     /// start: all of it where a child is a full copy, None where children share the
-    /// parent's memory copy-on-write (they then grow only by what they write).
+    /// parent's memory copy-on-write (they then grow only by what they write). Where
+    /// children copy, every VM of the runtime is a process with its own guest RAM, so
+    /// a create of several VMs is bounded by it too.
     fn branch_child_copy_mib(&self, mem_mib: u32) -> Option<u32>;
 
     /// Branches `parent` into `children.len()` new VMs sharing its state at
     /// one instant; `point_dir`/`next_disk` as for [`Runtime::snapshot`].
     /// With `keep_point`, the point's state must be restorable later (a merge starts
-    /// it); a runtime may write it after returning. Returns the branch point and one
-    /// result per child.
+    /// it); a runtime may write it after returning. Reports to `progress` as it goes:
+    /// the branch point once taken (the parent runs on), then each child's result as
+    /// soon as it is known. An error means the point was never taken and nothing of
+    /// the children runs (`progress` then heard nothing).
+    fn branch_with_progress(
+        &self,
+        parent: &mut VmRecord,
+        point_dir: &Path,
+        next_disk: &Path,
+        children: &[StartSpec],
+        keep_point: bool,
+        progress: &dyn BranchProgress,
+    ) -> Result<SnapshotData, RuntimeError>;
+
+    /// [`Runtime::branch_with_progress`], returning the branch point and one result per
+    /// child (in order) once every child is done.
+    #[allow(clippy::type_complexity)]
     fn branch(
         &self,
         parent: &mut VmRecord,
@@ -225,7 +243,13 @@ pub trait Runtime: Send + Sync {
         next_disk: &Path,
         children: &[StartSpec],
         keep_point: bool,
-    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError>;
+    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
+        let collected = CollectChildren::new(children.len());
+        let point = self.branch_with_progress(
+            parent, point_dir, next_disk, children, keep_point, &collected,
+        )?;
+        Ok((point, collected.into_results()))
+    }
 
     /// After a daemon restart, for a capture ([`Runtime::snapshot`] or
     /// [`Runtime::branch`]) of the live `vm` whose result was never recorded: the
@@ -283,6 +307,90 @@ pub trait Runtime: Send + Sync {
     /// paused sandbox's).
     fn console_log_in(&self, dir: &Path) -> String {
         std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default()
+    }
+
+    /// A snapshot as files that stand on their own (for a snapshot pack): its base
+    /// image, one disk layer over it with every intermediate layer folded in (made in
+    /// `work`), and its state files.
+    fn export_files(
+        &self,
+        _data: &SnapshotData,
+        _work: &Path,
+    ) -> Result<ExportedSnapshot, RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
+            self.name()
+        )))
+    }
+
+    /// The snapshot whose state files are in `dir` and whose folded disk layer is
+    /// `disk`, now over the base image at `base`.
+    fn import_files(
+        &self,
+        _dir: &Path,
+        _state_file: &Path,
+        _disk: &Path,
+        _base: &Path,
+        _accel: &str,
+    ) -> Result<SnapshotData, RuntimeError> {
+        Err(RuntimeError::Unsupported(format!(
+            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
+            self.name()
+        )))
+    }
+}
+
+/// [`Runtime::export_files`]' result.
+#[derive(Debug, Clone)]
+pub struct ExportedSnapshot {
+    /// The raw base image the disk layer reads.
+    pub base: PathBuf,
+    /// The disk layer, self-contained but for the base.
+    pub disk: PathBuf,
+    /// State files by their name in the snapshot's directory.
+    pub state: Vec<(String, PathBuf)>,
+    /// Which of `state` is [`SnapshotData::state_file`].
+    pub state_file: String,
+}
+
+/// Where [`Runtime::branch_with_progress`] reports a branch as it happens. Called from
+/// the runtime's threads: an implementation must not block for long (children wait).
+pub trait BranchProgress: Sync {
+    /// The branch point is taken and `parent` (its record as updated: on the next disk
+    /// layer) runs again. Called once, before any child's result.
+    fn point_taken(&self, parent: &VmRecord, point: &SnapshotData);
+    /// Child `index` runs (its agent answered, it was reidentified), or failed and
+    /// nothing of it runs. Called once per child, in the order they finish.
+    fn child_done(&self, index: usize, result: Result<VmRecord, RuntimeError>);
+}
+
+/// A [`BranchProgress`] that keeps every child's result, for callers that want them
+/// all at the end.
+struct CollectChildren(std::sync::Mutex<Vec<Option<Result<VmRecord, RuntimeError>>>>);
+
+impl CollectChildren {
+    fn new(n: usize) -> Self {
+        Self(std::sync::Mutex::new((0..n).map(|_| None).collect()))
+    }
+
+    fn into_results(self) -> Vec<Result<VmRecord, RuntimeError>> {
+        self.0
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner())
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(RuntimeError::Boot("no result for the child".into()))))
+            .collect()
+    }
+}
+
+impl BranchProgress for CollectChildren {
+    fn point_taken(&self, _parent: &VmRecord, _point: &SnapshotData) {}
+
+    fn child_done(&self, index: usize, result: Result<VmRecord, RuntimeError>) {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(slot) = all.get_mut(index) {
+            *slot = Some(result);
+        }
     }
 }
 

@@ -20,7 +20,8 @@ use super::handoff::BroughtUp;
 use super::qmp::Qmp;
 use super::{guest_agent, supervisor};
 use super::{
-    BootSource, Exit, GuestNet, RunState, Runtime, RuntimeError, SnapshotData, StartSpec, VmRecord,
+    BootSource, BranchProgress, Exit, ExportedSnapshot, GuestNet, RunState, Runtime, RuntimeError,
+    SnapshotData, StartSpec, VmRecord,
 };
 use crate::model::SnapshotKind;
 
@@ -315,7 +316,7 @@ impl Runtime for QemuRuntime {
         Some(u64::from(mem_mib) << 20)
     }
 
-    fn branch(
+    fn branch_with_progress(
         &self,
         parent: &mut VmRecord,
         point_dir: &Path,
@@ -323,15 +324,40 @@ impl Runtime for QemuRuntime {
         children: &[StartSpec],
         // Always kept: a branch point here is a saved state file.
         _keep_point: bool,
-    ) -> Result<(SnapshotData, Vec<Result<VmRecord, RuntimeError>>), RuntimeError> {
+        progress: &dyn BranchProgress,
+    ) -> Result<SnapshotData, RuntimeError> {
         let point = self.capture(parent, point_dir, next_disk)?;
+        progress.point_taken(parent, &point);
         // Children load the same state file concurrently.
-        let results = supervisor::start_children(children, |_, c| {
-            let mut spec = c.clone();
-            spec.source = BootSource::Snapshot(point.clone());
-            self.start(&spec)
-        });
-        Ok((point, results))
+        supervisor::start_children(
+            children,
+            |_, c| {
+                let mut spec = c.clone();
+                spec.source = BootSource::Snapshot(point.clone());
+                self.start(&spec)
+            },
+            |i, r| progress.child_done(i, r),
+        );
+        Ok(point)
+    }
+
+    fn export_files(
+        &self,
+        data: &SnapshotData,
+        work: &Path,
+    ) -> Result<ExportedSnapshot, RuntimeError> {
+        super::qemu_pack::export(data, work)
+    }
+
+    fn import_files(
+        &self,
+        dir: &Path,
+        state_file: &Path,
+        disk: &Path,
+        base: &Path,
+        accel: &str,
+    ) -> Result<SnapshotData, RuntimeError> {
+        super::qemu_pack::import(dir, state_file, disk, base, accel)
     }
 
     fn finished_capture(

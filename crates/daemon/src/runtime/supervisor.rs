@@ -194,30 +194,27 @@ pub fn kill_and_wait(vm: &ProcId, supervisor: Option<&ProcId>) {
     }
 }
 
-/// Starts every branch child concurrently, one scoped thread each, and
-/// returns their results in order; a start that panics becomes an error for
-/// that child only.
-pub fn start_children<T, R, F>(children: &[T], start: F) -> Vec<Result<R, RuntimeError>>
+/// Starts every branch child concurrently, one scoped thread each, and hands each
+/// result to `done` (with the child's index) from that child's thread as soon as it is
+/// known, so one slow child does not hold back the news of its siblings; a start that
+/// panics becomes an error for that child only. Returns once every child is done.
+pub fn start_children<T, R, F, D>(children: &[T], start: F, done: D)
 where
     T: Sync,
-    R: Send,
     F: Fn(usize, &T) -> Result<R, RuntimeError> + Sync,
+    D: Fn(usize, Result<R, RuntimeError>) + Sync,
 {
     std::thread::scope(|s| {
-        let start = &start;
-        let handles: Vec<_> = children
-            .iter()
-            .enumerate()
-            .map(|(i, child)| s.spawn(move || start(i, child)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())))
-            })
-            .collect()
-    })
+        let (start, done) = (&start, &done);
+        for (i, child) in children.iter().enumerate() {
+            s.spawn(move || {
+                let result =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(i, child)))
+                        .unwrap_or_else(|_| Err(RuntimeError::Boot("child start panicked".into())));
+                done(i, result);
+            });
+        }
+    });
 }
 
 #[cfg(test)]

@@ -131,15 +131,18 @@ pub async fn check_pause(c: &Client, cleanup: &Cleanup) -> Parked {
     assert!(e.to_string().contains("resume"), "{e}");
     let e = read(c, id, "/root/kept.txt").await.unwrap_err();
     assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
-    let e = c
-        .json::<Value>(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/branch"),
-            Some(&json!({})),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Some("sandbox_paused"), "{e}");
+    for body in [json!({}), json!({"count": 2, "stream": true})] {
+        // A streamed branch is refused before any stream starts.
+        let e = c
+            .json::<Value>(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/branch"),
+                Some(&body),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some("sandbox_paused"), "{body}: {e}");
+    }
     let e = c
         .json::<Value>(Method::POST, "/v1/snapshots", Some(&json!({"sandbox": id})))
         .await

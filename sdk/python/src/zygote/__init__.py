@@ -7,6 +7,7 @@
 See README.md for the full surface; :mod:`zygote.errors` for exceptions.
 """
 
+from ._branch import BranchProgress
 from ._client import AsyncClient, Client
 from ._process import AsyncCommandHandle, CommandHandle
 from ._version import __version__
@@ -95,6 +96,7 @@ __all__ = [
     "ExposedPort",
     "Snapshot",
     "BranchResult",
+    "BranchProgress",
     "BranchFailure",
     "SandboxTree",
     "TreeNode",

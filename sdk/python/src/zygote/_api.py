@@ -221,13 +221,12 @@ def delete_sandbox(sid: str) -> Call[None]:
     return Call("DELETE", f"/v1/sandboxes/{seg(sid)}", _none)
 
 
-def branch(
-    sid: str,
+def branch_body(
     count: int,
     ttl_secs: Optional[int] = None,
     env: Optional[Sequence[Mapping[str, str]]] = None,
     mergeable: bool = False,
-) -> Call[BranchResult]:
+) -> dict[str, Any]:
     body: dict[str, Any] = {"count": count}
     if ttl_secs is not None:
         body["ttl_secs"] = ttl_secs
@@ -237,7 +236,22 @@ def branch(
         if isinstance(env, Mapping) or len(env) != count:
             raise ValueError(f"env takes one mapping per child: a list of {count}")
         body["env"] = [dict(e) for e in env]
-    return Call("POST", f"/v1/sandboxes/{seg(sid)}/branch", lambda r: BranchResult.from_json(_json(r)), json=body)
+    return body
+
+
+def branch_path(sid: str) -> str:
+    return f"/v1/sandboxes/{seg(sid)}/branch"
+
+
+def branch(
+    sid: str,
+    count: int,
+    ttl_secs: Optional[int] = None,
+    env: Optional[Sequence[Mapping[str, str]]] = None,
+    mergeable: bool = False,
+) -> Call[BranchResult]:
+    body = branch_body(count, ttl_secs, env, mergeable)
+    return Call("POST", branch_path(sid), lambda r: BranchResult.from_json(_json(r)), json=body)
 
 
 def branch_children(res: BranchResult, n: int, children: list[S], *, allow_partial: bool) -> list[S]:

@@ -17,10 +17,11 @@ import httpx
 
 from . import _api
 from ._api import Call, Command, ExecCollector, OutputCallback
+from ._branch import BranchCollector, ProgressCallback
 from ._config import Config, Verify, resolve
 from ._version import __version__
 from .errors import ConnectionFailed, RequestTimeout
-from .models import CommandResult, SandboxInfo, Snapshot
+from .models import BranchResult, CommandResult, SandboxInfo, Snapshot
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_HTTP_TIMEOUT"]
 
@@ -134,6 +135,22 @@ class Client:
                         cb(text)
         return collector.result()
 
+    def branch_stream(
+        self, sandbox_id: str, body: dict[str, Any], collector: BranchCollector[Any], on_progress: ProgressCallback
+    ) -> BranchResult:
+        """A branch through the streaming endpoint: ``on_progress`` gets each
+        child as it comes up (or fails); returns the summary."""
+        with _transport_errors(self.config):
+            with self._http.stream("POST", _api.branch_path(sandbox_id), json={**body, "stream": True}) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    _api.raise_for_error(resp)
+                for line in resp.iter_lines():
+                    progress = collector.feed(line)
+                    if progress is not None:
+                        on_progress(progress)
+        return collector.result()
+
     # Daemon-level conveniences.
 
     def info(self) -> dict[str, Any]:
@@ -211,7 +228,7 @@ class AsyncClient:
         """As :meth:`Client.exec`; callbacks may be plain or coroutine functions."""
         body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin)
         collector = ExecCollector(cmd, on_stdout, on_stderr, check)
-        async with self._stream(_api.exec_path(sandbox_id), body, timeout) as resp:
+        async with self._stream(_api.exec_path(sandbox_id), body, _stream_timeout(timeout)) as resp:
             async for line in resp.aiter_lines():
                 for cb, text in collector.feed(line):
                     maybe = cb(text)
@@ -219,10 +236,26 @@ class AsyncClient:
                         await maybe
         return collector.result()
 
+    async def branch_stream(
+        self, sandbox_id: str, body: dict[str, Any], collector: BranchCollector[Any], on_progress: ProgressCallback
+    ) -> BranchResult:
+        """As :meth:`Client.branch_stream`; ``on_progress`` may be a plain or a
+        coroutine function."""
+        # Each line within the client's own read timeout (a child takes seconds).
+        path, streamed = _api.branch_path(sandbox_id), {**body, "stream": True}
+        async with self._stream(path, streamed, httpx.USE_CLIENT_DEFAULT) as resp:
+            async for line in resp.aiter_lines():
+                progress = collector.feed(line)
+                if progress is not None:
+                    maybe = on_progress(progress)
+                    if inspect.isawaitable(maybe):
+                        await maybe
+        return collector.result()
+
     @asynccontextmanager
-    async def _stream(self, path: str, body: Any, timeout: Optional[float]) -> AsyncIterator[httpx.Response]:
+    async def _stream(self, path: str, body: Any, timeout: Any) -> AsyncIterator[httpx.Response]:
         with _transport_errors(self.config):
-            async with self._http.stream("POST", path, json=body, timeout=_stream_timeout(timeout)) as resp:
+            async with self._http.stream("POST", path, json=body, timeout=timeout) as resp:
                 if resp.status_code >= 400:
                     await resp.aread()
                     _api.raise_for_error(resp)

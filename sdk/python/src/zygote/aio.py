@@ -9,6 +9,7 @@ from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union,
 
 from . import _api
 from ._api import Command, OnConflict, OutputCallback
+from ._branch import BranchCollector, ProgressCallback
 from ._client import AsyncClient
 from ._process import AsyncCommandHandle, AsyncProcessCommands
 from .aio_pty import AsyncPty
@@ -243,11 +244,19 @@ class AsyncSandbox:
         env: Optional[Sequence[Mapping[str, str]]] = None,
         allow_partial: bool = False,
         mergeable: bool = False,
+        on_progress: Optional[ProgressCallback] = None,
     ) -> List["AsyncSandbox"]:
         """See :meth:`zygote.Sandbox.branch` (raises
         :class:`~zygote.errors.BranchIncomplete` unless ``allow_partial``;
-        ``mergeable=True`` keeps the branch point for :meth:`merge`)."""
-        res = await self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
+        ``mergeable=True`` keeps the branch point for :meth:`merge`;
+        ``on_progress``, a plain or coroutine function, gets each child as
+        it comes up)."""
+        if on_progress is None:
+            res = await self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
+        else:
+            collector = BranchCollector(n, lambda sid: type(self)(sid, client=self.client))
+            body = _api.branch_body(n, ttl_secs, env, mergeable)
+            res = await self.client.branch_stream(self.id, body, collector, on_progress)
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 

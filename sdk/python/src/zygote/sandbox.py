@@ -7,6 +7,7 @@ from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union,
 
 from . import _api
 from ._api import Command, OnConflict, OutputCallback
+from ._branch import BranchCollector, ProgressCallback
 from ._client import Client
 from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
@@ -310,6 +311,7 @@ class Sandbox:
         env: Optional[Sequence[Mapping[str, str]]] = None,
         allow_partial: bool = False,
         mergeable: bool = False,
+        on_progress: Optional[ProgressCallback] = None,
     ) -> List["Sandbox"]:
         """Forks this sandbox's live state into ``n`` children (memory,
         processes and files, copy-on-write). Each child then diverges
@@ -327,8 +329,19 @@ class Sandbox:
         ``mergeable=True`` keeps the branch point's state so the children can
         later be merged into this sandbox or into each other (:meth:`merge`);
         the qemu runtime always keeps it, the kvm runtime only when asked (it
-        costs a memory file of this sandbox, written after the children run)."""
-        res = self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
+        costs a memory file of this sandbox, written after the children run).
+
+        ``on_progress`` (a callable taking a :class:`~zygote.BranchProgress`)
+        is called for each child as soon as it runs or fails, in the order
+        they finish, with a handle on it: large fan-outs (up to 256 children)
+        can be followed, and a child used, while its siblings still come up.
+        The return value is the same."""
+        if on_progress is None:
+            res = self.client.call(_api.branch(self.id, n, ttl_secs, env, mergeable))
+        else:
+            collector = BranchCollector(n, lambda sid: type(self)(sid, client=self.client))
+            body = _api.branch_body(n, ttl_secs, env, mergeable)
+            res = self.client.branch_stream(self.id, body, collector, on_progress)
         children = [type(self)(child, client=self.client) for child in res.children]
         return _api.branch_children(res, n, children, allow_partial=allow_partial)
 

@@ -1,0 +1,212 @@
+//! Snapshot packs over the API: export (a tar body), import (a tar upload), push to and
+//! pull from an OCI registry (NDJSON progress).
+use std::io::Write;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt;
+use tokio::io::AsyncWriteExt;
+
+use super::system::ndjson;
+use super::{ApiJson, ApiQuery, AppState};
+use crate::error::{Error, ErrorBody, Result};
+use crate::model::pack::ImportQuery;
+use crate::model::{PackEvent, PullSnapshotRequest, PushSnapshotRequest, Snapshot, Validate};
+
+/// Largest pack an upload may be.
+const MAX_PACK_BYTES: u64 = 256 << 30;
+
+#[utoipa::path(get, path = "/v1/snapshots/{id}/export", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id")),
+    responses((status = 200, description = "The snapshot pack: an OCI image layout in a tar (the \
+                 artifact `application/vnd.zygote.snapshot.v1`: base image, disk, memory and \
+                 device state, each zstd-compressed and sparse). It holds the guest's memory \
+                 and its agent's token: keep it as you would the sandbox.",
+               content_type = "application/x-tar"),
+              (status = 404, description = "No such snapshot", body = ErrorBody),
+              (status = 422, description = "The runtime has no snapshot packs, or the base image is gone", body = ErrorBody)))]
+pub async fn export(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response> {
+    let packed = st.manager.pack_snapshot(&id, Arc::new(|_| {})).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(8);
+    let size = packed.size();
+    tokio::task::spawn_blocking(move || {
+        let mut w = ChannelWriter(tx.clone());
+        if let Err(e) = zygote_oci::pack::write_archive(&packed, &id, &mut w) {
+            // The client sees a cut body, never a well-formed partial pack.
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-tar".to_string()),
+            (
+                header::HeaderName::from_static("x-zygote-pack-bytes"),
+                size.to_string(),
+            ),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// Sends what is written as body chunks.
+struct ChannelWriter(tokio::sync::mpsc::Sender<std::io::Result<bytes::Bytes>>);
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(bytes::Bytes::copy_from_slice(buf)))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[utoipa::path(post, path = "/v1/snapshots/import", tag = "snapshots",
+    params(ImportQuery),
+    request_body(content = Vec<u8>, content_type = "application/x-tar",
+                 description = "A snapshot pack made by GET /v1/snapshots/{id}/export"),
+    responses((status = 201, description = "Imported: a new snapshot of this daemon", body = Snapshot),
+              (status = 400, description = "Not a snapshot pack", body = ErrorBody),
+              (status = 422, description = "A damaged pack (a digest mismatch), another format, runtime or CPU", body = ErrorBody)))]
+pub async fn import(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ImportQuery>,
+    body: Body,
+) -> Result<(StatusCode, Json<Snapshot>)> {
+    let m = st.manager.clone();
+    let path = m.scratch_file("import", "tar")?;
+    let written = save_body(body, &path).await;
+    let result = match written {
+        Ok(()) => {
+            let p = path.clone();
+            let packed = tokio::task::spawn_blocking(move || {
+                zygote_oci::pack::read_archive(&p, MAX_PACK_BYTES)
+            })
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+            match packed {
+                Ok(packed) => m.import_pack(packed, q.name, "file".into()).await,
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&path);
+    Ok((StatusCode::CREATED, Json(result?)))
+}
+
+async fn save_body(body: Body, path: &std::path::Path) -> Result<()> {
+    let mut file = tokio::fs::File::create(path)
+        .await
+        .map_err(Error::io(format!("creating {}", path.display())))?;
+    let mut body = body;
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Error::MalformedBody(format!("reading the pack: {e}")))?;
+        if let Some(data) = frame.data_ref() {
+            total += data.len() as u64;
+            if total > MAX_PACK_BYTES {
+                return Err(Error::BodyTooLarge {
+                    what: "a snapshot pack",
+                    limit: MAX_PACK_BYTES as usize,
+                });
+            }
+            file.write_all(data)
+                .await
+                .map_err(Error::io(format!("writing {}", path.display())))?;
+        }
+    }
+    file.flush()
+        .await
+        .map_err(Error::io(format!("writing {}", path.display())))
+}
+
+#[utoipa::path(post, path = "/v1/snapshots/{id}/push", tag = "snapshots",
+    params(("id" = String, Path, description = "Snapshot id")),
+    request_body = PushSnapshotRequest,
+    responses((status = 200, description = "NDJSON stream of PackEvent lines: `progress`, `blob` \
+                 (state `cached` for blobs the registry has: nothing is sent again), then \
+                 `pushed` or `error`", content_type = "application/x-ndjson", body = PackEvent),
+              (status = 400, description = "Not a reference", body = ErrorBody),
+              (status = 404, description = "No such snapshot", body = ErrorBody)))]
+pub async fn push(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<PushSnapshotRequest>,
+) -> Result<Response> {
+    req.validate()?;
+    st.manager.snapshot_get(&id)?;
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let m = st.manager.clone();
+    tokio::spawn(async move {
+        let ptx = tx.clone();
+        let progress = Arc::new(move |e: zygote_oci::Event| {
+            let _ = ptx.try_send(PackEvent::from(e));
+        });
+        let last = match m
+            .push_pack(&id, &req.reference, req.credentials(), progress)
+            .await
+        {
+            Ok((digest, size)) => PackEvent::Pushed {
+                reference: req.reference.clone(),
+                digest,
+                size,
+            },
+            Err(e) => {
+                tracing::warn!(snapshot = %id, reference = %req.reference, "push failed: {e}");
+                PackEvent::error(&e)
+            }
+        };
+        let _ = tx.send(last).await;
+    });
+    Ok(ndjson(rx))
+}
+
+#[utoipa::path(post, path = "/v1/snapshots/pull", tag = "snapshots",
+    request_body = PullSnapshotRequest,
+    responses((status = 200, description = "NDJSON stream of PackEvent lines: `progress`, `blob`, \
+                 then `done` with the imported snapshot or `error`",
+               content_type = "application/x-ndjson", body = PackEvent),
+              (status = 400, description = "Not a reference", body = ErrorBody)))]
+pub async fn pull(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<PullSnapshotRequest>,
+) -> Result<Response> {
+    req.validate()?;
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    let m = st.manager.clone();
+    tokio::spawn(async move {
+        let ptx = tx.clone();
+        let progress = Arc::new(move |e: zygote_oci::Event| {
+            let _ = ptx.try_send(PackEvent::from(e));
+        });
+        let last = match m
+            .pull_pack(
+                &req.reference,
+                req.credentials(),
+                req.name.clone(),
+                progress,
+            )
+            .await
+        {
+            Ok(snapshot) => PackEvent::Done {
+                snapshot: Box::new(snapshot),
+            },
+            Err(e) => {
+                tracing::warn!(reference = %req.reference, "pull failed: {e}");
+                PackEvent::error(&e)
+            }
+        };
+        let _ = tx.send(last).await;
+    });
+    Ok(ndjson(rx))
+}

@@ -1,0 +1,315 @@
+//! Branching a running sandbox into copy-on-write children, recorded as it happens.
+//!
+//! Two phases. [`Manager::begin_branch`] checks the request and changes nothing: its
+//! errors are the request's 4xx. [`Manager::finish_branch`] then runs in a task of its
+//! own, which a client going away does not cancel. It records the intent in one
+//! transaction (the parent `paused` with its pending capture, every child `creating`),
+//! then the runtime reports the branch point, recorded at once (the parent shows
+//! `running` again), and each child as soon as it runs or fails, recorded `running` (or
+//! discarded): `GET /v1/sandboxes` shows a fan-out's progress, and a streaming client
+//! hears of every child as it comes. Children that finish together are recorded in one
+//! transaction, and every write and clean-up runs on the blocking pool, so a fan-out of
+//! hundreds keeps the async workers free to answer other requests.
+//!
+//! After a crash the recovery (`recovery`, `startup`) settles whatever is left: a
+//! capture not yet recorded is finished or undone, children not yet `running` are
+//! killed and reported dead, children recorded `running` are re-attached.
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+use tokio::sync::OwnedMutexGuard;
+
+use super::branch_record::{attach_all, check_capacity, child_row};
+use super::{new_id, Manager};
+use crate::db::{SandboxRow, SnapshotRow};
+use crate::error::{Error, Result};
+use crate::fault;
+use crate::model::{
+    BranchEvent, BranchFailure, BranchRequest, BranchResponse, SnapshotKind, Validate,
+};
+use crate::network::NetRecord;
+use crate::runtime::{BranchProgress, RuntimeError, SnapshotData, VmRecord};
+
+/// A branch checked by [`Manager::begin_branch`], for [`Manager::finish_branch`].
+pub struct BranchJob {
+    pub(super) parent: SandboxRow,
+    pub(super) vm: VmRecord,
+    /// Not recorded yet: [`Manager::finish_branch`] does it.
+    pub(super) children: Vec<SandboxRow>,
+    pub(super) point_id: String,
+    keep_point: bool,
+    started: Instant,
+    /// The parent's lock, held to the end; each child's, until it is recorded.
+    _parent_guard: OwnedMutexGuard<()>,
+    pub(super) child_guards: Vec<Option<OwnedMutexGuard<()>>>,
+}
+
+/// What the runtime's threads report, in order (see [`BranchProgress`]).
+enum Progress {
+    /// Every child's network record once the namespaces are made (also when making one
+    /// failed: the clean-up removes what was made).
+    Networks(Vec<NetRecord>),
+    Point(VmRecord, SnapshotData),
+    Child(usize, std::result::Result<VmRecord, RuntimeError>),
+}
+
+struct Forward(UnboundedSender<Progress>);
+
+impl BranchProgress for Forward {
+    fn point_taken(&self, parent: &VmRecord, point: &SnapshotData) {
+        let _ = self.0.send(Progress::Point(parent.clone(), point.clone()));
+    }
+
+    fn child_done(&self, index: usize, result: std::result::Result<VmRecord, RuntimeError>) {
+        let _ = self.0.send(Progress::Child(index, result));
+    }
+}
+
+/// A streaming client, if there is one (sends to one that went away are dropped).
+struct Events {
+    tx: Option<UnboundedSender<BranchEvent>>,
+    started: Instant,
+}
+
+impl Events {
+    fn emit(&self, ev: BranchEvent) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(ev);
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
+
+/// A child that did not come up: its index, why, and its VM if one runs.
+pub(super) type Gone = (usize, String, Option<VmRecord>);
+
+impl Manager {
+    /// Checks a branch of `parent_id` (see the module doc). Its errors are the
+    /// request's (400, 404, 409, 422, 507); nothing is changed.
+    pub async fn begin_branch(
+        self: &Arc<Self>,
+        parent_id: &str,
+        req: BranchRequest,
+    ) -> Result<BranchJob> {
+        req.validate()?;
+        let count = req.count.unwrap_or(1);
+        let keep_point = req.mergeable.unwrap_or(false);
+        let started = Instant::now();
+        let parent_guard = self.lock(parent_id).await;
+        let parent = self.sandbox_row(parent_id)?;
+        let vm = self.running_vm(&parent)?;
+        // A kept point is a full capture of the parent's memory.
+        let kind = if keep_point {
+            SnapshotKind::Full
+        } else {
+            SnapshotKind::Branch
+        };
+        self.check_space(kind, parent.mem_mib)?;
+        if let Some(per_child_mib) = self.runtime.branch_child_copy_mib(parent.mem_mib) {
+            check_capacity("children", count, per_child_mib)?;
+        }
+        // The children's metadata (refused before anything is made if it has too many keys).
+        let metadata =
+            crate::model::metadata::for_child(&parent.id, &parent.metadata, req.metadata.as_ref())?;
+        let point_id = new_id("snap");
+        let mut deps = parent.depends_on.clone();
+        deps.push(point_id.clone());
+        let mut children = Vec::new();
+        for i in 0..count as usize {
+            let env = parent
+                .env
+                .for_child(req.env.as_ref().and_then(|e| e.get(i)))?;
+            children.push(child_row(
+                &parent,
+                &point_id,
+                &deps,
+                env,
+                metadata.clone(),
+                req.ttl_secs,
+            ));
+        }
+        // Fresh ids: nobody else can hold their locks yet.
+        let child_guards = children
+            .iter()
+            .map(|c| self.lock_for(&c.id).try_lock_owned().ok())
+            .collect();
+        Ok(BranchJob {
+            parent,
+            vm,
+            children,
+            point_id,
+            keep_point,
+            started,
+            _parent_guard: parent_guard,
+            child_guards,
+        })
+    }
+
+    /// Runs a checked branch to its end (see the module doc), telling `events` (a
+    /// streaming client) as it goes; the last event is the outcome. Fails when nothing
+    /// could be recorded, the point could not be taken, or no child runs.
+    pub async fn finish_branch(
+        self: Arc<Self>,
+        mut job: BranchJob,
+        events: Option<UnboundedSender<BranchEvent>>,
+    ) -> Result<BranchResponse> {
+        let events = Events {
+            tx: events,
+            started: job.started,
+        };
+        let result = self.run_branch(&mut job, &events).await;
+        events.emit(match &result {
+            Ok(r) => BranchEvent::Done(r.clone()),
+            Err(e) => {
+                let body = e.body();
+                BranchEvent::Error {
+                    code: body.error.code,
+                    message: body.error.message,
+                }
+            }
+        });
+        result
+    }
+
+    async fn run_branch(
+        self: &Arc<Self>,
+        job: &mut BranchJob,
+        events: &Events,
+    ) -> Result<BranchResponse> {
+        let next_disk = self.dirs.new_layer(&job.parent.id);
+        let specs = self.record_branch(job, &next_disk).await?;
+        fault::point("branch.recorded");
+        let (tx, mut rx) = unbounded_channel();
+        let runtime = {
+            let (rt, net) = (self.runtime.clone(), self.network.clone());
+            let ids: Vec<String> = job.children.iter().map(|c| c.id.clone()).collect();
+            let mut nets: Vec<NetRecord> = job.children.iter().map(|c| c.network.clone()).collect();
+            let (mut vm, mut specs) = (job.vm.clone(), specs);
+            let point_dir = self.dirs.snapshots.join(&job.point_id);
+            let keep_point = job.keep_point;
+            tokio::task::spawn_blocking(move || {
+                let attached = attach_all(&net, &ids, &mut nets, &mut specs);
+                let _ = tx.send(Progress::Networks(nets));
+                attached?;
+                let progress = Forward(tx);
+                rt.branch_with_progress(
+                    &mut vm, &point_dir, &next_disk, &specs, keep_point, &progress,
+                )
+                .map(drop)
+            })
+        };
+        let mut point: Option<SnapshotRow> = None;
+        let mut running: Vec<Option<String>> = vec![None; job.children.len()];
+        let mut failed = Vec::new();
+        let mut point_error: Option<Error> = None;
+        while let Some(first) = rx.recv().await {
+            // What has come meanwhile goes with it: one transaction for the lot.
+            let mut batch = vec![first];
+            while let Ok(more) = rx.try_recv() {
+                batch.push(more);
+            }
+            let (mut ready, mut gone): (Vec<(usize, VmRecord)>, Vec<Gone>) = (vec![], vec![]);
+            for progress in batch {
+                match progress {
+                    Progress::Networks(nets) => {
+                        for (child, net) in job.children.iter_mut().zip(nets) {
+                            child.network = net;
+                        }
+                    }
+                    Progress::Point(vm, data) => match self.record_point(job, vm, data).await {
+                        Ok(p) => {
+                            events.emit(BranchEvent::Point {
+                                parent: job.parent.id.clone(),
+                                branch_point: p.id.clone(),
+                                pause_ms: p.data.pause_ms,
+                                children: job.children.iter().map(|c| c.id.clone()).collect(),
+                                ms: events.ms(),
+                            });
+                            point = Some(p);
+                        }
+                        Err(e) => point_error = Some(e),
+                    },
+                    // Recorded only under a recorded point; else it goes (a restart
+                    // settles the parent's capture).
+                    Progress::Child(i, Ok(vm)) if point.is_some() => ready.push((i, vm)),
+                    Progress::Child(i, Ok(vm)) => {
+                        gone.push((i, "the branch point could not be recorded".into(), Some(vm)))
+                    }
+                    Progress::Child(i, Err(e)) => gone.push((i, e.to_string(), None)),
+                }
+            }
+            if let Err(e) = self.record_children(job, &ready).await {
+                let why = format!("recording it: {e}");
+                gone.extend(ready.drain(..).map(|(i, vm)| (i, why.clone(), Some(vm))));
+            }
+            for (i, _) in ready {
+                job.child_guards[i] = None;
+                let id = job.children[i].id.clone();
+                events.emit(BranchEvent::Child {
+                    index: i as u32,
+                    id: id.clone(),
+                    ms: events.ms(),
+                });
+                running[i] = Some(id);
+            }
+            self.drop_children(job, &gone).await;
+            for (i, error, _) in gone {
+                job.child_guards[i] = None;
+                tracing::warn!(
+                    "branch of {}: child {i} ({}) failed: {error}",
+                    job.parent.id,
+                    job.children[i].id
+                );
+                events.emit(BranchEvent::ChildFailed {
+                    index: i as u32,
+                    id: job.children[i].id.clone(),
+                    error: error.clone(),
+                    ms: events.ms(),
+                });
+                failed.push(BranchFailure {
+                    index: i as u32,
+                    error,
+                });
+            }
+        }
+        let outcome = runtime
+            .await
+            .map_err(|e| Error::Internal(format!("branch task failed: {e}")))?;
+        self.metrics
+            .branch_children_failed
+            .fetch_add(failed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        match (outcome, point, point_error) {
+            (Err(e), None, _) => Err(self.undo_branch(job, e).await),
+            // Not a runtime's way (an error means no point), but then the point stays.
+            (Err(e), Some(_), _) => Err(e.into()),
+            (Ok(()), _, Some(e)) => Err(e),
+            (Ok(()), None, None) => Err(Error::Internal(
+                "the runtime reported no branch point".into(),
+            )),
+            (Ok(()), Some(point), None) => {
+                let children: Vec<String> = running.into_iter().flatten().collect();
+                if children.is_empty() {
+                    let causes: Vec<String> = failed.iter().map(|f| f.error.clone()).collect();
+                    return Err(Error::Runtime(RuntimeError::Boot(format!(
+                        "no child of the branch came up: {}",
+                        causes.join("; ")
+                    ))));
+                }
+                self.metrics.branch.observe(job.started.elapsed());
+                failed.sort_by_key(|f| f.index);
+                Ok(BranchResponse {
+                    parent: job.parent.id.clone(),
+                    branch_point: point.id,
+                    children,
+                    failed,
+                    duration_ms: events.ms(),
+                    pause_ms: point.data.pause_ms,
+                })
+            }
+        }
+    }
+}

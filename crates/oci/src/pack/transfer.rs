@@ -1,0 +1,160 @@
+//! Snapshot packs to and from registries: blobs the registry has are not sent again
+//! (the check is a HEAD per blob), the manifest goes last so a pull never sees a pack
+//! whose blobs are not all there, and pulls reuse the image pull's resuming, checked
+//! downloads.
+use std::sync::Arc;
+
+use futures_util::StreamExt;
+use oci_client::secrets::RegistryAuth;
+use tokio::io::AsyncReadExt;
+
+use super::{from_manifest, snapshot_manifest, Packed, CONFIG_TYPE, FILE_TYPE};
+use crate::blobs::BlobStore;
+use crate::error::{OciError, Result};
+use crate::manifest::{MAX_DOCUMENT_BYTES, OCI_MANIFEST};
+use crate::reference::{credentials, ImageRef};
+use crate::registry::Registry;
+use crate::{Event, LayerState, PullOptions};
+
+/// Pushes `p` as `reference`; returns the manifest digest. `progress` gets a
+/// [`Event::Layer`] per blob (state `cached` when the registry already had it).
+pub async fn push(
+    p: &Packed,
+    reference: &str,
+    opts: &PullOptions,
+    progress: Arc<dyn Fn(Event) + Send + Sync>,
+) -> Result<String> {
+    let image = ImageRef::parse(reference)?;
+    let auth = credentials(image.registry(), opts.credentials.clone())?;
+    let client = opts.transport.client(&image);
+    let had_credentials = !matches!(auth, RegistryAuth::Anonymous);
+    client
+        .store_auth_if_needed(image.inner.resolve_registry(), &auth)
+        .await;
+    let err = |e: oci_client::errors::OciDistributionError| {
+        Registry::describe_error(&image, had_credentials, e)
+    };
+    for (index, f) in p.files.iter().enumerate() {
+        let event = |done: u64, state: LayerState| Event::Layer {
+            index,
+            digest: f.digest.to_string(),
+            done,
+            total: f.size,
+            state,
+        };
+        if client
+            .blob_exists(&image.inner, f.digest.as_str())
+            .await
+            .map_err(err)?
+        {
+            progress(event(f.size, LayerState::Cached));
+            continue;
+        }
+        let file = tokio::fs::File::open(&f.blob)
+            .await
+            .map_err(|source| OciError::Io {
+                context: format!("opening {}", f.blob.display()),
+                source,
+            })?;
+        let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s, pr, total, idx, digest) = (
+            sent.clone(),
+            progress.clone(),
+            f.size,
+            index,
+            f.digest.to_string(),
+        );
+        let chunks = futures_util::stream::unfold(file, |mut file| async move {
+            let mut buf = vec![0u8; 8 << 20];
+            match file.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(bytes::Bytes::from(buf)), file))
+                }
+                Err(e) => Some((
+                    Err(oci_client::errors::OciDistributionError::IoError(e)),
+                    file,
+                )),
+            }
+        })
+        .inspect(move |c| {
+            if let Ok(c) = c {
+                let done = s.fetch_add(c.len() as u64, std::sync::atomic::Ordering::SeqCst)
+                    + c.len() as u64;
+                pr(Event::Layer {
+                    index: idx,
+                    digest: digest.clone(),
+                    done,
+                    total,
+                    state: LayerState::Downloading,
+                });
+            }
+        });
+        client
+            .push_blob_stream(&image.inner, chunks, f.digest.as_str(), Some(f.size))
+            .await
+            .map_err(err)?;
+        progress(event(f.size, LayerState::Done));
+    }
+    let config_digest = crate::manifest::Digest::of(&p.config);
+    if !client
+        .blob_exists(&image.inner, config_digest.as_str())
+        .await
+        .map_err(err)?
+    {
+        client
+            .push_blob(&image.inner, p.config.clone(), config_digest.as_str())
+            .await
+            .map_err(err)?;
+    }
+    client
+        .push_manifest_raw(
+            &image.inner,
+            p.manifest.clone(),
+            http::HeaderValue::from_static(OCI_MANIFEST),
+        )
+        .await
+        .map_err(err)?;
+    Ok(p.manifest_digest.to_string())
+}
+
+/// Pulls the pack `reference` names into the blob store (resuming, checked).
+pub async fn pull(
+    reference: &str,
+    opts: &PullOptions,
+    progress: Arc<dyn Fn(Event) + Send + Sync>,
+) -> Result<Packed> {
+    let image = ImageRef::parse(reference)?;
+    let auth = credentials(image.registry(), opts.credentials.clone())?;
+    let registry = Registry::new(opts.transport.client(&image), image.clone(), auth);
+    let (manifest, digest) = registry.manifest_bytes().await?;
+    let m = snapshot_manifest(&image.name(), &manifest)?;
+    progress(Event::Resolved {
+        reference: image.name(),
+        digest: digest.to_string(),
+        layers: m.layers.len(),
+        bytes: m.layers.iter().map(|d| d.size.max(0) as u64).sum(),
+    });
+    if m.config.media_type != CONFIG_TYPE || m.layers.iter().any(|l| l.media_type != FILE_TYPE) {
+        return Err(OciError::BadImage {
+            what: image.name(),
+            message: "not a zygote snapshot pack".into(),
+        });
+    }
+    let store = BlobStore::open()?;
+    registry
+        .fetch_layers(&m.layers, &store, &opts.limits, &*progress)
+        .await?;
+    let config = registry.small_blob(&m.config, MAX_DOCUMENT_BYTES).await?;
+    from_manifest(&image.name(), manifest, |d| {
+        if d.as_str() == m.config.digest {
+            Ok(config.clone())
+        } else {
+            Err(OciError::BadImage {
+                what: image.name(),
+                message: format!("unexpected document {d}"),
+            })
+        }
+    })
+}
