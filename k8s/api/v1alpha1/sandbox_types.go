@@ -69,6 +69,9 @@ const (
 	ReasonNodeLost          = "NodeLost"
 	ReasonWaitingForParent  = "WaitingForParent"
 	ReasonParentOnOtherNode = "ParentOnOtherNode"
+	ReasonMovedAsPack       = "PlacedViaSnapshotPack"
+	ReasonWaitingForPack    = "WaitingForPack"
+	ReasonPackFailed        = "PackFailed"
 	ReasonTemplateNotFound  = "TemplateNotFound"
 	ReasonFromWarmPool      = "FromWarmPool"
 	ReasonCreatedForClaim   = "CreatedForClaim"
@@ -165,6 +168,41 @@ type BranchFrom struct {
 	// +kubebuilder:default=1
 	// +optional
 	Count int32 `json:"count,omitempty"`
+
+	// SnapshotPack: when the parent's node cannot take the children, move the branch
+	// point instead of waiting: the parent's node snapshots the parent and pushes it as
+	// a snapshot pack to this repository, and the children start on another node from
+	// that pack (a copy of the parent at that moment, not a live fork). Without it, a
+	// branch runs on its parent's node or stays Pending (ParentNodeFull).
+	// +optional
+	SnapshotPack *SnapshotPackMove `json:"snapshotPack,omitempty"`
+}
+
+// SnapshotPackMove says where a branch point travels between nodes.
+type SnapshotPackMove struct {
+	// Repository the pack is pushed to and pulled from (`registry:5000/team/points`);
+	// the tag is the child Sandbox's UID. Nodes use their daemon's registry credentials.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=400
+	// +kubebuilder:validation:Pattern=`^[a-z0-9.:-]+(/[a-z0-9._-]+)+$`
+	Repository string `json:"repository"`
+}
+
+// AnnotationPackPrefix: the controller asks a parent's node agent to push the parent
+// as a snapshot pack for a moved branch with the annotation
+// `pack.zygote.dev/<child UID>: <reference>`.
+const AnnotationPackPrefix = "pack.zygote.dev/"
+
+// PushedPack is a snapshot pack a node agent pushed of a Sandbox, for a moved branch.
+type PushedPack struct {
+	// Reference pushed (`repository:<child UID>`).
+	Reference string `json:"reference"`
+	// Digest of the pack's manifest.
+	// +optional
+	Digest string `json:"digest,omitempty"`
+	// Error: why the push failed (then Digest is empty).
+	// +optional
+	Error string `json:"error,omitempty"`
 }
 
 // SandboxSpec is the desired VM.
@@ -224,6 +262,9 @@ type SandboxStatus struct {
 	// ExpiresAt: when its TTL runs out.
 	// +optional
 	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
+	// Packs: snapshot packs pushed of this Sandbox for branches moved to other nodes.
+	// +optional
+	Packs []PushedPack `json:"packs,omitempty"`
 	// ObservedGeneration of the spec this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`

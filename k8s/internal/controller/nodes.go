@@ -134,14 +134,15 @@ func (a *assumed) add(uid types.UID, x assumption) {
 	a.m[uid] = x
 }
 
-// snapshot returns the assumptions not yet seen placed in the cache (seen: UIDs the
-// cache shows with a node), dropping the seen and the stale ones.
-func (a *assumed) pending(seen map[types.UID]bool) []assumption {
+// pending returns the assumptions the cache does not reflect yet: Sandboxes it still
+// shows unplaced (present, not in seen: UIDs it shows with a node). Those it shows
+// placed, those it no longer has (deleted) and stale ones are dropped.
+func (a *assumed) pending(seen, present map[types.UID]bool) []assumption {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var out []assumption
 	for uid, x := range a.m {
-		if seen[uid] || time.Since(x.createdAt) > time.Minute {
+		if seen[uid] || !present[uid] || time.Since(x.createdAt) > time.Minute {
 			delete(a.m, uid)
 			continue
 		}

@@ -71,3 +71,19 @@ func TestUsageCountsPlacedLiveSandboxesAndBranches(t *testing.T) {
 		t.Errorf("seen: %v", seen)
 	}
 }
+
+func TestAssumptionsLastUntilTheCacheCatchesUp(t *testing.T) {
+	var a assumed
+	a.add("placed", assumption{node: "a", memMiB: 256, createdAt: time.Now()})
+	a.add("lagging", assumption{node: "a", memMiB: 512, createdAt: time.Now()})
+	a.add("deleted", assumption{node: "b", memMiB: 1024, createdAt: time.Now()})
+	a.add("stale", assumption{node: "c", memMiB: 64, createdAt: time.Now().Add(-2 * time.Minute)})
+	present := map[ktypes.UID]bool{"placed": true, "lagging": true, "stale": true}
+	got := a.pending(map[ktypes.UID]bool{"placed": true}, present)
+	if len(got) != 1 || got[0].memMiB != 512 {
+		t.Fatalf("want only the lagging one, got %+v", got)
+	}
+	if len(a.m) != 1 {
+		t.Fatalf("the others are forgotten: %+v", a.m)
+	}
+}

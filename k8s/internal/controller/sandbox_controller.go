@@ -157,7 +157,26 @@ func (r *SandboxReconciler) place(ctx context.Context, sb *zv1.Sandbox) (ctrl.Re
 		}
 		preq.ParentNode = parent.Spec.NodeName
 	}
-	d := placement.Place(preq, placementNodes(states, nodes, used, r.assumed.pending(seen)))
+	present := map[types.UID]bool{}
+	for i := range all.Items {
+		present[all.Items[i].UID] = true
+	}
+	pnodes := placementNodes(states, nodes, used, r.assumed.pending(seen, present))
+	d := placement.Place(preq, pnodes)
+	if bf := sb.Spec.BranchFrom; d.Reason == placement.ParentNodeFull && bf.SnapshotPack != nil {
+		// Move the branch point: the parent's node pushes it as a pack, another node
+		// starts the children from it.
+		moved := preq
+		moved.ParentNode = ""
+		if md := placement.Place(moved, pnodes); md.Node != "" {
+			ref := bf.SnapshotPack.Repository + ":" + string(sb.UID)
+			if err := r.requestPack(ctx, sb.Namespace, bf.Sandbox, sb.UID, ref); err != nil {
+				return ctrl.Result{}, err
+			}
+			d = placement.Decision{Node: md.Node, Reason: zv1.ReasonMovedAsPack, Message: d.Message +
+				"; moving the branch point instead: " + md.Message + ", from the snapshot pack " + ref}
+		}
+	}
 	if d.Node == "" {
 		return ctrl.Result{RequeueAfter: 3 * time.Second}, r.setUnscheduled(ctx, sb, d.Reason, d.Message)
 	}
@@ -178,13 +197,32 @@ func (r *SandboxReconciler) place(ctx context.Context, sb *zv1.Sandbox) (ctrl.Re
 			cur.Status.Phase = zv1.PhasePending
 		}
 		meta.SetStatusCondition(&cur.Status.Conditions, metav1.Condition{Type: zv1.ConditionScheduled,
-			Status: metav1.ConditionTrue, Reason: zv1.ReasonPlaced, Message: d.Message, ObservedGeneration: cur.Generation})
+			Status: metav1.ConditionTrue, Reason: d.Reason, Message: d.Message, ObservedGeneration: cur.Generation})
 		return r.Status().Update(ctx, &cur)
 	})
 	if err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	return ctrl.Result{}, nil
+}
+
+// requestPack asks the parent's node agent (through an annotation on the parent: the
+// agent is the only writer of its host) to push the parent as a snapshot pack to ref.
+func (r *SandboxReconciler) requestPack(ctx context.Context, ns, parent string, child types.UID, ref string) error {
+	var p zv1.Sandbox
+	if err := r.Get(ctx, types.NamespacedName{Namespace: ns, Name: parent}, &p); err != nil {
+		return err
+	}
+	key := zv1.AnnotationPackPrefix + string(child)
+	if p.Annotations[key] == ref {
+		return nil
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[key] = ref
+	return r.Patch(ctx, &p, patch)
 }
 
 // setUnscheduled records why a Sandbox is not placed (written only when it changes).

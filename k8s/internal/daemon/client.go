@@ -131,6 +131,8 @@ type Sandbox struct {
 
 // CreateRequest is POST /v1/sandboxes.
 type CreateRequest struct {
+	// N: how many sandboxes (fan-out); 0 means 1.
+	N        int32             `json:"n,omitempty"`
 	Image    string            `json:"image,omitempty"`
 	Snapshot string            `json:"snapshot,omitempty"`
 	MemMiB   int32             `json:"mem_mib,omitempty"`
@@ -287,4 +289,59 @@ func (c *Client) Snapshots(ctx context.Context) ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// SnapshotFull takes a full snapshot of a running sandbox and returns its id.
+func (c *Client) SnapshotFull(ctx context.Context, sandbox string) (string, error) {
+	var out struct {
+		ID string `json:"id"`
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/snapshots", map[string]string{"sandbox": sandbox, "kind": "full"}, &out)
+	return out.ID, err
+}
+
+// DeleteSnapshot is DELETE /v1/snapshots/{id}.
+func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/snapshots/"+url.PathEscape(id), nil, nil)
+}
+
+// PushSnapshot pushes a snapshot as a pack to reference (the daemon's NDJSON stream
+// read to its end) and returns the manifest digest.
+func (c *Client) PushSnapshot(ctx context.Context, id, reference string) (string, error) {
+	b, _ := json.Marshal(map[string]string{"reference": reference})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/snapshots/"+url.PathEscape(id)+"/push", bytes.NewReader(b))
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.Token)
+	hc := *c.HTTP
+	hc.Timeout = 30 * time.Minute
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		return "", &APIError{Status: resp.StatusCode, Message: strings.TrimSpace(string(data))}
+	}
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev struct {
+			Type    string `json:"type"`
+			Digest  string `json:"digest"`
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		}
+		if err := dec.Decode(&ev); err != nil {
+			return "", fmt.Errorf("push stream ended without a result: %w", err)
+		}
+		switch ev.Type {
+		case "pushed":
+			return ev.Digest, nil
+		case "error":
+			return "", &APIError{Status: 502, Code: ev.Code, Message: ev.Message}
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -76,7 +77,10 @@ func (a *Agent) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, e
 		}
 	}
 	if len(vms) > 0 {
-		return ctrl.Result{RequeueAfter: a.Resync}, a.observe(ctx, &sb, vms, false)
+		if err := a.observe(ctx, &sb, vms, false); err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: a.Resync}, a.servePacks(ctx, &sb, vms[0])
 	}
 	if sb.Status.SandboxID != "" {
 		// It ran here and its VM is gone: expired, or deleted behind Kubernetes' back.
@@ -269,15 +273,17 @@ func (a *Agent) create(ctx context.Context, sb *zv1.Sandbox) (ctrl.Result, error
 			return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonWaitingForParent, "parent Sandbox "+bf.Sandbox+" does not exist")
 		case err != nil:
 			return ctrl.Result{}, err
-		case parent.Spec.NodeName != a.Node:
-			return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonParentOnOtherNode,
-				"parent Sandbox "+bf.Sandbox+" runs on "+parent.Spec.NodeName+", not "+a.Node)
 		case parent.Status.Phase != zv1.PhaseRunning || parent.Status.SandboxID == "":
 			if parent.Status.Phase.Terminal() {
 				return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonWaitingForParent,
 					"parent Sandbox "+bf.Sandbox+" is "+string(parent.Status.Phase))
 			}
 			return ctrl.Result{RequeueAfter: time.Second}, nil
+		case parent.Spec.NodeName != a.Node && bf.SnapshotPack == nil:
+			return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonParentOnOtherNode,
+				"parent Sandbox "+bf.Sandbox+" runs on "+parent.Spec.NodeName+", not "+a.Node)
+		case parent.Spec.NodeName != a.Node:
+			return a.createFromPack(ctx, sb, &parent, meta)
 		}
 		parentID = parent.Status.SandboxID
 	}
@@ -333,6 +339,103 @@ func (a *Agent) create(ctx context.Context, sb *zv1.Sandbox) (ctrl.Result, error
 	}
 	log.FromContext(ctx).Info("VM running", "id", vms[0].ID, "count", len(vms))
 	return ctrl.Result{RequeueAfter: a.Resync}, a.observe(ctx, sb, vms, true)
+}
+
+// createFromPack starts a moved branch's children from the snapshot pack the parent's
+// node pushed (see servePacks), once it is there.
+func (a *Agent) createFromPack(ctx context.Context, sb *zv1.Sandbox, parent *zv1.Sandbox,
+	meta map[string]string) (ctrl.Result, error) {
+	key := client.ObjectKeyFromObject(sb)
+	ref := sb.Spec.BranchFrom.SnapshotPack.Repository + ":" + string(sb.UID)
+	var pushed *zv1.PushedPack
+	for i := range parent.Status.Packs {
+		if parent.Status.Packs[i].Reference == ref {
+			pushed = &parent.Status.Packs[i]
+		}
+	}
+	if pushed == nil {
+		msg := "waiting for " + parent.Spec.NodeName + " to push the branch point as " + ref
+		return ctrl.Result{RequeueAfter: time.Second}, a.updateStatus(ctx, key, func(s *zv1.Sandbox) bool {
+			c := readyCondition(s)
+			if s.Status.Phase == zv1.PhaseCreating && c != nil && c.Message == msg {
+				return false
+			}
+			s.Status.Phase, s.Status.Node = zv1.PhaseCreating, a.Node
+			setReady(s, metav1.ConditionFalse, zv1.ReasonWaitingForPack, msg)
+			return true
+		})
+	}
+	if pushed.Error != "" {
+		return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonPackFailed, "pushing the branch point as "+ref+
+			" failed on "+parent.Spec.NodeName+": "+pushed.Error)
+	}
+	if err := a.updateStatus(ctx, key, func(s *zv1.Sandbox) bool {
+		s.Status.Phase, s.Status.Node = zv1.PhaseCreating, a.Node
+		setReady(s, metav1.ConditionFalse, zv1.ReasonCreating, "starting "+strconv.Itoa(int(sb.Spec.Count()))+
+			" children from the snapshot pack "+ref+" ("+pushed.Digest+")")
+		return true
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
+	vms, err := a.Daemon.Create(ctx, daemon.CreateRequest{N: sb.Spec.Count(), Snapshot: ref,
+		TTLSecs: sb.Spec.TTLSeconds, Metadata: meta})
+	if err != nil {
+		if daemon.IsClientError(err) {
+			return ctrl.Result{}, a.fail(ctx, key, zv1.ReasonDaemonRefused, err.Error())
+		}
+		return ctrl.Result{RequeueAfter: 2 * time.Second}, a.updateStatus(ctx, key, func(s *zv1.Sandbox) bool {
+			setReady(s, metav1.ConditionFalse, zv1.ReasonDaemonUnavailable, err.Error())
+			return true
+		})
+	}
+	log.FromContext(ctx).Info("children started from a snapshot pack", "reference", ref, "count", len(vms))
+	return ctrl.Result{RequeueAfter: a.Resync}, a.observe(ctx, sb, vms, true)
+}
+
+func readyCondition(s *zv1.Sandbox) *metav1.Condition {
+	return meta.FindStatusCondition(s.Status.Conditions, zv1.ConditionReady)
+}
+
+// servePacks pushes the Sandbox as a snapshot pack for every moved branch the
+// controller asked for (annotation pack.zygote.dev/<child UID>) and records the result
+// in status.packs, where the child's node waits for it.
+func (a *Agent) servePacks(ctx context.Context, sb *zv1.Sandbox, vm daemon.Sandbox) error {
+	done := map[string]bool{}
+	for _, p := range sb.Status.Packs {
+		done[p.Reference] = true
+	}
+	for k, ref := range sb.Annotations {
+		if !strings.HasPrefix(k, zv1.AnnotationPackPrefix) || done[ref] || vm.State != "running" {
+			continue
+		}
+		result := zv1.PushedPack{Reference: ref}
+		snap, err := a.Daemon.SnapshotFull(ctx, vm.ID)
+		if err == nil {
+			result.Digest, err = a.Daemon.PushSnapshot(ctx, snap, ref)
+			// The pack is what travels; the local snapshot is not needed (refused while
+			// the sandbox's disk still reads it: then it stays).
+			_ = a.Daemon.DeleteSnapshot(ctx, snap)
+		}
+		if err != nil {
+			if !daemon.IsClientError(err) && ctx.Err() != nil {
+				return err
+			}
+			result.Error = err.Error()
+		}
+		log.FromContext(ctx).Info("pushed a branch point", "reference", ref, "digest", result.Digest, "error", result.Error)
+		if err := a.updateStatus(ctx, client.ObjectKeyFromObject(sb), func(s *zv1.Sandbox) bool {
+			for _, p := range s.Status.Packs {
+				if p.Reference == ref {
+					return false
+				}
+			}
+			s.Status.Packs = append(s.Status.Packs, result)
+			return true
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (a *Agent) fail(ctx context.Context, key types.NamespacedName, reason, msg string) error {

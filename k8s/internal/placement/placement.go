@@ -100,9 +100,9 @@ func Place(r Request, nodes []Node) Decision {
 			}
 			if why := whyNot(n, r); why != "" {
 				return Decision{Reason: ParentNodeFull, Message: fmt.Sprintf(
-					"the parent's node %s cannot take the branch: %s; branches stay on their "+
-						"parent's node (moving the branch point as a snapshot pack is not "+
-						"implemented yet)", n.Name, why)}
+					"the parent's node %s cannot take the branch: %s; a branch stays on its "+
+						"parent's node unless branchFrom.snapshotPack lets its branch point move "+
+						"to another node as a snapshot pack", n.Name, why)}
 			}
 			return Decision{Node: n.Name, Reason: Placed, Message: fmt.Sprintf(
 				"branch placed on its parent's node %s (%d MiB free before)", n.Name, n.FreeMemoryMiB())}

@@ -42,6 +42,9 @@ type Options struct {
 	LeaseDuration, Grace time.Duration
 	// Logf reports progress.
 	Logf func(format string, args ...any)
+	// Registry: also run an OCI registry on loopback (Debian's docker-registry), for
+	// branch points moved between nodes as snapshot packs.
+	Registry bool
 }
 
 // Bins are the programs a cluster runs.
@@ -169,6 +172,9 @@ type Cluster struct {
 	Kubeconfig string
 	Controller *Proc
 	Nodes      []*Node
+	// RegistryAddr: host:port of the loopback registry ("" without one), and why not.
+	RegistryAddr, NoRegistry string
+	registry                 *Proc
 }
 
 // Namespace of the node Leases.
@@ -232,6 +238,12 @@ func Start(ctx context.Context, bins Bins, o Options) (*Cluster, error) {
 	if err := c.Client.Create(ctx, ns); client.IgnoreAlreadyExists(err) != nil {
 		return c, err
 	}
+	if o.Registry {
+		if err := c.startRegistry(); err != nil {
+			c.NoRegistry = err.Error()
+			o.Logf("no registry: %v", err)
+		}
+	}
 	c.Controller = &Proc{Name: "controller", Log: filepath.Join(o.Dir, "controller.log"), Args: []string{
 		bins.Controller, "--kubeconfig", c.Kubeconfig, "--node-namespace", Namespace,
 		"--node-lost-grace", o.Grace.String(), "--node-sweep-interval", "500ms"}}
@@ -279,6 +291,41 @@ func (c *Cluster) startNode(ctx context.Context, name string) (*Node, error) {
 		"--vcpus", strconv.Itoa(c.Opts.NodeVCPUs), "--status-interval", "1s", "--gc-interval", "3s",
 		"--resync", "5s"}}
 	return n, n.Agent.Start()
+}
+
+func (c *Cluster) startRegistry() error {
+	bin, err := exec.LookPath("docker-registry")
+	if err != nil {
+		return fmt.Errorf("docker-registry is not installed (scripts/setup.sh installs it)")
+	}
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(c.Opts.Dir, "registry")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	config := filepath.Join(dir, "config.yml")
+	yaml := fmt.Sprintf("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: %s\n"+
+		"  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%d\n  secret: zygote-k8s-test\n", filepath.Join(dir, "storage"), port)
+	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+		return err
+	}
+	c.registry = &Proc{Name: "registry", Log: filepath.Join(c.Opts.Dir, "registry.log"), Args: []string{bin, "serve", config}}
+	if err := c.registry.Start(); err != nil {
+		return err
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	for i := 0; i < 100; i++ {
+		if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			conn.Close()
+			c.RegistryAddr = addr
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("docker-registry did not listen on %s (log %s)", addr, c.registry.Log)
 }
 
 // WaitDaemon waits for a node's daemon to answer (and reads its token).
@@ -384,6 +431,9 @@ func (c *Cluster) Stop(ctx context.Context) {
 		}
 		n.Daemon.Stop(syscall.SIGTERM)
 		KillVMProcesses(n.StateDir)
+	}
+	if c.registry != nil {
+		c.registry.Stop(syscall.SIGTERM)
 	}
 	if c.Env != nil {
 		_ = c.Env.Stop()

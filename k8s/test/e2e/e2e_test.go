@@ -164,7 +164,7 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, bins, cluster.Options{Dir: dir, Nodes: 3, NodeMemoryMiB: 1024, NodeVCPUs: 4,
-		LeaseDuration: 3 * time.Second, Grace: 2 * time.Second, Logf: t.Logf})
+		LeaseDuration: 3 * time.Second, Grace: 2 * time.Second, Logf: t.Logf, Registry: true})
 	e := &env{t: t, ctx: ctx, c: c}
 	defer func() {
 		if t.Failed() {
@@ -204,6 +204,7 @@ func TestCluster(t *testing.T) {
 	t.Run("manifests apply (server-side dry run)", func(t *testing.T) { e.t = t; e.manifests() })
 	t.Run("sandbox placed, running, exec through its node's daemon", func(t *testing.T) { e.t = t; e.placeAndExec() })
 	t.Run("branchFrom on the parent's node with the parent's files", func(t *testing.T) { e.t = t; e.branch() })
+	t.Run("branch moved to another node as a snapshot pack when the parent's is full", func(t *testing.T) { e.t = t; e.movedBranch() })
 	t.Run("ttlSeconds: the daemon deletes the VM, the Sandbox is Expired", func(t *testing.T) { e.t = t; e.ttl() })
 	t.Run("warm pool of 3 kept full; claim binds within one reconcile", func(t *testing.T) { e.t = t; e.poolAndClaim() })
 	t.Run("node daemon killed: Sandboxes Lost, pool refilled elsewhere", func(t *testing.T) { e.t = t; e.nodeLost() })
@@ -442,6 +443,56 @@ func (e *env) branch() {
 			strings.Contains(c.Message, "4096 MiB"), readyReason(sb)
 	})
 	e.deleteAndWaitGone(big, got, parent)
+	e.eventually("no VM left", 60*time.Second, func() (bool, string) {
+		m := e.labelledVMs()
+		return countVMs(m) == 0, fmt.Sprintf("%v", m)
+	})
+}
+
+func (e *env) movedBranch() {
+	if e.c.RegistryAddr == "" {
+		e.t.Skip("no loopback registry: " + e.c.NoRegistry)
+	}
+	parent := image("big", 512)
+	if err := e.cl.Create(e.ctx, parent); err != nil {
+		e.t.Fatal(err)
+	}
+	p := e.waitRunning("big", 120*time.Second)
+	e.exec(p.Spec.NodeName, p.Status.SandboxID, "sh", "-c", "echo moved-data > /root/marker")
+	repo := e.c.RegistryAddr + "/zygote/branch-points"
+	moved := &zv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "moved"},
+		Spec: zv1.SandboxSpec{BranchFrom: &zv1.BranchFrom{Sandbox: "big", Count: 2,
+			SnapshotPack: &zv1.SnapshotPackMove{Repository: repo}}}}
+	if err := e.cl.Create(e.ctx, moved); err != nil {
+		e.t.Fatal(err)
+	}
+	got := e.waitRunning("moved", 300*time.Second)
+	if got.Spec.NodeName == p.Spec.NodeName {
+		e.t.Fatalf("children on the parent's node %s, which had no room for them", got.Spec.NodeName)
+	}
+	c := meta.FindStatusCondition(got.Status.Conditions, zv1.ConditionScheduled)
+	if c == nil || c.Reason != zv1.ReasonMovedAsPack || !strings.Contains(c.Message, repo) {
+		e.t.Errorf("Scheduled: %+v", c)
+	} else {
+		e.t.Logf("moved: %s", c.Message)
+	}
+	if len(got.Status.SandboxIDs) != 2 {
+		e.t.Fatalf("want 2 children, got %v", got.Status.SandboxIDs)
+	}
+	for _, id := range got.Status.SandboxIDs {
+		if out := e.exec(got.Spec.NodeName, id, "cat", "/root/marker"); strings.TrimSpace(out) != "moved-data" {
+			e.t.Errorf("child %s on %s reads %q, want the parent's moved-data", id, got.Spec.NodeName, out)
+		}
+	}
+	p, err := e.sandbox("big")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if len(p.Status.Packs) != 1 || p.Status.Packs[0].Reference != repo+":"+string(got.UID) ||
+		!strings.HasPrefix(p.Status.Packs[0].Digest, "sha256:") {
+		e.t.Errorf("parent's packs: %+v", p.Status.Packs)
+	}
+	e.deleteAndWaitGone(got, p)
 	e.eventually("no VM left", 60*time.Second, func() (bool, string) {
 		m := e.labelledVMs()
 		return countVMs(m) == 0, fmt.Sprintf("%v", m)
