@@ -34,6 +34,7 @@ var (
 	claims    = flag.Int("claims", 10, "claims bound from a warm pool of 3")
 	creates   = flag.Int("creates", 10, "create-to-running rounds (API server and daemon, interleaved)")
 	kills     = flag.Int("kills", 3, "node deaths (Lost + refill)")
+	branches  = flag.Int("branches", 5, "branches on the parent's node vs moved to another node as a snapshot pack")
 	scale     = flag.Int("scale", 100, "Sandboxes created at once across the nodes (0: skip)")
 	scaleMem  = flag.Int("scale-mem", 64, "guest MiB of each scale Sandbox")
 	nodes     = flag.Int("nodes", 3, "nodes")
@@ -174,7 +175,7 @@ func main() {
 	ctx := context.Background()
 	logf := func(f string, a ...any) { fmt.Printf("[bench] "+f+"\n", a...) }
 	c, err := cluster.Start(ctx, bins, cluster.Options{Dir: dir, Nodes: *nodes, NodeMemoryMiB: *nodeMem,
-		NodeVCPUs: 64, LeaseDuration: *lease, Grace: *grace, Logf: logf})
+		NodeVCPUs: 64, LeaseDuration: *lease, Grace: *grace, Logf: logf, Registry: true})
 	if c != nil {
 		defer func() { c.Stop(ctx); os.RemoveAll(dir) }()
 	}
@@ -208,6 +209,11 @@ func main() {
 	}
 	out["create_to_running_apiserver_ms"], out["create_to_running_daemon_ms"] = summarize(viaAPI), summarize(direct)
 	logf("create-to-running: API server %+v ms; daemon %+v ms", summarize(viaAPI), summarize(direct))
+
+	// 1b. A branch on the parent's node vs moved to another node as a snapshot pack.
+	if c.RegistryAddr != "" && *branches > 0 {
+		runBranches(b, out, logf)
+	}
 
 	// 2. Claim latency from a warm pool of 3.
 	tmpl := &zv1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "small"},
@@ -285,6 +291,67 @@ func main() {
 	}
 	js, _ := json.Marshal(out)
 	fmt.Println(string(js))
+}
+
+func cordon(b *bench, node string, v bool) {
+	var zn zv1.ZygoteNode
+	must(b.c.Client.Get(b.ctx, client.ObjectKey{Name: node}, &zn))
+	patch := client.MergeFrom(zn.DeepCopy())
+	zn.Spec.Unschedulable = v
+	must(b.c.Client.Patch(b.ctx, &zn, patch))
+}
+
+func runBranches(b *bench, out map[string]any, logf func(string, ...any)) {
+	ctx, c := b.ctx, b.c
+	running := func(name string) {
+		must(b.waitWatch(&zv1.SandboxList{}, name, 5*time.Minute, func(o client.Object) bool {
+			sb := o.(*zv1.Sandbox)
+			if sb.Status.Phase.Terminal() {
+				must(fmt.Errorf("%s is %s", name, sb.Status.Phase))
+			}
+			return sb.Status.Phase == zv1.PhaseRunning
+		}))
+	}
+	parent := &zv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "bp"},
+		Spec: zv1.SandboxSpec{SandboxParams: zv1.SandboxParams{Image: "minimal",
+			Resources: &zv1.Resources{MemoryMiB: 256, VCPUs: 1}}}}
+	must(c.Client.Create(ctx, parent))
+	running("bp")
+	must(c.Client.Get(ctx, client.ObjectKeyFromObject(parent), parent))
+	repo := c.RegistryAddr + "/zygote/branch-points"
+	var local, moved []float64
+	for i := 0; i < *branches; i++ {
+		for _, move := range []bool{false, true} {
+			name := fmt.Sprintf("bl-%d", i)
+			bf := &zv1.BranchFrom{Sandbox: "bp", Count: 1}
+			if move {
+				name = fmt.Sprintf("bm-%d", i)
+				bf.SnapshotPack = &zv1.SnapshotPackMove{Repository: repo}
+				cordon(b, parent.Spec.NodeName, true) // the parent's node takes nothing more
+			}
+			sb := &zv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+				Spec: zv1.SandboxSpec{BranchFrom: bf}}
+			t0 := time.Now()
+			must(c.Client.Create(ctx, sb))
+			running(name)
+			d := ms(time.Since(t0))
+			must(c.Client.Get(ctx, client.ObjectKeyFromObject(sb), sb))
+			if move {
+				if sb.Spec.NodeName == parent.Spec.NodeName {
+					must(fmt.Errorf("%s was not moved", name))
+				}
+				moved = append(moved, d)
+				cordon(b, parent.Spec.NodeName, false)
+			} else {
+				local = append(local, d)
+			}
+			must(b.deleteWait(sb))
+		}
+	}
+	must(b.deleteWait(parent))
+	out["branch_local_ms"], out["branch_moved_pack_ms"] = summarize(local), summarize(moved)
+	logf("branch create-to-running: on the parent's node %+v ms; moved as a snapshot pack %+v ms",
+		summarize(local), summarize(moved))
 }
 
 func runScale(b *bench, out map[string]any, logf func(string, ...any)) {
