@@ -164,7 +164,7 @@ func TestCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	c, err := cluster.Start(ctx, bins, cluster.Options{Dir: dir, Nodes: 3, NodeMemoryMiB: 1024, NodeVCPUs: 4,
-		LeaseDuration: 3 * time.Second, Grace: 2 * time.Second, Logf: t.Logf, Registry: true})
+		LeaseDuration: 4 * time.Second, Grace: 3 * time.Second, Logf: t.Logf, Registry: true})
 	e := &env{t: t, ctx: ctx, c: c}
 	defer func() {
 		if t.Failed() {
@@ -208,7 +208,7 @@ func TestCluster(t *testing.T) {
 	t.Run("ttlSeconds: the daemon deletes the VM, the Sandbox is Expired", func(t *testing.T) { e.t = t; e.ttl() })
 	t.Run("warm pool of 3 kept full; claim binds within one reconcile", func(t *testing.T) { e.t = t; e.poolAndClaim() })
 	t.Run("node daemon killed: Sandboxes Lost, pool refilled elsewhere", func(t *testing.T) { e.t = t; e.nodeLost() })
-	t.Run("controller and node agent restarts create no duplicates", func(t *testing.T) { e.t = t; e.restarts() })
+	t.Run("controller, node agent and daemon restarts create no duplicates", func(t *testing.T) { e.t = t; e.restarts() })
 	t.Run("deleting Sandboxes leaves no VM", func(t *testing.T) { e.t = t; e.deleteAll() })
 }
 
@@ -703,7 +703,7 @@ func (e *env) nodeLost() {
 			e.t.Errorf("pool member %s placed on the dead node", m.Name)
 		}
 	}
-	e.t.Logf("node %s killed: its Sandbox Lost after %.1fs, pool full again after %.1fs (lease 3s, grace 2s)",
+	e.t.Logf("node %s killed: its Sandbox Lost after %.1fs, pool full again after %.1fs (lease 4s, grace 3s)",
 		victim.Name, lostAt.Seconds(), refilled.Seconds())
 	// The host comes back: the daemon restarts on its state, the node is Ready again,
 	// and what it remembers of the lost Sandbox is deleted (no Sandbox owns it).
@@ -787,11 +787,32 @@ func (e *env) restarts() {
 		}
 		return got.Status.Phase == zv1.ClaimBound, fmt.Sprintf("%+v", got.Status)
 	})
+	// A daemon killed and restarted at once (its VMs live on under their supervisors)
+	// re-attaches to them, and its node agent keeps the same VMs.
+	victim := e.c.Nodes[0]
+	victim.Daemon.Stop(syscall.SIGKILL)
+	t0 := time.Now()
+	if err := victim.Daemon.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.c.WaitDaemon(e.ctx, victim, 30*time.Second); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Logf("%s's zygoted restarted in %.2fs", victim.Name, time.Since(t0).Seconds())
 	// Let every reconciler settle (several resyncs), then compare.
 	time.Sleep(8 * time.Second)
 	after, idsAfter := e.snapshotState()
 	if strings.Join(ids, ",") != strings.Join(idsAfter, ",") {
 		e.t.Errorf("VMs changed across restarts: before %v, after %v", ids, idsAfter)
+	}
+	var list zv1.SandboxList
+	if err := e.cl.List(e.ctx, &list, client.InNamespace(ns)); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, sb := range list.Items {
+		if sb.Status.Phase.Terminal() {
+			e.t.Errorf("%s is %s after the restarts: %s", sb.Name, sb.Status.Phase, readyReason(&sb))
+		}
 	}
 	for name, id := range sbs {
 		if after[name] != id {
