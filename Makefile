@@ -2,13 +2,15 @@
 #   make demo   install what is missing, build everything (incl. guest kernel/rootfs), run the demo
 #   make test   install, build, lint and run every test suite (incl. the nested lane's smoke part)
 #   make test-kvm-nested   the whole nested lane: the kvm runtime's Linux path under emulated SVM
+#   make test-k8s   zygote on Kubernetes: real etcd + kube-apiserver on loopback, controller, 3 nodes
 SHELL := /bin/bash
 CARGO ?= cargo
 ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 
 .PHONY: all setup build probe agent guest lint test test-rust test-api test-sdk test-fuzz demo clean \
-	test-kvm-nested test-kvm-nested-smoke bench-nested
+	test-kvm-nested test-kvm-nested-smoke bench-nested \
+	test-k8s bench-k8s k8s-generate
 
 all: build
 
@@ -63,6 +65,21 @@ test-kvm-nested-smoke: build guest
 # runtime); the last line printed is its JSON summary. See bench/README.md.
 bench-nested: build guest
 	python3 scripts/nested-lane.py --lane bench
+
+# zygote on Kubernetes (k8s/README.md): builds kube-apiserver, etcd and kubectl from the Go
+# module proxy (cached in ~/.cache/zygote/k8s), the controller and the node agent, then runs
+# the unit tests and the e2e suite (3 zygoted on the qemu runtime as 3 nodes).
+test-k8s: build guest
+	bash scripts/k8s-test.sh
+
+# Claim latency, create-to-running via the API server vs the daemon, Lost + refill, memory,
+# many Sandboxes over 3 nodes (bench/README.md, issue 23 section).
+bench-k8s: build guest
+	bash scripts/k8s-bench.sh
+
+# Regenerates the CRDs and deepcopy code from k8s/api with controller-gen.
+k8s-generate:
+	bash scripts/k8s-generate.sh
 
 test: lint test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke
 

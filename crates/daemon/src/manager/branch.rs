@@ -112,6 +112,9 @@ impl Manager {
         if let Some(per_child_mib) = self.runtime.branch_child_copy_mib(parent.mem_mib) {
             check_capacity("children", count, per_child_mib)?;
         }
+        // The children's metadata (refused before anything is made if it has too many keys).
+        let metadata =
+            crate::model::metadata::for_child(&parent.id, &parent.metadata, req.metadata.as_ref())?;
         let point_id = new_id("snap");
         let mut deps = parent.depends_on.clone();
         deps.push(point_id.clone());
@@ -120,7 +123,14 @@ impl Manager {
             let env = parent
                 .env
                 .for_child(req.env.as_ref().and_then(|e| e.get(i)))?;
-            children.push(child_row(&parent, &point_id, &deps, env, req.ttl_secs));
+            children.push(child_row(
+                &parent,
+                &point_id,
+                &deps,
+                env,
+                metadata.clone(),
+                req.ttl_secs,
+            ));
         }
         // Fresh ids: nobody else can hold their locks yet.
         let child_guards = children

@@ -196,6 +196,7 @@ pub(super) fn child_row(
     point_id: &str,
     deps: &[String],
     env: SandboxEnv,
+    metadata: crate::model::metadata::Metadata,
     ttl_secs: Option<u64>,
 ) -> SandboxRow {
     let id = new_id("sb");
@@ -229,7 +230,7 @@ pub(super) fn child_row(
             attachment: None,
         },
         env,
-        metadata: crate::model::metadata::for_child(&parent.id, &parent.metadata),
+        metadata,
         // The pause settings, never the parent's saved state (a resumed parent's is in
         // the child's `depends_on`: its VM forks one that reads it).
         lifecycle: crate::model::pause::Lifecycle {

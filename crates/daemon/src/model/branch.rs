@@ -29,6 +29,11 @@ pub struct BranchRequest {
     /// children run (the pause does not grow).
     #[serde(default)]
     pub mergeable: Option<bool>,
+    /// Labels set on every child over those it inherits from its parent (same rules as
+    /// create's `metadata`): e.g. the id of whatever asked for the branch, so that it can
+    /// find its children again with `GET /v1/sandboxes?metadata=k=v`.
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
     /// Answer `200` at once with an NDJSON stream of [`BranchEvent`] lines (the branch
     /// point, then each child as it comes up or fails, then the summary) instead of
     /// `201` with the [`BranchResponse`] once every child is done. A client that goes
@@ -52,6 +57,9 @@ impl Validate for BranchRequest {
             for (i, vars) in env.iter().enumerate() {
                 validate_vars(&format!("env[{i}]"), vars)?;
             }
+        }
+        if let Some(m) = &self.metadata {
+            super::metadata::validate_metadata(m)?;
         }
         Ok(())
     }

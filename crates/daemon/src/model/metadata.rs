@@ -55,11 +55,21 @@ pub fn validate_metadata(m: &Metadata) -> Result<()> {
     Ok(())
 }
 
-/// A branch child's metadata: its parent's, and where it came from.
-pub fn for_child(parent_id: &str, parent: &Metadata) -> Metadata {
+/// A branch child's metadata: its parent's, the branch request's own labels over them,
+/// and where it came from.
+pub fn for_child(parent_id: &str, parent: &Metadata, extra: Option<&Metadata>) -> Result<Metadata> {
     let mut m = parent.clone();
+    if let Some(extra) = extra {
+        m.extend(extra.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
     m.insert(PARENT_KEY.into(), parent_id.into());
-    m
+    if m.len() > MAX_METADATA_KEYS {
+        return Err(Error::invalid(format!(
+            "a child would have {} metadata keys with its parent's; at most {MAX_METADATA_KEYS}",
+            m.len()
+        )));
+    }
+    Ok(m)
 }
 
 /// The `metadata=key=value` pairs of a list query (other parameters are refused).
@@ -138,7 +148,21 @@ mod tests {
 
     #[test]
     fn a_child_inherits_and_names_its_parent() {
-        let c = for_child("sb-1", &meta(&[("team", "search")]));
+        let c = for_child("sb-1", &meta(&[("team", "search")]), None).unwrap();
         assert_eq!(c, meta(&[("team", "search"), ("zygote.parent", "sb-1")]));
+        let extra = meta(&[("team", "ranking"), ("owner", "k8s")]);
+        let c = for_child("sb-1", &meta(&[("team", "search")]), Some(&extra)).unwrap();
+        assert_eq!(
+            c,
+            meta(&[
+                ("team", "ranking"),
+                ("owner", "k8s"),
+                ("zygote.parent", "sb-1")
+            ])
+        );
+        let full: Metadata = (0..MAX_METADATA_KEYS - 1)
+            .map(|i| (format!("k{i}"), "v".into()))
+            .collect();
+        assert!(for_child("sb-1", &full, Some(&extra)).is_err());
     }
 }
