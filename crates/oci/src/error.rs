@@ -4,8 +4,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
     #[error(
-        "pulling {0:?} is off here: ZYGOTE_PREBUILT is set (only images already in the cache \
-         are used)"
+        "pulling {0:?} is off here: ZYGOTE_PREBUILT is set (only what is already in the cache \
+         is used)"
     )]
     PullsDisabled(String),
     #[error("{0:?} is not an image reference (expected e.g. alpine:3.20, registry.example:5000/app:1.4 or app@sha256:...)")]

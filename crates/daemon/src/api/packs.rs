@@ -72,8 +72,9 @@ impl Write for ChannelWriter {
 
 #[utoipa::path(post, path = "/v1/snapshots/import", tag = "snapshots",
     params(ImportQuery),
-    request_body(content = Vec<u8>, content_type = "application/x-tar",
-                 description = "A snapshot pack made by GET /v1/snapshots/{id}/export"),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream",
+                 description = "A snapshot pack (a tar archive) made by GET /v1/snapshots/{id}/export; \
+                                any content type is accepted"),
     responses((status = 201, description = "Imported: a new snapshot of this daemon", body = Snapshot),
               (status = 400, description = "Not a snapshot pack", body = ErrorBody),
               (status = 422, description = "A damaged pack (a digest mismatch), another format, runtime or CPU", body = ErrorBody)))]

@@ -126,6 +126,11 @@ pub async fn pull(
     progress: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<Packed> {
     let image = ImageRef::parse(reference)?;
+    // Same rule as image pulls: a prebuilt-only host (CI, the nested lane) never reaches
+    // out to a registry, so a stray reference cannot send traffic off the machine.
+    if zygote_images::paths::prebuilt_only() {
+        return Err(OciError::PullsDisabled(reference.to_string()));
+    }
     let auth = credentials(image.registry(), opts.credentials.clone())?;
     let registry = Registry::new(opts.transport.client(&image), image.clone(), auth);
     let (manifest, digest) = registry.manifest_bytes().await?;
