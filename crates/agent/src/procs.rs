@@ -231,15 +231,26 @@ impl ProcessTable {
             exec::set_nonblocking(&fd);
             *process.stdin() = Some(fd);
         }
+        let info = process.info();
         if !initial.is_empty() {
             // Written from its own thread: a program that reads its stdin slowly must
-            // not hold up the answer.
+            // not hold up the answer. The thread takes the stdin lock before the answer
+            // goes out, so a `process_stdin` sent after it waits its turn and the
+            // program reads the initial data first.
             let writer = process.clone();
-            let _ = thread::Builder::new()
+            let (locked_tx, locked_rx) = std::sync::mpsc::channel::<()>();
+            let started = thread::Builder::new()
                 .name(format!("bg-{pid}-stdin"))
-                .spawn(move || writer.write_stdin(&initial, false));
+                .spawn(move || {
+                    let guard = writer.stdin();
+                    let _ = locked_tx.send(());
+                    let _ = writer.write_stdin_locked(guard, &initial, false);
+                });
+            if started.is_ok() {
+                let _ = locked_rx.recv();
+            }
         }
-        Ok(Response::Spawned(process.info()))
+        Ok(Response::Spawned(info))
     }
 
     pub(crate) fn processes(&self) -> Response {
@@ -321,7 +332,16 @@ impl Process {
     /// Write all of `data` to stdin (waiting up to [`STDIN_WRITE_WAIT`] for the program
     /// to read), then close it when `eof`.
     fn write_stdin(&self, data: &[u8], eof: bool) -> Result<(), ErrorBody> {
-        let mut guard = self.stdin();
+        self.write_stdin_locked(self.stdin(), data, eof)
+    }
+
+    /// [`Self::write_stdin`] with the stdin lock already taken (`guard`).
+    fn write_stdin_locked(
+        &self,
+        mut guard: MutexGuard<'_, Option<OwnedFd>>,
+        data: &[u8],
+        eof: bool,
+    ) -> Result<(), ErrorBody> {
         let Some(fd) = guard.as_ref() else {
             // Lock order is status, then stdin (see `info_with`).
             drop(guard);

@@ -145,6 +145,43 @@ fn stdin_stays_open_until_eof() {
     );
 }
 
+/// The initial stdin of a spawn is written from a thread of its own; stdin sent right
+/// after the answer must still come after it (this raced once: "got hello" before
+/// "got first"). Repeated, with an initial part larger than a pipe holds.
+#[test]
+fn initial_stdin_comes_before_stdin_sent_after_the_spawn() {
+    let agent = TestAgent::start(&[]);
+    let client = agent.client();
+    for round in 0..20 {
+        let big = round % 4 == 3;
+        let initial = if big {
+            let mut v = vec![b'x'; 256 * 1024];
+            v.push(b'\n');
+            v
+        } else {
+            b"first\n".to_vec()
+        };
+        let mut req = ExecRequest::shell("cat");
+        req.stdin = Some(initial.clone());
+        let info = client.spawn_process(req).unwrap();
+        client
+            .process_stdin(ProcessStdinRequest {
+                pid: info.pid,
+                data: b"second\n".to_vec(),
+                eof: true,
+            })
+            .unwrap();
+        let (out, _, _) = follow(&client, info.pid, 0);
+        let mut expected = String::from_utf8(initial).unwrap();
+        expected.push_str("second\n");
+        assert!(
+            out == expected,
+            "round {round}: stdin out of order ({} bytes)",
+            out.len()
+        );
+    }
+}
+
 #[test]
 fn signals_reach_the_whole_group_and_ended_processes_refuse_them() {
     let agent = TestAgent::start(&[]);
