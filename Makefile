@@ -1,6 +1,7 @@
 # zygote: copy-on-write microVM sandboxes for AI agents.
 #   make demo   install what is missing, build everything (incl. guest kernel/rootfs), run the demo
-#   make test   install, build, lint and run every test suite (incl. the nested lane's smoke part)
+#   make test   install, build, lint and run every test suite (incl. the nested lane's smoke part
+#               and the Kubernetes suite)
 #   make test-kvm-nested   the whole nested lane: the kvm runtime's Linux path under emulated SVM
 #   make test-k8s   zygote on Kubernetes: real etcd + kube-apiserver on loopback, controller, 3 nodes
 SHELL := /bin/bash
@@ -81,7 +82,7 @@ bench-k8s: build guest
 k8s-generate:
 	bash scripts/k8s-generate.sh
 
-test: lint test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke
+test: lint test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke test-k8s
 
 demo: build guest
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
