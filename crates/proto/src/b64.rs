@@ -1,22 +1,18 @@
-//! Standard base64 (RFC 4648, `+/` alphabet, `=` padding).
+//! Standard base64 (RFC 4648, `+/` alphabet, `=` padding) for binary payloads in JSON.
 //!
-//! Binary payloads (file contents, exec stdin/stdout, entropy) travel inside
-//! JSON frames, and JSON has no byte-string type. A few dozen lines here keep the
-//! crate dependency-light, which matters because the agent is a static binary
-//! shipped into every guest image.
+//! File contents, exec stdin/stdout and entropy travel inside JSON frames, and JSON has
+//! no byte-string type. The coding itself is the `base64` crate's standard engine, which
+//! is strict: padding is required, trailing bits must be zero, and whitespace or other
+//! bytes outside the alphabet are refused (producers are programs; a guest's frame that
+//! is not canonical base64 is an error, not something to repair).
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use serde::{Deserialize, Deserializer, Serializer};
 
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Why a base64 string could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    #[error("base64 length {0} is not a multiple of 4")]
-    BadLength(usize),
-    #[error("invalid base64 byte 0x{byte:02x} at offset {offset}")]
-    BadByte { byte: u8, offset: usize },
-}
+/// Why a base64 string could not be decoded (the offending byte and offset, or a bad
+/// length or padding).
+pub use base64::DecodeError;
 
 /// Length of the encoding of `n` bytes.
 pub const fn encoded_len(n: usize) -> usize {
@@ -25,89 +21,12 @@ pub const fn encoded_len(n: usize) -> usize {
 
 /// Encode bytes as padded standard base64.
 pub fn encode(data: &[u8]) -> String {
-    let mut out = Vec::with_capacity(encoded_len(data.len()));
-    let mut chunks = data.chunks_exact(3);
-    for c in &mut chunks {
-        let n = (u32::from(c[0]) << 16) | (u32::from(c[1]) << 8) | u32::from(c[2]);
-        out.extend_from_slice(&[
-            ALPHABET[(n >> 18) as usize & 63],
-            ALPHABET[(n >> 12) as usize & 63],
-            ALPHABET[(n >> 6) as usize & 63],
-            ALPHABET[n as usize & 63],
-        ]);
-    }
-    match *chunks.remainder() {
-        [a] => {
-            let n = u32::from(a) << 16;
-            out.extend_from_slice(&[
-                ALPHABET[(n >> 18) as usize & 63],
-                ALPHABET[(n >> 12) as usize & 63],
-                b'=',
-                b'=',
-            ]);
-        }
-        [a, b] => {
-            let n = (u32::from(a) << 16) | (u32::from(b) << 8);
-            out.extend_from_slice(&[
-                ALPHABET[(n >> 18) as usize & 63],
-                ALPHABET[(n >> 12) as usize & 63],
-                ALPHABET[(n >> 6) as usize & 63],
-                b'=',
-            ]);
-        }
-        _ => {}
-    }
-    // Every byte pushed comes from ALPHABET or is '=', so this cannot fail.
-    String::from_utf8(out).expect("base64 output is ASCII")
+    STANDARD.encode(data)
 }
 
-fn sextet(byte: u8, offset: usize) -> Result<u32, DecodeError> {
-    let v = match byte {
-        b'A'..=b'Z' => byte - b'A',
-        b'a'..=b'z' => byte - b'a' + 26,
-        b'0'..=b'9' => byte - b'0' + 52,
-        b'+' => 62,
-        b'/' => 63,
-        _ => return Err(DecodeError::BadByte { byte, offset }),
-    };
-    Ok(u32::from(v))
-}
-
-/// Decode padded standard base64. Whitespace is not accepted: producers are
-/// programs, and rejecting it keeps the decoder strict and simple.
+/// Decode padded standard base64.
 pub fn decode(text: &str) -> Result<Vec<u8>, DecodeError> {
-    let bytes = text.as_bytes();
-    if !bytes.len().is_multiple_of(4) {
-        return Err(DecodeError::BadLength(bytes.len()));
-    }
-    let mut out = Vec::with_capacity(bytes.len() / 4 * 3);
-    let last = bytes.len() / 4;
-    for (i, quad) in bytes.chunks_exact(4).enumerate() {
-        let base = i * 4;
-        let pad = if i + 1 == last {
-            quad.iter().rev().take_while(|&&b| b == b'=').count()
-        } else {
-            0
-        };
-        if pad > 2 {
-            return Err(DecodeError::BadByte {
-                byte: b'=',
-                offset: base + 1,
-            });
-        }
-        let mut n = 0u32;
-        for (j, &b) in quad.iter().enumerate() {
-            let v = if j >= 4 - pad {
-                0
-            } else {
-                sextet(b, base + j)?
-            };
-            n = (n << 6) | v;
-        }
-        let three = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-        out.extend_from_slice(&three[..3 - pad]);
-    }
-    Ok(out)
+    STANDARD.decode(text)
 }
 
 /// `#[serde(with = "b64::bytes")]` for `Vec<u8>` fields.
@@ -174,14 +93,35 @@ mod tests {
     }
 
     #[test]
-    fn rejects_garbage() {
-        assert_eq!(decode("abc"), Err(DecodeError::BadLength(3)));
-        assert!(matches!(
-            decode("ab$="),
-            Err(DecodeError::BadByte { byte: b'$', .. })
-        ));
-        assert!(decode("a===").is_err());
-        // Padding is only legal in the final quad.
-        assert!(decode("Zg==Zg==").is_err());
+    fn rejects_what_is_not_canonical_padded_base64() {
+        for bad in [
+            "abc",      // not a multiple of 4
+            "Zg",       // padding missing
+            "ab$=",     // outside the alphabet
+            "a===",     // too much padding
+            "Zg==Zg==", // padding before the end
+            "Zh==",     // trailing bits set (not what any encoder writes)
+            "Zm9v\n",   // whitespace
+            "Zm9v-_==", // the URL-safe alphabet
+        ] {
+            assert!(decode(bad).is_err(), "{bad:?} was accepted");
+        }
+        let e = decode("ab$=").unwrap_err();
+        assert!(e.to_string().contains("2"), "the offset is named: {e}");
+    }
+
+    #[test]
+    fn serde_helpers_refuse_bad_input_with_a_message() {
+        #[derive(Debug, serde::Deserialize)]
+        struct Frame {
+            #[serde(with = "bytes")]
+            data: Vec<u8>,
+            #[serde(default, with = "opt_bytes")]
+            stdin: Option<Vec<u8>>,
+        }
+        let ok: Frame = serde_json::from_str(r#"{"data":"aGk=","stdin":null}"#).unwrap();
+        assert_eq!((ok.data, ok.stdin), (b"hi".to_vec(), None));
+        let e = serde_json::from_str::<Frame>(r#"{"data":"aGk"}"#).unwrap_err();
+        assert!(e.to_string().to_lowercase().contains("padding"), "{e}");
     }
 }
