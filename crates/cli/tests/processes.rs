@@ -1,6 +1,6 @@
 //! `zygote exec --detach` and `zygote process` against a real daemon (`zygote serve`,
 //! qemu runtime) and a real Linux guest: start in the background, list, feed stdin,
-//! follow to the exit code, kill, and the errors a user sees.
+//! follow to the exit code, kill, and the errors a user sees; `create -n` with progress.
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -133,6 +133,41 @@ fn detached_processes_through_the_cli() {
     ok(&d, &["process", "kill", "-s", "TERM", &id, sleeper]);
     let ended = zygote(&d, &["process", "logs", "-f", &id, sleeper]);
     assert_eq!(ended.status.code(), Some(128 + 15), "killed by SIGTERM");
+
+    // A fan-out streams: a line per sandbox as it runs (stderr), then the table.
+    let fan = zygote(
+        &d,
+        &[
+            "create",
+            "-n",
+            "2",
+            "--image",
+            &image.sha256,
+            "--mem-mib",
+            "128",
+        ],
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&fan.stdout),
+        String::from_utf8_lossy(&fan.stderr),
+    );
+    assert!(fan.status.success(), "create -n 2: {err}");
+    assert!(err.contains("2 sandboxes recorded after"), "{err}");
+    for k in 1..=2 {
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(&format!("sandboxes {k}/2: sb-"))
+                    && l.contains("running after")),
+            "{err}"
+        );
+    }
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    assert!(rows.iter().all(|r| r.contains("running")), "{out}");
+    for r in rows {
+        let fid = r.split_whitespace().next().unwrap();
+        ok(&d, &["rm", fid]);
+    }
 
     // What a user gets wrong is said plainly, with a failing exit status.
     for (args, needle) in [

@@ -1,8 +1,9 @@
 //! `zygote create`: start sandboxes through the daemon.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::SandboxList;
+use zygote_daemon::client::{block_on, Client, Method};
+use zygote_daemon::model::{CreateEvent, SandboxList};
 
+use super::bench_progress::Steps;
 use super::daemon_client::{age, expires_in, print_json, print_table, spinner, ApiArgs};
 
 #[derive(clap::Args)]
@@ -101,13 +102,17 @@ impl Network {
 pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
     let body = request_body(&args, &|k| std::env::var(k).ok())?;
-    let pb = (!args.json).then(|| spinner(&format!("starting {} sandbox(es)", args.count)));
-    let made: Result<SandboxList, _> =
-        block_on(client.json(Method::POST, "/v1/sandboxes", Some(&body)));
-    if let Some(pb) = pb {
-        pb.finish_and_clear();
-    }
-    let made = made?;
+    let made = if args.count > 1 {
+        create_streamed(&client, body, args.count, args.json)?
+    } else {
+        let pb = (!args.json).then(|| spinner("starting a sandbox"));
+        let made: Result<SandboxList, _> =
+            block_on(client.json(Method::POST, "/v1/sandboxes", Some(&body)));
+        if let Some(pb) = pb {
+            pb.finish_and_clear();
+        }
+        made?
+    };
     if args.json {
         print_json(&made)?;
         return Ok(0);
@@ -137,6 +142,57 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A fan-out through the streaming form: each sandbox is shown as it comes up (a bar on
+/// a terminal, a line per sandbox otherwise); the answer is the plain request's.
+fn create_streamed(
+    client: &Client,
+    mut body: serde_json::Value,
+    count: u32,
+    json: bool,
+) -> anyhow::Result<SandboxList> {
+    body["stream"] = true.into();
+    let mut steps = (!json).then(|| Steps::new("sandboxes", count as usize));
+    let mut outcome: Option<anyhow::Result<SandboxList>> = None;
+    block_on(client.ndjson(
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&body),
+        |ev: CreateEvent| match ev {
+            CreateEvent::Accepted { ms, .. } => {
+                if let Some(s) = &steps {
+                    s.note(&format!(
+                        "{count} sandboxes recorded after {ms} ms, booting"
+                    ));
+                }
+            }
+            CreateEvent::Sandbox { id, ms, .. } => {
+                if let Some(s) = &mut steps {
+                    s.step(format!("{id} running after {ms} ms"));
+                }
+            }
+            CreateEvent::SandboxFailed {
+                index, error, ms, ..
+            } => {
+                if let Some(s) = &mut steps {
+                    s.step(format!("sandbox {index} failed after {ms} ms: {error}"));
+                }
+            }
+            CreateEvent::Done { sandboxes } => outcome = Some(Ok(SandboxList { sandboxes })),
+            CreateEvent::Error { code, message } => {
+                outcome = Some(Err(anyhow::anyhow!("{message} ({code})")))
+            }
+        },
+    ))?;
+    if let Some(s) = steps {
+        s.finish();
+    }
+    outcome.unwrap_or_else(|| {
+        Err(anyhow::anyhow!(
+            "the daemon's stream ended without an answer"
+        ))
+    })
 }
 
 /// `KEY=VALUE`, or `KEY` with the value from `lookup` (this process's environment).

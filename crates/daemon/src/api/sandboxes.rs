@@ -10,9 +10,9 @@ use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{Error, ErrorBody, Result};
 use crate::model::metadata;
 use crate::model::{
-    BranchEvent, BranchRequest, BranchResponse, CreateSandboxRequest, DiffQuery, KeepRequest,
-    KeepResponse, MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff, SandboxList,
-    SandboxTree, SetTtlRequest,
+    BranchEvent, BranchRequest, BranchResponse, CreateEvent, CreateSandboxRequest, DiffQuery,
+    KeepRequest, KeepResponse, MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff,
+    SandboxList, SandboxTree, SetTtlRequest,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -33,6 +33,12 @@ pub async fn list(
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = CreateSandboxRequest,
     responses((status = 201, description = "Created (n sandboxes, all running; each is listed \
                 as `creating` until it runs)", body = SandboxList),
+              (status = 200, description = "With `\"stream\": true`, at once: an NDJSON stream of \
+                CreateEvent lines: `accepted` (every sandbox recorded, listed as `creating`), \
+                one `sandbox` or `sandbox_failed` per sandbox as it comes up or fails, then \
+                `done` (the sandboxes) or `error` (all or none: nothing is left). The checks \
+                below answer before the stream starts",
+               content_type = "application/x-ndjson", body = CreateEvent),
               (status = 400, description = "Invalid request (e.g. an image name that is no reference)", body = ErrorBody),
               (status = 403, description = "The registry of an image (or snapshot pack) pulled on first use refused the daemon's credentials (registry_unauthorized)", body = ErrorBody),
               (status = 404, description = "No such image or snapshot (image_not_found: not in the registry)", body = ErrorBody),
@@ -45,14 +51,24 @@ pub async fn list(
 pub async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandboxRequest>,
-) -> Result<(StatusCode, Json<SandboxList>)> {
-    // In a task of its own: a client that goes away does not cut a fan-out short
-    // between its sandboxes' records (all of them run, or none is left).
+) -> Result<Response> {
+    let stream = req.stream.unwrap_or(false);
+    // In tasks of their own: a client that goes away neither cuts a pull short nor a
+    // fan-out between its sandboxes' records (all of them run, or none is left).
     let manager = st.manager.clone();
-    let sandboxes = tokio::spawn(async move { manager.create(req).await })
+    let job = tokio::spawn(async move { manager.begin_create(req).await })
         .await
         .map_err(|e| Error::Internal(format!("create task failed: {e}")))??;
-    Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })))
+    let manager = st.manager.clone();
+    if stream {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(manager.finish_create(job, Some(tx)));
+        return Ok(ndjson_stream(UnboundedReceiverStream::new(rx)));
+    }
+    let sandboxes = tokio::spawn(manager.finish_create(job, None))
+        .await
+        .map_err(|e| Error::Internal(format!("create task failed: {e}")))??;
+    Ok((StatusCode::CREATED, Json(SandboxList { sandboxes })).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",

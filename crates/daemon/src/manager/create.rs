@@ -4,14 +4,45 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
+
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::model::pause::Lifecycle;
-use crate::model::{CreateSandboxRequest, ImageRun, Origin, Sandbox, Validate, DEFAULT_MEM_MIB};
+use crate::model::{
+    CreateEvent, CreateSandboxRequest, ImageRun, Origin, Sandbox, Validate, DEFAULT_MEM_MIB,
+};
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
 use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
+
+/// A checked create (see [`Manager::begin_create`]): the records-to-be of its
+/// sandboxes and what they boot from. Nothing of it exists yet.
+pub struct CreateJob {
+    rows: Vec<SandboxRow>,
+    source: BootSource,
+    boot_token: Option<String>,
+    started: Instant,
+}
+
+/// A streaming client, if there is one (sends to one that went away are dropped).
+struct Events {
+    tx: Option<UnboundedSender<CreateEvent>>,
+    started: Instant,
+}
+
+impl Events {
+    fn emit(&self, ev: CreateEvent) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(ev);
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
 
 impl Manager {
     /// Creates `n` sandboxes (all or none).
@@ -27,6 +58,23 @@ impl Manager {
         req: CreateSandboxRequest,
         ids: Vec<String>,
     ) -> Result<Vec<Sandbox>> {
+        let job = self.begin_create_with_ids(req, ids).await?;
+        self.clone().finish_create(job, None).await
+    }
+
+    /// Checks a create and finds (or pulls) what it boots from; records nothing. Its
+    /// errors are the request's answer; [`Manager::finish_create`] does the rest.
+    pub async fn begin_create(&self, req: CreateSandboxRequest) -> Result<CreateJob> {
+        let ids = (0..req.n.unwrap_or(1)).map(|_| new_id("sb")).collect();
+        self.begin_create_with_ids(req, ids).await
+    }
+
+    async fn begin_create_with_ids(
+        &self,
+        req: CreateSandboxRequest,
+        ids: Vec<String>,
+    ) -> Result<CreateJob> {
+        let started = Instant::now();
         req.validate()?;
         let n = req.n.unwrap_or(1);
         if ids.len() != n as usize {
@@ -90,7 +138,7 @@ impl Manager {
         if let Some(per_vm_mib) = self.runtime.branch_child_copy_mib(mem_mib) {
             super::branch_record::check_capacity("sandboxes", n, per_vm_mib)?;
         }
-        let mut tasks = Vec::new();
+        let mut rows = Vec::new();
         for (i, id) in ids.into_iter().enumerate() {
             let name = req.name.as_ref().map(|base| match n {
                 1 => base.clone(),
@@ -129,22 +177,108 @@ impl Manager {
                     resumed_from: None,
                 },
             };
-            let this = self.clone();
-            let source = source.clone();
-            let boot_token = boot_token.clone();
-            tasks.push(tokio::spawn(async move {
-                this.create_one(row, source, boot_token).await
-            }));
+            rows.push(row);
         }
-        let mut made = Vec::new();
+        Ok(CreateJob {
+            rows,
+            source,
+            boot_token,
+            started,
+        })
+    }
+
+    /// Boots a checked create's sandboxes, all at once, telling `events` (a streaming
+    /// client) as it goes; the last event is the outcome. All or none: when one fails,
+    /// the others are deleted once every boot has ended.
+    pub async fn finish_create(
+        self: Arc<Self>,
+        job: CreateJob,
+        events: Option<UnboundedSender<CreateEvent>>,
+    ) -> Result<Vec<Sandbox>> {
+        let events = Events {
+            tx: events,
+            started: job.started,
+        };
+        let result = self.run_create(job, &events).await;
+        events.emit(match &result {
+            Ok(sandboxes) => CreateEvent::Done {
+                sandboxes: sandboxes.clone(),
+            },
+            Err(e) => {
+                let body = e.body();
+                CreateEvent::Error {
+                    code: body.error.code,
+                    message: body.error.message,
+                }
+            }
+        });
+        result
+    }
+
+    async fn run_create(self: &Arc<Self>, job: CreateJob, events: &Events) -> Result<Vec<Sandbox>> {
+        let n = job.rows.len();
+        let ids: Vec<String> = job.rows.iter().map(|r| r.id.clone()).collect();
+        // Each boot is a task of its own (detached: a caller that goes away does not cut
+        // a fan-out short between its records); `recorded` hears when its record is
+        // written (or its preparation failed), `ended` how it ended.
+        let (recorded_tx, mut recorded) = unbounded_channel::<()>();
+        let (ended_tx, mut ended) = unbounded_channel::<(usize, Result<Sandbox>)>();
+        for (i, row) in job.rows.into_iter().enumerate() {
+            let (this, source) = (self.clone(), job.source.clone());
+            let (boot_token, recorded_tx, ended_tx) = (
+                job.boot_token.clone(),
+                recorded_tx.clone(),
+                ended_tx.clone(),
+            );
+            tokio::spawn(async move {
+                let result = this.create_one(row, source, boot_token, recorded_tx).await;
+                let _ = ended_tx.send((i, result));
+            });
+        }
+        drop((recorded_tx, ended_tx));
+        if events.tx.is_some() {
+            // Told once every record exists, so each id can be looked up at once.
+            let mut seen = 0;
+            while seen < n && recorded.recv().await.is_some() {
+                seen += 1;
+            }
+            events.emit(CreateEvent::Accepted {
+                ids: ids.clone(),
+                ms: events.ms(),
+            });
+        }
+        let mut made: Vec<Option<Sandbox>> = vec![None; n];
         let mut failure = None;
-        for t in tasks {
-            match t.await {
-                Ok(Ok(s)) => made.push(s),
-                Ok(Err(e)) => failure = failure.or(Some(e)),
-                Err(e) => failure = failure.or(Some(Error::Internal(e.to_string()))),
+        let mut reported = 0;
+        while let Some((i, result)) = ended.recv().await {
+            reported += 1;
+            match result {
+                Ok(s) => {
+                    events.emit(CreateEvent::Sandbox {
+                        index: i as u32,
+                        id: s.id.clone(),
+                        ms: events.ms(),
+                    });
+                    made[i] = Some(s);
+                }
+                Err(e) => {
+                    events.emit(CreateEvent::SandboxFailed {
+                        index: i as u32,
+                        id: ids[i].clone(),
+                        error: e.to_string(),
+                        ms: events.ms(),
+                    });
+                    failure = failure.or(Some(e));
+                }
             }
         }
+        if reported < n {
+            failure = failure.or(Some(Error::Internal(format!(
+                "{} of {n} sandbox boots ended without an answer",
+                n - reported
+            ))));
+        }
+        let made: Vec<Sandbox> = made.into_iter().flatten().collect();
         if let Some(e) = failure {
             for s in &made {
                 let _ = self.delete(&s.id).await;
@@ -238,6 +372,7 @@ impl Manager {
         row: SandboxRow,
         source: BootSource,
         boot_token: Option<String>,
+        recorded: UnboundedSender<()>,
     ) -> Result<Sandbox> {
         let _guard = self.lock(&row.id).await;
         // Records and clean-ups on the blocking pool: a fan-out of hundreds writes as
@@ -253,6 +388,7 @@ impl Manager {
                 (row, spec)
             })
             .await?;
+        let _ = recorded.send(());
         let spec = spec?;
         let started = Instant::now();
         let start = self.start_with_network(&row.id, row.network.clone(), spec);

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use crate::error::{Error, Result};
 
 mod branch;
+mod create;
 mod diff;
 mod env;
 mod exec;
@@ -26,6 +27,7 @@ mod tree;
 mod ttl;
 mod validate;
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
+pub use create::CreateEvent;
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
@@ -175,6 +177,13 @@ pub struct CreateSandboxRequest {
     /// children.
     #[serde(default)]
     pub ttl_action: Option<TtlAction>,
+    /// Answer at once with an NDJSON stream of CreateEvent lines (`accepted`, then one
+    /// `sandbox` or `sandbox_failed` per sandbox as it comes up, then `done` or `error`)
+    /// instead of `201` once all run. Checks (the request, the image or snapshot, the
+    /// name, the memory a fan-out needs) answer before the stream starts. A client that
+    /// goes away does not stop the create.
+    #[serde(default)]
+    pub stream: Option<bool>,
 }
 
 impl CreateSandboxRequest {

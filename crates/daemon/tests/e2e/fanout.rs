@@ -2,14 +2,15 @@
 //! branch point and then each child as it comes up, while the children are listed
 //! `creating` then `running` and the daemon goes on answering other requests; a client
 //! that goes away mid-stream does not stop the branch; bad requests are refused before
-//! any stream starts, and change nothing.
+//! any stream starts, and change nothing. A streamed create does the same for a fan-out
+//! of new sandboxes.
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 use hyper::Method;
 use serde_json::{json, Value};
 use zygote_daemon::client::Client;
-use zygote_daemon::model::{BranchEvent, Sandbox, SandboxList};
+use zygote_daemon::model::{BranchEvent, CreateEvent, Sandbox, SandboxList};
 
 use super::{eventually, get, step, Cleanup};
 
@@ -48,6 +49,12 @@ pub async fn check_fanout(c: &Client, parent: &str, cleanup: &Cleanup, t0: Insta
     step(
         t0,
         "a client gone after the first line: its children come up all the same",
+    );
+    children.extend(check_streamed_create(c).await);
+    step(
+        t0,
+        "streamed create of 2: every sandbox recorded first, then each as it runs, then \
+         the list; bad requests refused before the stream",
     );
     for id in &children {
         let path = get(c, id).await.cgroup.path;
@@ -257,4 +264,91 @@ pub async fn check_create_capacity(c: &Client, runtime: &str) {
     assert_eq!(e.code(), Some("insufficient_memory"), "{e}");
     assert!(e.to_string().contains("sandboxes of 1024 MiB"), "{e}");
     assert_eq!(list(c).await.len(), before, "nothing was created");
+}
+
+/// `POST /v1/sandboxes {"n": 2, "stream": true}`: refused before any stream when the
+/// request is wrong; else `accepted` (both recorded and listed), one `sandbox` per
+/// sandbox as it runs, then `done` with both. Returns their ids.
+async fn check_streamed_create(c: &Client) -> Vec<String> {
+    for (body, code) in [
+        (
+            json!({"image": "minimal", "n": 0, "stream": true}),
+            "invalid_argument",
+        ),
+        (
+            json!({"image": "minimal", "n": 2, "name": "Not A Name", "stream": true}),
+            "invalid_argument",
+        ),
+        (json!({"image": "minimal", "stream": 1}), "malformed_body"),
+    ] {
+        let before = list(c).await.len();
+        let e = c
+            .json::<Value>(Method::POST, "/v1/sandboxes", Some(&body))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Some(code), "{body}: {e}");
+        assert_eq!(list(c).await.len(), before, "{body} changed nothing");
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.ndjson(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(&json!({"image": "minimal", "n": 2, "mem_mib": 128, "stream": true})),
+                |ev: CreateEvent| {
+                    let _ = tx.send(ev);
+                },
+            )
+            .await
+        })
+    };
+    let mut events = Vec::new();
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match &ev {
+            CreateEvent::Accepted { ids: accepted, .. } => {
+                assert!(events.is_empty(), "accepted comes first: {events:?}");
+                assert_eq!(accepted.len(), 2, "{ev:?}");
+                ids = accepted.clone();
+                for id in accepted {
+                    let state = get(c, id).await.state;
+                    assert!(
+                        ["creating", "running"].contains(&state.as_str()),
+                        "{id}: {state}"
+                    );
+                }
+            }
+            CreateEvent::Sandbox { index, id, .. } => {
+                assert_eq!(ids.get(*index as usize), Some(id), "{ev:?}");
+                assert_eq!(get(c, id).await.state, "running", "{ev:?}");
+            }
+            CreateEvent::SandboxFailed { .. } | CreateEvent::Error { .. } => {
+                panic!("the create failed: {ev:?}")
+            }
+            CreateEvent::Done { .. } => {}
+        }
+        events.push(ev);
+    }
+    reader.await.unwrap().expect("the stream reads whole");
+    let Some(CreateEvent::Done { sandboxes }) = events.last() else {
+        panic!("the last line is the list: {events:?}");
+    };
+    let done: Vec<String> = sandboxes.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(done, ids, "{events:?}");
+    assert!(
+        sandboxes.iter().all(|s| s.state == "running"),
+        "{sandboxes:?}"
+    );
+    let ran = events
+        .iter()
+        .filter(|e| matches!(e, CreateEvent::Sandbox { .. }))
+        .count();
+    assert_eq!(ran, 2, "{events:?}");
+    for id in &ids {
+        let r = super::exec(c, id, "hostname").await;
+        assert_eq!(r.stdout.trim(), id.as_str());
+    }
+    ids
 }
