@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::OwnedMutexGuard;
 
 use super::branch_record::{attach_all, check_capacity, child_row};
+use super::events::Events;
 use super::{new_id, Manager};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
@@ -63,24 +64,6 @@ impl BranchProgress for Forward {
 
     fn child_done(&self, index: usize, result: std::result::Result<VmRecord, RuntimeError>) {
         let _ = self.0.send(Progress::Child(index, result));
-    }
-}
-
-/// A streaming client, if there is one (sends to one that went away are dropped).
-struct Events {
-    tx: Option<UnboundedSender<BranchEvent>>,
-    started: Instant,
-}
-
-impl Events {
-    fn emit(&self, ev: BranchEvent) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(ev);
-        }
-    }
-
-    fn ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
     }
 }
 
@@ -178,7 +161,7 @@ impl Manager {
     async fn run_branch(
         self: &Arc<Self>,
         job: &mut BranchJob,
-        events: &Events,
+        events: &Events<BranchEvent>,
     ) -> Result<BranchResponse> {
         let next_disk = self.dirs.new_layer(&job.parent.id);
         let specs = self.record_branch(job, &next_disk).await?;

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
+use super::events::Events;
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
@@ -24,24 +25,6 @@ pub struct CreateJob {
     source: BootSource,
     boot_token: Option<String>,
     started: Instant,
-}
-
-/// A streaming client, if there is one (sends to one that went away are dropped).
-struct Events {
-    tx: Option<UnboundedSender<CreateEvent>>,
-    started: Instant,
-}
-
-impl Events {
-    fn emit(&self, ev: CreateEvent) {
-        if let Some(tx) = &self.tx {
-            let _ = tx.send(ev);
-        }
-    }
-
-    fn ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
-    }
 }
 
 impl Manager {
@@ -215,7 +198,11 @@ impl Manager {
         result
     }
 
-    async fn run_create(self: &Arc<Self>, job: CreateJob, events: &Events) -> Result<Vec<Sandbox>> {
+    async fn run_create(
+        self: &Arc<Self>,
+        job: CreateJob,
+        events: &Events<CreateEvent>,
+    ) -> Result<Vec<Sandbox>> {
         let n = job.rows.len();
         let ids: Vec<String> = job.rows.iter().map(|r| r.id.clone()).collect();
         // Each boot is a task of its own (detached: a caller that goes away does not cut
@@ -236,7 +223,7 @@ impl Manager {
             });
         }
         drop((recorded_tx, ended_tx));
-        if events.tx.is_some() {
+        if events.streaming() {
             // Told once every record exists, so each id can be looked up at once.
             let mut seen = 0;
             while seen < n && recorded.recv().await.is_some() {

@@ -9,6 +9,7 @@ mod branch;
 mod branch_record;
 mod create;
 mod diff;
+mod events;
 mod exec_cancel;
 mod guest;
 mod images;
