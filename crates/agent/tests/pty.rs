@@ -199,7 +199,9 @@ fn a_host_that_goes_away_leaves_no_process_of_the_session() {
     let pty = Pty::open(&client, &["sh"], 80, 24);
     let marker = agent.path("bg.pid");
     // A background job (its own process group under job control) that ignores SIGHUP.
-    let line = format!("trap '' HUP; sleep 300 & echo $! > {marker}; echo started\n");
+    // `st''arted`: the terminal echoes the typed line, so only the shell's output
+    // holds "started", once the marker is written.
+    let line = format!("trap '' HUP; sleep 300 & echo $! > {marker}; echo st''arted\n");
     pty.control.input(line.as_bytes()).unwrap();
     pty.expect("started");
     let bg: u32 = std::fs::read_to_string(&marker)
