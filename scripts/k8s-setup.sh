@@ -28,9 +28,11 @@ if ! command -v go >/dev/null 2>&1; then
   log "installing Go (Debian's golang-go)"
   apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q golang-go >&2
 fi
-gov=$(go env GOVERSION | sed 's/^go//')
-if [ "$(printf '%s\n1.24\n' "${gov%%[a-z]*}" | sort -V | head -n 1)" != 1.24 ]; then
-  echo "k8s-setup: Go $gov is older than 1.24, which Kubernetes 1.34 needs" >&2
+# shellcheck source=lib/k8s-go.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/k8s-go.sh"
+problem=$(k8s_go_problem)
+if [ -n "$problem" ]; then
+  echo "k8s-setup: $problem" >&2
   exit 1
 fi
 command -v openssl >/dev/null 2>&1 || {

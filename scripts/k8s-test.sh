@@ -8,11 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 start=$(date +%s)
-# Kubernetes 1.34 needs Go 1.24+ (Debian 12's own golang-go is 1.19): without it this
-# suite skips, saying why, unless ZYGOTE_K8S_REQUIRED=1.
-gov=$(go env GOVERSION 2>/dev/null | sed 's/^go//' || true)
-if [ -z "$gov" ] || [ "$(printf '%s\n1.24\n' "${gov%%[a-z]*}" | sort -V | head -n 1)" != 1.24 ]; then
-  why="Go 1.24 or newer is needed to build kube-apiserver (found: ${gov:-no go})"
+# Without a Go that builds Kubernetes this suite skips, saying why, unless
+# ZYGOTE_K8S_REQUIRED=1.
+# shellcheck source=lib/k8s-go.sh
+. scripts/lib/k8s-go.sh
+why=$(k8s_go_problem)
+if [ -n "$why" ]; then
   if [ "${ZYGOTE_K8S_REQUIRED:-0}" = 1 ]; then echo "k8s-test: $why" >&2; exit 1; fi
   echo "k8s-test: SKIPPED: $why"
   exit 0
