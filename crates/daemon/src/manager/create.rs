@@ -28,14 +28,9 @@ pub struct CreateJob {
 }
 
 impl Manager {
-    /// Creates `n` sandboxes (all or none).
-    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Vec<Sandbox>> {
-        let ids = (0..req.n.unwrap_or(1)).map(|_| new_id("sb")).collect();
-        self.create_with_ids(req, ids).await
-    }
-
-    /// [`Manager::create`] with the ids chosen by the caller (one per sandbox), so that
-    /// it can record them before anything exists.
+    /// Creates `n` sandboxes (all or none) with the ids chosen by the caller (one per
+    /// sandbox), so that it can record them before anything exists. The API's create is
+    /// [`Manager::begin_create`] then [`Manager::finish_create`].
     pub(super) async fn create_with_ids(
         self: &Arc<Self>,
         req: CreateSandboxRequest,

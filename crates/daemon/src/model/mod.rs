@@ -51,7 +51,7 @@ pub use validate::{validate_guest_path, validate_name, Validate};
 
 /// Limits on what one request may ask for.
 /// Sandboxes of one create (where each VM holds its own copy of its memory, also bounded
-/// by what the host has: `Manager::create`).
+/// by what the host has: `Manager::begin_create`).
 pub const MAX_FAN_OUT: u32 = 256;
 /// Guest RAM when a create request names none.
 pub const DEFAULT_MEM_MIB: u32 = 256;
