@@ -8,49 +8,63 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ZYGOTE := target/release/zygote
 PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
+# `== [phase HH:MM:SS EPOCH] NAME` at the start of each long step: CI logs show where the
+# time goes, and scripts/fresh-check.sh sums them per phase.
+PHASE = @printf '== [phase %s %s] %s\n' "$$(date +%T)" "$$(date +%s)"
 
 .PHONY: all setup build probe agent guest lint test test-rust test-api test-sdk test-fuzz demo clean \
+	test-cold-path fresh-check \
 	test-kvm-nested test-kvm-nested-smoke bench-nested \
 	test-k8s bench-k8s k8s-generate
 
 all: build
 
 setup:
+	$(PHASE) setup
 	@bash scripts/setup.sh
 
 probe:
+	$(PHASE) probe
 	@bash guest/probe/build.sh >/dev/null
 
 agent:
+	$(PHASE) agent
 	$(CARGO) build --release -p zygote-agent --target x86_64-unknown-linux-musl
 
 build: setup probe agent
+	$(PHASE) build
 	$(CARGO) build --release --workspace
 	@install -m 0755 $(PROBE_ELF) target/release/zygote-probe
 
 # Guest kernel and the minimal rootfs, cached under ~/.cache/zygote keyed by their inputs.
 guest: build
+	$(PHASE) guest
 	$(ZYGOTE) image build minimal
 
 lint: setup
+	$(PHASE) lint
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-rust: build guest
+	$(PHASE) test-rust
 	$(CARGO) test --release --workspace --no-fail-fast
 
 # Schemathesis against a live zygoted on loopback, no guest: status codes, response schemas
 # and content types as the OpenAPI document says, no 5xx (skips, saying why, without QEMU or PyPI).
 test-api: build
+	$(PHASE) test-api
 	bash scripts/api-conformance.sh
 
 # Python and TypeScript SDKs (and the MCP server) against a live zygoted.
 test-sdk: build guest
+	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
 
 # Bounded fuzzing of virtio descriptor-chain parsing (blk, vsock): libFuzzer via
 # cargo-fuzz when it installs, else the seeded randomized test of the same targets.
 test-fuzz: setup
+	$(PHASE) test-fuzz
 	ZYGOTE_SETUP_FUZZ=1 bash scripts/setup.sh
 	bash scripts/fuzz.sh 30
 
@@ -60,6 +74,7 @@ test-kvm-nested: build guest
 	python3 scripts/nested-lane.py --lane full
 
 test-kvm-nested-smoke: build guest
+	$(PHASE) nested-smoke
 	python3 scripts/nested-lane.py --lane smoke
 
 # Inside L1: `zygote bench linux` (branch of a Linux sandbox through the daemon on the kvm
@@ -71,6 +86,7 @@ bench-nested: build guest
 # module proxy (cached in ~/.cache/zygote/k8s), the controller and the node agent, then runs
 # the unit tests and the e2e suite (3 zygoted on the qemu runtime as 3 nodes).
 test-k8s: build guest
+	$(PHASE) test-k8s
 	bash scripts/k8s-test.sh
 
 # Claim latency, create-to-running via the API server vs the daemon, Lost + refill, memory,
@@ -82,9 +98,22 @@ bench-k8s: build guest
 k8s-generate:
 	bash scripts/k8s-generate.sh
 
-test: lint test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke test-k8s
+# A new user's first commands in an empty HOME (only the guest kernel linked in): a
+# directory nobody creates fails here, not on a new machine (scripts/cold-path.sh).
+test-cold-path: build guest
+	$(PHASE) cold-path
+	bash scripts/cold-path.sh
+
+# The README's two commands on a fresh machine: a clean clone, a throw-away HOME with
+# nothing cached, `make demo` then `make test`, each phase timed. Not part of `make test`.
+fresh-check:
+	bash scripts/fresh-check.sh
+
+test: lint test-cold-path test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke test-k8s
+	$(PHASE) done
 
 demo: build guest
+	$(PHASE) demo
 	@echo "== zygote doctor"; $(ZYGOTE) doctor || true
 	@echo "== probe guest on zygote's KVM VMM (2 vCPUs)"; $(ZYGOTE) probe --vcpus 2 --scenario smp
 	@echo "== a real Linux sandbox"; $(ZYGOTE) run --image minimal -- sh -c 'uname -a; echo hello from $$(hostname)'

@@ -10,6 +10,8 @@ APT_PACKAGES=(
   qemu-utils nftables iperf3
   fonts-dejavu-core  # text in `zygote bench ... --plot` pictures (read at run time)
   docker-registry skopeo umoci  # OCI image tests: a real registry on loopback, images made by the tests
+  apache2-utils  # htpasswd: the tests' registry with Basic auth
+  openssl  # the tests' registry token server signs with it
 )
 RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
 RUST_COMPONENTS=(rustfmt clippy)

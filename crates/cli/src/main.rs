@@ -119,8 +119,50 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(err) => {
-            eprintln!("zygote: error: {err:#}");
+            eprintln!("zygote: error: {}", error_chain(&err));
             std::process::exit(1);
         }
+    }
+}
+
+/// The error and its causes, `: `-joined, leaving out a cause that the message before
+/// it already shows (many error types print their source in their own message).
+fn error_chain(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("opening lock /x: {source}")]
+    struct Shows {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let io = || std::io::Error::from_raw_os_error(2);
+        let err = anyhow::Error::new(Shows { source: io() }).context("building image minimal");
+        assert_eq!(
+            error_chain(&err),
+            "building image minimal: opening lock /x: No such file or directory (os error 2)"
+        );
+        let err = anyhow::Error::new(io()).context("reading /y");
+        assert_eq!(
+            error_chain(&err),
+            "reading /y: No such file or directory (os error 2)"
+        );
     }
 }

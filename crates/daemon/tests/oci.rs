@@ -96,7 +96,14 @@ fn spec() -> ImageSpec {
 
 /// Why this machine cannot run the suite, if it cannot.
 fn unavailable() -> Option<String> {
-    for tool in ["docker-registry", "skopeo", "umoci", "qemu-system-x86_64"] {
+    // htpasswd: the registry with Basic auth (apache2-utils).
+    for tool in [
+        "docker-registry",
+        "skopeo",
+        "umoci",
+        "qemu-system-x86_64",
+        "htpasswd",
+    ] {
         if oci_fixture::which(tool).is_none() {
             return Some(format!("`{tool}` is not installed (scripts/setup.sh)"));
         }

@@ -104,7 +104,13 @@ fn unflip(file: &Path, (at, old): (u64, u8)) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_packs_move_a_live_sandbox_between_daemons() {
     if let Err(why) =
-        oci_fixture::require_tools(&["docker-registry", "qemu-system-x86_64", "qemu-img"])
+        // htpasswd: the registry with Basic auth (apache2-utils).
+        oci_fixture::require_tools(&[
+            "docker-registry",
+            "qemu-system-x86_64",
+            "qemu-img",
+            "htpasswd",
+        ])
     {
         eprintln!("skipping the snapshot pack suite: {why}");
         return;

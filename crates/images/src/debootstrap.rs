@@ -56,7 +56,6 @@ pub(crate) fn ensure_tree(spec: &TreeSpec, refresh: bool, progress: Progress) ->
     if unsafe { libc::geteuid() } != 0 {
         return Err(ImageError::NeedsRoot);
     }
-    std::fs::create_dir_all(debootstrap_dir()).ctx(|| "creating the debootstrap cache".into())?;
     let _lock = FileLock::acquire(&debootstrap_dir().join(format!(".lock-{key}")), progress)?;
     if done.is_file() && !refresh {
         return Ok(tree);

@@ -203,9 +203,10 @@ pub fn cached(name: &str, key: &str) -> Result<Option<ImageInfo>> {
 /// Serializes builds of `what` (an image name, a blob digest) across threads and
 /// processes; released on drop.
 pub fn build_lock(what: &str, progress: Progress) -> Result<FileLock> {
-    let dir = images_dir();
-    std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
-    FileLock::acquire(&dir.join(format!(".lock-{}", fs_name(what))), progress)
+    FileLock::acquire(
+        &images_dir().join(format!(".lock-{}", fs_name(what))),
+        progress,
+    )
 }
 
 /// The store's scratch directory (staging trees and unfinished ext4 files), created

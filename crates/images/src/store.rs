@@ -372,8 +372,13 @@ pub struct FileLock {
 }
 
 impl FileLock {
+    /// Locks `path`, creating it and its directory first: a lock is often the first
+    /// thing taken in a cache directory, and on a new machine nothing exists yet.
     pub fn acquire(path: &Path, progress: Progress) -> Result<FileLock> {
         use std::os::fd::AsRawFd;
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
+        }
         let file = File::options()
             .create(true)
             .truncate(false)
@@ -397,6 +402,15 @@ impl FileLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lock_in_a_directory_not_yet_made_creates_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache/images/.lock-minimal");
+        let lock = FileLock::acquire(&path, &mut |_| {}).unwrap();
+        assert!(path.is_file(), "{} was not created", path.display());
+        drop(lock);
+    }
 
     #[test]
     fn sha256_of_a_sparse_file_is_that_of_its_bytes() {
