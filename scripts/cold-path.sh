@@ -6,7 +6,8 @@
 # takes minutes to build, is linked in from the warm cache.
 #
 # Steps: `zygote image build minimal`, `zygote run -- true`, then a daemon on its
-# default state directory: create, exec, rm. About half a minute.
+# default state directory: create, exec, branch, snapshot, pack export and import, a
+# sandbox from the imported snapshot, rm. About half a minute.
 #
 # Needs `make build` (target/release/zygote) and a built guest kernel (make guest).
 set -euo pipefail
@@ -72,10 +73,21 @@ for _ in $(seq 300); do
 done
 [ -n "$url" ] || die "zygoted did not start within 30 s"
 export ZYGOTE_URL=$url
-id=$("$ZYGOTE" create --image minimal --json |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["sandboxes"][0]["id"])') ||
+field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+id=$("$ZYGOTE" create --image minimal --json | field 'd["sandboxes"][0]["id"]') ||
     die "zygote create failed on a fresh daemon"
-out=$("$ZYGOTE" exec "$id" -- sh -c 'echo cold-$((20+22))') || die "zygote exec failed"
+out=$("$ZYGOTE" exec "$id" -- sh -c 'echo cold-$((20+22)) | tee /root/mark') || die "zygote exec failed"
 [ "$out" = "cold-42" ] || die "zygote exec printed '$out', not cold-42"
-"$ZYGOTE" rm "$id" >/dev/null || die "zygote rm failed"
-say "ok: image build, run and a daemon's create/exec/rm work from an empty HOME"
+say "branch, snapshot, pack export and import, create from the snapshot"
+child=$("$ZYGOTE" branch "$id" -c 1 --json | field 'd["children"][0]') || die "zygote branch failed"
+[ "$("$ZYGOTE" exec "$child" -- cat /root/mark)" = "cold-42" ] || die "the branch child lacks the parent's file"
+snap=$("$ZYGOTE" snapshot create "$id" --json | field 'd["id"]') || die "zygote snapshot create failed"
+"$ZYGOTE" snapshot export "$snap" -o "$WORK/snap.pack" 2>/dev/null || die "zygote snapshot export failed"
+imported=$("$ZYGOTE" snapshot import "$WORK/snap.pack" --json | field 'd["id"]') ||
+    die "zygote snapshot import failed"
+restored=$("$ZYGOTE" create --snapshot "$imported" --json | field 'd["sandboxes"][0]["id"]') ||
+    die "zygote create --snapshot failed"
+[ "$("$ZYGOTE" exec "$restored" -- cat /root/mark)" = "cold-42" ] ||
+    die "the sandbox from the imported snapshot lacks the snapshot's file"
+"$ZYGOTE" rm "$id" "$child" "$restored" >/dev/null || die "zygote rm failed"
+say "ok: image build, run, and a daemon's create/exec/branch/snapshot/pack/rm work from an empty HOME"
