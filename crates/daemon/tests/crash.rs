@@ -9,6 +9,8 @@
 mod common;
 #[path = "crash/pause.rs"]
 mod pause;
+#[path = "crash/qemu_branch.rs"]
+mod qemu_branch;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -516,9 +518,40 @@ async fn suite(runtime: &str) {
     step(t0, "everything deleted, nothing left behind");
 }
 
+/// Whether QEMU (and its image tool) can run sandboxes here; says why not otherwise.
+fn qemu_or_skip(test: &str) -> bool {
+    let missing = ["qemu-system-x86_64", "qemu-img"].into_iter().find(|tool| {
+        !std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).exists()))
+    });
+    if let Some(tool) = missing {
+        eprintln!("skipping {test}: {tool} is not on PATH, so no qemu sandbox can boot");
+    }
+    missing.is_none()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runtime_survives_a_crash_at_every_step() {
+    if !qemu_or_skip("the qemu runtime crash suite") {
+        return;
+    }
     suite("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_branch_killed_at_every_step_leaves_the_parent_whole() {
+    if !qemu_or_skip("the qemu branch crash test") {
+        return;
+    }
+    qemu_branch::branch_steps("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_promote_killed_midway_is_finished_at_start_up() {
+    if !qemu_or_skip("the keep crash test") {
+        return;
+    }
+    qemu_branch::keep_promote("qemu").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
