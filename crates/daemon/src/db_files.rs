@@ -51,6 +51,7 @@ fn companion(db: &Path, suffix: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
+    use std::path::{Path, PathBuf};
 
     use super::{companion, PRIVATE};
     use crate::db::Db;
@@ -64,55 +65,50 @@ mod tests {
     }
 
     /// Issue 33: `zygote.db-wal` and `-shm` were 0644 under the usual umask 022.
+    /// The database at `db` and its WAL files.
+    fn with_wal(db: &Path) -> [PathBuf; 3] {
+        [
+            db.to_path_buf(),
+            companion(db, "-wal"),
+            companion(db, "-shm"),
+        ]
+    }
+
+    /// Opens the database at `db`, writes to it (so the WAL certainly exists; the
+    /// connection stays open: a clean close would fold the WAL back and remove it) and
+    /// checks that every file is private.
+    fn open_and_check(db: &Path) {
+        let opened = Db::open(db).unwrap();
+        opened
+            .conn()
+            .execute_batch("PRAGMA user_version = 9")
+            .unwrap();
+        for p in with_wal(db) {
+            assert_eq!(
+                format!("{:o}", mode(&p)),
+                format!("{PRIVATE:o}"),
+                "{}",
+                p.display()
+            );
+        }
+    }
+
+    /// Issue 33: `zygote.db-wal` and `-shm` were 0644 under the usual umask 022.
     #[test]
     fn the_database_and_its_wal_files_are_private_whatever_the_umask() {
         // SAFETY: umask(2) has no memory-safety preconditions. 022 is what a daemon
         // started from a login shell has (and what this test process most likely has).
         let before = unsafe { libc::umask(0o022) };
         let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("zygote.db");
-        let db = Db::open(&path).unwrap();
-        // A write, so the WAL certainly exists; the connection stays open (a clean
-        // close would fold the WAL back and remove it).
-        db.conn().execute_batch("PRAGMA user_version = 9").unwrap();
-        for p in [
-            path.clone(),
-            companion(&path, "-wal"),
-            companion(&path, "-shm"),
-        ] {
-            assert_eq!(
-                format!("{:o}", mode(&p)),
-                format!("{PRIVATE:o}"),
-                "{}",
-                p.display()
-            );
-        }
-        drop(db);
-
-        // Companions left by a crash of a daemon that made them 0644 are narrowed.
+        open_and_check(&tmp.path().join("zygote.db"));
+        // Files left by a crash of a daemon that made them 0644 are narrowed.
         let old = tmp.path().join("old.db");
-        for p in [
-            old.clone(),
-            companion(&old, "-wal"),
-            companion(&old, "-shm"),
-        ] {
+        for p in with_wal(&old) {
             std::fs::write(&p, b"").unwrap();
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
         }
-        let db = Db::open(&old).unwrap();
-        db.conn().execute_batch("PRAGMA user_version = 9").unwrap();
-        for p in [
-            old.clone(),
-            companion(&old, "-wal"),
-            companion(&old, "-shm"),
-        ] {
-            assert_eq!(
-                format!("{:o}", mode(&p)),
-                format!("{PRIVATE:o}"),
-                "{}",
-                p.display()
-            );
-        }
+        open_and_check(&old);
+        // SAFETY: as above.
         unsafe { libc::umask(before) };
     }
 }

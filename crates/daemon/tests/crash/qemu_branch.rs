@@ -24,7 +24,7 @@ use zygote_daemon::runtime::qmp::{migration_in_progress, Qmp};
 use super::common::{create, get, start_daemon, start_daemon_with_env, step, Scratch};
 use super::{
     assert_no_deleted_files_open, assert_no_orphans, assert_vm_processes, branch1,
-    dead_with_reason, expect_killed, sh, snapshot, snapshots,
+    delete_dead_child, expect_killed, settled_and_snapshots, sh, snapshots,
 };
 
 /// Random data in the parent's RAM (tmpfs) whose checksum must survive every crash.
@@ -180,17 +180,9 @@ pub async fn branch_steps(runtime: &str) {
             if before.contains(&child) {
                 continue;
             }
-            let reason = dead_with_reason(&c, &child).await;
-            assert!(reason.contains("daemon stopped"), "{point}: {reason}");
-            c.raw(Method::DELETE, &format!("/v1/sandboxes/{child}"), None)
-                .await
-                .expect("delete the dead child");
+            delete_dead_child(&c, &child, point).await;
         }
-        assert_vm_processes(&c, state, point).await;
-        assert_no_orphans(&c, state, point).await;
-        let snap = snapshot(&c, &parent, &format!("after-{}", point.replace('.', "-")))
-            .await
-            .unwrap_or_else(|e| panic!("{point}: full snapshot after the restart: {e}"));
+        let snap = settled_and_snapshots(&c, state, &parent, point).await;
         assert_eq!(snap["kind"], json!("full"), "{snap}");
         step(
             t0,
