@@ -98,7 +98,7 @@ fn io_err(path: &Path, e: &io::Error) -> ErrorBody {
 
 /// Write `contents` to `path` through a temporary file and a rename, so
 /// readers see the old or the new contents, never a partial one.
-fn replace_file(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+pub(crate) fn replace_file(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let tmp = path.with_extension("zygote-tmp");
     {
         let mut f = fs::File::create(&tmp)?;

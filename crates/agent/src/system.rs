@@ -86,6 +86,7 @@ pub fn reidentify(
     }
     if let Some(h) = &req.hostname {
         set_hostname(h)?;
+        write_hostname_file(Path::new(ETC_HOSTNAME), h);
         report.hostname_set = true;
     }
     if let Some(t) = &req.time {
@@ -161,6 +162,21 @@ pub fn set_hostname(name: &str) -> Result<(), ErrorBody> {
         ));
     }
     Ok(())
+}
+
+/// Where userspace reads the machine's name (`hostname -F`, init scripts, shells).
+const ETC_HOSTNAME: &str = "/etc/hostname";
+
+/// Writes `name` to the hostname file at `path` (a copy of another guest still names
+/// its source there), replaced whole. Only where `/etc` exists (a rootfs without one has
+/// nowhere to put it); a read-only root is logged, not fatal: the kernel's name is set.
+fn write_hostname_file(path: &Path, name: &str) {
+    if !path.parent().is_some_and(Path::is_dir) {
+        return;
+    }
+    if let Err(e) = crate::forked::replace_file(path, format!("{name}\n").as_bytes(), 0o644) {
+        log!("writing {}: {e}", path.display());
+    }
 }
 
 pub fn hostname() -> String {
@@ -333,6 +349,23 @@ pub fn is_socket(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_hostname_file_is_replaced_where_etc_exists() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc");
+        fs::create_dir(&etc).unwrap();
+        fs::write(etc.join("hostname"), "sb-parent\n").unwrap();
+        write_hostname_file(&etc.join("hostname"), "sb-child");
+        assert_eq!(
+            fs::read_to_string(etc.join("hostname")).unwrap(),
+            "sb-child\n"
+        );
+        // No /etc: nothing is made.
+        let missing = root.path().join("none").join("hostname");
+        write_hostname_file(&missing, "sb-child");
+        assert!(!missing.exists());
+    }
 
     #[test]
     fn hostnames() {

@@ -23,6 +23,8 @@ use crate::runtime::{SnapshotData, VmRecord};
 /// `snapshots.run` and `snapshots.pack`.
 const SCHEMA_VERSION: i64 = 9;
 
+#[path = "db_files.rs"]
+mod files;
 #[path = "db_ports.rs"]
 mod ports;
 pub use ports::{AddPort, PortRow};
@@ -233,7 +235,9 @@ fn add_missing_columns(conn: &Connection, table: &str, columns: &[(&str, &str)])
 }
 
 impl Db {
+    /// Opens (or creates) the database at `path`, private to the daemon's user.
     pub fn open(path: &Path) -> Result<Db> {
+        files::make_private(path)?;
         let conn = Connection::open(path)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;

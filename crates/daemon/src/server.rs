@@ -135,8 +135,8 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     private(&state, 0o700)?;
     let token = load_or_create_token(&state)?;
     let db_path = state.join("zygote.db");
+    // Private (0600) with its WAL files: `Db::open` sees to it.
     let db = Db::open(&db_path)?;
-    private(&db_path, 0o600)?;
     let dirs = Dirs::new(state.clone())?;
     let forced = args.runtime.as_deref();
     let selected = runtime::select(forced)?;

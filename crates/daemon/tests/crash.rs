@@ -9,6 +9,8 @@
 mod common;
 #[path = "crash/pause.rs"]
 mod pause;
+#[path = "crash/qemu_branch.rs"]
+mod qemu_branch;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -191,6 +193,26 @@ async fn dead_with_reason(c: &Client, id: &str) -> String {
     sb.exit_reason.expect("a dead sandbox says why")
 }
 
+/// After the restart that followed a crash at `point`: no VM process or file that no
+/// record explains, and sandbox `id`'s chain works (a snapshot succeeds). Returns it.
+async fn settled_and_snapshots(c: &Client, state: &Path, id: &str, point: &str) -> Value {
+    assert_vm_processes(c, state, point).await;
+    assert_no_orphans(c, state, point).await;
+    snapshot(c, id, &name_at("after", point))
+        .await
+        .unwrap_or_else(|e| panic!("{point}: snapshot after recovery: {e}"))
+}
+
+/// A branch child the crash at `point` left half-made: reported dead for that reason,
+/// then deleted.
+async fn delete_dead_child(c: &Client, id: &str, point: &str) {
+    let reason = dead_with_reason(c, id).await;
+    assert!(reason.contains("daemon stopped"), "{point}: {reason}");
+    c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+        .await
+        .expect("delete the dead child");
+}
+
 async fn suite(runtime: &str) {
     let t0 = Instant::now();
     common::guest_assets();
@@ -288,20 +310,14 @@ async fn suite(runtime: &str) {
             if point == "branch.child-recorded" {
                 assert_eq!(get(&c, &child.id).await.state, "running", "{point}");
                 assert_eq!(sh(&c, &child.id, "cat /root/mark-*").await, want);
+                c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
+                    .await
+                    .expect("delete the child");
             } else {
-                let reason = dead_with_reason(&c, &child.id).await;
-                assert!(reason.contains("daemon stopped"), "{point}: {reason}");
+                delete_dead_child(&c, &child.id, point).await;
             }
-            c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
-                .await
-                .expect("delete the dead child");
         }
-        assert_vm_processes(&c, state, point).await;
-        assert_no_orphans(&c, state, point).await;
-        // The parent's chain works: a snapshot now succeeds and keeps the guest's data.
-        snapshot(&c, &a, &name_at("after", point))
-            .await
-            .unwrap_or_else(|e| panic!("{point}: snapshot after recovery: {e}"));
+        settled_and_snapshots(&c, state, &a, point).await;
         step(
             t0,
             &format!("{point}: recovered, marks intact, snapshot works"),
@@ -516,9 +532,40 @@ async fn suite(runtime: &str) {
     step(t0, "everything deleted, nothing left behind");
 }
 
+/// Whether QEMU (and its image tool) can run sandboxes here; says why not otherwise.
+fn qemu_or_skip(test: &str) -> bool {
+    let missing = ["qemu-system-x86_64", "qemu-img"].into_iter().find(|tool| {
+        !std::env::var_os("PATH")
+            .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).exists()))
+    });
+    if let Some(tool) = missing {
+        eprintln!("skipping {test}: {tool} is not on PATH, so no qemu sandbox can boot");
+    }
+    missing.is_none()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_runtime_survives_a_crash_at_every_step() {
+    if !qemu_or_skip("the qemu runtime crash suite") {
+        return;
+    }
     suite("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_branch_killed_at_every_step_leaves_the_parent_whole() {
+    if !qemu_or_skip("the qemu branch crash test") {
+        return;
+    }
+    qemu_branch::branch_steps("qemu").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_promote_killed_midway_is_finished_at_start_up() {
+    if !qemu_or_skip("the keep crash test") {
+        return;
+    }
+    qemu_branch::keep_promote("qemu").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

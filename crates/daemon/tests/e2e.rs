@@ -256,6 +256,11 @@ async fn suite(runtime: &str) {
             exec(&c, child, "hostname").await.stdout.trim(),
             child.as_str()
         );
+        // Issue 33: the file kept the parent's name.
+        assert_eq!(
+            read(&c, child, "/etc/hostname").await.unwrap(),
+            format!("{child}\n")
+        );
     }
     // Fork safety: the kernel's random bytes differ in every child right away (the
     // children start with the parent's CRNG state; reidentify reseeds it).

@@ -15,8 +15,9 @@ use sha2::{Digest, Sha256};
 use zygote_proto::client::ClientError;
 use zygote_proto::{ErrorCode, FileKind, Metadata, WalkEntry};
 
+use super::intent::{write_synced, Intent};
 use super::merge_apply::{apply_plans, staging_dir, Staged, STAGING_PREFIX};
-use super::merge_intent::{write_synced, MergeIntent};
+use super::merge_intent::MergeIntent;
 use super::merge_plan::{self, Plan, Tree};
 use super::Manager;
 use crate::error::{Error, Result};
@@ -64,7 +65,8 @@ impl Manager {
             target: id.to_string(),
             staging: dirs.iter().map(|d| staging_dir(d, &nonce)).collect(),
         };
-        intent.record(self)?;
+        let record = Intent::Merge(intent.clone());
+        record.record(self)?;
         let (base_trees, ours, theirs) = tokio::join!(
             self.base_trees(&snap.data.dir, &base, &dirs, &intent.base_sandbox),
             self.walk_dirs(id, &dirs),
@@ -87,7 +89,7 @@ impl Manager {
                 );
             }
         }
-        intent.forget(self);
+        record.forget(self);
         result
     }
 

@@ -13,6 +13,7 @@ mod events;
 mod exec_cancel;
 mod guest;
 mod images;
+mod intent;
 mod merge;
 mod merge_apply;
 mod merge_intent;
@@ -68,8 +69,8 @@ pub struct Dirs {
     pub layers: PathBuf,
     /// `snapshots/<snapshot>/`: memory and device state.
     pub snapshots: PathBuf,
-    /// `merges/<sandbox>.json`: merges in progress (`merge_intent`).
-    pub merges: PathBuf,
+    /// `intents/<operation>-<id>.json`: operations in progress (`intent`).
+    pub intents: PathBuf,
     /// `agent.key`: derives each sandbox's agent token.
     pub agent_key: AgentKey,
 }
@@ -87,11 +88,11 @@ impl Dirs {
             vms: state.join("vms"),
             layers: state.join("layers"),
             snapshots: state.join("snapshots"),
-            merges: state.join("merges"),
+            intents: state.join("intents"),
             agent_key: AgentKey::load_or_create(&state)?,
             state,
         };
-        for dir in [&d.vms, &d.layers, &d.snapshots, &d.merges] {
+        for dir in [&d.vms, &d.layers, &d.snapshots, &d.intents] {
             std::fs::create_dir_all(dir)
                 .map_err(Error::io(format!("creating {}", dir.display())))?;
         }

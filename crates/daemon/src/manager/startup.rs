@@ -82,7 +82,7 @@ impl Manager {
             }
         }
         self.reattach_networks().await?;
-        self.finish_interrupted_merges().await?;
+        self.finish_interrupted_operations().await?;
         self.remove_orphans()?;
         self.collect_garbage()
     }

@@ -1,11 +1,27 @@
-//! Branch trees: see the lineage with what each branch costs, keep one branch.
+//! Branch trees: see the lineage with what each branch costs, keep one branch (a keep
+//! records what it deletes first, so a crash midway is finished at start-up: `intent`).
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
+use super::intent::Intent;
 use super::{Manager, STATE_DEAD};
 use crate::db::SandboxRow;
 use crate::error::{Error, Result};
+use crate::fault;
 use crate::model::{KeepRequest, KeepResponse, Origin, SandboxTree, TreeNode, TreeSnapshot};
+
+/// A keep in progress (`intent`): the sandboxes it deletes, in order (each branch's
+/// deepest first, the promoted parent last), then the name the kept one takes.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct KeepIntent {
+    pub kept: String,
+    pub doomed: Vec<String>,
+    /// The promoted parent's name, if it had one.
+    #[serde(default)]
+    pub name: Option<String>,
+}
 
 impl Manager {
     /// The parent of each sandbox in lineage terms: the branch parent, or the source
@@ -120,6 +136,8 @@ impl Manager {
 
     /// Keeps `id` and deletes its siblings (the other children of its branch point)
     /// with their descendants; with `promote`, also its parent, whose name it takes.
+    /// What it will delete is recorded first (`intent`): a daemon killed midway finishes
+    /// the job at its next start.
     pub async fn keep(self: &Arc<Self>, id: &str, req: KeepRequest) -> Result<KeepResponse> {
         let row = self.sandbox_row(id)?;
         let Origin::Branch {
@@ -143,11 +161,15 @@ impl Manager {
                 "{id} has no siblings left (branch point {branch_point}); nothing to drop"
             )));
         }
-        if req.promote && parent_row.is_none() {
-            return Err(Error::Conflict(format!(
-                "{id}'s parent {parent} is gone: nothing to promote it over"
-            )));
-        }
+        let promoted = match (req.promote, parent_row) {
+            (false, _) => None,
+            (true, Some(p)) => Some(p),
+            (true, None) => {
+                return Err(Error::Conflict(format!(
+                    "{id}'s parent {parent} is gone: nothing to promote it over"
+                )))
+            }
+        };
         // Deepest first, so no sandbox outlives its parent in the record mid-way.
         let parents = self.lineage_parents(&rows)?;
         let mut doomed: Vec<String> = Vec::new();
@@ -161,29 +183,62 @@ impl Manager {
             );
             doomed.push(next);
         }
-        let mut deleted = Vec::new();
-        for victim in doomed.iter().rev() {
-            self.delete(victim).await?;
-            deleted.push(victim.clone());
-        }
-        let mut name = None;
-        if req.promote {
-            let parent_row = parent_row.expect("checked above");
-            self.delete(&parent_row.id).await?;
-            deleted.push(parent_row.id.clone());
-            if let Some(n) = &parent_row.name {
-                let _guard = self.lock(id).await;
-                let mut me = self.sandbox_row(id)?;
-                me.name = Some(n.clone());
-                self.db.put_sandbox(&me)?;
-                name = Some(n.clone());
-            }
-        }
+        doomed.reverse();
+        doomed.extend(promoted.map(|p| p.id.clone()));
+        let intent = KeepIntent {
+            kept: id.to_string(),
+            doomed,
+            name: promoted.and_then(|p| p.name.clone()),
+        };
+        let record = Intent::Keep(intent.clone());
+        record.record(self)?;
+        // An error (not a crash) is the request's to report: nothing is finished later.
+        let deleted = self.carry_out_keep(&intent).await;
+        record.forget(self);
+        let deleted = deleted?;
         tracing::info!("kept {id}; deleted {deleted:?}");
         Ok(KeepResponse {
             kept: id.to_string(),
             deleted,
-            name,
+            name: intent.name,
         })
+    }
+
+    /// Start-up, for a keep a crash interrupted: its deletions are carried out (those
+    /// made before the crash are skipped) and the kept sandbox takes its name.
+    pub(super) async fn finish_keep(self: &Arc<Self>, intent: &KeepIntent) -> Result<()> {
+        tracing::warn!(
+            "finishing the keep of {} a crash interrupted (deleting {:?})",
+            intent.kept,
+            intent.doomed
+        );
+        self.carry_out_keep(intent).await.map(drop)
+    }
+
+    /// The deletions in order, then the name; returns the sandboxes it deleted (one
+    /// already gone is skipped: a crash came after its deletion).
+    async fn carry_out_keep(self: &Arc<Self>, intent: &KeepIntent) -> Result<Vec<String>> {
+        let mut deleted = Vec::new();
+        for victim in &intent.doomed {
+            match self.delete(victim).await {
+                Ok(()) => deleted.push(victim.clone()),
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            fault::point("keep.deleted-one");
+        }
+        if let Some(name) = &intent.name {
+            let _guard = self.lock(&intent.kept).await;
+            match self.sandbox_row(&intent.kept) {
+                Ok(mut me) => {
+                    me.name = Some(name.clone());
+                    self.db.put_sandbox(&me)?;
+                }
+                // Deleted since (only a restart can come in between): no one to name.
+                Err(Error::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(deleted)
     }
 }

@@ -7,6 +7,10 @@
 //! Pause to disk is the same migration to a file without the layer switch, then QEMU
 //! quits; resume starts QEMU with `-incoming` from that file on the sandbox's own
 //! layer (QEMU reads the whole state file back: no lazy restore here).
+//!
+//! A migration runs inside QEMU, not in the daemon: a daemon killed during a capture or
+//! pause leaves QEMU stopped, possibly with its migration still running. A restarted
+//! daemon ([`Runtime::reattach`]) cancels such a migration before it resumes the VM.
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -29,6 +33,8 @@ const QEMU: &str = "qemu-system-x86_64";
 /// Generous: several TCG guests may boot at once on two busy cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+/// QEMU stops a cancelled migration at its next chunk: quick, unless the host is stuck.
+const MIGRATION_CANCEL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The agent channel: QEMU serves the guest agent's virtio-serial port on this Unix
 /// socket in the sandbox's directory (one connection at a time; only the daemon's
 /// user can open the directory). No TCP port on the host leads to an agent.
@@ -192,7 +198,8 @@ impl QemuRuntime {
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
         let stopped = Instant::now();
         qmp.stop()?;
-        let captured = migrate_to_file(&mut qmp, &state_file).and_then(|_| {
+        crate::fault::point("capture.stopped");
+        let captured = migrate_to_file(&mut qmp, &state_file, "capture").and_then(|_| {
             crate::fault::point("capture.migrated");
             qmp.snapshot_disk("root", next_disk)
         });
@@ -217,13 +224,27 @@ impl QemuRuntime {
     }
 }
 
-/// Migrates the (stopped) VM's RAM and device state into `file`.
-fn migrate_to_file(qmp: &mut Qmp, file: &Path) -> Result<serde_json::Value, super::qmp::QmpError> {
+/// Migrates the (stopped) VM's RAM and device state into `file`. A migration that
+/// fails to complete (it failed, or timed out) is cancelled before this returns, so the
+/// caller's `cont` resumes a VM that no migration will stop again (see
+/// [`Qmp::cancel_migration`]). `operation` names the fault point of the migration in
+/// flight (`<operation>.migrating`).
+fn migrate_to_file(
+    qmp: &mut Qmp,
+    file: &Path,
+    operation: &str,
+) -> Result<serde_json::Value, super::qmp::QmpError> {
     let uri = format!(
         "exec:cat > '{}'",
         file.display().to_string().replace('\'', r"'\''")
     );
-    qmp.migrate(&uri, MIGRATION_TIMEOUT)
+    qmp.start_migration(&uri)?;
+    crate::fault::point(&format!("{operation}.migrating"));
+    qmp.wait_migration(MIGRATION_TIMEOUT).inspect_err(|_| {
+        if let Err(e) = qmp.cancel_migration(MIGRATION_CANCEL_TIMEOUT) {
+            tracing::warn!("cancelling the migration to {}: {e}", file.display());
+        }
+    })
 }
 
 /// fsyncs `partial`, renames it to `dest` and fsyncs their directory.
@@ -401,7 +422,7 @@ impl Runtime for QemuRuntime {
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
         let stopped = Instant::now();
         qmp.stop()?;
-        let saved = migrate_to_file(&mut qmp, &partial)
+        let saved = migrate_to_file(&mut qmp, &partial, "pause")
             .map_err(RuntimeError::from)
             .and_then(|_| sync_into_place(&partial, &data.state_file));
         if let Err(e) = saved {
@@ -454,8 +475,19 @@ impl Runtime for QemuRuntime {
 
     fn reattach(&self, vm: &VmRecord) -> Result<(), RuntimeError> {
         let mut qmp = Qmp::connect(&vm.control, Duration::from_secs(10))?;
+        // The migration of a capture or pause the previous daemon did not finish runs
+        // on without it: cancelled first, or the `cont` below would make it a live
+        // migration that stops the guest once complete.
+        if let Some(ended) = qmp.cancel_migration(MIGRATION_CANCEL_TIMEOUT)? {
+            tracing::info!(
+                "VM in {}: the migration a crash left running ended {ended}",
+                vm.dir.display()
+            );
+        }
         let status = qmp.status()?;
-        // Left paused by a snapshot/branch the previous daemon did not finish.
+        // Left stopped by a snapshot, branch or pause the previous daemon did not
+        // finish: on this runtime only those stop a VM that goes on (a pause to disk
+        // ends QEMU; a faulted VM reports `io-error` or worse, never `paused`).
         if matches!(status.as_str(), "paused" | "postmigrate") {
             tracing::info!("resuming VM in {} ({status})", vm.dir.display());
             qmp.cont()?;

@@ -38,6 +38,12 @@ pub enum QmpError {
     Timeout { what: String, after: Duration },
 }
 
+/// Whether a `query-migrate` status is a migration QEMU is still carrying out (every
+/// state of QAPI's `MigrationStatus` but `none`, `completed`, `failed` and `cancelled`).
+pub fn migration_in_progress(status: &str) -> bool {
+    !matches!(status, "none" | "completed" | "failed" | "cancelled")
+}
+
 /// One QMP session.
 pub struct Qmp {
     reader: BufReader<UnixStream>,
@@ -175,10 +181,53 @@ impl Qmp {
         Ok(top)
     }
 
-    /// Starts an outgoing migration to `uri` and waits for it to complete.
-    pub fn migrate(&mut self, uri: &str, timeout: Duration) -> Result<Value, QmpError> {
-        self.execute("migrate", json!({"uri": uri}))?;
-        self.wait_migration(timeout)
+    /// Starts an outgoing migration to `uri` ([`Qmp::wait_migration`] waits for its end).
+    pub fn start_migration(&mut self, uri: &str) -> Result<(), QmpError> {
+        self.execute("migrate", json!({"uri": uri})).map(drop)
+    }
+
+    /// The state of the VM's last migration (`active`, `completed`, ...), None if it
+    /// never migrated.
+    pub fn migration_status(&mut self) -> Result<Option<String>, QmpError> {
+        let info = self.execute("query-migrate", json!({}))?;
+        Ok(info
+            .get("status")
+            .and_then(Value::as_str)
+            .map(str::to_string))
+    }
+
+    /// Stops an outgoing migration nobody waits for any more (its caller failed, or
+    /// was a daemon that died) and waits until QEMU has let go of it. Returns the state
+    /// it ended in (`cancelled`, or `completed`/`failed` if it ended first), None if
+    /// none was in progress.
+    ///
+    /// Why it matters: a migration outlives the QMP client that started it, and `cont`
+    /// on a VM whose migration is still running turns it into a live migration, which
+    /// stops the guest again when it completes (`postmigrate`) with nobody there to
+    /// resume it: the guest's agent goes silent and every later migration is refused.
+    pub fn cancel_migration(&mut self, timeout: Duration) -> Result<Option<String>, QmpError> {
+        match self.migration_status()? {
+            Some(s) if migration_in_progress(&s) => {
+                if s != "cancelling" {
+                    self.execute("migrate_cancel", json!({}))?;
+                }
+            }
+            _ => return Ok(None),
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.migration_status()? {
+                Some(s) if migration_in_progress(&s) => {}
+                ended => return Ok(ended),
+            }
+            if Instant::now() >= deadline {
+                return Err(QmpError::Timeout {
+                    what: "the migration to be cancelled".into(),
+                    after: timeout,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Polls `query-migrate` until the migration (outgoing or incoming)
