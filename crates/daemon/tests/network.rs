@@ -1,13 +1,19 @@
 //! Sandbox networking end to end (issue 13), on real namespaces and nftables: a
-//! "remote host" of the test's own (a network namespace with a veth to the host and two
-//! small TCP servers) stands in for the internet; the host runs services on every
-//! address; the daemon listens on every address too. No packet goes anywhere outside
-//! this machine. Needs root, iproute2 and nftables (skips, saying why, without them).
+//! "remote host" of the test's own (a network namespace with a veth to the host, two
+//! small TCP servers and a DNS server: [`remote`]) stands in for the internet; the host
+//! runs services on every address; the daemon listens on every address too. No packet
+//! goes anywhere outside this machine. Needs root, iproute2 and nftables (skips, saying
+//! why, without them).
 mod common;
+#[path = "network/dns.rs"]
+mod dns;
+#[path = "network/ports.rs"]
+mod ports;
+#[path = "network/remote.rs"]
+mod remote;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -17,18 +23,8 @@ use zygote_daemon::client::{Client, ClientError};
 use zygote_daemon::model::{BranchResponse, Sandbox};
 
 use common::{create, get, proxy_url, sh, start_daemon, step, Scratch};
-
-const REMOTE_PORT: u16 = 8080;
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
+use ports::{exposed_ports, http_get};
+use remote::{ip, serve, Remote, REMOTE_PORT};
 
 /// Why this machine cannot run the suite, if it cannot.
 fn unavailable() -> Option<String> {
@@ -44,130 +40,6 @@ fn unavailable() -> Option<String> {
         return Some("/dev/net/tun is missing".into());
     }
     None
-}
-
-/// Serves `marker` to every TCP connection on `listener`, forever (a daemon thread).
-fn serve(listener: TcpListener, marker: String) {
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let marker = marker.clone();
-            std::thread::spawn(move || {
-                let mut conn = conn;
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                let mut buf = [0u8; 512];
-                let _ = conn.read(&mut buf);
-                let _ = write!(
-                    conn,
-                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{marker}",
-                    marker.len()
-                );
-            });
-        }
-    });
-}
-
-/// The test's stand-in for the internet: namespace `ns` with addresses `a` and `b` on a
-/// veth whose host end has `host`, plus a link-local address `ll` routed there (a
-/// metadata service a guest must never reach).
-struct Remote {
-    ns: String,
-    link: String,
-    a: Ipv4Addr,
-    b: Ipv4Addr,
-    ll: Ipv4Addr,
-    host: Ipv4Addr,
-}
-
-impl Remote {
-    fn start() -> Remote {
-        let n = std::process::id() % 200 + 20;
-        let r = Remote {
-            ns: format!("zt-remote-{}", std::process::id()),
-            link: format!("ztr{}", std::process::id() % 100_000),
-            a: Ipv4Addr::new(10, 77, n as u8, 2),
-            b: Ipv4Addr::new(10, 77, n as u8, 3),
-            ll: Ipv4Addr::new(169, 254, 77, n as u8),
-            host: Ipv4Addr::new(10, 77, n as u8, 1),
-        };
-        r.remove();
-        ip(&["netns", "add", &r.ns]);
-        ip(&[
-            "link", "add", &r.link, "type", "veth", "peer", "name", "eth0", "netns", &r.ns,
-        ]);
-        ip(&["addr", "add", &format!("{}/24", r.host), "dev", &r.link]);
-        ip(&["link", "set", &r.link, "up"]);
-        for a in [r.a, r.b] {
-            ip(&[
-                "-n",
-                &r.ns,
-                "addr",
-                "add",
-                &format!("{a}/24"),
-                "dev",
-                "eth0",
-            ]);
-        }
-        ip(&[
-            "-n",
-            &r.ns,
-            "addr",
-            "add",
-            &format!("{}/32", r.ll),
-            "dev",
-            "lo",
-        ]);
-        ip(&["-n", &r.ns, "link", "set", "eth0", "up"]);
-        ip(&["-n", &r.ns, "link", "set", "lo", "up"]);
-        ip(&[
-            "-n",
-            &r.ns,
-            "route",
-            "add",
-            "default",
-            "via",
-            &r.host.to_string(),
-        ]);
-        ip(&[
-            "route",
-            "add",
-            &format!("{}/32", r.ll),
-            "via",
-            &r.a.to_string(),
-        ]);
-        // A thread in the namespace binds the servers; their sockets stay there.
-        let ns_file = std::fs::File::open(format!("/run/netns/{}", r.ns)).unwrap();
-        let addrs = [r.a, r.b, r.ll];
-        std::thread::spawn(move || {
-            // SAFETY: switches only this thread's network namespace.
-            assert_eq!(
-                unsafe { libc::setns(ns_file.as_raw_fd(), libc::CLONE_NEWNET) },
-                0
-            );
-            for a in addrs {
-                let l = TcpListener::bind((a, REMOTE_PORT)).expect("remote server");
-                serve(l, format!("remote-{a}"));
-            }
-        })
-        .join()
-        .unwrap();
-        r
-    }
-
-    fn remove(&self) {
-        let _ = Command::new("ip")
-            .args(["route", "del", &format!("{}/32", self.ll)])
-            .output();
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.link])
-            .output();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).output();
-    }
-}
-
-impl Drop for Remote {
-    fn drop(&mut self) {
-        self.remove();
-    }
 }
 
 /// The host's IPv4 addresses (every one must be out of a guest's reach).
@@ -260,85 +132,6 @@ async fn api_error(c: &Client, body: Value) -> (u16, String) {
     }
 }
 
-/// One HTTP/1.0 GET to the proxy at `proxy` (`http://127.0.0.1:PORT`) with `host` as
-/// the Host header; the whole answer.
-fn http_get(proxy: &str, host: &str, path: &str, token: Option<&str>) -> String {
-    let addr = proxy.trim_start_matches("http://");
-    let mut s = TcpStream::connect(addr).expect("the proxy listens");
-    let _ = s.set_read_timeout(Some(Duration::from_secs(30)));
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{auth}\r\n").unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
-
-fn status_of(answer: &str) -> u16 {
-    answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
-
-/// A guest's HTTP server, exposed: reachable through the proxy by path and by host
-/// name with the token, refused without it, public once made so; gone when unexposed.
-async fn exposed_ports(c: &Client, token: &str, id: &str) {
-    sh(
-        c,
-        id,
-        "mkdir -p /www && echo guest-page > /www/index.html && httpd -p 8080 -h /www",
-    )
-    .await
-    .unwrap();
-    let proxy = proxy_url(c).await.expect("the daemon runs its proxy");
-    let port: Value = c
-        .json(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/ports"),
-            Some(&json!({"port": 8080})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(port["public"], false, "{port}");
-    let path = format!("/sandboxes/{id}/ports/8080/");
-    let with_token = http_get(&proxy, "127.0.0.1", &path, Some(token));
-    assert_eq!(status_of(&with_token), 200, "{with_token}");
-    assert!(with_token.contains("guest-page"), "{with_token}");
-    let by_host = http_get(&proxy, &format!("8080-{id}.localhost"), "/", Some(token));
-    assert!(by_host.contains("guest-page"), "{by_host}");
-    let without = http_get(&proxy, "127.0.0.1", &path, None);
-    assert_eq!(status_of(&without), 401, "{without}");
-    match c
-        .json::<Value>(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/ports"),
-            Some(&json!({"port": 8080})),
-        )
-        .await
-    {
-        Err(ClientError::Api { status: 409, .. }) => {}
-        other => panic!("exposing a port twice: {other:?}"),
-    }
-    c.raw(
-        Method::DELETE,
-        &format!("/v1/sandboxes/{id}/ports/8080"),
-        None,
-    )
-    .await
-    .unwrap();
-    let _: Value = c
-        .json(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/ports"),
-            Some(&json!({"port": 8080, "public": true})),
-        )
-        .await
-        .unwrap();
-    let public = http_get(&proxy, "127.0.0.1", &path, None);
-    assert!(public.contains("guest-page"), "{public}");
-}
-
 async fn suite(runtime: &str) {
     let t0 = Instant::now();
     common::guest_assets();
@@ -352,9 +145,18 @@ async fn suite(runtime: &str) {
     serve(lo, "host-loopback".into());
     let scratch = Scratch::new();
     // The daemon on every address: a guest must still not reach its port.
+    // Guests' DNS goes to the remote namespace's server.
+    let resolver = remote.b.to_string();
     let d = start_daemon(
         &scratch.state,
-        &["--listen", "0.0.0.0:0", "--runtime", runtime],
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--runtime",
+            runtime,
+            "--dns",
+            &resolver,
+        ],
     );
     let api_port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
     let c = d.client();
@@ -408,6 +210,29 @@ async fn suite(runtime: &str) {
     assert_eq!(reach(&c, &none.id, &remote_targets).await, [false, false]);
     assert_eq!(reach(&c, &only_b.id, &remote_targets).await, [false, true]);
     step(t0, "egress / none / allow_out / deny_out as asked");
+
+    // DNS: the resolver (b) is one more destination the lists judge.
+    let only_a = create(
+        &c,
+        json!({"image": "minimal", "allow_out": [remote.a.to_string()]}),
+        cleanup,
+    )
+    .await
+    .remove(0);
+    assert_eq!(reach(&c, &only_a.id, &remote_targets).await, [true, false]);
+    dns::dns_obeys_the_policy(&c, &remote, &[&only_b.id], &[&egress.id, &only_a.id]).await;
+    c.raw(
+        Method::DELETE,
+        &format!("/v1/sandboxes/{}", only_a.id),
+        None,
+    )
+    .await
+    .unwrap();
+    step(
+        t0,
+        "DNS leaves only as a connection to the resolver would: with allow_out naming it, \
+         not with one that does not, not when deny_out names it",
+    );
 
     // Never the host (any address: its own link, the remote link, the others; the
     // daemon's port; a service on every address), the gateway, the metadata range.
@@ -566,7 +391,14 @@ async fn suite(runtime: &str) {
         .output();
     let d = start_daemon(
         &scratch.state,
-        &["--listen", "127.0.0.1:0", "--runtime", runtime],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--runtime",
+            runtime,
+            "--dns",
+            &resolver,
+        ],
     );
     let c = d.client();
     assert!(!namespaces().contains(&stray), "swept at start-up");

@@ -371,39 +371,60 @@ async fn bodies_stream_both_ways() {
     assert_eq!(bytes.len(), n);
 }
 
-/// A hand-written server that switches to an echo protocol after a 101 (what a
-/// WebSocket server does), and reports the request head it got.
-async fn start_upgrade_echo() -> (SocketAddr, mpsc::Receiver<String>) {
+/// What a hand-written test server does once it has read and reported a request head.
+#[derive(Clone, Copy)]
+enum Then {
+    /// Switches to an echo protocol after a 101 (what a WebSocket server does).
+    Echo,
+    /// Answers 200 with no body.
+    Ok,
+}
+
+/// A hand-written server that reports each request head it gets, byte for byte (so
+/// repeated headers show as sent), then does `then`.
+async fn start_recorder(then: Then) -> (SocketAddr, mpsc::Receiver<String>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
             let tx = tx.clone();
             tokio::spawn(async move {
                 let head = read_head(&mut s).await;
-                let _ = tx.send(head.clone()).await;
-                s.write_all(
-                    b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
-                      Upgrade: echo-protocol\r\nX-Guest: yes\r\n\r\n",
-                )
-                .await
-                .unwrap();
-                let mut buf = [0u8; 4096];
-                loop {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            let mut reply = b"echo:".to_vec();
-                            reply.extend_from_slice(&buf[..n]);
-                            s.write_all(&reply).await.unwrap();
-                        }
+                let _ = tx.send(head).await;
+                match then {
+                    Then::Ok => {
+                        let ok =
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+                        let _ = s.write_all(ok).await;
                     }
+                    Then::Echo => echo(s).await,
                 }
             });
         }
     });
     (addr, rx)
+}
+
+/// A 101, then every read comes back prefixed with `echo:`.
+async fn echo(mut s: TcpStream) {
+    s.write_all(
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n\
+          Upgrade: echo-protocol\r\nX-Guest: yes\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                let mut reply = b"echo:".to_vec();
+                reply.extend_from_slice(&buf[..n]);
+                s.write_all(&reply).await.unwrap();
+            }
+        }
+    }
 }
 
 /// Reads up to the end of an HTTP head (byte by byte: nothing after it is taken).
@@ -421,7 +442,7 @@ async fn read_head(s: &mut TcpStream) -> String {
 
 #[tokio::test]
 async fn an_upgraded_connection_is_a_pipe_both_ways() {
-    let (up, mut heads) = start_upgrade_echo().await;
+    let (up, mut heads) = start_recorder(Then::Echo).await;
     let proxy = start_proxy(HashMap::from([(3000, (up, false))])).await;
 
     let mut s = TcpStream::connect(proxy).await.unwrap();
@@ -535,6 +556,96 @@ async fn a_request_wakes_the_sandbox_only_when_allowed_and_goes_where_it_now_is(
             assert_eq!(status, StatusCode::OK, "{v}");
             assert_eq!(v["uri"], "/x", "{v}");
             assert_eq!(sleeper.woken.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
+}
+
+/// The API token in every form a client might send it, next to the guest's own
+/// credentials: the guest gets its own, never ours (issue 33, defect 4).
+#[tokio::test]
+async fn our_token_reaches_no_guest_in_any_form() {
+    let (guest, mut heads) = start_recorder(Then::Ok).await;
+    let proxy = start_proxy(HashMap::from([(80, (guest, true)), (8080, (guest, false))])).await;
+    let public = format!("80-{SANDBOX}.localhost");
+    let private = format!("/sandboxes/{SANDBOX}/ports/8080/x");
+    let upgrade = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n";
+    let cases: [(&str, &str, String, &[&str]); 5] = [
+        // Ours second: the first Authorization is the guest's own.
+        (
+            &public,
+            "/",
+            format!(
+                "Authorization: Bearer the-guests-own\r\nAuthorization: Bearer {TOKEN}\r\n\
+                 Proxy-Authorization: Bearer {TOKEN}\r\n"
+            ),
+            &["authorization: bearer the-guests-own"],
+        ),
+        // Ours first, then in other schemes (a Basic password, a `token` scheme).
+        (
+            &public,
+            "/",
+            format!(
+                "Authorization: Bearer {TOKEN}\r\nAuthorization: Basic dXNlcjp0ZXN0LXRva2Vu\r\n\
+                 Authorization: token {TOKEN}\r\nAuthorization: Bearer the-guests-own\r\n"
+            ),
+            &["authorization: bearer the-guests-own"],
+        ),
+        // A browser's WebSocket: the token as a subprotocol, in one header or several.
+        (
+            &public,
+            "/ws",
+            format!(
+                "{upgrade}Sec-WebSocket-Protocol: chat, zygote.bearer.{TOKEN}\r\n\
+                 Sec-WebSocket-Protocol: zygote.bearer.{TOKEN}\r\n\
+                 Sec-WebSocket-Protocol: zygote.bearer.not-even-ours\r\n"
+            ),
+            &["sec-websocket-protocol: chat\r\n", "upgrade: websocket"],
+        ),
+        // Only the subprotocol: the header goes altogether.
+        (
+            &public,
+            "/ws",
+            format!("{upgrade}Sec-WebSocket-Protocol: zygote.bearer.{TOKEN}\r\n"),
+            &["upgrade: websocket"],
+        ),
+        // A private port: authorized by the first Authorization; none of ours follows.
+        (
+            "127.0.0.1",
+            &private,
+            format!(
+                "Authorization: Bearer {TOKEN}\r\nAuthorization: Bearer the-guests-own\r\n\
+                 {upgrade}Sec-WebSocket-Protocol: zygote.pty.v1, zygote.bearer.{TOKEN}\r\n"
+            ),
+            &[
+                "authorization: bearer the-guests-own",
+                "sec-websocket-protocol: zygote.pty.v1\r\n",
+            ],
+        ),
+    ];
+    for (host, path, headers, kept) in cases {
+        let mut s = TcpStream::connect(proxy).await.unwrap();
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nX-Probe: 1\r\n{headers}\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let answer = tokio::time::timeout(TIMEOUT, read_head(&mut s))
+            .await
+            .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{headers}: {answer}");
+        let seen = heads.recv().await.unwrap().to_ascii_lowercase();
+        assert!(seen.contains("x-probe: 1"), "{seen}");
+        for ours in [
+            TOKEN,
+            "dxnlcjp0zxn0lxrva2vu",
+            "zygote.bearer",
+            "proxy-authorization",
+        ] {
+            assert!(
+                !seen.contains(ours),
+                "the guest got {ours:?} from\n{headers}\nas\n{seen}"
+            );
+        }
+        for k in kept {
+            assert!(seen.contains(k), "{k:?} did not reach the guest: {seen}");
         }
     }
 }

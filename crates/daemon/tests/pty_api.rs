@@ -66,6 +66,22 @@ fn the_token_as_a_subprotocol_and_errors_before_the_upgrade() {
         get(&d, "/v1/info", &offer(&token)),
         (401, "unauthorized".into())
     );
+    // ...and only on the pty route, the one a browser opens as a WebSocket: a
+    // WebSocket-shaped request anywhere else still needs Authorization.
+    for other in [
+        "/v1/info",
+        "/v1/sandboxes",
+        "/v1/sandboxes/nope",
+        "/v1/sandboxes/nope/files?path=/etc/hostname",
+        "/v1/sandboxes/nope/pty/extra",
+        "/metrics",
+    ] {
+        assert_eq!(
+            get(&d, other, &format!("{UPGRADE}{}", offer(&token))),
+            (401, "unauthorized".into()),
+            "{other}"
+        );
+    }
 
     let auth = format!("Authorization: Bearer {token}\r\n");
     assert_eq!(

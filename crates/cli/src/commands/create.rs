@@ -49,7 +49,8 @@ pub struct CreateArgs {
     /// network policy.
     #[arg(long, value_enum)]
     network: Option<Network>,
-    /// Allow outbound traffic only to this IPv4 CIDR or address (repeatable).
+    /// Allow outbound traffic only to this IPv4 CIDR or address (repeatable). DNS
+    /// too: list the daemon's resolver (`zygote doctor`, network.dns) to resolve names.
     #[arg(long = "allow-out", value_name = "CIDR")]
     allow_out: Vec<String>,
     /// Refuse outbound traffic to this IPv4 CIDR or address, even if allowed

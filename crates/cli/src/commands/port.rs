@@ -115,16 +115,18 @@ pub fn run(cmd: PortCommand) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// Where else the port answers, and whether requests need the token.
+/// Whether requests need the token, and where else the port answers (the path form,
+/// which puts every sandbox on one browser origin: the printed URL is the one to open).
 fn access_note(p: &ExposedPort) -> String {
-    if p.public {
-        format!("also at {} (public: no token needed)", p.path_url)
-    } else {
-        format!(
-            "also at {}; requests need the API token (Authorization: Bearer <token>)",
-            p.path_url
-        )
-    }
+    let access = match p.public {
+        true => "public: no token needed",
+        false => "requests need the API token (Authorization: Bearer <token>)",
+    };
+    format!(
+        "{access}; also at {} for clients that cannot resolve *.localhost (one browser \
+         origin shared by every sandbox: open the URL above in a browser)",
+        p.path_url
+    )
 }
 
 #[cfg(test)]

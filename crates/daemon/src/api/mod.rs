@@ -1,9 +1,10 @@
-//! The REST API: routes, bearer-token auth, JSON extractors whose
+//! The REST API: routes, bearer-token auth ([`auth`]), JSON extractors whose
 //! rejections use the API's error format, and the OpenAPI document.
 //!
 //! Every route is registered through [`Routes::add`], which also records
 //! it, so a test can check the router and the OpenAPI document list
 //! exactly the same operations.
+mod auth;
 mod doc;
 mod guest;
 mod images;
@@ -20,17 +21,16 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{FromRequest, FromRequestParts, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::handler::Handler;
 use axum::http::{header, request::Parts, Method};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use axum::routing::MethodFilter;
 use axum::Router;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
+pub(crate) use auth::{presents, remove_token, PUBLIC};
 pub use doc::ApiDoc;
 pub use pty::PTY_PROTOCOL;
 
@@ -45,10 +45,6 @@ pub struct AppState {
     /// Where the port proxy listens (None: it is off); set once it is bound.
     pub proxy: Option<std::net::SocketAddr>,
 }
-
-/// Paths answered without a token: liveness probes and the API description. The
-/// OpenAPI document marks every other operation as needing the token (and 401).
-const PUBLIC: [&str; 2] = ["/healthz", "/v1/openapi.json"];
 
 pub struct Routes {
     router: Router<AppState>,
@@ -162,7 +158,10 @@ pub fn app(state: AppState) -> Router {
         .router
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), auth))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::auth,
+        ))
         // Bounds axum's own body extractors too; ours ([`ApiJson`], [`ApiBytes`]) apply
         // their routes' limits and say which in the 413.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
@@ -181,46 +180,6 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Error {
         method: method.to_string(),
         path: uri.path().to_string(),
     }
-}
-
-/// Constant-time comparison, so response timing does not leak the token.
-pub(crate) fn token_matches(given: &[u8], expected: &[u8]) -> bool {
-    given.len() == expected.len()
-        && given
-            .iter()
-            .zip(expected)
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
-}
-
-/// The token of an `Authorization: Bearer <token>` header value. The scheme name
-/// is case-insensitive (RFC 7235 section 2.1: `bearer`, `BEARER` work too) and
-/// may be followed by several spaces; the token itself is compared exactly.
-pub(crate) fn bearer_token(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start_matches(' '))
-}
-
-async fn auth(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if PUBLIC.contains(&req.uri().path()) {
-        return next.run(req).await;
-    }
-    let given = match req.headers().get(header::AUTHORIZATION) {
-        Some(v) => v.to_str().ok().and_then(bearer_token).unwrap_or(""),
-        // Browsers cannot set Authorization on a WebSocket: see `pty`.
-        None => pty::protocol_token(req.headers()).unwrap_or(""),
-    };
-    if !token_matches(given.as_bytes(), state.token.as_bytes()) {
-        let mut resp = Error::Unauthorized.into_response();
-        resp.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer"),
-        );
-        return resp;
-    }
-    next.run(req).await
 }
 
 /// How much of an oversize body is read (and dropped) before its 413 goes out. A
@@ -378,29 +337,5 @@ mod tests {
             }
         }
         assert_eq!(documented, registered.len());
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive() {
-        for v in [
-            "Bearer abc",
-            "bearer abc",
-            "BEARER abc",
-            "bEaReR abc",
-            "Bearer   abc",
-        ] {
-            assert_eq!(bearer_token(v), Some("abc"), "{v:?}");
-        }
-        for v in ["Basic abc", "Bearerabc", "abc", "", "Bear abc"] {
-            assert_eq!(bearer_token(v), None, "{v:?}");
-        }
-    }
-
-    #[test]
-    fn token_comparison() {
-        assert!(token_matches(b"abc", b"abc"));
-        assert!(!token_matches(b"abd", b"abc"));
-        assert!(!token_matches(b"ab", b"abc"));
-        assert!(!token_matches(b"", b"abc"));
     }
 }

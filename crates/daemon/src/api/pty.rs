@@ -9,14 +9,14 @@
 //! (and its session in the guest) is killed.
 //!
 //! Authentication: the bearer token in `Authorization` as on every route. Browsers
-//! cannot set that header on a WebSocket, so an upgrade request may instead offer
-//! the token as a subprotocol, `Sec-WebSocket-Protocol: zygote.pty.v1,
-//! zygote.bearer.<token>` (the scheme Kubernetes uses for the same problem). Unlike
-//! a `?token=` query parameter it does not end up in URLs, proxy logs or browser
-//! history; the daemon only ever selects `zygote.pty.v1`, never echoes the token.
+//! cannot set that header on a WebSocket, so an upgrade request to this route (and
+//! no other: [`super::auth`]) may instead offer the token as a subprotocol,
+//! `Sec-WebSocket-Protocol: zygote.pty.v1, zygote.bearer.<token>` (the scheme
+//! Kubernetes uses for the same problem). Unlike a `?token=` query parameter it does
+//! not end up in URLs, proxy logs or browser history; the daemon only ever selects
+//! `zygote.pty.v1`, never echoes the token.
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap};
 use axum::response::Response;
 
 use super::AppState;
@@ -26,26 +26,9 @@ use crate::model::{check_pty_size, PtyClientMessage, PtyQuery, PtyServerMessage}
 
 /// The subprotocol the daemon selects (offer it alongside a token entry).
 pub const PTY_PROTOCOL: &str = "zygote.pty.v1";
-/// Prefix of a subprotocol entry carrying the bearer token.
-pub const TOKEN_PROTOCOL_PREFIX: &str = "zygote.bearer.";
 /// Largest WebSocket message taken from a client (keystrokes are tiny; a paste is
 /// forwarded in pieces).
 const MAX_MESSAGE: usize = 1 << 20;
-
-/// The token offered as a `zygote.bearer.<token>` subprotocol of a WebSocket
-/// upgrade request, if any.
-pub(crate) fn protocol_token(headers: &HeaderMap) -> Option<&str> {
-    let upgrade = headers.get(header::UPGRADE)?.to_str().ok()?;
-    if !upgrade.eq_ignore_ascii_case("websocket") {
-        return None;
-    }
-    headers
-        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .find_map(|p| p.trim().strip_prefix(TOKEN_PROTOCOL_PREFIX))
-}
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "exec",
     params(("id" = String, Path, description = "Sandbox id"),
@@ -188,24 +171,6 @@ fn control(text: &str) -> Result<PtyInput> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
-
-    #[test]
-    fn the_token_subprotocol_is_read_only_on_websocket_upgrades() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static("zygote.pty.v1, zygote.bearer.abc123"),
-        );
-        assert_eq!(protocol_token(&h), None);
-        h.insert(header::UPGRADE, HeaderValue::from_static("WebSocket"));
-        assert_eq!(protocol_token(&h), Some("abc123"));
-        h.insert(
-            header::SEC_WEBSOCKET_PROTOCOL,
-            HeaderValue::from_static("zygote.pty.v1"),
-        );
-        assert_eq!(protocol_token(&h), None);
-    }
 
     #[test]
     fn control_messages_are_checked() {

@@ -144,12 +144,14 @@ pub struct CreateSandboxRequest {
     /// link-local range or other sandboxes) or `none` (no traffic).
     #[serde(default)]
     pub network: Option<NetworkMode>,
-    /// Only these IPv4 CIDRs (or single addresses) may be reached (DNS through the
-    /// guest's resolver address stays allowed with `egress`).
+    /// Only these IPv4 CIDRs (or single addresses) may be reached. DNS too: the guest's
+    /// resolver address leads to the daemon's resolver (`network.dns` in
+    /// `GET /v1/info`), which must be in this list for the sandbox to resolve names.
     #[serde(default)]
     #[schema(max_items = 256)]
     pub allow_out: Option<Vec<String>>,
-    /// These IPv4 CIDRs are refused, even when `allow_out` contains them.
+    /// These IPv4 CIDRs are refused, even when `allow_out` contains them (the daemon's
+    /// resolver included: then the sandbox gets no DNS).
     #[serde(default)]
     #[schema(max_items = 256)]
     pub deny_out: Option<Vec<String>>,

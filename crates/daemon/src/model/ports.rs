@@ -32,10 +32,12 @@ pub struct ExposedPort {
     /// Served without the API token.
     pub public: bool,
     /// By host name: `http://<port>-<sandbox>.localhost:<proxy port>` (`*.localhost`
-    /// resolves to loopback in browsers and most resolvers).
+    /// resolves to loopback in browsers and most resolvers). A browser origin of its
+    /// own: the URL to open in a browser.
     pub url: String,
     /// By path: `http://<proxy address>/sandboxes/<sandbox>/ports/<port>/`, for clients
-    /// that cannot resolve `*.localhost`.
+    /// that cannot resolve `*.localhost`. Every sandbox's ports share this one origin
+    /// (the proxy's), so in a browser a page of one sandbox could script another's.
     pub path_url: String,
 }
 

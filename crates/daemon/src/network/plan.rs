@@ -117,6 +117,12 @@ pub fn ns_link_cmds(p: &SlotPlan) -> String {
 /// The namespace's whole nftables ruleset for `policy` (replaces any earlier one, so a
 /// restarted daemon can apply it again). `dns`: where the guest's resolver address is
 /// forwarded (None: DNS is not served).
+///
+/// DNS is not an exception to the policy: the query to [`GUEST_DNS`] is rewritten to
+/// the real resolver before routing (prerouting), so by the time the egress chain sees
+/// it, it is a packet to `dns` port 53 like any other, and leaves only if `deny_out`
+/// does not cover `dns` and `allow_out`, when given, does. Otherwise a sandbox told
+/// "only X" could still tunnel data out through the resolver.
 pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> String {
     let mut r = String::new();
     let set = |r: &mut String, name: &str, nets: &[ipnet::Ipv4Net]| {
@@ -166,9 +172,6 @@ pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> 
             r,
             "  chain egress {{\n    meta nfproto ipv6 drop\n    ip daddr {LINK_LOCAL} drop\n"
         );
-        if dns.is_some() {
-            r.push_str("    ct status dnat accept\n");
-        }
         r.push_str("    ip daddr @deny_out drop\n");
         match policy.allow_out {
             Some(_) => r.push_str("    ip daddr @allow_out accept\n    drop\n"),
@@ -238,8 +241,7 @@ mod tests {
             Some(Ipv4Addr::new(192, 0, 2, 53)),
         );
         let at = |needle: &str| r.find(needle).unwrap_or_else(|| panic!("{needle}: {r}"));
-        assert!(at("ip daddr 169.254.0.0/16 drop") < at("ct status dnat accept"));
-        assert!(at("ct status dnat accept") < at("ip daddr @deny_out drop"));
+        assert!(at("ip daddr 169.254.0.0/16 drop") < at("ip daddr @deny_out drop"));
         assert!(at("ip daddr @deny_out drop") < at("ip daddr @allow_out accept"));
         assert!(r.contains("elements = { 10.77.0.9/32 }"), "{r}");
         assert!(r.contains("dnat ip to 192.0.2.53"), "{r}");
@@ -248,6 +250,70 @@ mod tests {
             r.contains("ip saddr 10.214.0.13 ct state new accept"),
             "{r}"
         );
+    }
+
+    /// The lines of chain `name` in `rules`.
+    fn chain<'a>(rules: &'a str, name: &str) -> Vec<&'a str> {
+        let start = format!("chain {name} {{");
+        rules
+            .lines()
+            .skip_while(|l| l.trim() != start)
+            .skip(1)
+            .take_while(|l| l.trim() != "}")
+            .map(str::trim)
+            .collect()
+    }
+
+    /// Issue 33, defect 6: the guest's DNS, forwarded to the host's resolver, is a
+    /// connection to that resolver like any other, so the lists see it: nothing in the
+    /// egress chain accepts before `deny_out` is checked, and with `allow_out` only
+    /// its members are accepted.
+    #[test]
+    fn dns_meets_the_same_lists_as_every_other_destination() {
+        let resolver = Ipv4Addr::new(192, 0, 2, 53);
+        let lists = [
+            // An allow_out without the resolver; a deny_out naming it; both.
+            (Some("10.77.0.0/24"), None),
+            (None, Some("192.0.2.53")),
+            (Some("192.0.2.0/24"), Some("192.0.2.53")),
+        ];
+        for (allow, deny) in lists {
+            let policy = NetworkPolicy {
+                mode: NetworkMode::Egress,
+                allow_out: allow.map(|a| vec![parse_cidr(a).unwrap()]),
+                deny_out: deny
+                    .map(|d| vec![parse_cidr(d).unwrap()])
+                    .unwrap_or_default(),
+            };
+            let r = ns_rules(&SlotPlan::new(3), &policy, Some(resolver));
+            // The guest's resolver address still leads to the host's resolver...
+            for proto in ["udp", "tcp"] {
+                let dnat = format!(
+                    "iifname \"tap0\" ip daddr 10.0.2.3 {proto} dport 53 dnat ip to {resolver}"
+                );
+                assert!(chain(&r, "prerouting").contains(&dnat.as_str()), "{r}");
+            }
+            // ...and is then judged by its real address, in the one egress chain.
+            let egress = chain(&r, "egress");
+            let deny_at = egress
+                .iter()
+                .position(|l| *l == "ip daddr @deny_out drop")
+                .unwrap_or_else(|| panic!("{r}"));
+            let accepts: Vec<(usize, &&str)> = egress
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.ends_with("accept"))
+                .collect();
+            assert!(
+                accepts.iter().all(|(i, _)| *i > deny_at),
+                "something is accepted before deny_out: {r}"
+            );
+            if allow.is_some() {
+                let only: Vec<&str> = accepts.iter().map(|(_, l)| **l).collect();
+                assert_eq!(only, ["ip daddr @allow_out accept"], "{r}");
+                assert_eq!(egress.last(), Some(&"drop"), "{r}");
+            }
+        }
     }
 
     #[test]

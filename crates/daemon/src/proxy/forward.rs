@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::{route::Route, upgrade, ProxyError};
-use crate::api::{bearer_token, token_matches};
+use crate::api::remove_token;
 
 /// How long a guest may take to accept the connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -74,19 +74,12 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The request's headers as the guest gets them.
+/// The request's headers as the guest gets them: the client's, less the hop-by-hop
+/// ones, plus the `X-Forwarded-*` ones; and, whatever the client sent, without our
+/// token in any form (a public port's own `Authorization` headers go through).
 fn upstream_headers(up: &Upstream<'_>, protocol: Option<&HeaderValue>) -> HeaderMap {
     let mut headers = up.req.headers().clone();
     strip_hop_by_hop(&mut headers);
-    // Our token stays here (a public port's own Authorization header goes through).
-    let ours = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .is_some_and(|t| token_matches(t.as_bytes(), up.token.as_bytes()));
-    if ours {
-        headers.remove(header::AUTHORIZATION);
-    }
     if let Some(peer) = up.peer {
         let ip = peer.ip().to_string();
         let chain = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
@@ -118,6 +111,8 @@ fn upstream_headers(up: &Upstream<'_>, protocol: Option<&HeaderValue>) -> Header
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, p.clone());
     }
+    // Last, so nothing added above can bring it back.
+    remove_token(&mut headers, up.token);
     headers
 }
 

@@ -5,7 +5,9 @@
 //! sandbox port by host name (`<port>-<sandbox>.localhost`) or by path
 //! (`/sandboxes/<sandbox>/ports/<port>/...`), and goes to `http://<guest>:<port>` with
 //! its body streamed both ways; an HTTP upgrade (WebSocket) becomes a byte pipe.
-//! Only exposed ports are served, with the API token unless the exposure is public.
+//! Only exposed ports are served, with the API token unless the exposure is public;
+//! whatever the client sends, the token never reaches the guest
+//! ([`crate::api::remove_token`]).
 //! Which ports are exposed, and where, comes from a [`Lookup`] (the manager, or a
 //! closure in tests).
 mod forward;
@@ -22,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::api::{bearer_token, token_matches};
+use crate::api::presents;
 use crate::error::{Error, ErrorBody, ErrorDetail, Result};
 use crate::manager::Manager;
 
@@ -149,12 +151,9 @@ impl Proxy {
         }
         let route = Route::of(&req)
             .ok_or_else(|| ProxyError::NoRoute(format!("{} {}", req.method(), req.uri().path())))?;
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(bearer_token);
-        let authorized = given.is_some_and(|t| token_matches(t.as_bytes(), self.token.as_bytes()));
+        // `Authorization: Bearer` only: a private port is for API clients (a browser
+        // cannot add the header to a page load); what a browser opens is public.
+        let authorized = presents(req.headers(), &self.token, false);
         // Without the token a client learns nothing, not even whether the port is
         // exposed: only a public exposure answers it.
         let target = match self.lookup.lookup(&route.sandbox, route.port) {

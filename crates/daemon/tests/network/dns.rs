@@ -1,0 +1,47 @@
+//! The guests' DNS under the egress policy (issue 33, defect 6): queries to the image's
+//! resolver (10.0.2.3) are forwarded to the daemon's `--dns` resolver, here the remote
+//! namespace's server, and leave only when `allow_out`/`deny_out` would let a
+//! connection to that resolver leave.
+use std::sync::atomic::Ordering;
+
+use zygote_daemon::client::Client;
+
+use super::remote::{Remote, DNS_ANSWER};
+use crate::common::sh;
+
+/// Whether each sandbox resolves a name through the image's resolver: one exec per
+/// sandbox, the lookups at once, each bounded to 6 s.
+async fn resolves(c: &Client, ids: &[&str]) -> Vec<bool> {
+    let lookups = ids.iter().map(|id| async move {
+        let out = sh(
+            c,
+            id,
+            "timeout 6 nslookup -type=a probe.zygote.test 10.0.2.3 2>&1; true",
+        )
+        .await
+        .unwrap();
+        out.contains(&DNS_ANSWER.to_string())
+    });
+    futures_util::future::join_all(lookups).await
+}
+
+/// `allowed`: sandboxes whose policy lets a connection to the resolver leave;
+/// `blocked`: those whose policy does not. The blocked ones' queries must not even
+/// reach the resolver.
+pub async fn dns_obeys_the_policy(c: &Client, remote: &Remote, allowed: &[&str], blocked: &[&str]) {
+    let before = remote.dns_queries.load(Ordering::SeqCst);
+    let got = resolves(c, blocked).await;
+    assert_eq!(
+        got,
+        vec![false; blocked.len()],
+        "{blocked:?}: a sandbox resolved through a resolver its policy forbids"
+    );
+    assert_eq!(
+        remote.dns_queries.load(Ordering::SeqCst),
+        before,
+        "a forbidden query reached the resolver"
+    );
+    let got = resolves(c, allowed).await;
+    assert_eq!(got, vec![true; allowed.len()], "{allowed:?}: no DNS");
+    assert!(remote.dns_queries.load(Ordering::SeqCst) > before);
+}
