@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(
-  build-essential mold pkg-config bc flex bison libelf-dev libssl-dev cpio xz-utils
+  build-essential pkg-config bc flex bison libelf-dev libssl-dev cpio xz-utils
   qemu-system-x86 linux-source-6.1 busybox-static debootstrap musl-tools
   e2fsprogs xfsprogs btrfs-progs util-linux iproute2 python3-venv
   qemu-utils nftables iperf3
