@@ -161,10 +161,11 @@ def minimal_image() -> tuple[Path, Path]:
 
 def test_executables(steps: list[Step]) -> dict[tuple[str, str], Path]:
     """(package, target) -> test executable, from cargo's build plan (builds if needed)."""
+    # --workspace, not -p per package: the dependencies' features are then those `make
+    # test-rust` built with, so this finds its executables instead of compiling a second
+    # set (a -p build resolves features for those packages alone).
+    cmd = ["cargo", "test", "--release", "--workspace", "--no-run", "--message-format=json"]
     packages = sorted({s.package for s in steps if s.package})
-    cmd = ["cargo", "test", "--release", "--no-run", "--message-format=json"]
-    for p in packages:
-        cmd += ["-p", p]
     say(f"test executables: {' '.join(cmd[1:])}")
     out = run(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
     found: dict[tuple[str, str], Path] = {}
