@@ -3,10 +3,11 @@
 /dev/kvm cannot boot Linux.
 
 QEMU TCG (a software CPU) exposes AMD SVM with nested paging to an L1 Linux built with
-KVM + kvm_amd (guest/kernel/build.sh --flavor l1); inside L1, /dev/kvm has hardware
+KVM + kvm_amd (zygote's one kernel, guest/kernel/build.sh); inside L1, /dev/kvm has hardware
 virtualization semantics and zygote's VMM boots real Linux guests (L2). This driver:
 
-  1. builds (or finds in ~/.cache/zygote/kernel-l1) the L1 kernel,
+  1. builds (or finds in ~/.cache/zygote/kernel) the kernel, whose bzImage is L1's and
+     whose vmlinux is the guests',
   2. stages a root disk for L1: busybox, guest/nested/init.sh as /init, the release
      binaries and test executables at the same absolute paths as here (so paths baked in
      at compile time resolve), their shared libraries, the guest kernel and the `minimal`
@@ -139,10 +140,11 @@ def run(cmd: list[str], **kw) -> str:
     return r.stdout
 
 
-def kernel_build(flavor: str) -> Path:
-    """guest/kernel/build.sh: cached by input hash; its progress goes to our stderr."""
-    out = run(["bash", str(ROOT / "guest/kernel/build.sh"), "--flavor", flavor])
-    return Path(out.strip().splitlines()[-1])
+def kernel_build() -> Path:
+    """guest/kernel/build.sh: cached by input hash; its progress goes to our stderr.
+    The directory holding vmlinux (the guests') and bzImage (L1's)."""
+    out = run(["bash", str(ROOT / "guest/kernel/build.sh")])
+    return Path(out.strip().splitlines()[-1]).parent
 
 
 def minimal_image() -> tuple[Path, Path]:
@@ -161,10 +163,11 @@ def minimal_image() -> tuple[Path, Path]:
 
 def test_executables(steps: list[Step]) -> dict[tuple[str, str], Path]:
     """(package, target) -> test executable, from cargo's build plan (builds if needed)."""
+    # --workspace, not -p per package: the dependencies' features are then those `make
+    # test-rust` built with, so this finds its executables instead of compiling a second
+    # set (a -p build resolves features for those packages alone).
+    cmd = ["cargo", "test", "--release", "--workspace", "--no-run", "--message-format=json"]
     packages = sorted({s.package for s in steps if s.package})
-    cmd = ["cargo", "test", "--release", "--no-run", "--message-format=json"]
-    for p in packages:
-        cmd += ["-p", p]
     say(f"test executables: {' '.join(cmd[1:])}")
     out = run(cmd, cwd=ROOT, stderr=subprocess.DEVNULL)
     found: dict[tuple[str, str], Path] = {}
@@ -250,8 +253,7 @@ class Stage:
 
 
 def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
-    guest_vmlinux = kernel_build("guest")
-    kernel_dir = guest_vmlinux.parent
+    kernel_dir = kernel_build()
     image, image_meta = minimal_image()
     exes = test_executables(steps)
     for b in ["zygote", "zygoted"]:
@@ -619,8 +621,8 @@ def main() -> int:
     outdir = ROOT / "target" / "nested" / args.lane
     shutil.rmtree(outdir, ignore_errors=True)
     outdir.mkdir(parents=True)
-    say(f"L1 kernel (guest/kernel/build.sh --flavor l1; cached in {CACHE}/kernel-l1)")
-    bzimage = kernel_build("l1")
+    say(f"kernel (guest/kernel/build.sh; cached in {CACHE}/kernel): bzImage for L1")
+    bzimage = kernel_build() / "bzImage"
     disk = stage_l1(args.lane, steps, ROOT / "target" / "nested" / "work")
     facts, results, boot_log, trouble, broken = boot_l1(bzimage, disk, steps, args, outdir)
     return report(args.lane, steps, facts, results, boot_log, trouble, broken, outdir)

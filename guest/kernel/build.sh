@@ -1,22 +1,17 @@
 #!/usr/bin/env bash
-# Builds a zygote kernel from Debian's linux-source-6.1 package: `make tinyconfig`
-# plus the flavor's config fragments, merged in order (later lines win).
+# Builds zygote's kernel from Debian's linux-source-6.1 package: `make tinyconfig` plus
+# guest/kernel/zygote.config. One build serves both the sandbox guest (vmlinux, PVH
+# entry) and the nested lane's L1 host (bzImage): see the fragment's header.
 #
-#   guest (default)  guest/kernel/zygote.config: the sandbox guest's vmlinux + bzImage
-#   l1               zygote.config + guest/nested/l1.config: the nested lane's L1 host
-#                    kernel (KVM + kvm_amd, PCI, ACPI), bzImage only
+# Result: $CACHE/kernel/<key>/{vmlinux,bzImage,config,info}, where
+#   CACHE = $ZYGOTE_CACHE_DIR or ~/.cache/zygote
+#   key   = sha256 of (source package name+version, the fragment, this script)
+# so any change to the inputs produces a new directory and a cache hit costs only the
+# hashing. The last line on stdout is the path of vmlinux (bzImage is beside it);
+# progress goes to stderr (condensed), the full make output to <object dir>/build.log.
 #
-# Result: $CACHE/<dir>/<key>/{vmlinux,bzImage,config,info}, where
-#   CACHE = $ZYGOTE_CACHE_DIR or ~/.cache/zygote, dir = kernel (guest) or kernel-l1
-#   key   = sha256 of (source package name+version, the fragments, this script)
-# so any change to the inputs produces a new directory and a cache hit costs
-# only the hashing. The last line on stdout is the path of vmlinux (guest) or
-# bzImage (l1); progress goes to stderr (condensed), the full make output to
-# <object dir>/build.log. Both flavors share the extracted source; each has its own
-# object directory, so switching between them rebuilds nothing.
-#
-# Usage: build.sh [--flavor guest|l1]          build (or find in the cache), print the path
-#        build.sh [--flavor guest|l1] --key    print the cache key only
+# Usage: build.sh          build (or find in the cache), print the path of vmlinux
+#        build.sh --key    print the cache key only
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,33 +19,18 @@ self=$here/build.sh
 pkg=linux-source-6.1
 tarball=/usr/src/$pkg.tar.xz
 root=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}
-# Source and object directories live under kernel/ for every flavor.
 cache=$root/kernel
 
-flavor=guest
 key_only=0
 while [ $# -gt 0 ]; do
   case $1 in
-  --flavor) flavor=${2:?--flavor needs guest or l1}; shift 2 ;;
   --key) key_only=1; shift ;;
-  *) echo "[kernel] error: unknown argument $1 (usage: build.sh [--flavor guest|l1] [--key])" >&2; exit 2 ;;
+  *) echo "[kernel] error: unknown argument $1 (usage: build.sh [--key])" >&2; exit 2 ;;
   esac
 done
-case $flavor in
-guest)
-  fragments=("$here/zygote.config")
-  outdir=$root/kernel
-  objsuffix=
-  targets=(vmlinux bzImage)
-  ;;
-l1)
-  fragments=("$here/zygote.config" "$here/../nested/l1.config")
-  outdir=$root/kernel-l1
-  objsuffix=-l1
-  targets=(bzImage)
-  ;;
-*) echo "[kernel] error: unknown flavor $flavor (guest or l1)" >&2; exit 2 ;;
-esac
+fragments=("$here/zygote.config")
+outdir=$cache
+targets=(vmlinux bzImage)
 say() { printf '[kernel] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
 
@@ -97,13 +77,13 @@ if [ ! -f "$src/.extracted" ]; then
   touch "$src/.extracted"
 fi
 
-build=$cache/build/$pkgver$objsuffix
+build=$cache/build/$pkgver
 mkdir -p "$build"
 log=$build/build.log
 : >"$log"
 kmake() { make -C "$src" O="$build" ARCH=x86_64 LOCALVERSION= "$@"; }
 
-say "configuring ($flavor): tinyconfig + ${fragments[*]##*/}"
+say "configuring: tinyconfig + ${fragments[*]##*/}"
 kmake tinyconfig >>"$log" 2>&1 || die "make tinyconfig failed (see $log)"
 (cd "$build" && "$src/scripts/kconfig/merge_config.sh" -m -O "$build" \
   "$build/.config" "${fragments[@]}") >>"$log" 2>&1 || die "merge_config.sh failed (see $log)"
@@ -181,9 +161,7 @@ release=$(kmake -s kernelrelease)
 tmp=$out.tmp.$$
 rm -rf "$tmp"
 mkdir -p "$tmp"
-if [ "$flavor" = guest ]; then
-  cp "$build/vmlinux" "$tmp/vmlinux"
-fi
+cp "$build/vmlinux" "$tmp/vmlinux"
 cp "$build/arch/x86/boot/bzImage" "$tmp/bzImage"
 cp "$build/.config" "$tmp/config"
 cat >"$tmp/info" <<EOF
@@ -192,7 +170,6 @@ package_version=$pkgver
 kernelversion=$version
 kernelrelease=$release
 key=$key
-flavor=$flavor
 EOF
 mkdir -p "$outdir"
 rm -rf "$out"

@@ -165,6 +165,9 @@ impl QemuConfig {
             "reboot=t",
             // Seed the RNG from RDRAND instead of waiting for jitter entropy.
             "random.trust_cpu=on",
+            // microvm has no PCI bus: do not probe for one (the kernel has PCI for
+            // its other role, the nested lane's L1 host).
+            "pci=off",
             // The agent serves a virtio-serial port whose host end is a Unix
             // socket in the VM's directory: no TCP port in the guest or on the
             // host that another sandbox (or host user) could reach.
