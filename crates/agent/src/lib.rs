@@ -30,6 +30,7 @@ pub mod config;
 mod conn;
 mod dispatch;
 mod exec;
+pub mod fds;
 mod files;
 mod forked;
 mod netconf;
@@ -95,6 +96,8 @@ pub(crate) struct AgentState {
     pub(crate) token: auth::Token,
     /// Background processes (`spawn`), shared by every connection.
     pub(crate) processes: procs::ProcessTable,
+    /// Open ptys, over every connection.
+    pub(crate) ptys: pty::PtyCount,
 }
 
 /// A socket the agent accepts connections on.
@@ -172,6 +175,7 @@ impl Agent {
             reaper,
             token: auth::Token::default(),
             processes: procs::ProcessTable::default(),
+            ptys: pty::PtyCount::default(),
         })))
     }
 
