@@ -223,8 +223,18 @@ impl Agent {
                     }
                 };
                 let conn_name = format!("port:{name}");
-                if let Err(e) = conn::serve_from(state.clone(), stream, reader, conn_name) {
-                    log!("port {name}: {e}");
+                match conn::serve_from(
+                    state.clone(),
+                    stream,
+                    reader,
+                    conn_name,
+                    conn::Channel::Port,
+                ) {
+                    Ok(conn::Ended::Clean) => {}
+                    // The rest of that connection's bytes are no frames: skip them, so
+                    // the next host connection starts at a frame boundary.
+                    Ok(conn::Ended::Desynced) => port::drain_until_host_leaves(&port),
+                    Err(e) => log!("port {name}: {e}"),
                 }
             }
         })?;

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod agent;
 mod branch;
 mod create;
 mod diff;
@@ -26,6 +27,7 @@ mod pty;
 mod tree;
 mod ttl;
 mod validate;
+pub use agent::{AgentHealth, AgentState};
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use create::CreateEvent;
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
@@ -329,6 +331,10 @@ pub struct Sandbox {
     /// Names of its secrets (their values are never shown).
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// The daemon's channel to its guest agent while its VM runs (null otherwise): a
+    /// `running` sandbox whose agent is silent or misbehaving shows it here.
+    #[serde(default)]
+    pub agent: Option<AgentHealth>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
