@@ -4,6 +4,7 @@
 //! Every route is registered through [`Routes::add`], which also records
 //! it, so a test can check the router and the OpenAPI document list
 //! exactly the same operations.
+mod console;
 mod doc;
 mod guest;
 mod images;

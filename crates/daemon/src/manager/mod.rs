@@ -47,7 +47,7 @@ use crate::fault;
 use crate::metrics::Metrics;
 use crate::model::{ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
-use crate::runtime::{Runtime, VmRecord};
+use crate::runtime::{console, Runtime, VmRecord};
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -435,16 +435,14 @@ impl Manager {
         }
     }
 
-    /// Console output of a sandbox's VM.
-    pub fn logs(&self, id: &str) -> Result<String> {
+    /// Where a sandbox's console log is (None: it has none now).
+    pub fn console_log(&self, id: &str) -> Result<Option<PathBuf>> {
         let row = self.sandbox_row(id)?;
         Ok(match &row.vm {
-            Some(vm) => self.runtime.console_log(vm),
-            // Paused: the console output of the VM it had, still in its directory.
-            None if pause::is_parked(&row) => {
-                self.runtime.console_log_in(&self.dirs.vms.join(&row.id))
-            }
-            None => String::new(),
+            Some(vm) => Some(console::path(&vm.dir)),
+            // Paused: the console log of the VM it had, still in its directory.
+            None if pause::is_parked(&row) => Some(console::path(&self.dirs.vms.join(&row.id))),
+            None => None,
         })
     }
 

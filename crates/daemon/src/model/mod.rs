@@ -16,6 +16,7 @@ mod env;
 mod exec;
 mod fork;
 mod image;
+mod logs;
 mod merge;
 pub mod metadata;
 mod network;
@@ -35,6 +36,7 @@ pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;
 pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};
+pub use logs::LogsQuery;
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
