@@ -76,12 +76,12 @@ pub fn raise_limit() -> Limits {
             now: 0,
         };
     };
-    let started_with = start.rlim_cur as u64;
+    let (started_with, hard) = (start.rlim_cur, start.rlim_max);
     let target = RAISED_LIMIT.min(nr_open());
-    if start.rlim_cur as u64 >= target || !set(target, target.max(start.rlim_max as u64)) {
-        set(start.rlim_max as u64, start.rlim_max as u64);
+    if started_with >= target || !set(target, target.max(hard)) {
+        set(hard, hard);
     }
-    let now = get().map_or(started_with, |l| l.rlim_cur as u64);
+    let now = get().map_or(started_with, |l| l.rlim_cur);
     if now > started_with {
         CHILD_SOFT_LIMIT.store(started_with, Ordering::Relaxed);
     }

@@ -90,10 +90,11 @@ pub enum Error {
     AgentUnreachable(ClientError),
     /// The agent did not answer within the request's deadline (its `timeout_ms` plus
     /// grace, or the default): still alive (`Timeout`) or not at all (`Unresponsive`).
-    #[error("the sandbox's agent did not answer in time: {0}")]
+    #[error("the sandbox's agent did not answer in time ({0})")]
     AgentTimeout(ClientError),
     /// What the agent sent is not a well-formed reply: a misbehaving (or hostile) guest.
-    #[error("the sandbox's agent sent a malformed reply: {0}")]
+    /// (The client's message says so: "the agent sent a malformed reply: ...".)
+    #[error("{0}")]
     AgentMalformed(ClientError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),

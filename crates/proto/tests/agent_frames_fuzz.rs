@@ -251,7 +251,7 @@ fn agent_frames_decode_safely() {
     let seed: u64 = std::env::var("ZYGOTE_FUZZ_SEED")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0x5eed_a9e7_f4a3_e5);
+        .unwrap_or(0x5eed_a9e7_f4a3_e5a1);
     eprintln!("agent_frames: {iters} iterations, seed {seed}");
     let mut rng = Rng(seed | 1);
     for i in 0..iters {

@@ -53,6 +53,19 @@ fn state_of(cause: &CloseCause) -> Option<(AgentState, String)> {
     }
 }
 
+/// Clears a sandbox's `reconnecting` health when dropped.
+struct ReconnectingShown<'a> {
+    manager: &'a Manager,
+    id: &'a str,
+}
+
+impl Drop for ReconnectingShown<'_> {
+    fn drop(&mut self) {
+        self.manager
+            .with_health(self.id, |h| h.reconnecting = false);
+    }
+}
+
 /// The state a failed connection attempt leaves.
 fn state_of_error(e: &Error) -> AgentState {
     match e {
@@ -167,44 +180,51 @@ impl Manager {
             .and_then(|cause| state_of(&cause));
         // A closed client may still hold its end of the channel: let it go first.
         self.forget_agent(id);
-        if let Some((state, message)) = &broken {
-            tracing::warn!(
-                sandbox = id,
-                "agent connection dropped ({state:?}): {message}"
-            );
-            self.with_health(id, |h| {
+        let retrying = self.with_health(id, |h| {
+            if let Some((state, message)) = &broken {
+                tracing::warn!(
+                    sandbox = id,
+                    "agent connection dropped ({state:?}): {message}"
+                );
                 h.failure = Some(Failure {
                     state: *state,
                     message: message.clone(),
                     at: now(),
                     current: true,
                 });
-                h.reconnecting = true;
-            });
+            }
+            // Shown while connecting after a failure; it also keeps the watcher from
+            // queueing more attempts behind this one.
+            h.reconnecting = h.failure.as_ref().is_some_and(|f| f.current);
+            h.reconnecting
+        });
+        // Cleared however this ends, even if the caller gives up (drops this future).
+        let _shown = ReconnectingShown { manager: self, id };
+        if broken.is_some() {
             tokio::time::sleep(RECONNECT_PAUSE).await;
         }
         let rt = self.runtime.clone();
         let token = self.dirs.agent_key.token(id);
         let connected = self
             .blocking(move || rt.connect(&vm, &token))
-            .await?
-            .map_err(Error::runtime);
-        self.with_health(id, |h| {
-            h.reconnecting = false;
-            match &connected {
-                Ok(_) => {
-                    if let Some(f) = &mut h.failure {
-                        f.current = false;
-                    }
+            .await
+            .and_then(|c| c.map_err(Error::runtime));
+        if retrying && connected.is_ok() {
+            tracing::info!(sandbox = id, "agent reached again");
+        }
+        self.with_health(id, |h| match &connected {
+            Ok(_) => {
+                if let Some(f) = &mut h.failure {
+                    f.current = false;
                 }
-                Err(e) => {
-                    h.failure = Some(Failure {
-                        state: state_of_error(e),
-                        message: e.to_string(),
-                        at: now(),
-                        current: true,
-                    })
-                }
+            }
+            Err(e) => {
+                h.failure = Some(Failure {
+                    state: state_of_error(e),
+                    message: e.to_string(),
+                    at: now(),
+                    current: true,
+                })
             }
         });
         let client = connected?;
