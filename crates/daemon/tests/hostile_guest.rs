@@ -160,18 +160,10 @@ struct Setup {
 }
 
 async fn setup(test: &str) -> Option<Setup> {
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").exists()));
-    if !on_path {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping {test}: qemu-system-x86_64 is not on PATH"
-        );
+    if !common::qemu_guest_ready(test) {
         return None;
     }
     let t0 = Instant::now();
-    zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
-    zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("minimal image");
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state");
     let cleanup = Cleanup {
