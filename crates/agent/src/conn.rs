@@ -267,10 +267,31 @@ fn set_send_timeout(fd: &OwnedFd, t: Duration) {
     };
 }
 
+/// How a served stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// At a frame boundary (end of file, or a transport error).
+    Clean,
+    /// Inside a frame (oversize or truncated): what follows on the same byte stream is
+    /// not at a frame boundary. A socket is simply closed; a virtio-serial port, whose
+    /// stream the next host connection continues, must be drained first (`port`).
+    Desynced,
+}
+
+/// What carries the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Channel {
+    /// A socket: one connection, closed when it ends.
+    Socket,
+    /// A virtio-serial port: the next host connection writes and reads the same device,
+    /// so nothing of this one may reach it once it has ended.
+    Port,
+}
+
 /// Serve one connection until the peer closes it. Runs on the caller's thread.
 pub(crate) fn serve(agent: Arc<AgentState>, stream: OwnedFd, name: String) -> io::Result<()> {
     let reader = File::from(stream.try_clone()?);
-    serve_from(agent, stream, reader, name)
+    serve_from(agent, stream, reader, name, Channel::Socket).map(|_| ())
 }
 
 /// [`serve`], reading frames from `reader` (which decides when the stream has ended).
@@ -279,7 +300,8 @@ pub(crate) fn serve_from(
     stream: OwnedFd,
     mut reader: impl Read,
     name: String,
-) -> io::Result<()> {
+    channel: Channel,
+) -> io::Result<Ended> {
     set_send_timeout(&stream, SEND_TIMEOUT);
     let writer = File::from(stream.try_clone()?);
     let conn = Arc::new(Conn {
@@ -297,22 +319,33 @@ pub(crate) fn serve_from(
             Ok(None) => break None,
             Err(e @ FrameError::TooLarge { .. }) => {
                 conn.error(0, ErrorCode::FrameTooLarge, e.to_string());
-                break Some(e.to_string());
+                break Some((e.to_string(), Ended::Desynced));
             }
             Err(e @ FrameError::Truncated { .. }) => {
                 conn.error(0, ErrorCode::TruncatedFrame, e.to_string());
-                break Some(e.to_string());
+                break Some((e.to_string(), Ended::Desynced));
             }
-            Err(FrameError::Io(e)) => break Some(format!("read error: {e}")),
+            Err(FrameError::Io(e)) => break Some((format!("read error: {e}"), Ended::Clean)),
         }
     };
     conn.hang_up();
-    if let Some(why) = failure {
-        log!("connection {}: {why}", conn.name);
-        // Stop reading and writing: the stream is out of sync.
-        unsafe { libc::shutdown(conn.sock.as_raw_fd(), libc::SHUT_RDWR) };
+    let ended = match failure {
+        Some((why, ended)) => {
+            log!("connection {}: {why}", conn.name);
+            // Stop reading and writing: the stream is out of sync.
+            unsafe { libc::shutdown(conn.sock.as_raw_fd(), libc::SHUT_RDWR) };
+            ended
+        }
+        None => Ended::Clean,
+    };
+    if channel == Channel::Port {
+        // Answers of requests still running would reach the next host connection:
+        // drop them, and wait for a frame being written now to be out in full, so that
+        // the next connection's frames never interleave with it.
+        conn.broken.store(true, Ordering::Relaxed);
+        drop(conn.writer.lock().unwrap_or_else(|p| p.into_inner()));
     }
-    Ok(())
+    Ok(ended)
 }
 
 /// Validate one frame and start its request. Every problem is answered with

@@ -31,6 +31,7 @@ fn bad(message: impl Into<String>) -> ErrorBody {
 /// The agent blocks SIGTERM/SIGCHLD in its own threads (as PID 1 it handles them
 /// synchronously); programs it starts must begin with nothing blocked, or `kill -TERM`
 /// would never reach them. Set it explicitly rather than rely on the spawn path doing so.
+/// They also get the descriptor limit the agent started with, not its raised one (`fds`).
 pub(crate) fn start_unblocked(cmd: &mut Command) {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
@@ -38,6 +39,7 @@ pub(crate) fn start_unblocked(cmd: &mut Command) {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            crate::fds::restore_for_child();
             Ok(())
         });
     }

@@ -30,6 +30,7 @@ pub mod config;
 mod conn;
 mod dispatch;
 mod exec;
+pub mod fds;
 mod files;
 mod forked;
 mod netconf;
@@ -95,6 +96,8 @@ pub(crate) struct AgentState {
     pub(crate) token: auth::Token,
     /// Background processes (`spawn`), shared by every connection.
     pub(crate) processes: procs::ProcessTable,
+    /// Open ptys, over every connection.
+    pub(crate) ptys: pty::PtyCount,
 }
 
 /// A socket the agent accepts connections on.
@@ -172,6 +175,7 @@ impl Agent {
             reaper,
             token: auth::Token::default(),
             processes: procs::ProcessTable::default(),
+            ptys: pty::PtyCount::default(),
         })))
     }
 
@@ -219,8 +223,18 @@ impl Agent {
                     }
                 };
                 let conn_name = format!("port:{name}");
-                if let Err(e) = conn::serve_from(state.clone(), stream, reader, conn_name) {
-                    log!("port {name}: {e}");
+                match conn::serve_from(
+                    state.clone(),
+                    stream,
+                    reader,
+                    conn_name,
+                    conn::Channel::Port,
+                ) {
+                    Ok(conn::Ended::Clean) => {}
+                    // The rest of that connection's bytes are no frames: skip them, so
+                    // the next host connection starts at a frame boundary.
+                    Ok(conn::Ended::Desynced) => port::drain_until_host_leaves(&port),
+                    Err(e) => log!("port {name}: {e}"),
                 }
             }
         })?;

@@ -6,7 +6,9 @@ use std::process;
 use std::thread;
 
 use zygote_agent::config::{self, Args, USAGE};
-use zygote_agent::{log, reaper, system, Agent, AgentOptions, Listener, ReapMode, ShutdownAction};
+use zygote_agent::{
+    fds, log, reaper, system, Agent, AgentOptions, Listener, ReapMode, ShutdownAction,
+};
 
 fn main() {
     let pid1 = system::is_pid1();
@@ -72,6 +74,17 @@ fn start(args: &Args, pid1: bool) {
                 "PR_SET_CHILD_SUBREAPER: {}",
                 std::io::Error::last_os_error()
             ),
+        );
+    }
+
+    // After PID-1 set-up: /proc is mounted by then.
+    let fd_limit = fds::raise_limit();
+    if fd_limit.now > fd_limit.started_with {
+        log!(
+            "file descriptor limit raised from {} to {} (programs get {})",
+            fd_limit.started_with,
+            fd_limit.now,
+            fd_limit.started_with
         );
     }
 

@@ -138,6 +138,39 @@ impl Read for PortReader {
     }
 }
 
+/// After a connection broke inside a frame: read and discard what the host still sends
+/// until it disconnects (no data left, and the port reports the host gone), so the next
+/// connection's first frame starts a frame. The daemon drops such a connection at once
+/// and waits a moment before it connects again.
+pub(crate) fn drain_until_host_leaves(port: &File) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut dropped = 0usize;
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: port.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polling one valid descriptor we own.
+        let r = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if r > 0 && pfd.revents & libc::POLLIN != 0 {
+            match (&*port).read(&mut buf) {
+                Ok(n) if n > 0 => {
+                    dropped += n;
+                    continue;
+                }
+                Ok(_) => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+        }
+        if r > 0 && pfd.revents & libc::POLLHUP != 0 {
+            break;
+        }
+    }
+    crate::log!("port: skipped {dropped} bytes of a broken connection");
+}
+
 /// A second descriptor for the same port (each connection owns its own).
 pub(crate) fn dup(port: &File) -> io::Result<OwnedFd> {
     Ok(port.try_clone()?.into())

@@ -169,13 +169,17 @@ impl ProcessTable {
                     Some(i) => drop(list.remove(i)),
                     None => {
                         return Err(err(
-                            ErrorCode::Busy,
-                            format!("{MAX_PROCESSES} background processes are running"),
+                            ErrorCode::LimitReached,
+                            format!(
+                                "{MAX_PROCESSES} background processes are running, the \
+                                 most the agent keeps: end one before starting another"
+                            ),
                         ))
                     }
                 }
             }
         }
+        crate::fds::admit("background process")?;
         let Started {
             pid,
             at,

@@ -14,12 +14,13 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use zygote_proto::{
     ErrorBody, ErrorCode, ExecResult, PtyInputRequest, PtyOpenRequest, PtyResizeRequest, Response,
-    Stream, MAX_PTY_DIM, MAX_PTY_INPUT,
+    Stream, MAX_PTYS, MAX_PTY_DIM, MAX_PTY_INPUT,
 };
 
 use crate::conn::Reply;
@@ -50,6 +51,39 @@ pub(crate) struct Terminal {
 impl Terminal {
     fn pending(&self) -> MutexGuard<'_, Vec<u8>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Ptys open in the guest, over every connection, against [`MAX_PTYS`].
+#[derive(Default)]
+pub(crate) struct PtyCount(Arc<AtomicUsize>);
+
+/// One open pty's place in the [`PtyCount`]; given back when dropped.
+struct PtySlot(Arc<AtomicUsize>);
+
+impl PtyCount {
+    /// A place for one more pty, if the count and the agent's descriptors allow it.
+    fn take(&self) -> Result<PtySlot, ErrorBody> {
+        let taken = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_PTYS).then_some(n + 1)
+            });
+        if taken.is_err() {
+            return Err(ErrorBody::new(
+                ErrorCode::LimitReached,
+                format!("{MAX_PTYS} terminals are open, the most the agent runs: close one first"),
+            ));
+        }
+        let slot = PtySlot(self.0.clone());
+        crate::fds::admit("pty")?;
+        Ok(slot)
+    }
+}
+
+impl Drop for PtySlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -107,6 +141,11 @@ pub(crate) fn run(reply: Reply, req: PtyOpenRequest) {
     if let Err(e) = check_size(req.cols, req.rows) {
         return reply.finish(Response::Error(e));
     }
+    // Held until the program's end has been answered.
+    let _slot = match reply.agent().ptys.take() {
+        Ok(slot) => slot,
+        Err(e) => return reply.finish(Response::Error(e)),
+    };
     let mut env = req.env.clone();
     env.entry("TERM".into())
         .or_insert_with(|| DEFAULT_TERM.into());

@@ -88,6 +88,14 @@ pub enum Error {
     Guest(ClientError),
     #[error("cannot reach the sandbox's agent: {0}")]
     AgentUnreachable(ClientError),
+    /// The agent did not answer within the request's deadline (its `timeout_ms` plus
+    /// grace, or the default): still alive (`Timeout`) or not at all (`Unresponsive`).
+    #[error("the sandbox's agent did not answer in time ({0})")]
+    AgentTimeout(ClientError),
+    /// What the agent sent is not a well-formed reply: a misbehaving (or hostile) guest.
+    /// (The client's message says so: "the agent sent a malformed reply: ...".)
+    #[error("{0}")]
+    AgentMalformed(ClientError),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
     #[error("image: {0}")]
@@ -126,14 +134,26 @@ impl Error {
     /// An agent error: failures the guest reports about the request
     /// (missing file, bad path, ...) are the caller's 4xx, and so is a request
     /// too large for one agent frame (validation refuses those first; this is
-    /// the backstop); a broken connection is the daemon's 502.
+    /// the backstop); an agent that does not answer in time is a 504, one that
+    /// answers garbage or cannot be reached a 502. Never a 500: the agent is not ours.
     pub fn agent(e: ClientError) -> Error {
         match e {
             ClientError::Agent(_) => Error::Guest(e),
             ClientError::RequestTooLarge { len, max } => {
                 Error::AgentRequestTooLarge { len, limit: max }
             }
+            ClientError::Timeout { .. } | ClientError::Unresponsive(_) => Error::AgentTimeout(e),
+            ClientError::Malformed(_) | ClientError::Protocol(_) => Error::AgentMalformed(e),
             _ => Error::AgentUnreachable(e),
+        }
+    }
+
+    /// A runtime failure, with the agent's own (reaching or authenticating it on a new
+    /// connection) classified as for [`Error::agent`].
+    pub fn runtime(e: RuntimeError) -> Error {
+        match e {
+            RuntimeError::Agent(c) => Error::agent(c),
+            other => Error::Runtime(other),
         }
     }
 
@@ -166,6 +186,7 @@ impl Error {
                 Some(ErrorCode::BadRequest) => (S::BAD_REQUEST, "guest_bad_request"),
                 Some(ErrorCode::ProcessExited) => (S::CONFLICT, "process_exited"),
                 Some(ErrorCode::Busy) => (S::CONFLICT, "guest_busy"),
+                Some(ErrorCode::LimitReached) => (S::TOO_MANY_REQUESTS, "guest_limit_reached"),
                 Some(ErrorCode::SpawnFailed) => (S::UNPROCESSABLE_ENTITY, "guest_spawn_failed"),
                 Some(ErrorCode::ResponseTooLarge) => {
                     (S::PAYLOAD_TOO_LARGE, "guest_response_too_large")
@@ -173,6 +194,22 @@ impl Error {
                 _ => (S::BAD_GATEWAY, "guest_error"),
             },
             Error::AgentUnreachable(_) => (S::BAD_GATEWAY, "agent_unreachable"),
+            Error::AgentTimeout(ClientError::Unresponsive(_)) => {
+                (S::GATEWAY_TIMEOUT, "agent_unresponsive")
+            }
+            Error::AgentTimeout(_) => (S::GATEWAY_TIMEOUT, "agent_timeout"),
+            Error::AgentMalformed(_) => (S::BAD_GATEWAY, "agent_malformed_reply"),
+            // Backstop for a runtime call that failed on the agent: the guest's fault or
+            // its absence, never ours.
+            Error::Runtime(RuntimeError::Agent(e)) => match e {
+                ClientError::Timeout { .. } | ClientError::Unresponsive(_) => {
+                    (S::GATEWAY_TIMEOUT, "agent_unresponsive")
+                }
+                ClientError::Malformed(_) | ClientError::Protocol(_) => {
+                    (S::BAD_GATEWAY, "agent_malformed_reply")
+                }
+                _ => (S::BAD_GATEWAY, "agent_unreachable"),
+            },
             Error::Runtime(_) => (S::INTERNAL_SERVER_ERROR, "runtime_error"),
             Error::Image(
                 zygote_images::ImageError::UnknownRecipe { .. }
@@ -249,5 +286,70 @@ impl IntoResponse for Error {
             tracing::debug!("{status}: {self}");
         }
         (status, axum::Json(self.body())).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use zygote_proto::ErrorBody as AgentErrorBody;
+
+    fn status(e: Error) -> (u16, &'static str) {
+        let (s, code) = e.status_code();
+        (s.as_u16(), code)
+    }
+
+    #[test]
+    fn a_misbehaving_agent_is_a_502_or_504_never_a_500() {
+        let timeout = ClientError::Timeout {
+            what: "exec",
+            after: Duration::from_secs(1),
+        };
+        let cases = [
+            (Error::agent(timeout), (504, "agent_timeout")),
+            (
+                Error::agent(ClientError::Unresponsive("silent".into())),
+                (504, "agent_unresponsive"),
+            ),
+            (
+                Error::agent(ClientError::Malformed("garbage".into())),
+                (502, "agent_malformed_reply"),
+            ),
+            (
+                Error::agent(ClientError::Closed("gone".into())),
+                (502, "agent_unreachable"),
+            ),
+            // The connect path (a new connection's hello) fails as a runtime error.
+            (
+                Error::from(RuntimeError::Agent(ClientError::Malformed("x".into()))),
+                (502, "agent_malformed_reply"),
+            ),
+            (
+                Error::from(RuntimeError::Agent(ClientError::Closed(
+                    "undecodable".into(),
+                ))),
+                (502, "agent_unreachable"),
+            ),
+            (
+                Error::runtime(RuntimeError::Agent(ClientError::Unresponsive("x".into()))),
+                (504, "agent_unresponsive"),
+            ),
+        ];
+        for (e, want) in cases {
+            let shown = e.to_string();
+            assert_eq!(status(e), want, "{shown}");
+        }
+        let malformed = Error::agent(ClientError::Malformed("not JSON".into())).to_string();
+        assert!(malformed.contains("malformed reply"), "{malformed}");
+    }
+
+    #[test]
+    fn a_guest_limit_is_a_429_with_its_own_code() {
+        let body = AgentErrorBody::new(ErrorCode::LimitReached, "256 background processes");
+        assert_eq!(
+            status(Error::agent(ClientError::Agent(body))),
+            (429, "guest_limit_reached")
+        );
     }
 }

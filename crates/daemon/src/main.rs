@@ -12,8 +12,17 @@ struct Cli {
     serve: zygote_daemon::ServeArgs,
 }
 
+fn main() {
+    // The qemu runtime starts this binary again as its VMs' console pumps.
+    let args: Vec<_> = std::env::args_os().collect();
+    if let Some(code) = zygote_daemon::runtime::console::run_pump_if_asked(&args) {
+        std::process::exit(code);
+    }
+    daemon();
+}
+
 #[tokio::main]
-async fn main() {
+async fn daemon() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ZYGOTE_LOG")

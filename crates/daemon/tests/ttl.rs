@@ -55,18 +55,10 @@ async fn set_ttl(c: &Client, id: &str, ttl_secs: Option<u64>) -> Sandbox {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_sandboxes_are_deleted_and_cleared_ttls_keep_them() {
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").exists()));
-    if !on_path {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping the TTL test: qemu-system-x86_64 is not on PATH, so no sandbox can boot"
-        );
+    if !common::qemu_guest_ready("the TTL test") {
         return;
     }
     let t0 = Instant::now();
-    zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
-    zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("minimal image");
     let tmp = tempfile::tempdir().unwrap();
     let state = tmp.path().join("state");
     let cleanup = Cleanup {

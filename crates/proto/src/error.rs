@@ -45,6 +45,10 @@ pub enum ErrorCode {
     /// The background process has already ended (it can no longer take stdin or
     /// signals).
     ProcessExited,
+    /// A limit on what the guest holds at once is reached (background processes,
+    /// terminals, the agent's file descriptors); the message names it. Ending some
+    /// background processes or terminals makes room.
+    LimitReached,
     /// A code this version does not know (a newer agent).
     #[serde(other)]
     Unknown,
@@ -70,6 +74,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::ProcessExited => "process_exited",
+            ErrorCode::LimitReached => "limit_reached",
             ErrorCode::Unknown => "unknown",
         }
     }

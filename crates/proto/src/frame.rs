@@ -36,9 +36,18 @@ fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
+/// The payload buffer grows by at most this much (or by what it holds already) per step,
+/// so a header that announces a large frame costs memory only as its bytes arrive.
+const GROW_STEP: usize = 64 * 1024;
+
 /// Read one frame. `Ok(None)` means the peer closed the stream cleanly at a
 /// frame boundary. On [`FrameError::TooLarge`] the payload has not been
 /// consumed, so the stream is no longer in sync and must be closed.
+///
+/// The length prefix is the peer's word, not a fact: the buffer is grown as the
+/// payload actually arrives (doubling from [`GROW_STEP`], never past the announced
+/// length), so a peer that announces 16 MiB and sends ten bytes makes the reader
+/// hold kilobytes, not the announced size.
 pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Option<Vec<u8>>, FrameError> {
     let mut header = [0u8; 4];
     let got = read_full(r, &mut header)?;
@@ -52,10 +61,19 @@ pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Option<Vec<u8>>, Fram
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
-    let mut payload = vec![0u8; len];
-    let got = read_full(r, &mut payload)?;
-    if got < len {
-        return Err(FrameError::Truncated { expected: len, got });
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let start = payload.len();
+        let step = (len - start).min(start.max(GROW_STEP));
+        payload.reserve_exact(step);
+        payload.resize(start + step, 0);
+        let got = read_full(r, &mut payload[start..])?;
+        if got < step {
+            return Err(FrameError::Truncated {
+                expected: len,
+                got: start + got,
+            });
+        }
     }
     Ok(Some(payload))
 }

@@ -172,6 +172,10 @@ fn default_signal() -> i32 {
 /// Largest terminal width or height (`cols`, `rows`) a pty may have.
 pub const MAX_PTY_DIM: u16 = 1000;
 
+/// Ptys open at once in one guest (over every connection); one more is refused with
+/// `limit_reached`.
+pub const MAX_PTYS: usize = 256;
+
 /// Most bytes one `pty_input` carries, and most input a pty holds that its program
 /// has not read yet (a `pty_input` that does not fit is answered `busy`).
 pub const MAX_PTY_INPUT: usize = 64 * 1024;

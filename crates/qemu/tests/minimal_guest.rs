@@ -276,6 +276,42 @@ fn minimal_guest() {
         assert!(out.contains("10.0.2.15/24"), "{out}");
     });
 
+    checks.run(
+        "wget -T SEC works (busybox's own crashes) and bounds the wait",
+        || {
+            let run = |req: ExecRequest| {
+                let started = Instant::now();
+                let out = client.exec_output(req).unwrap();
+                (out, started.elapsed())
+            };
+            // Run by name through PATH (as `zygote run -- wget ...` does), refused at once:
+            // wget's own error (1), not SIGSEGV (139).
+            let (out, _) = run(ExecRequest::new([
+                "wget",
+                "-T",
+                "3",
+                "-O",
+                "/dev/null",
+                "http://127.0.0.1:1/",
+            ]));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.result.exit_code, Some(1), "{:?} {stderr}", out.result);
+            assert!(stderr.contains("refused"), "{stderr}");
+            // A server that accepts and never answers: given up after about 2 s. In a
+            // busybox shell script the wrapper is reached by its path (the shell runs its
+            // own applets before searching PATH).
+            let (out, took) = run(ExecRequest::shell(
+                "(sleep 30 | nc -l -p 8079 >/dev/null &); sleep 1; \
+             /usr/bin/wget -q -T 2 -O - http://127.0.0.1:8079/",
+            ));
+            // busybox's `timeout` ends the program with SIGTERM (a shell reports 143).
+            let ended_by_timeout = out.result.signal == Some(libc::SIGTERM)
+                || out.result.exit_code == Some(128 + libc::SIGTERM);
+            assert!(ended_by_timeout, "{:?}", out.result);
+            assert!(took < Duration::from_secs(20), "took {took:?}");
+        },
+    );
+
     // Teardown: QEMU gone, scratch directory gone, base image untouched.
     let pid = vm.pid().expect("QEMU pid");
     let workdir = vm.workdir().to_path_buf();

@@ -2,6 +2,7 @@
 //! x86_64 Linux boot path, vCPU threads that can be paused and resumed, and the devices a
 //! microVM needs. One process runs one VM.
 pub mod arch;
+pub mod console_log;
 pub mod control;
 pub mod devices;
 pub mod event_loop;

@@ -26,17 +26,37 @@ pub struct TestAgent {
 impl TestAgent {
     /// Start the agent on a fresh Unix socket, plus `extra` flags.
     pub fn start(extra: &[&str]) -> TestAgent {
+        Self::start_with_fd_limit(extra, None)
+    }
+
+    /// [`TestAgent::start`] with RLIMIT_NOFILE set to `(soft, hard)` for the agent.
+    pub fn start_with_fd_limit(extra: &[&str], fd_limit: Option<(u64, u64)>) -> TestAgent {
+        use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_zygote-agent"))
-            .arg("--unix")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_zygote-agent"));
+        cmd.arg("--unix")
             .arg(&socket)
             .arg("--no-system-changes")
             .args(extra)
             .stdin(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start zygote-agent");
+            .stderr(Stdio::piped());
+        if let Some((soft, hard)) = fd_limit {
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit {
+                        rlim_cur: soft,
+                        rlim_max: hard,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("start zygote-agent");
         let stderr = child.stderr.take().unwrap();
         let (tx, rx) = mpsc::channel();
         // Forward the agent's log to the test output and hand over the ready line.

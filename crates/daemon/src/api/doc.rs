@@ -44,6 +44,15 @@ fn add_error(op: &mut Operation, status: u16, description: &str) {
         });
 }
 
+/// Whether the operation's 502 is the guest agent's.
+fn reaches_agent(op: &Operation) -> bool {
+    use utoipa::openapi::RefOr;
+    match op.responses.responses.get("502") {
+        Some(RefOr::T(r)) => r.description.contains("agent"),
+        _ => false,
+    }
+}
+
 impl utoipa::Modify for CommonResponses {
     fn modify(&self, openapi: &mut Document) {
         for (path, item) in openapi.paths.paths.iter_mut() {
@@ -58,6 +67,17 @@ impl utoipa::Modify for CommonResponses {
             for op in ops.into_iter().flatten() {
                 if !public {
                     add_error(op, 401, "Missing or wrong bearer token (unauthorized)");
+                }
+                // Whatever reaches the guest agent (it documents the agent's 502) has a
+                // deadline on the daemon's side too.
+                if op.responses.responses.contains_key("502") && reaches_agent(op) {
+                    add_error(
+                        op,
+                        504,
+                        "The sandbox's agent did not answer within the request's deadline \
+                         (its timeout_ms plus grace, else the default): agent_timeout, or \
+                         agent_unresponsive when it did not answer a health check either",
+                    );
                 }
                 if op.request_body.is_some() {
                     add_error(

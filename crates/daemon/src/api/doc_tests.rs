@@ -126,6 +126,8 @@ fn parameters_are_where_the_router_reads_them() {
             ]
         } else if path.contains("/files") {
             &[("path", true), ("mode", false), ("special", false)]
+        } else if path.ends_with("/logs") {
+            &[("tail_bytes", false)]
         } else {
             &[]
         };
@@ -167,10 +169,10 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 22,
+        query_seen, 23,
         "path, mode, special on three file routes; against, path, content on diff; \
          the list's metadata filter; offset, wait_ms, follow on process output; \
-         cols, rows, cmd, env, cwd on pty; name on snapshot import"
+         cols, rows, cmd, env, cwd on pty; name on snapshot import; tail_bytes on logs"
     );
 }
 

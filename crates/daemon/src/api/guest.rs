@@ -32,7 +32,11 @@ pub struct FileBytes(#[allow(dead_code)] Vec<u8>);
               (status = 413, description = "Body over 32 MiB, or the request does not fit the \
                 guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
               (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 429, description = "background: the guest runs as many background \
+                processes as it may (256, or its agent's file descriptors would run short); \
+                guest_limit_reached, the message names the limit. End some first", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn exec(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -56,7 +60,8 @@ pub async fn exec(
               (status = 413, description = "Body over 32 MiB, or the request does not fit the \
                 guest agent's 16 MiB frame (payload_too_large; the message states the limit)", body = ErrorBody),
               (status = 422, description = "The program could not start", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn exec_stream(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -79,7 +84,8 @@ pub async fn exec_stream(
               (status = 404, description = "No such sandbox or file (guest_not_found)", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "A device or FIFO (special=true) gave more than 64 MiB; regular files are streamed whatever their size", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -107,7 +113,8 @@ pub async fn read_file(
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
               (status = 413, description = "Body larger than 64 MiB", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn write_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -128,7 +135,8 @@ pub async fn write_file(
               (status = 403, description = "The guest refused (guest_permission_denied)", body = ErrorBody),
               (status = 404, description = "No such sandbox or directory", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused (sandbox_paused; one created with auto_resume is resumed instead)", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn list_dir(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -5,6 +5,7 @@
 //! it, so a test can check the router and the OpenAPI document list
 //! exactly the same operations.
 mod auth;
+mod console;
 mod doc;
 mod guest;
 mod images;

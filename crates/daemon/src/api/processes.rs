@@ -24,7 +24,8 @@ fn parse_pid(pid: &str) -> Result<u32> {
     responses((status = 200, description = "Background processes, oldest first", body = ProcessList),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn list(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<ProcessList>> {
     Ok(Json(st.manager.processes(&id).await?))
 }
@@ -36,7 +37,8 @@ pub async fn list(State(st): State<AppState>, Path(id): Path<String>) -> Result<
               (status = 400, description = "Not a pid (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox or process", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn get(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
@@ -54,7 +56,8 @@ pub async fn get(
               (status = 400, description = "Not a pid, or a bad query (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox, or no such process (guest_not_found)", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn output(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
@@ -84,7 +87,8 @@ pub async fn output(
               (status = 404, description = "No such sandbox, or no such process (guest_not_found)", body = ErrorBody),
               (status = 409, description = "The process has exited (process_exited), did not \
                 read its stdin within 10 s (guest_busy), or the sandbox is not running", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn stdin(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,
@@ -104,7 +108,8 @@ pub async fn stdin(
               (status = 404, description = "No such sandbox, or no such process (guest_not_found)", body = ErrorBody),
               (status = 409, description = "The process has exited (process_exited), or the \
                 sandbox is not running", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn signal(
     State(st): State<AppState>,
     Path((id, pid)): Path<(String, String)>,

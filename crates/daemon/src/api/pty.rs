@@ -57,7 +57,10 @@ const MAX_MESSAGE: usize = 1 << 20;
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running", body = ErrorBody),
               (status = 422, description = "The program could not start (guest_spawn_failed)", body = ErrorBody),
-              (status = 502, description = "The sandbox's agent cannot be reached", body = ErrorBody)))]
+              (status = 429, description = "The guest has as many terminals open as it may (256, or \
+                its agent's file descriptors would run short): guest_limit_reached", body = ErrorBody),
+              (status = 502, description = "The sandbox's agent cannot be reached \
+                (agent_unreachable) or sent a malformed reply (agent_malformed_reply)", body = ErrorBody)))]
 pub async fn pty(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -11,8 +11,8 @@ use crate::error::{Error, ErrorBody, Result};
 use crate::model::metadata;
 use crate::model::{
     BranchEvent, BranchRequest, BranchResponse, CreateEvent, CreateSandboxRequest, DiffQuery,
-    KeepRequest, KeepResponse, MergeReport, MergeRequest, RestoreRequest, Sandbox, SandboxDiff,
-    SandboxList, SandboxTree, SetTtlRequest,
+    KeepRequest, KeepResponse, LogsQuery, MergeReport, MergeRequest, RestoreRequest, Sandbox,
+    SandboxDiff, SandboxList, SandboxTree, SetTtlRequest, Validate,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -159,11 +159,22 @@ pub async fn restore(
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
-    responses((status = 200, description = "Serial console output", content_type = "text/plain", body = String),
+    params(("id" = String, Path, description = "Sandbox id"), LogsQuery),
+    responses((status = 200, description = "The end of the serial console log, streamed as it \
+                is read (raw bytes, mostly UTF-8). The log keeps at most 2 MiB: the first 64 \
+                KiB (the boot), a line `[zygote: N bytes of console output dropped here; ...]` \
+                where output was dropped, and the latest output. Empty when the sandbox has no \
+                VM (dead, or still being created)", content_type = "text/plain", body = String),
+              (status = 400, description = "tail_bytes out of range, or an unknown parameter", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody)))]
-pub async fn logs(State(st): State<AppState>, Path(id): Path<String>) -> Result<String> {
-    st.manager.logs(&id)
+pub async fn logs(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiQuery(q): ApiQuery<LogsQuery>,
+) -> Result<Response> {
+    q.validate()?;
+    let path = st.manager.console_log(&id)?;
+    Ok(super::console::tail_body(path, q.bytes()).await)
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/tree", tag = "sandboxes",

@@ -45,27 +45,6 @@ impl Manager {
         Ok(agent_req)
     }
 
-    /// The agent for `id`; a broken cached connection is replaced once.
-    pub(super) async fn agent_call<T: Send + 'static>(
-        self: &Arc<Self>,
-        id: &str,
-        f: impl Fn(&AgentClient) -> Result<T, ClientError> + Send + Sync + 'static,
-    ) -> Result<T> {
-        let f = Arc::new(f);
-        for attempt in 0..2 {
-            let client = self.agent(id).await?;
-            let g = f.clone();
-            let res = self.blocking(move || g(&client)).await?;
-            match res {
-                Err(ClientError::Closed(_) | ClientError::Io(_)) if attempt == 0 => {
-                    self.forget_agent(id);
-                }
-                other => return other.map_err(Error::agent),
-            }
-        }
-        unreachable!("the loop returns on its second attempt")
-    }
-
     pub async fn exec(self: &Arc<Self>, id: &str, req: ExecRequest) -> Result<ExecResponse> {
         req.validate()?;
         let started = Instant::now();

@@ -5,6 +5,7 @@
 //! tokio's blocking pool. Operations that change a sandbox's VM (delete,
 //! branch, snapshot, restore) hold that sandbox's lock; exec and file
 //! access do not, so a long exec never delays a delete.
+mod agent_link;
 mod branch;
 mod branch_record;
 mod create;
@@ -47,7 +48,7 @@ use crate::fault;
 use crate::metrics::Metrics;
 use crate::model::{ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
-use crate::runtime::{Runtime, VmRecord};
+use crate::runtime::{console, Runtime, VmRecord};
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -118,6 +119,8 @@ pub struct Manager {
     /// connection at a time (the qemu runtime's virtio-serial port), so two requests
     /// must never both connect; the second waits and takes the first one's client.
     connecting: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// What is known about each sandbox's agent beyond its cached client (`agent_link`).
+    agent_health: Mutex<HashMap<String, agent_link::HealthRecord>>,
     /// Running sandboxes whose VM stopped on its own, with the reason (`watch`). Kept in
     /// memory, not in the database: the fault is often a full disk, the database's too,
     /// and the watcher finds it again within seconds of a restart.
@@ -166,6 +169,7 @@ impl Manager {
             locks: Mutex::new(HashMap::new()),
             agents: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
+            agent_health: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
             registries: zygote_oci::Transport::from_env(),
         }
@@ -210,6 +214,7 @@ impl Manager {
             .remove(id);
         self.set_fault(id, None);
         self.forget_agent(id);
+        self.forget_agent_health(id);
     }
 
     /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.
@@ -219,18 +224,6 @@ impl Manager {
             Some(r) => faults.insert(id.to_string(), r),
             None => faults.remove(id),
         };
-    }
-
-    /// Drops the cached agent connection (the VM changed or went away).
-    pub(crate) fn forget_agent(&self, id: &str) {
-        if let Some(c) = self
-            .agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id)
-        {
-            c.close();
-        }
     }
 
     pub(crate) fn sandbox_row(&self, id: &str) -> Result<SandboxRow> {
@@ -308,6 +301,7 @@ impl Manager {
                 .unwrap_or_default(),
             envs: r.env.vars.clone(),
             secrets: r.env.secret_names(),
+            agent: (r.vm.is_some() && r.state == STATE_RUNNING).then(|| self.agent_health(&r.id)),
         }
     }
 
@@ -420,45 +414,6 @@ impl Manager {
         self.collect_garbage()
     }
 
-    /// A connected agent client for a running sandbox (cached).
-    pub(crate) async fn agent(&self, id: &str) -> Result<AgentClient> {
-        self.wake(id).await?;
-        let row = self.sandbox_row(id)?;
-        let vm = self.running_vm(&row)?;
-        let cached = || {
-            self.agents
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(id)
-                .filter(|c| !c.is_closed())
-                .cloned()
-        };
-        if let Some(c) = cached() {
-            return Ok(c);
-        }
-        let slot = self
-            .connecting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_string())
-            .or_default()
-            .clone();
-        let _connecting = slot.lock().await;
-        if let Some(c) = cached() {
-            return Ok(c);
-        }
-        // A closed client may still hold its end of the channel: let it go first.
-        self.forget_agent(id);
-        let rt = self.runtime.clone();
-        let token = self.dirs.agent_key.token(id);
-        let client = self.blocking(move || rt.connect(&vm, &token)).await??;
-        self.agents
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), client.clone());
-        Ok(client)
-    }
-
     pub(crate) fn running_vm(&self, row: &SandboxRow) -> Result<VmRecord> {
         if pause::is_parked(row) {
             return Err(Error::Paused(row.id.clone()));
@@ -481,16 +436,14 @@ impl Manager {
         }
     }
 
-    /// Console output of a sandbox's VM.
-    pub fn logs(&self, id: &str) -> Result<String> {
+    /// Where a sandbox's console log is (None: it has none now).
+    pub fn console_log(&self, id: &str) -> Result<Option<PathBuf>> {
         let row = self.sandbox_row(id)?;
         Ok(match &row.vm {
-            Some(vm) => self.runtime.console_log(vm),
-            // Paused: the console output of the VM it had, still in its directory.
-            None if pause::is_parked(&row) => {
-                self.runtime.console_log_in(&self.dirs.vms.join(&row.id))
-            }
-            None => String::new(),
+            Some(vm) => Some(console::path(&vm.dir)),
+            // Paused: the console log of the VM it had, still in its directory.
+            None if pause::is_parked(&row) => Some(console::path(&self.dirs.vms.join(&row.id))),
+            None => None,
         })
     }
 

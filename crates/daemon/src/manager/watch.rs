@@ -4,7 +4,9 @@
 //! asks each VM for its own run state, shows such a sandbox as `error` with the reason
 //! (so execs fail at once with it instead of hanging), and lets it go on when the cause
 //! is gone (free space again on the disk layer's filesystem). The fault is kept in
-//! memory, not in the database, which a full disk may not let us write.
+//! memory, not in the database, which a full disk may not let us write. A running VM
+//! whose agent stopped answering or garbled its replies (`agent_link`) is connected to
+//! again in the background, so its `agent` health recovers without a call.
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +65,9 @@ impl Manager {
             let known = self.fault(&row.id);
             if !ask_run_state && known.is_none() {
                 continue;
+            }
+            if known.is_none() && self.agent_needs_healing(&row.id) {
+                self.heal_agent(&row.id);
             }
             let disk_has_room = free_bytes(&vm.disk).is_none_or(|f| f >= RESUME_FREE_BYTES);
             let state = self

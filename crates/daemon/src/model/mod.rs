@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 
 use crate::error::{Error, Result};
 
+mod agent;
 mod branch;
 mod create;
 mod diff;
@@ -15,6 +16,7 @@ mod env;
 mod exec;
 mod fork;
 mod image;
+mod logs;
 mod merge;
 pub mod metadata;
 mod network;
@@ -26,6 +28,7 @@ mod pty;
 mod tree;
 mod ttl;
 mod validate;
+pub use agent::{AgentHealth, AgentState};
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use create::CreateEvent;
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
@@ -33,6 +36,7 @@ pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use exec::{ExecEvent, ExecRequest, ExecResponse};
 pub use fork::ForkHook;
 pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};
+pub use logs::LogsQuery;
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
@@ -331,6 +335,10 @@ pub struct Sandbox {
     /// Names of its secrets (their values are never shown).
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// The daemon's channel to its guest agent while its VM runs (null otherwise): a
+    /// `running` sandbox whose agent is silent or misbehaving shows it here.
+    #[serde(default)]
+    pub agent: Option<AgentHealth>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

@@ -130,7 +130,11 @@ pub fn bring_up(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
-            let c = c.with_request_timeout(Some(left.min(target.attempt_limit)));
+            // A booting guest answers nothing, health checks included: the attempt's
+            // deadline is the only limit.
+            let c = c
+                .with_request_timeout(Some(left.min(target.attempt_limit)))
+                .with_liveness(None);
             authenticate_and_reidentify(&c, auth, who).map(|r| (c, r))
         });
         match attempt {
@@ -147,7 +151,9 @@ pub fn bring_up(
                         h.stderr_tail.trim()
                     );
                 }
-                let c = c.with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT));
+                let c = c
+                    .with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT))
+                    .with_liveness(Some(Default::default()));
                 return Ok((c, report));
             }
             Err(e) if e.is_transient() && Instant::now() + RETRY_PAUSE < deadline => {

@@ -11,6 +11,9 @@ use zygote_proto::client::AgentClient;
 
 use super::{RuntimeError, VmRecord};
 
+/// How long a new connection's `hello` may take.
+pub const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 #[derive(Default)]
 pub struct BroughtUp(Mutex<HashMap<String, AgentClient>>);
 
@@ -53,8 +56,14 @@ impl BroughtUp {
             return Ok(client);
         }
         let client = connect()?;
-        // Every new connection opens with the sandbox's token (a new session).
-        client.hello(token, None)?;
+        // Every new connection opens with the sandbox's token (a new session). A live
+        // agent answers at once; one that does not is not waited for long (a bounded
+        // deadline, no liveness check on top of it).
+        client
+            .clone()
+            .with_request_timeout(Some(HELLO_TIMEOUT))
+            .with_liveness(None)
+            .hello(token, None)?;
         Ok(client)
     }
 }

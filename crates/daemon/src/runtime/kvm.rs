@@ -155,6 +155,7 @@ impl KvmRuntime {
             spec.cgroup.as_deref(),
             netns,
             stderr,
+            None,
         )?;
         match wait_control(&files.api_sock, &sup) {
             Ok(process) => Ok(record(spec, &files, process, Some(sup))),
@@ -292,13 +293,10 @@ fn children_of(pid: u32) -> Vec<u32> {
 fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     let files = VmFiles::in_dir(dir);
     let stderr = std::fs::read_to_string(&files.stderr).unwrap_or_default();
-    let serial = std::fs::read_to_string(&files.console).unwrap_or_default();
-    let tail: Vec<&str> = serial.lines().rev().take(20).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
     RuntimeError::Boot(format!(
         "{e}\n--- vmm stderr ---\n{}\n--- serial console (last lines) ---\n{}",
         stderr.trim(),
-        tail.join("\n")
+        super::console::last_lines(dir, 20)
     ))
 }
 
@@ -615,7 +613,7 @@ impl Runtime for KvmRuntime {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        supervisor::add_guest_panic(&mut reason, &self.console_log(vm));
+        supervisor::add_guest_panic(&mut reason, &vm.dir);
         Some(Exit { reason })
     }
 

@@ -17,7 +17,7 @@ pub struct VmFiles {
     pub api_sock: PathBuf,
     /// Hybrid vsock Unix socket: the host reaches the agent through it.
     pub vsock: PathBuf,
-    /// Guest console (`Runtime::console_log` reads `serial.log`).
+    /// Guest console (the VMM keeps it bounded; see `runtime::console`).
     pub console: PathBuf,
     /// stderr of the VMM process (and of branch children forked from it).
     pub stderr: PathBuf,
@@ -28,7 +28,7 @@ impl VmFiles {
         VmFiles {
             api_sock: dir.join("api.sock"),
             vsock: dir.join("vsock.sock"),
-            console: dir.join("serial.log"),
+            console: super::console::path(dir),
             stderr: dir.join("vmm.stderr"),
         }
     }

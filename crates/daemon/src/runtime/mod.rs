@@ -2,6 +2,7 @@
 //! stopped. The daemon talks to one [`Runtime`] trait object, picked at
 //! start-up ([`select`]); everything runtime-specific that must survive a
 //! daemon restart lives in the serialized [`VmRecord`] / [`SnapshotData`].
+pub mod console;
 pub mod guest_agent;
 pub mod handoff;
 pub mod kvm;
@@ -298,17 +299,6 @@ pub trait Runtime: Send + Sync {
 
     /// Kills the VM and removes its directory and disk layer.
     fn destroy(&self, vm: &VmRecord);
-
-    /// Serial console output so far.
-    fn console_log(&self, vm: &VmRecord) -> String {
-        self.console_log_in(&vm.dir)
-    }
-
-    /// Serial console output kept in a VM directory (also once the VM is gone: a
-    /// paused sandbox's).
-    fn console_log_in(&self, dir: &Path) -> String {
-        std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default()
-    }
 
     /// A snapshot as files that stand on their own (for a snapshot pack): its base
     /// image, one disk layer over it with every intermediate layer folded in (made in

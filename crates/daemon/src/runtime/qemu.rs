@@ -22,7 +22,7 @@ use zygote_qemu::{Accel, NetBackend, QemuConfig};
 
 use super::handoff::BroughtUp;
 use super::qmp::Qmp;
-use super::{guest_agent, supervisor};
+use super::{console, guest_agent, supervisor};
 use super::{
     BootSource, BranchProgress, Exit, ExportedSnapshot, GuestNet, RunState, Runtime, RuntimeError,
     SnapshotData, StartSpec, VmRecord,
@@ -106,9 +106,16 @@ impl QemuRuntime {
         accel: Accel,
     ) -> Result<VmRecord, RuntimeError> {
         let dir = &spec.dir;
+        // QEMU prints the serial port to its stdout, piped into the bounded log's pump
+        // (`console`); without the pump program, into the log file directly (unbounded).
+        let pump = console::pump_program();
+        let log = console::path(dir);
         let vm = DetachedVm {
             overlay: spec.disk.clone(),
-            serial_log: dir.join("serial.log"),
+            serial_log: match &pump {
+                Some(_) => PathBuf::from("/dev/stdout"),
+                None => log.clone(),
+            },
             qmp_socket: dir.join("qmp.sock"),
             pid_file: dir.join("qemu.pid"),
             agent_socket: dir.join(AGENT_SOCKET),
@@ -133,8 +140,18 @@ impl QemuRuntime {
             GuestNet::Tap(t) => Some(t.netns.as_path()),
             GuestNet::User { .. } => None,
         };
-        let supervisor =
-            supervisor::spawn(QEMU, &args, dir, spec.cgroup.as_deref(), netns, stderr)?;
+        let console_pump = pump
+            .as_deref()
+            .map(|program| supervisor::ConsolePump { program, log: &log });
+        let supervisor = supervisor::spawn(
+            QEMU,
+            &args,
+            dir,
+            spec.cgroup.as_deref(),
+            netns,
+            stderr,
+            console_pump.as_ref(),
+        )?;
         let record = |process| VmRecord {
             dir: dir.clone(),
             process,
@@ -261,13 +278,10 @@ pub(crate) fn sync_into_place(partial: &Path, dest: &Path) -> Result<(), Runtime
 
 fn boot_error(e: RuntimeError, dir: &Path) -> RuntimeError {
     let stderr = std::fs::read_to_string(dir.join("qemu.stderr")).unwrap_or_default();
-    let serial = std::fs::read_to_string(dir.join("serial.log")).unwrap_or_default();
-    let tail: Vec<&str> = serial.lines().rev().take(20).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
     RuntimeError::Boot(format!(
         "{e}\n--- qemu stderr ---\n{}\n--- serial console (last lines) ---\n{}",
         stderr.trim(),
-        tail.join("\n")
+        console::last_lines(dir, 20)
     ))
 }
 
@@ -522,7 +536,7 @@ impl Runtime for QemuRuntime {
         if !stderr.is_empty() {
             reason.push_str(&format!(": {}", stderr.join("; ")));
         }
-        supervisor::add_guest_panic(&mut reason, &self.console_log(vm));
+        supervisor::add_guest_panic(&mut reason, &vm.dir);
         Some(Exit { reason })
     }
 

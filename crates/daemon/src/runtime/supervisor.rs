@@ -4,7 +4,9 @@
 //! supervisor in its own session and cgroup. The shell waits for the VM and
 //! writes its exit status to `<vm dir>/exit`, so why a VM died is known even
 //! if the daemon was down (or restarted) when it happened. VMs deliberately
-//! have no parent-death signal: a daemon restart re-attaches to them.
+//! have no parent-death signal: a daemon restart re-attaches to them. A VM that prints
+//! its console to stdout has it piped, inside the same shell, into a console pump that
+//! writes the bounded log (`console`), so that log does not depend on the daemon either.
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
@@ -18,9 +20,26 @@ use crate::procs::ProcId;
 /// `exit.tmp` + rename: the daemon never reads a half-written status.
 const SCRIPT: &str = r#""$@"; status=$?; echo "$status" > exit.tmp && mv exit.tmp exit"#;
 
+/// [`SCRIPT`] with the VM's stdout piped into `$1 <pump arg> $2` (a console pump and its
+/// log); if the pump cannot run, the output is drained so that the VM never blocks on it.
+fn script_with_pump() -> String {
+    format!(
+        r#"pump=$1; log=$2; shift 2; {{ {SCRIPT}; }} | {{ "$pump" {} "$log" || exec cat >/dev/null; }}"#,
+        super::console::PUMP_ARG
+    )
+}
+
+/// A console pump for a VM that prints its console on stdout (see `console`).
+pub struct ConsolePump<'a> {
+    /// The program (this daemon's executable).
+    pub program: &'a Path,
+    /// The bounded log it writes.
+    pub log: &'a Path,
+}
 /// Starts `program args` in `dir` under the supervisor shell, with stderr
-/// to `stderr` and, if given, inside `cgroup` and the network namespace `netns` (a
-/// `/run/netns` file: the VM's tap lives there). Returns the shell's identity.
+/// to `stderr`, stdout into `console` if given (else discarded) and, if given, inside
+/// `cgroup` and the network namespace `netns` (a `/run/netns` file: the VM's tap lives
+/// there). Returns the shell's identity.
 pub fn spawn(
     program: &str,
     args: &[String],
@@ -28,12 +47,19 @@ pub fn spawn(
     cgroup: Option<&Path>,
     netns: Option<&Path>,
     stderr: File,
+    console: Option<&ConsolePump>,
 ) -> Result<ProcId, RuntimeError> {
     let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
-        .arg(SCRIPT)
-        .arg("zygote-vm")
-        .arg(program)
+    cmd.arg("-c");
+    match console {
+        Some(pump) => cmd
+            .arg(script_with_pump())
+            .arg("zygote-vm")
+            .arg(pump.program)
+            .arg(pump.log),
+        None => cmd.arg(SCRIPT).arg("zygote-vm"),
+    };
+    cmd.arg(program)
         .args(args)
         .current_dir(dir)
         .stdin(Stdio::null())
@@ -173,8 +199,10 @@ pub fn destroy_vm(vm: &super::VmRecord) {
     }
 }
 
-/// Appends the guest's kernel panic line, if its console shows one, to an exit reason.
-pub fn add_guest_panic(reason: &mut String, console: &str) {
+/// Appends the guest's kernel panic line, if the end of its console log (in the VM
+/// directory `dir`) shows one, to an exit reason.
+pub fn add_guest_panic(reason: &mut String, dir: &Path) {
+    let console = super::console::tail_text(dir, super::console::SCAN_BYTES);
     if let Some(panic) = console.lines().find(|l| l.contains("Kernel panic")) {
         reason.push_str(&format!(" (guest: {})", panic.trim()));
     }
@@ -239,6 +267,7 @@ mod tests {
             None,
             None,
             err,
+            None,
         )
         .unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -250,5 +279,45 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert!(!sup.is_alive());
+    }
+
+    #[test]
+    fn a_console_pump_gets_the_vm_output_and_the_status_is_still_recorded() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // Stands in for the daemon's binary: `<pump> PUMP_ARG <log>` copies stdin.
+        let pump = dir.path().join("pump");
+        std::fs::write(
+            &pump,
+            "#!/bin/sh\n[ \"$1\" = __zygote-console-pump ] && cat > \"$2\"\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&pump, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let log = dir.path().join("serial.log");
+        let err = File::create(dir.path().join("err")).unwrap();
+        spawn(
+            "sh",
+            &["-c".into(), "echo booted; exit 5".into()],
+            dir.path(),
+            None,
+            None,
+            err,
+            Some(&ConsolePump {
+                program: &pump,
+                log: &log,
+            }),
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while recorded_status(dir.path()).is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(recorded_status(dir.path()), Some(5));
+        while std::fs::read_to_string(&log).unwrap_or_default() != "booted\n"
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "booted\n");
     }
 }

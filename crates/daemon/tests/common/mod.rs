@@ -162,6 +162,24 @@ impl Drop for Cleanup {
     }
 }
 
+/// Builds (or finds cached) the guest kernel and the `minimal` image for a test on the
+/// qemu runtime; false, with "skipping {test}: ..." printed, when QEMU is not installed.
+pub fn qemu_guest_ready(test: &str) -> bool {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("qemu-system-x86_64").exists()));
+    if !on_path {
+        let _ = std::io::Write::write_all(
+            &mut std::io::stderr(),
+            format!("skipping {test}: qemu-system-x86_64 is not on PATH, so no sandbox can boot\n")
+                .as_bytes(),
+        );
+        return false;
+    }
+    zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
+    zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("minimal image");
+    true
+}
+
 /// Blocks until `f` returns Some or `timeout` passes.
 pub async fn eventually<T>(timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;

@@ -1,15 +1,10 @@
 //! A running exec as seen by the client.
 
 use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::{unexpected, AgentClient, ClientError};
 use crate::{ExecResult, Response, Stream};
-
-/// Slack on top of an exec's own timeout before the client stops waiting for
-/// the agent's exit event (the agent enforces the timeout; this only guards
-/// against an agent that died).
-const EXIT_GRACE: Duration = Duration::from_secs(30);
 
 /// An exec started with [`AgentClient::spawn_exec`]. Dropping it before the
 /// exit event sends SIGKILL to the exec's process group, so abandoned
@@ -19,6 +14,8 @@ pub struct ExecHandle {
     id: u64,
     pid: u32,
     rx: Receiver<Response>,
+    /// The exec's `timeout_ms` from its request plus [`super::EXEC_GRACE`] (None: it
+    /// may run as long as the agent lives; see `wait`).
     deadline: Option<Instant>,
     finished: bool,
 }
@@ -37,14 +34,14 @@ impl ExecHandle {
         id: u64,
         pid: u32,
         rx: Receiver<Response>,
-        exec_timeout: Option<Duration>,
+        deadline: Option<Instant>,
     ) -> Self {
         ExecHandle {
             client,
             id,
             pid,
             rx,
-            deadline: exec_timeout.map(|t| Instant::now() + t + EXIT_GRACE),
+            deadline,
             finished: false,
         }
     }
@@ -71,10 +68,9 @@ impl ExecHandle {
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecResult, ClientError> {
         loop {
-            let timeout = self
-                .deadline
-                .map(|d| d.saturating_duration_since(Instant::now()));
-            let event = self.client.recv(self.id, &self.rx, timeout, "exec exit");
+            let event = self
+                .client
+                .recv(self.id, &self.rx, self.deadline, "exec exit");
             match event {
                 Ok(Response::Output { stream, data }) => on_output(stream, &data),
                 Ok(Response::Exit(result)) => {
@@ -83,8 +79,9 @@ impl ExecHandle {
                 }
                 Ok(other) => return Err(unexpected("exec", &other)),
                 Err(e) => {
-                    // An agent error ends the request on the agent side too.
-                    self.finished = matches!(e, ClientError::Agent(_) | ClientError::Closed(_));
+                    // An agent error ends the request on the agent side too, and a
+                    // closed connection ends it there.
+                    self.finished = e.ends_request();
                     return Err(e);
                 }
             }

@@ -47,14 +47,14 @@ impl AgentClient {
             let want = (crate::MAX_DATA_CHUNK as u64).min(left);
             let chunk = self.read_file_range(path, data.len() as u64, Some(want))?;
             if chunk.offset != data.len() as u64 {
-                return Err(ClientError::Protocol(format!(
+                return Err(ClientError::Malformed(format!(
                     "asked for offset {}, got {}",
                     data.len(),
                     chunk.offset
                 )));
             }
             if chunk.data.is_empty() && !chunk.eof {
-                return Err(ClientError::Protocol(
+                return Err(ClientError::Malformed(
                     "empty chunk before end of file".into(),
                 ));
             }

@@ -6,92 +6,59 @@
 //! to the caller waiting for it; callers share the sending half behind a mutex.
 //! [`AgentClient`] is cheap to clone (all clones share the connection) and is
 //! `Send + Sync`, so two threads can run execs over it at the same time.
+//!
+//! Nothing the agent sends is trusted, its silence included: every wait has a deadline
+//! or a liveness check (`wait`), and a reply that does not decode ends the connection
+//! as [`ClientError::Malformed`] (`inbound`). Why a connection ended stays readable
+//! ([`AgentClient::close_cause`]), which is how the daemon shows an agent's health.
 
+mod error;
 mod exec;
 mod files;
+mod inbound;
 mod process;
 mod pty;
 mod transport;
+mod wait;
 
 use std::collections::HashMap;
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
+pub use error::{ClientError, CloseCause};
 pub use exec::{ExecHandle, ExecOutput};
+pub use inbound::{read_response, InboundError};
 pub use pty::{PtyControl, PtyHandle};
 pub use transport::ReadWrite;
+pub use wait::{Liveness, EXEC_GRACE, LIVENESS_INTERVAL, PROBE_TIMEOUT};
 
-use crate::frame::{self, FrameError, MAX_FRAME_LEN};
+use crate::frame::{self, MAX_FRAME_LEN};
 use crate::{
-    ErrorBody, ErrorCode, ExecRequest, ExecResult, HealthInfo, HelloRequest, KillRequest,
-    PtyOpenRequest, ReidentifyReport, ReidentifyRequest, Request, RequestFrame, Response,
-    ResponseFrame, Stream,
+    ErrorCode, ExecRequest, ExecResult, HealthInfo, HelloRequest, KillRequest, PtyOpenRequest,
+    ReidentifyReport, ReidentifyRequest, Request, RequestFrame, Response, Stream,
 };
 
-/// Default limit on how long a non-exec request waits for its response.
+/// Default limit on how long a non-exec request waits for its response (a silent
+/// agent is noticed earlier, by the liveness check: see `wait`).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Everything that can go wrong talking to the agent.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    #[error("cannot connect to {target}: {source}")]
-    Connect { target: String, source: io::Error },
-    #[error("vsock handshake failed: {0}")]
-    Handshake(String),
-    #[error("i/o error: {0}")]
-    Io(#[from] io::Error),
-    #[error("connection closed: {0}")]
-    Closed(String),
-    #[error("no response to {what} within {after:?}")]
-    Timeout { what: &'static str, after: Duration },
-    #[error("agent error {0}")]
-    Agent(ErrorBody),
-    #[error("protocol violation: {0}")]
-    Protocol(String),
-    #[error("request of {len} bytes exceeds the {max}-byte frame limit")]
-    RequestTooLarge { len: usize, max: usize },
-    #[error("cannot encode request: {0}")]
-    Encode(#[from] serde_json::Error),
-}
-
-impl ClientError {
-    /// The agent's error code, when the agent answered with an error.
-    pub fn code(&self) -> Option<ErrorCode> {
-        match self {
-            ClientError::Agent(body) => Some(body.code),
-            _ => None,
-        }
-    }
-
-    /// The transport failed before the agent answered (not listening yet, connection
-    /// dropped or closed before any reply): trying again on a new connection may work.
-    /// An answer the agent gave (an error, a protocol violation) is final.
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Connect { .. }
-                | ClientError::Handshake(_)
-                | ClientError::Io(_)
-                | ClientError::Closed(_)
-        )
-    }
-}
 
 /// Routing table shared with the reader thread.
 #[derive(Default)]
 struct Routes {
     waiting: HashMap<u64, Sender<Response>>,
     /// Set once the connection is dead; why.
-    closed: Option<String>,
+    closed: Option<CloseCause>,
 }
 
 struct Shared {
     routes: Mutex<Routes>,
+    /// When the reader last received a frame (any frame: the agent is alive).
+    last_heard: Mutex<Instant>,
 }
 
 impl Shared {
@@ -101,13 +68,25 @@ impl Shared {
         self.routes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn close(&self, why: String) {
+    fn close(&self, why: CloseCause) {
         let mut routes = self.routes();
         if routes.closed.is_none() {
             routes.closed = Some(why);
         }
         // Dropping the senders wakes every waiter with a disconnect.
         routes.waiting.clear();
+    }
+
+    fn heard(&self) {
+        *self.last_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn heard_within(&self, d: Duration) -> bool {
+        self.last_heard
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+            < d
     }
 }
 
@@ -134,6 +113,8 @@ impl Drop for Conn {
 pub struct AgentClient {
     conn: Arc<Conn>,
     request_timeout: Option<Duration>,
+    /// How a silent agent is checked while waiting (None: not at all; see `wait`).
+    liveness: Option<Liveness>,
 }
 
 impl AgentClient {
@@ -180,22 +161,24 @@ impl AgentClient {
     ) -> Self {
         let shared = Arc::new(Shared {
             routes: Mutex::new(Routes::default()),
+            last_heard: Mutex::new(Instant::now()),
         });
         let reader_shared = shared.clone();
         let spawned = thread::Builder::new()
             .name("zygote-client-reader".into())
             .spawn(move || read_loop(reader, &reader_shared));
         if let Err(e) = spawned {
-            shared.close(format!("cannot start reader thread: {e}"));
+            shared.close(CloseCause::Lost(format!("cannot start reader thread: {e}")));
         }
         AgentClient {
             conn: Arc::new(Conn {
                 writer: Mutex::new(writer),
                 closer: Mutex::new(closer),
                 shared,
-                next_id: AtomicU64::new(1),
+                next_id: AtomicU64::new(first_id()),
             }),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            liveness: Some(Liveness::default()),
         }
     }
 
@@ -205,20 +188,40 @@ impl AgentClient {
         self
     }
 
+    /// This handle with other timings for checking a silent agent, or without the
+    /// check (None). Off while a guest boots: its agent cannot answer anything yet, and
+    /// the request's own timeout is the limit then.
+    pub fn with_liveness(mut self, liveness: Option<Liveness>) -> Self {
+        self.liveness = liveness;
+        self
+    }
+
     /// Close the connection for every clone of this client: pending and
     /// future requests fail with [`ClientError::Closed`]; the agent kills
     /// the connection's running execs.
     pub fn close(&self) {
+        self.close_with(CloseCause::Client);
+    }
+
+    /// Close the connection for every clone, recording `cause`.
+    fn close_with(&self, cause: CloseCause) {
+        // The cause first: the shutdown wakes the reader, whose own reason is only kept
+        // if none is recorded yet.
+        self.conn.shared.close(cause);
         let closer = self.conn.closer.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = closer.as_ref() {
             let _ = c.shutdown_rw();
         }
-        self.conn.shared.close("closed by the client".into());
     }
 
     /// Whether the connection is still usable.
     pub fn is_closed(&self) -> bool {
         self.conn.shared.routes().closed.is_some()
+    }
+
+    /// Why the connection ended (None while it is open).
+    pub fn close_cause(&self) -> Option<CloseCause> {
+        self.conn.shared.routes().closed.clone()
     }
 
     /// Send `request` and return its id and the channel its responses arrive on.
@@ -235,7 +238,7 @@ impl AgentClient {
         {
             let mut routes = self.conn.shared.routes();
             if let Some(why) = &routes.closed {
-                return Err(ClientError::Closed(why.clone()));
+                return Err(why.error());
             }
             routes.waiting.insert(id, tx);
         }
@@ -269,40 +272,21 @@ impl AgentClient {
     }
 
     fn closed_error(&self) -> ClientError {
-        let why = self.conn.shared.routes().closed.clone();
-        ClientError::Closed(why.unwrap_or_else(|| "reader stopped".into()))
-    }
-
-    /// Wait for the next response on `rx`, up to `timeout`.
-    fn recv(
-        &self,
-        id: u64,
-        rx: &Receiver<Response>,
-        timeout: Option<Duration>,
-        what: &'static str,
-    ) -> Result<Response, ClientError> {
-        let got = match timeout {
-            Some(t) => rx.recv_timeout(t),
-            None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match got {
-            Ok(Response::Error(body)) => Err(ClientError::Agent(body)),
-            Ok(r) => Ok(r),
-            Err(RecvTimeoutError::Timeout) => {
-                self.forget(id);
-                Err(ClientError::Timeout {
-                    what,
-                    after: timeout.unwrap_or_default(),
-                })
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(self.closed_error()),
+        match &self.conn.shared.routes().closed {
+            Some(cause) => cause.error(),
+            None => ClientError::Closed("reader stopped".into()),
         }
     }
 
     /// One request, one response.
     fn call(&self, request: Request, what: &'static str) -> Result<Response, ClientError> {
         let (id, rx) = self.send(request)?;
-        self.recv(id, &rx, self.request_timeout, what)
+        self.recv(id, &rx, self.request_deadline(), what)
+    }
+
+    /// When a request sent now stops being waited for.
+    fn request_deadline(&self) -> Option<Instant> {
+        self.request_timeout.map(|t| Instant::now() + t)
     }
 
     /// Authenticate this connection with `token` (and replace the agent's token with
@@ -323,10 +307,11 @@ impl AgentClient {
         req: ReidentifyRequest,
     ) -> Result<ReidentifyReport, ClientError> {
         let hello = hello_request(token, new_token);
+        let deadline = self.request_deadline();
         let (hello_id, hello_rx) = self.send(Request::Hello(hello))?;
         let (re_id, re_rx) = self.send(Request::Reidentify(req))?;
-        let said_hello = self.recv(hello_id, &hello_rx, self.request_timeout, "hello");
-        let reidentified = self.recv(re_id, &re_rx, self.request_timeout, "reidentify");
+        let said_hello = self.recv(hello_id, &hello_rx, deadline, "hello");
+        let reidentified = self.recv(re_id, &re_rx, deadline, "reidentify");
         hello_answer(said_hello)?;
         match reidentified? {
             Response::Reidentified(r) => Ok(r),
@@ -344,11 +329,19 @@ impl AgentClient {
     /// Start a program; returns once the agent reports it running (or why it
     /// could not start). Drive it with [`ExecHandle::wait`].
     pub fn spawn_exec(&self, req: ExecRequest) -> Result<ExecHandle, ClientError> {
-        let exec_timeout = req.timeout_ms.map(Duration::from_millis);
+        // The exec's own limit, counted from now, plus slack for the agent to enforce it.
+        let grace = self.liveness.map_or(EXEC_GRACE, |l| l.exec_grace);
+        let deadline = req
+            .timeout_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms) + grace);
+        let start_deadline = match (self.request_deadline(), deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let (id, rx) = self.send(Request::Exec(req))?;
-        match self.recv(id, &rx, self.request_timeout, "exec") {
+        match self.recv(id, &rx, start_deadline, "exec") {
             Ok(Response::ExecStarted { pid }) => {
-                Ok(ExecHandle::new(self.clone(), id, pid, rx, exec_timeout))
+                Ok(ExecHandle::new(self.clone(), id, pid, rx, deadline))
             }
             Ok(other) => {
                 self.forget(id);
@@ -362,7 +355,7 @@ impl AgentClient {
     /// why it could not start). Drive it with [`PtyHandle::wait`] and a [`PtyControl`].
     pub fn open_pty(&self, req: PtyOpenRequest) -> Result<PtyHandle, ClientError> {
         let (id, rx) = self.send(Request::PtyOpen(req))?;
-        match self.recv(id, &rx, self.request_timeout, "pty_open") {
+        match self.recv(id, &rx, self.request_deadline(), "pty_open") {
             Ok(Response::PtyStarted { pid }) => Ok(PtyHandle::new(self.clone(), id, pid, rx)),
             Ok(other) => {
                 self.forget(id);
@@ -469,7 +462,31 @@ fn hello_answer(got: Result<Response, ClientError>) -> Result<(), ClientError> {
 }
 
 fn unexpected(what: &str, got: &Response) -> ClientError {
-    ClientError::Protocol(format!("unexpected response to {what}: {got:?}"))
+    // Bounded: a response can hold megabytes (file data, listings).
+    let mut shown = format!("{got:?}");
+    if shown.len() > 200 {
+        let mut cut = 200;
+        while !shown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        shown.truncate(cut);
+        shown.push('…');
+    }
+    ClientError::Malformed(format!("unexpected response to {what}: {shown}"))
+}
+
+/// The first request id of a connection: random (below 2^40, well inside JavaScript's
+/// safe integers), so a frame a previous connection's request left in a shared channel
+/// (a virtio-serial port carries one connection after another) cannot pass as the
+/// answer to this one's.
+fn first_id() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most bytes.len() bytes into bytes.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if got != bytes.len() as isize {
+        return 1;
+    }
+    (u64::from_le_bytes(bytes) >> 24).max(1)
 }
 
 fn expect_ok(what: &str, got: Response) -> Result<(), ClientError> {
@@ -485,19 +502,25 @@ fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
     // becomes the close reason if the agent then hangs up.
     let mut complaint: Option<String> = None;
     let why = loop {
-        let bytes = match frame::read_frame(&mut reader, MAX_FRAME_LEN) {
-            Ok(Some(b)) => b,
-            Ok(None) => break "agent closed the connection".to_string(),
-            Err(FrameError::Io(e)) => break format!("read failed: {e}"),
-            Err(e) => break format!("bad frame from agent: {e}"),
+        let frame = match read_response(&mut reader) {
+            Ok(Some(f)) => f,
+            Ok(None) => break CloseCause::Lost("agent closed the connection".into()),
+            Err(e) if e.is_transport() => break CloseCause::Lost(format!("read failed: {e}")),
+            Err(e) => break CloseCause::Malformed(e.to_string()),
         };
-        let frame: ResponseFrame = match serde_json::from_slice(&bytes) {
-            Ok(f) => f,
-            Err(e) => break format!("undecodable response from agent: {e}"),
-        };
+        shared.heard();
         if frame.id == 0 {
             if let Response::Error(body) = frame.response {
+                let hangs_up = matches!(
+                    body.code,
+                    ErrorCode::FrameTooLarge | ErrorCode::TruncatedFrame
+                );
                 complaint = Some(format!("agent reported {body}"));
+                if hangs_up {
+                    // The agent no longer trusts the stream and drops it: so do we,
+                    // rather than wait for answers that will not come.
+                    break CloseCause::Lost("the agent dropped the connection".into());
+                }
             }
             continue;
         }
@@ -511,9 +534,9 @@ fn read_loop(mut reader: Box<dyn Read + Send>, shared: &Shared) {
             routes.waiting.remove(&frame.id);
         }
     };
-    shared.close(match complaint {
-        Some(c) => format!("{why} ({c})"),
-        None => why,
+    shared.close(match (why, complaint) {
+        (CloseCause::Lost(why), Some(c)) => CloseCause::Lost(format!("{why} ({c})")),
+        (why, _) => why,
     });
 }
 

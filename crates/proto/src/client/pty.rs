@@ -91,7 +91,7 @@ impl PtyHandle {
                 Ok(other) => return Err(unexpected("pty_open", &other)),
                 Err(e) => {
                     // An agent error ends the request on the agent side too.
-                    self.finished = matches!(e, ClientError::Agent(_) | ClientError::Closed(_));
+                    self.finished = e.ends_request();
                     return Err(e);
                 }
             }

@@ -41,16 +41,11 @@ pub fn exit_file(socket: &Path) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// A console sink writing to `path` (appending), or discarding output when None.
+/// A console sink appending to `path`, bounded ([`crate::console_log`]), or discarding
+/// output when None.
 pub fn console_sink(path: Option<&Path>) -> SerialOut {
-    match path.and_then(|p| {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(p)
-            .ok()
-    }) {
-        Some(f) => Box::new(f),
+    match path.and_then(|p| crate::console_log::BoundedLog::append(p).ok()) {
+        Some(log) => Box::new(log),
         None => Box::new(CallbackWriter(|_: &[u8]| {})),
     }
 }
