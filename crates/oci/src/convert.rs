@@ -15,6 +15,7 @@ use zygote_images::pack::{
 use zygote_images::{ImageInfo, OciOrigin, RunConfig};
 
 use crate::apply::{Applier, Fixup, Ownership};
+use crate::budget::ensure_free;
 use crate::error::{IoContext, OciError, Result};
 use crate::manifest::{Digest, ImageConfig};
 use crate::{Event, Limits, Progress};
@@ -136,7 +137,7 @@ pub(crate) fn convert(
     } else {
         Ownership::for_this_process()
     };
-    let mut applier = Applier::new(root, ownership, limits.unpack);
+    let mut applier = Applier::new(root, ownership, limits.unpack)?;
     for (i, (digest, blob)) in img.layers.iter().enumerate() {
         say(format!(
             "applying layer {}/{} ({digest})",
@@ -159,6 +160,12 @@ pub(crate) fn convert(
     // account files (`FROM scratch`) gets minimal ones.
     add_minimal_accounts(root, true)?;
     let applied = applier.finish()?;
+    say(format!(
+        "unpacked {} entries: {} MiB of files, {} MiB of them written (zero blocks are holes)",
+        applied.entries,
+        applied.file_bytes >> 20,
+        applied.disk_bytes >> 20
+    ));
     if applied.skipped_devices > 0 {
         say(format!(
             "skipped {} device nodes (the guest's /dev is devtmpfs)",
@@ -182,6 +189,14 @@ pub(crate) fn convert(
         key: &key,
         inodes: Some((inodes * 2).max(size_mib * 64)),
     };
+    // The ext4 copy holds the tree again: room for it (and the reserve) first.
+    let ext4_bytes = ext4_write_bound(used_bytes, spec.inodes.unwrap_or(inodes), size_mib);
+    ensure_free(
+        &tmp,
+        ext4_bytes,
+        limits.unpack.reserve_bytes,
+        "for the ext4 image",
+    )?;
     say(format!(
         "mkfs.ext4 -d ({size_mib} MiB, {} MiB used, {inodes} inodes)",
         used_bytes >> 20
@@ -298,6 +313,20 @@ fn read_guest(root: &Path, guest: &str) -> String {
         return String::new();
     }
     std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The most `mkfs.ext4 -d` writes for a tree of `used_bytes` allocated and `inodes`
+/// inodes into a file of `size_mib`: the data again (it leaves all-zero blocks out, as
+/// the staged tree does), inode tables, a journal (mke2fs sizes it by the filesystem,
+/// at most 1 GiB) and bitmaps and descriptors; never more than the file's size.
+fn ext4_write_bound(used_bytes: u64, inodes: u64, size_mib: u64) -> u64 {
+    let size = size_mib.saturating_mul(1 << 20);
+    let journal = (size / 32).min(1 << 30);
+    used_bytes
+        .saturating_add(inodes.saturating_mul(256))
+        .saturating_add(journal)
+        .saturating_add(64 << 20)
+        .min(size)
 }
 
 /// Bytes allocated and inodes used by the staged tree.

@@ -11,11 +11,14 @@ use serde::Deserialize;
 use zygote_images::pack::{scratch_dir, ScratchPath};
 use zygote_images::{ImageInfo, OciOrigin};
 
-use crate::apply::{decompress, guest_path};
 use crate::blobs::BlobStore;
+use crate::budget::{limit_hit, Budget};
 use crate::convert::{self, ConvertOptions, LocalImage};
+use crate::entry_path::guest_path;
 use crate::error::{IoContext, OciError, Result};
+use crate::layer_stream::decompress;
 use crate::manifest::{self, Descriptor, Digest, Document, ImageConfig, MAX_DOCUMENT_BYTES};
+use crate::sparse::copy_sparse;
 use crate::{Event, ImageRef, Limits, Progress};
 
 /// How to import.
@@ -78,19 +81,24 @@ fn bad(path: &Path, message: impl Into<String>) -> OciError {
 
 /// Unpacks a (possibly gzip- or zstd-compressed) tar into `dest`: regular files and
 /// directories only; symlinks become hard links to the file they name inside `dest`
-/// (old `docker save` links repeated layers), anything else is refused.
+/// (old `docker save` links repeated layers), anything else is refused. Bounded like
+/// a layer (`budget.rs`), and written with all-zero blocks as holes.
 fn unpack_archive(archive: &Path, dest: &Path, limits: &Limits) -> Result<()> {
     let file = std::fs::File::open(archive).ctx(|| format!("opening {}", archive.display()))?;
-    let reader = decompress(file).ctx(|| format!("reading {}", archive.display()))?;
-    let mut tar = tar::Archive::new(reader);
+    let (reader, compressed) = decompress(file).ctx(|| format!("reading {}", archive.display()))?;
     std::fs::create_dir_all(dest).ctx(|| format!("creating {}", dest.display()))?;
-    let mut total = 0u64;
+    let mut budget = Budget::new(dest, limits.unpack)?;
+    let mut tar = tar::Archive::new(budget.meter(reader, Some(compressed)));
+    let read_error = |e: std::io::Error| {
+        limit_hit(&e, "the archive").unwrap_or_else(|| bad(archive, format!("reading it: {e}")))
+    };
     let mut links = Vec::new();
     let entries = tar
         .entries()
         .map_err(|e| bad(archive, format!("not a tar archive: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| bad(archive, format!("reading it: {e}")))?;
+        let mut entry = entry.map_err(read_error)?;
+        budget.entry()?;
         let raw = entry.path_bytes().into_owned();
         let Some(guest) = guest_path(&raw).map_err(|m| bad(archive, format!("entry {m}")))? else {
             continue;
@@ -121,21 +129,20 @@ fn unpack_archive(archive: &Path, dest: &Path, limits: &Limits) -> Result<()> {
                 format!("{guest}: unexpected entry type {kind:?}"),
             ));
         }
-        total += entry.size();
-        if total > limits.unpack.max_unpacked_bytes {
-            return Err(OciError::TooLarge {
-                what: format!("archive {}", archive.display()),
-                size: total,
-                limit: limits.unpack.max_unpacked_bytes,
-            });
-        }
-        let mut out = std::fs::OpenOptions::new()
+        let size = entry.size();
+        budget.apparent(size, &guest)?;
+        let out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&host)
             .ctx(|| format!("creating {}", host.display()))?;
-        std::io::copy(&mut entry, &mut out)
-            .map_err(|e| bad(archive, format!("reading {guest}: {e}")))?;
+        let written = copy_sparse(&mut entry, &out, &host, size, &mut budget, &read_error)?;
+        if written != size {
+            return Err(bad(
+                archive,
+                format!("{guest}: {written} of {size} bytes in the archive"),
+            ));
+        }
     }
     for (guest, target) in links {
         let dir = guest.rsplit_once('/').map_or("", |(d, _)| d);

@@ -21,14 +21,20 @@
 //! digest checks, partial downloads resume, and the image is recorded last.
 pub mod apply;
 pub mod blobs;
+mod budget;
 mod convert;
+mod entry_path;
 mod error;
 mod ext4;
+pub mod fuzzing;
 mod import;
+mod layer_stream;
 pub mod manifest;
 pub mod pack;
 mod reference;
 mod registry;
+mod sparse;
+mod staged_attrs;
 
 use std::sync::Arc;
 
