@@ -32,7 +32,7 @@ pub const LIMITS: Limits = Limits {
     max_expansion_ratio: 1000,
     expansion_floor_bytes: 1 << 20,
     max_apparent_bytes: 32 << 20,
-    max_disk_bytes: Some(4 << 20),
+    max_disk_bytes: Some(1 << 20),
     reserve_bytes: 0,
     max_entries: 256,
 };
