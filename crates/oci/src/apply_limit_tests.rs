@@ -53,6 +53,16 @@ fn filled_layer(files: usize, size: u64) -> impl Read {
     stream.chain(io::repeat(0).take(1024))
 }
 
+/// The error (and its message) applying [`filled_layer`] to `root` ends with.
+fn fill_refused(root: &Path, limits: Limits, files: usize, size: u64) -> (OciError, String) {
+    let mut a = Applier::new(root, Ownership::for_this_process(), limits).unwrap();
+    let err = a
+        .apply(0, "sha256:fill", filled_layer(files, size))
+        .unwrap_err();
+    let msg = err.to_string();
+    (err, msg)
+}
+
 #[test]
 fn whiteouts_that_name_no_entry_are_refused_and_touch_nothing() {
     for name in [".wh...", "d/.wh...", ".wh..", "d/.wh..", "d/.wh.", ".wh."] {
@@ -221,11 +231,7 @@ fn the_disk_budget_refuses_data_before_writing_it() {
         max_disk_bytes: Some(256 << 10),
         ..test_limits()
     };
-    let mut a = Applier::new(&t.root, Ownership::for_this_process(), limits).unwrap();
-    let err = a
-        .apply(0, "sha256:fill", filled_layer(10, 64 << 10))
-        .unwrap_err();
-    let msg = err.to_string();
+    let (_, msg) = fill_refused(&t.root, limits, 10, 64 << 10);
     assert!(
         msg.contains("disk budget") && msg.contains("262144"),
         "{msg}"
@@ -248,11 +254,7 @@ fn the_default_disk_budget_is_half_the_free_space_beyond_the_reserve() {
         reserve_bytes: free - (64 << 20),
         ..test_limits()
     };
-    let mut a = Applier::new(&t.root, Ownership::for_this_process(), limits).unwrap();
-    let err = a
-        .apply(0, "sha256:fill", filled_layer(3, 16 << 20))
-        .unwrap_err();
-    let msg = err.to_string();
+    let (_, msg) = fill_refused(&t.root, limits, 3, 16 << 20);
     assert!(
         msg.contains("disk budget (half the free space where images are staged"),
         "{msg}"
@@ -286,11 +288,7 @@ fn the_reserve_is_checked_before_and_while_writing() {
         max_disk_bytes: Some(1 << 40),
         ..test_limits()
     };
-    let mut a = Applier::new(&t.root, Ownership::for_this_process(), limits).unwrap();
-    let err = a
-        .apply(0, "sha256:fill", filled_layer(8, 64 << 20))
-        .unwrap_err();
-    let msg = err.to_string();
+    let (err, msg) = fill_refused(&t.root, limits, 8, 64 << 20);
     assert!(matches!(err, OciError::NoSpace { .. }), "{msg}");
     assert!(msg.contains("while unpacking"), "{msg}");
     let written = allocated(&t.root);

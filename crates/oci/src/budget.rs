@@ -347,3 +347,71 @@ impl<R: Read> Read for Counted<R> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_is_what_is_free_beyond_the_reserve() {
+        let dir = tempfile::tempdir().unwrap();
+        ensure_free(dir.path(), 0, 0, "for nothing").unwrap();
+        let free = free_bytes(dir.path()).unwrap();
+        let err = ensure_free(dir.path(), free, 1 << 30, "for the ext4 image").unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(
+                err,
+                OciError::NoSpace {
+                    reserve_mib: 1024,
+                    ..
+                }
+            ),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("not enough free disk space for the ext4 image"),
+            "{msg}"
+        );
+        assert!(
+            !msg.contains(&dir.path().display().to_string()),
+            "no host path: {msg}"
+        );
+    }
+
+    /// An error that wraps another, as the tar reader wraps some I/O errors.
+    #[derive(Debug)]
+    struct Wrapped(io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "while reading an entry")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_limit_hit_is_found_however_the_reader_wrapped_it() {
+        let hit = || {
+            io::Error::other(Exceeded::Stream {
+                size: 11,
+                limit: 10,
+            })
+        };
+        let wrapped = io::Error::other(Wrapped(hit()));
+        for e in [hit(), wrapped] {
+            let err = limit_hit(&e, "layer 3 (sha256:x)").expect("the limit");
+            assert!(
+                err.to_string()
+                    .starts_with("stream limit: the uncompressed layers up to layer 3"),
+                "{err}"
+            );
+        }
+        assert!(limit_hit(&io::Error::other("truncated"), "layer 0").is_none());
+    }
+}

@@ -390,6 +390,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_ext4_copy_is_bounded_by_the_data_and_by_the_image_size() {
+        const MIB: u64 = 1 << 20;
+        // 100 MiB of data in a 1.2 GiB image: the data, 1000 inodes, a journal.
+        let bound = ext4_write_bound(100 * MIB, 1000, 1200);
+        assert!(bound >= 100 * MIB + 1000 * 256, "{bound}");
+        assert!(bound <= 100 * MIB + 256 * MIB, "{bound}");
+        // Never more than the file can hold.
+        assert_eq!(ext4_write_bound(100 * MIB, 1 << 30, 64), 64 * MIB);
+    }
+
+    #[test]
     fn users_resolve_like_a_container_runtime() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();

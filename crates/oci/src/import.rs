@@ -427,3 +427,48 @@ fn default_name(path: &Path, tag: Option<&str>) -> Result<String> {
         ),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::fuzzing::tar_stream::TarStream;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut e, data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn archives_unpack_within_the_limits_of_a_layer() {
+        let mut t = TarStream::default();
+        t.file("blobs/sha256/aa", b"blob", 0o644)
+            .file("zeros", &vec![0u8; 16 << 20], 0o644);
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("image.tar.gz");
+        std::fs::write(&archive, gzip(&t.bytes())).unwrap();
+        let mut limits = Limits::default();
+        limits.unpack.reserve_bytes = 0;
+        limits.unpack.max_disk_bytes = Some(1 << 20);
+        // Zeros are holes: 16 MiB of them fit a 1 MiB disk budget.
+        let dest = dir.path().join("out");
+        unpack_archive(&archive, &dest, &limits).unwrap();
+        assert_eq!(
+            std::fs::read(dest.join("blobs/sha256/aa")).unwrap(),
+            b"blob"
+        );
+        let zeros = std::fs::metadata(dest.join("zeros")).unwrap();
+        assert_eq!((zeros.len(), zeros.blocks()), (16 << 20, 0));
+        // A bomb by the expansion ratio, said so.
+        limits.unpack.max_expansion_ratio = 100;
+        limits.unpack.expansion_floor_bytes = 1 << 20;
+        let err = unpack_archive(&archive, &dir.path().join("again"), &limits).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("expansion-ratio limit (100:1): the archive"),
+            "{msg}"
+        );
+    }
+}
