@@ -266,6 +266,18 @@ fn hostile_entries_are_refused_with_the_reason() {
             l.dir("d/", 0o755).link("x", "d", EntryType::Link);
             l
         }),
+        ("was inside what the link replaces", {
+            let mut l = TarLayer::default();
+            l.file("d/x", b"x", 0o644).link("d", "d/x", EntryType::Link);
+            l
+        }),
+        ("too many levels of symbolic links", {
+            let mut l = TarLayer::default();
+            l.link("a", "b", EntryType::Symlink)
+                .link("b", "a", EntryType::Symlink)
+                .file("a/.wh.y", b"", 0o644);
+            l
+        }),
         ("longer than the 255 a file name may have", {
             let mut l = TarLayer::default();
             l.file(&format!("dir/{}", "x".repeat(300)), b"x", 0o644);
