@@ -38,6 +38,9 @@ pub const CHECK_EVERY_BYTES: u64 = 64 << 20;
 pub const CHECK_EVERY_ENTRIES: u64 = 64;
 /// What a directory, or a symlink too long to live in its inode, costs on disk.
 pub const BLOCK_BYTES: u64 = 4096;
+/// The free space kept for everything else, unless the limits say otherwise: while
+/// unpacking and packing here, while storing blobs (`blobs.rs`).
+pub const DEFAULT_RESERVE_BYTES: u64 = 1 << 30;
 
 /// Bounds on what one image may unpack to (see the module doc for why each exists).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +71,7 @@ impl Default for Limits {
             expansion_floor_bytes: 64 << 20,
             max_apparent_bytes: 64 << 30,
             max_disk_bytes: None,
-            reserve_bytes: 1 << 30,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
             max_entries: 4_000_000,
         }
     }
@@ -219,7 +222,7 @@ pub(crate) fn ensure_free(dir: &Path, needed: u64, reserve: u64, during: &str) -
 
 fn measure(dir: &Path) -> Result<u64> {
     free_bytes(dir).ok_or_else(|| OciError::Io {
-        context: "measuring the free space where images are staged".into(),
+        context: "measuring the free disk space of zygote's cache".into(),
         source: io::Error::last_os_error(),
     })
 }

@@ -33,12 +33,12 @@ pub enum OciError {
     },
     #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge { what: String, size: u64, limit: u64 },
-    /// The disk where images are staged is too full (checked before and while
-    /// unpacking, and before the ext4 copy): a condition of the host, not the image.
+    /// The disk of zygote's cache is too full (checked before and while downloading
+    /// and storing blobs, before and while unpacking, and before the ext4 copy): a
+    /// condition of the host, not the image.
     #[error(
-        "not enough free disk space {during}: where images are staged {free_mib} MiB are \
-         free, {needed_mib} MiB needed (including {reserve_mib} MiB kept free for everything \
-         else)"
+        "not enough free disk space {during}: {free_mib} MiB are free in zygote's cache, \
+         {needed_mib} MiB needed (including {reserve_mib} MiB kept free for everything else)"
     )]
     NoSpace {
         during: String,

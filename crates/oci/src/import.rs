@@ -56,7 +56,7 @@ pub fn import(path: &Path, opts: &ImportOptions, progress: Progress) -> Result<I
         _unpacked = at;
         d
     };
-    let store = BlobStore::open()?;
+    let store = BlobStore::open()?.with_reserve(opts.limits.unpack.reserve_bytes);
     let local = if dir.join("oci-layout").is_file() {
         from_layout(path, &dir, opts, &store, progress)?
     } else if dir.join("manifest.json").is_file() {
@@ -275,16 +275,14 @@ fn from_layout(
     let (config_digest, config_bytes) = document(&m.config, "the image config")?;
     let config = ImageConfig::parse(&label, &config_bytes)?;
     let platform = config.check_platform(&label)?;
-    let mut layers = Vec::new();
+    let mut files = Vec::new();
     for (i, d) in m.layers.iter().enumerate() {
         manifest::check_layer_type(i, d)?;
         let (digest, file) = blob(d)?;
-        progress(Event::Step {
-            message: format!("layer {}/{} ({digest})", i + 1, m.layers.len()),
-        });
-        let stored = store.put_file(&digest, &file, opts.limits.max_layer_bytes)?;
-        layers.push((digest, stored));
+        layer_file_size(path, i, &file, &opts.limits)?;
+        files.push((digest, file));
     }
+    let layers = store_layers(store, files, &opts.limits, progress)?;
     let tag = annotation(chosen, REF_NAME);
     let name = match (&opts.name, annotation(chosen, CONTAINERD_NAME)) {
         (Some(n), _) => n.clone(),
@@ -359,17 +357,18 @@ fn from_docker_archive(
     let label = path.display().to_string();
     let config = ImageConfig::parse(&label, &config_bytes)?;
     let platform = config.check_platform(&label)?;
-    let mut layers = Vec::new();
+    let mut files = Vec::new();
     for (i, l) in chosen.layers.iter().enumerate() {
         let file = inside(l)?;
+        layer_file_size(path, i, &file, &opts.limits)?;
         progress(Event::Step {
-            message: format!("layer {}/{} ({l})", i + 1, chosen.layers.len()),
+            message: format!("hashing layer {}/{} ({l})", i + 1, chosen.layers.len()),
         });
         let digest =
             Digest::parse(&zygote_images::sha256_file(&file).map(|h| format!("sha256:{h}"))?)?;
-        let stored = store.put_file(&digest, &file, opts.limits.max_layer_bytes)?;
-        layers.push((digest, stored));
+        files.push((digest, file));
     }
+    let layers = store_layers(store, files, &opts.limits, progress)?;
     let name = match (&opts.name, tags(chosen).first()) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => normalize(path, t)?,
@@ -389,6 +388,58 @@ fn from_docker_archive(
         config,
         layers,
     })
+}
+
+/// The size of an archive's layer file: a regular file (not a device or FIFO a
+/// directory given to import could link to), within the layer limit.
+fn layer_file_size(archive: &Path, index: usize, file: &Path, limits: &Limits) -> Result<u64> {
+    let meta = std::fs::metadata(file).ctx(|| format!("reading {}", file.display()))?;
+    if !meta.is_file() {
+        return Err(bad(archive, format!("layer {index} is not a regular file")));
+    }
+    if meta.len() > limits.max_layer_bytes {
+        return Err(OciError::TooLarge {
+            what: format!("layer {index} of the archive"),
+            size: meta.len(),
+            limit: limits.max_layer_bytes,
+        });
+    }
+    Ok(meta.len())
+}
+
+/// Copies the layer files into the blob store, once all that it lacks fit on its disk
+/// beyond the reserve (a copy writes every byte: a sparse file's holes too).
+fn store_layers(
+    store: &BlobStore,
+    files: Vec<(Digest, PathBuf)>,
+    limits: &Limits,
+    progress: Progress,
+) -> Result<Vec<(Digest, PathBuf)>> {
+    let mut missing = 0u64;
+    let mut counted = std::collections::HashSet::new();
+    for (digest, file) in &files {
+        if !store.has(digest) && counted.insert(digest.clone()) {
+            let size = std::fs::metadata(file).map_or(0, |m| m.len());
+            missing = missing.saturating_add(size);
+        }
+    }
+    store.make_room(
+        missing,
+        &format!(
+            "to copy the archive's layers into the blob store ({} MiB)",
+            missing.div_ceil(1 << 20)
+        ),
+    )?;
+    let count = files.len();
+    let mut layers = Vec::with_capacity(count);
+    for (i, (digest, file)) in files.into_iter().enumerate() {
+        progress(Event::Step {
+            message: format!("layer {}/{count} ({digest})", i + 1),
+        });
+        let stored = store.put_file(&digest, &file, limits.max_layer_bytes)?;
+        layers.push((digest, stored));
+    }
+    Ok(layers)
 }
 
 fn normalize(path: &Path, name: &str) -> Result<String> {
