@@ -251,6 +251,7 @@ fn oci_status(e: &zygote_oci::OciError) -> (StatusCode, &'static str) {
         O::NoPlatform { .. } => (S::UNPROCESSABLE_ENTITY, "unsupported_platform"),
         O::PullsDisabled(_) => (S::UNPROCESSABLE_ENTITY, "unsupported"),
         O::TooLarge { .. } => (S::UNPROCESSABLE_ENTITY, "image_too_large"),
+        O::NoSpace { .. } => (S::INSUFFICIENT_STORAGE, "no_space"),
         O::DigestMismatch { .. }
         | O::BadLayer { .. }
         | O::BadImage { .. }

@@ -20,6 +20,7 @@ pub mod pack;
 pub mod paths;
 pub mod recipe;
 mod rootfs;
+pub mod space;
 pub mod store;
 
 pub use agent::{build_agent, cargo_build_bin, AGENT_TARGET};

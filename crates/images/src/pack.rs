@@ -67,14 +67,15 @@ pub fn add_minimal_accounts(root: &Path, missing_only: bool) -> Result<()> {
         b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n";
     const GROUP: &[u8] = b"root:x:0:\nnogroup:x:65534:\n";
     for (guest, data) in [("/etc/passwd", PASSWD), ("/etc/group", GROUP)] {
-        let exists = || -> Result<bool> {
-            let Some(parent) = find_parent(root, guest)? else {
-                return Ok(false);
-            };
-            let name = guest.rsplit_once('/').map_or(guest, |(_, n)| n);
-            Ok(std::fs::metadata(parent.join(name)).is_ok_and(|m| m.len() > 0))
+        // Followed inside the tree (never to the host's own files); a symlink loop or
+        // a dangling link is no file, and is replaced.
+        let exists = || match find_file(root, guest) {
+            Ok(Some(path)) => {
+                std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.len() > 0)
+            }
+            Ok(None) | Err(_) => false,
         };
-        if !missing_only || !exists()? {
+        if !missing_only || !exists() {
             put_file(root, guest, data, 0o644)?;
         }
     }
@@ -243,26 +244,58 @@ pub fn put_file(root: &Path, guest: &str, data: &[u8], mode: u32) -> Result<()> 
     set_mode(&path, mode)
 }
 
+/// At most this many symlinks are followed resolving one guest path: the kernel's
+/// limit (ELOOP), so a loop in a hostile tree (`a -> b -> a`, `passwd -> ./passwd`) is
+/// refused after a bounded walk instead of followed forever.
+pub const MAX_SYMLINK_HOPS: u32 = 40;
+
+/// The error a walk gives after [`MAX_SYMLINK_HOPS`] symlinks.
+pub const SYMLINK_LOOP: &str = "too many levels of symbolic links";
+
 /// Host directory holding `guest`'s final component, created as needed,
 /// following symlinks inside the tree chroot-style.
 pub fn resolve_parent(root: &Path, guest: &str) -> Result<PathBuf> {
-    Ok(walk_parent(root, guest, true)?.expect("created as needed"))
+    Ok(walk(root, guest, Walk::CreateParents)?.expect("created as needed"))
 }
 
 /// Host directory holding `guest`'s final component, following symlinks inside the
 /// tree chroot-style; None when a component is missing or not a directory.
 pub fn find_parent(root: &Path, guest: &str) -> Result<Option<PathBuf>> {
-    walk_parent(root, guest, false)
+    walk(root, guest, Walk::FindParent)
 }
 
-fn walk_parent(root: &Path, guest: &str, create: bool) -> Result<Option<PathBuf>> {
+/// Host path of what `guest` names, every symlink on the way followed inside the tree
+/// chroot-style, the final one too (as `open` would in the guest); None when it is
+/// missing or a parent is not a directory. Reading what it returns still needs care:
+/// it may be any kind of file (a FIFO, a directory).
+pub fn find_file(root: &Path, guest: &str) -> Result<Option<PathBuf>> {
+    walk(root, guest, Walk::FindFile)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    CreateParents,
+    FindParent,
+    FindFile,
+}
+
+/// The one chroot-style resolution every guest path goes through: components are
+/// walked one at a time from `root`, `..` never climbs above it, and a symlink's
+/// target is walked in place of the link (absolute targets from `root`), at most
+/// [`MAX_SYMLINK_HOPS`] of them for the whole path.
+fn walk(root: &Path, guest: &str, mode: Walk) -> Result<Option<PathBuf>> {
     let err = |msg: &str| ImageError::GuestPath {
         path: guest.into(),
         msg: msg.into(),
     };
-    let parent = Path::new(guest).parent().ok_or_else(|| err("no parent"))?;
+    let create = mode == Walk::CreateParents;
+    let walked = if mode == Walk::FindFile {
+        Path::new(guest)
+    } else {
+        Path::new(guest).parent().ok_or_else(|| err("no parent"))?
+    };
     // Components still to walk, reversed so that pop() yields the next one.
-    let mut pending: Vec<String> = parent
+    let mut pending: Vec<String> = walked
         .iter()
         .map(|c| c.to_string_lossy().into_owned())
         .rev()
@@ -285,8 +318,8 @@ fn walk_parent(root: &Path, guest: &str, create: bool) -> Result<Option<PathBuf>
         match std::fs::symlink_metadata(&host) {
             Ok(m) if m.file_type().is_symlink() => {
                 hops += 1;
-                if hops > 40 {
-                    return Err(err("too many levels of symbolic links"));
+                if hops > MAX_SYMLINK_HOPS {
+                    return Err(err(SYMLINK_LOOP));
                 }
                 let target =
                     std::fs::read_link(&host).ctx(|| format!("readlink {}", host.display()))?;
@@ -303,6 +336,8 @@ fn walk_parent(root: &Path, guest: &str, create: bool) -> Result<Option<PathBuf>
                 );
             }
             Ok(m) if m.is_dir() => resolved.push(comp),
+            // The final component, not a directory: the file asked for.
+            Ok(_) if mode == Walk::FindFile && pending.is_empty() => return Ok(Some(host)),
             Ok(_) if !create => return Ok(None),
             Ok(_) => return Err(err("a parent is not a directory")),
             Err(_) if !create => return Ok(None),
@@ -367,5 +402,69 @@ impl ScratchPath {
 impl Drop for ScratchPath {
     fn drop(&mut self) {
         let _ = self.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use super::*;
+
+    #[test]
+    fn guest_paths_follow_symlinks_inside_the_tree_a_bounded_number_of_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("usr/lib")).unwrap();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::write(root.join("usr/lib/passwd"), "root:x:0:0::/:/bin/sh\n").unwrap();
+        // Absolute targets resolve from the tree's root, never the host's.
+        symlink("/usr/lib/passwd", root.join("etc/passwd")).unwrap();
+        symlink("../etc", root.join("usr/etc")).unwrap();
+        let found = find_file(root, "/usr/etc/passwd").unwrap();
+        assert_eq!(found, Some(root.join("usr/lib/passwd")));
+        assert_eq!(find_file(root, "/etc/shadow").unwrap(), None);
+        assert_eq!(find_file(root, "/etc/passwd/x").unwrap(), None);
+        // A chain of 40 links resolves; 41 is a loop as far as the kernel is concerned.
+        for i in 0..41 {
+            symlink(format!("l{}", i + 1), root.join(format!("etc/l{i}"))).unwrap();
+        }
+        std::fs::write(root.join("etc/l41"), "end").unwrap();
+        assert_eq!(
+            find_file(root, "/etc/l1").unwrap(),
+            Some(root.join("etc/l41"))
+        );
+        let err = find_file(root, "/etc/l0").unwrap_err().to_string();
+        assert!(err.contains(SYMLINK_LOOP), "{err}");
+        // Loops, through the final component or a parent: refused, not followed forever.
+        symlink("./self", root.join("etc/self")).unwrap();
+        symlink("b", root.join("a")).unwrap();
+        symlink("/a", root.join("b")).unwrap();
+        for looped in ["/etc/self", "/a", "/a/x"] {
+            let err = find_file(root, looped).unwrap_err().to_string();
+            assert!(err.contains(SYMLINK_LOOP), "{looped}: {err}");
+        }
+        assert!(find_parent(root, "/a/x").is_err());
+        assert!(resolve_parent(root, "/a/x").is_err());
+    }
+
+    #[test]
+    fn minimal_accounts_keep_the_images_own_files_found_inside_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        // passwd through an absolute link (the host has no /lib/image-passwd), group a
+        // loop: the first is the image's, the second no file at all.
+        std::fs::write(root.join("lib/image-passwd"), "app:x:7:7::/:/bin/sh\n").unwrap();
+        symlink("/lib/image-passwd", root.join("etc/passwd")).unwrap();
+        symlink("group", root.join("etc/group")).unwrap();
+        add_minimal_accounts(root, true).unwrap();
+        let kept = std::fs::read_link(root.join("etc/passwd"));
+        assert_eq!(kept.unwrap(), Path::new("/lib/image-passwd"));
+        let passwd = std::fs::read_to_string(root.join("lib/image-passwd")).unwrap();
+        assert_eq!(passwd, "app:x:7:7::/:/bin/sh\n");
+        let group = std::fs::read_to_string(root.join("etc/group")).unwrap();
+        assert!(group.starts_with("root:x:0:"), "{group}");
     }
 }

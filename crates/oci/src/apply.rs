@@ -6,7 +6,9 @@
 //! - `dir/.wh.NAME` deletes `NAME` of the layers below; `dir/.wh..wh..opq` hides
 //!   everything the layers below had in `dir`. Neither touches what the same layer
 //!   adds, in whatever order the tar lists them (the spec's rule), so the applier
-//!   remembers what the current layer created.
+//!   remembers what the current layer created. `NAME` must name an entry of `dir`:
+//!   `.wh.`, `.wh..` and `.wh...` (empty, `.`, `..`) are refused, since `dir/..` is
+//!   the directory holding `dir`, and for the tree's root that is outside the tree.
 //! - A file replaces whatever was at its path (a directory with all it held); a
 //!   directory entry over a directory only changes its metadata.
 //! - Hard links point at a path of this layer or one below and are made with link(2),
@@ -16,46 +18,37 @@
 //! Hostile input: a path with a `..` component or one that is not UTF-8 is refused;
 //! leading `/` and `.` components are dropped. Every path is resolved inside the tree
 //! with symlinks followed chroot-style (an absolute link restarts at the tree's root,
-//! `..` stops there), and the final component is never followed: a file is written
-//! by unlinking what was there and creating it with O_EXCL|O_NOFOLLOW. Nothing outside
-//! the staging tree is ever read or written. Sizes are bounded: the uncompressed
-//! stream, the bytes written and the number of entries.
+//! `..` stops there), and the final component is never followed, nor ever `.` or `..`:
+//! a file is written by unlinking what was there and creating it with
+//! O_EXCL|O_NOFOLLOW. Nothing outside the staging tree is ever read or written. What
+//! unpacking costs is bounded ([`Limits`], `budget.rs`: stream, expansion ratio,
+//! apparent size, disk bytes, free space, entries), and files are written with their
+//! all-zero blocks as holes (`sparse.rs`), GNU sparse entries included.
 //!
 //! Owners and extended attributes: as root they are set on the staged files
 //! ([`Ownership::Apply`]); otherwise the staged tree is owned by the caller and what
 //! each entry should have is returned as [`Fixup`]s, applied to the packed image with
 //! debugfs (see `ext4.rs`), so no root-only trick is needed.
 use std::collections::{BTreeMap, HashSet};
-use std::ffi::CString;
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
+use sha2::Digest;
 use tar::EntryType;
 use zygote_images::pack::{find_parent, resolve_parent};
 
+pub use crate::budget::Limits;
+use crate::budget::{limit_hit, Budget, BLOCK_BYTES};
+use crate::entry_path::{entry_name, final_component, guest_path};
 use crate::error::{IoContext, OciError, Result};
-
-/// Bounds on what one image may unpack to.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// Uncompressed bytes of all layers together (tar streams and file contents each).
-    pub max_unpacked_bytes: u64,
-    /// Entries of all layers together (each may become an inode).
-    pub max_entries: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_unpacked_bytes: 64 << 30,
-            max_entries: 4_000_000,
-        }
-    }
-}
+use crate::layer_stream::{decompress, Hashing};
+use crate::sparse::copy_sparse;
+use crate::staged_attrs::{cstring, id32, lsetxattr, set_mtime};
 
 /// Who sets owners and security xattrs: the applier (as root) or debugfs afterwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +94,10 @@ pub struct LayerApplied {
 pub struct Applied {
     pub fixups: Vec<Fixup>,
     pub entries: u64,
+    /// Logical sizes of the files written (holes included).
     pub file_bytes: u64,
+    /// Bytes written to the staging tree (holes not).
+    pub disk_bytes: u64,
     pub skipped_devices: u64,
     pub skipped_xattrs: u64,
 }
@@ -116,8 +112,7 @@ struct DirMeta {
 pub struct Applier {
     root: PathBuf,
     ownership: Ownership,
-    limits: Limits,
-    stream_bytes: u64,
+    budget: Budget,
     done: Applied,
     dirs: BTreeMap<PathBuf, DirMeta>,
     fixups: BTreeMap<String, Fixup>,
@@ -133,35 +128,48 @@ struct Meta {
 }
 
 impl Applier {
-    pub fn new(root: &Path, ownership: Ownership, limits: Limits) -> Applier {
-        Applier {
+    /// An applier for the staging tree at `root`; refuses to start when its
+    /// filesystem is below the reserve (see [`Limits`]).
+    pub fn new(root: &Path, ownership: Ownership, limits: Limits) -> Result<Applier> {
+        Ok(Applier {
             root: root.to_path_buf(),
             ownership,
-            limits,
-            stream_bytes: 0,
+            budget: Budget::new(root, limits)?,
             done: Applied::default(),
             dirs: BTreeMap::new(),
             fixups: BTreeMap::new(),
-        }
+        })
     }
 
     /// Applies the layer at `blob` (compressed or not). `index` and `digest` name it in
     /// errors.
     pub fn apply_blob(&mut self, index: usize, digest: &str, blob: &Path) -> Result<LayerApplied> {
         let file = File::open(blob).ctx(|| format!("opening layer {}", blob.display()))?;
-        let reader = decompress(file).map_err(|e| bad_layer(index, digest, e.to_string()))?;
-        self.apply(index, digest, reader)
+        let (reader, compressed) =
+            decompress(file).map_err(|e| bad_layer(index, digest, e.to_string()))?;
+        self.apply_stream(index, digest, reader, Some(compressed))
     }
 
     /// Applies one uncompressed tar stream.
     pub fn apply(&mut self, index: usize, digest: &str, tar: impl Read) -> Result<LayerApplied> {
-        let hashing = Hashing::new(tar, self.stream_bytes, self.limits.max_unpacked_bytes);
+        self.apply_stream(index, digest, tar, None)
+    }
+
+    /// Applies a layer's uncompressed stream; `compressed` counts the blob's bytes
+    /// read so far, for the expansion ratio.
+    fn apply_stream(
+        &mut self,
+        index: usize,
+        digest: &str,
+        tar: impl Read,
+        compressed: Option<Arc<AtomicU64>>,
+    ) -> Result<LayerApplied> {
+        let hashing = Hashing::new(self.budget.meter(tar, compressed));
         let mut archive = tar::Archive::new(hashing);
         let mut layer = Layer {
             index,
             digest,
             created: HashSet::new(),
-            limit: self.limits.max_unpacked_bytes,
         };
         let mut entries = 0;
         let iter = archive
@@ -176,7 +184,7 @@ impl Applier {
         // The diff id covers the whole stream, including the end-of-archive blocks.
         let mut rest = archive.into_inner();
         io::copy(&mut rest, &mut io::sink()).map_err(|e| layer.read_error(e))?;
-        self.stream_bytes = rest.count;
+        self.budget.stream_done(&rest.inner);
         Ok(LayerApplied {
             diff_id: format!("sha256:{}", hex::encode(rest.hasher.finalize())),
             entries,
@@ -200,6 +208,7 @@ impl Applier {
             set_mtime(host, meta.mtime)?;
         }
         self.done.fixups = std::mem::take(&mut self.fixups).into_values().collect();
+        (self.done.disk_bytes, self.done.file_bytes) = self.budget.written();
         Ok(self.done)
     }
 
@@ -212,13 +221,7 @@ impl Applier {
         let raw_path = entry.path_bytes().into_owned();
         let guest = guest_path(&raw_path).map_err(|m| layer.bad(m))?;
         self.done.entries += 1;
-        if self.done.entries > self.limits.max_entries {
-            return Err(OciError::TooLarge {
-                what: "the image's entry count".into(),
-                size: self.done.entries,
-                limit: self.limits.max_entries,
-            });
-        }
+        self.budget.entry()?;
         let Some(guest) = guest else {
             // The root directory itself: its metadata only.
             if kind.is_dir() {
@@ -231,6 +234,12 @@ impl Applier {
         };
         let (parent_guest, name) = guest.rsplit_once('/').expect("guest paths start with /");
         if let Some(hidden) = name.strip_prefix(".wh.") {
+            if entry_name(hidden).is_err() {
+                return Err(layer.bad(format!(
+                    "{guest}: a whiteout must name an entry of its directory, and {hidden:?} \
+                     names none"
+                )));
+            }
             if hidden == ".wh..opq" {
                 self.opaque(layer, parent_guest)?;
             } else if !hidden.starts_with(".wh.") {
@@ -307,7 +316,7 @@ impl Applier {
 
     fn opaque(&mut self, layer: &Layer, dir_guest: &str) -> Result<()> {
         let dir_guest = if dir_guest.is_empty() { "/" } else { dir_guest };
-        let Some(dir) = self.existing(dir_guest)? else {
+        let Some(dir) = self.existing(layer, dir_guest)? else {
             return Ok(());
         };
         if !std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
@@ -338,7 +347,7 @@ impl Applier {
         if layer.created.contains(guest) {
             return Ok(());
         }
-        if let Some(host) = self.existing(guest)? {
+        if let Some(host) = self.existing(layer, guest)? {
             self.remove(&host, guest)?;
         }
         Ok(())
@@ -347,6 +356,7 @@ impl Applier {
     fn directory(&mut self, layer: &Layer, guest: &str, meta: Meta) -> Result<()> {
         let host = self.place(layer, guest, true)?;
         if !host.is_dir() {
+            self.budget.disk(BLOCK_BYTES)?;
             std::fs::create_dir(&host).ctx(|| format!("creating {}", host.display()))?;
         }
         self.set_owner(&host, guest, &meta, Kind::Dir)?;
@@ -361,24 +371,21 @@ impl Applier {
         meta: Meta,
         entry: &mut tar::Entry<R>,
     ) -> Result<()> {
+        // The logical size (a sparse entry's holes included) is charged before
+        // anything is written.
         let size = entry.size();
-        self.done.file_bytes += size;
-        if self.done.file_bytes > self.limits.max_unpacked_bytes {
-            return Err(OciError::TooLarge {
-                what: "the image's unpacked files".into(),
-                size: self.done.file_bytes,
-                limit: self.limits.max_unpacked_bytes,
-            });
-        }
+        self.budget.apparent(size, guest)?;
         let host = self.place(layer, guest, false)?;
-        let mut out = std::fs::OpenOptions::new()
+        let out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&host)
             .ctx(|| format!("creating {}", host.display()))?;
-        let written = io::copy(&mut entry.take(size), &mut out).map_err(|e| layer.read_error(e))?;
+        let written = copy_sparse(entry, &out, &host, size, &mut self.budget, &|e| {
+            layer.read_error(e)
+        })?;
         if written != size {
             return Err(layer.bad(format!("{guest}: {written} of {size} bytes in the stream")));
         }
@@ -389,6 +396,10 @@ impl Applier {
 
     fn symlink(&mut self, layer: &Layer, guest: &str, meta: Meta, target: &[u8]) -> Result<()> {
         let host = self.place(layer, guest, false)?;
+        // ext4 keeps targets under 60 bytes in the inode; longer ones take a block.
+        if target.len() >= 60 {
+            self.budget.disk(BLOCK_BYTES)?;
+        }
         std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target), &host)
             .ctx(|| format!("creating symlink {}", host.display()))?;
         self.set_owner(&host, guest, &meta, Kind::Symlink)?;
@@ -400,7 +411,7 @@ impl Applier {
             .map_err(|m| layer.bad(format!("hard link {guest}: target {m}")))?
             .ok_or_else(|| layer.bad(format!("hard link {guest} points at the root")))?;
         let source = self
-            .existing(&target_guest)?
+            .existing(layer, &target_guest)?
             .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir()))
             .ok_or_else(|| {
                 layer.bad(format!(
@@ -411,6 +422,11 @@ impl Applier {
             return Ok(());
         }
         let host = self.place(layer, guest, false)?;
+        if std::fs::symlink_metadata(&source).is_err() {
+            return Err(layer.bad(format!(
+                "hard link {guest}: target {target_guest} was inside what the link replaces"
+            )));
+        }
         std::fs::hard_link(&source, &host).ctx(|| format!("linking {}", host.display()))?;
         if let Some(f) = self.fixups.get(&target_guest).cloned() {
             self.fixups.insert(
@@ -438,8 +454,8 @@ impl Applier {
     /// The host path for a new entry at `guest`, with what lay there removed (a
     /// directory is kept when `keep_dir`, for a directory entry over one).
     fn place(&mut self, layer: &Layer, guest: &str, keep_dir: bool) -> Result<PathBuf> {
+        let name = entry_name(final_component(guest)).map_err(|m| layer.bad(m))?;
         let parent = resolve_parent(&self.root, guest).map_err(|e| layer.bad(e.to_string()))?;
-        let name = guest.rsplit_once('/').expect("absolute").1;
         let host = parent.join(name);
         match std::fs::symlink_metadata(&host) {
             Ok(m) if m.is_dir() && keep_dir => {}
@@ -450,14 +466,16 @@ impl Applier {
     }
 
     /// The host path of an existing `guest` path (its final component not followed).
-    fn existing(&self, guest: &str) -> Result<Option<PathBuf>> {
+    fn existing(&self, layer: &Layer, guest: &str) -> Result<Option<PathBuf>> {
         if guest == "/" {
             return Ok(Some(self.root.clone()));
         }
-        let Some(parent) = find_parent(&self.root, guest)? else {
+        let name = entry_name(final_component(guest)).map_err(|m| layer.bad(m))?;
+        let parent = find_parent(&self.root, guest).map_err(|e| layer.bad(e.to_string()))?;
+        let Some(parent) = parent else {
             return Ok(None);
         };
-        let host = parent.join(guest.rsplit_once('/').expect("absolute").1);
+        let host = parent.join(name);
         Ok(std::fs::symlink_metadata(&host).is_ok().then_some(host))
     }
 
@@ -559,8 +577,6 @@ struct Layer<'a> {
     index: usize,
     digest: &'a str,
     created: HashSet<String>,
-    /// The uncompressed-size limit, for the error that reports crossing it.
-    limit: u64,
 }
 
 impl Layer<'_> {
@@ -568,21 +584,10 @@ impl Layer<'_> {
         bad_layer(self.index, self.digest, message.into())
     }
 
+    /// A read error of the layer's stream: a limit hit on the way, or a bad stream.
     fn read_error(&self, e: io::Error) -> OciError {
-        match e
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<OverLimit>())
-        {
-            Some(over) => OciError::TooLarge {
-                what: format!(
-                    "the image's layers uncompressed (at layer {} {})",
-                    self.index, self.digest
-                ),
-                size: over.0,
-                limit: self.limit,
-            },
-            None => self.bad(format!("reading the tar stream: {e}")),
-        }
+        let name = format!("layer {} ({})", self.index, self.digest);
+        limit_hit(&e, &name).unwrap_or_else(|| self.bad(format!("reading the tar stream: {e}")))
     }
 }
 
@@ -594,133 +599,10 @@ fn bad_layer(layer: usize, digest: &str, message: String) -> OciError {
     }
 }
 
-/// The absolute, normalized form of a tar entry's path; None for the root itself.
-pub(crate) fn guest_path(raw: &[u8]) -> std::result::Result<Option<String>, String> {
-    let s = std::str::from_utf8(raw)
-        .map_err(|_| format!("{:?} is not UTF-8", String::from_utf8_lossy(raw)))?;
-    let mut parts = Vec::new();
-    for c in s.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => return Err(format!("{s:?} has a `..` component")),
-            c => parts.push(c),
-        }
-    }
-    Ok((!parts.is_empty()).then(|| format!("/{}", parts.join("/"))))
-}
-
-/// A layer blob as a tar stream: gzip and zstd are recognized by their magic numbers.
-pub fn decompress(mut file: File) -> io::Result<Box<dyn Read + Send>> {
-    use std::io::{Seek, SeekFrom};
-    let mut magic = [0u8; 4];
-    let n = file.read(&mut magic)?;
-    file.seek(SeekFrom::Start(0))?;
-    let reader = io::BufReader::with_capacity(1 << 20, file);
-    Ok(match &magic[..n] {
-        [0x1f, 0x8b, ..] => Box::new(flate2::read::MultiGzDecoder::new(reader)),
-        [0x28, 0xb5, 0x2f, 0xfd] => Box::new(zstd::stream::read::Decoder::with_buffer(reader)?),
-        _ => Box::new(reader),
-    })
-}
-
-/// The uncompressed stream's sha256, failing once the count of bytes (this stream's
-/// added to what earlier layers had) exceeds the limit.
-struct Hashing<R> {
-    inner: R,
-    hasher: Sha256,
-    count: u64,
-    limit: u64,
-}
-
-/// The error a [`Hashing`] reader fails with: the byte count that crossed the budget.
-#[derive(Debug)]
-struct OverLimit(u64);
-
-impl std::fmt::Display for OverLimit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "over the size limit after {} bytes", self.0)
-    }
-}
-
-impl std::error::Error for OverLimit {}
-
-impl<R> Hashing<R> {
-    fn new(inner: R, before: u64, limit: u64) -> Self {
-        Hashing {
-            inner,
-            hasher: Sha256::new(),
-            count: before,
-            limit,
-        }
-    }
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.count += n as u64;
-        if self.count > self.limit {
-            return Err(io::Error::other(OverLimit(self.count)));
-        }
-        Ok(n)
-    }
-}
-
-fn cstring(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| OciError::Io {
-        context: format!("{}", path.display()),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "NUL in path"),
-    })
-}
-
-/// Owner ids beyond 32 bits cannot exist on Linux: such an entry gets nobody.
-fn id32(id: u64) -> u32 {
-    u32::try_from(id).unwrap_or(65534)
-}
-
-fn set_mtime(path: &Path, mtime: i64) -> Result<()> {
-    let c = cstring(path)?;
-    let t = libc::timespec {
-        tv_sec: mtime,
-        tv_nsec: 0,
-    };
-    let times = [t, t];
-    // SAFETY: c is a valid path; times points at two timespecs.
-    let rc = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error())
-            .ctx(|| format!("setting times of {}", path.display()));
-    }
-    Ok(())
-}
-
-fn lsetxattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
-    let p = CString::new(path.as_os_str().as_bytes())?;
-    let n = CString::new(name)?;
-    // SAFETY: p and n are valid C strings; value is a valid buffer of its length.
-    let rc = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[path = "apply_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "apply_limit_tests.rs"]
+mod limit_tests;

@@ -1,119 +1,53 @@
+use std::ffi::CString;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+use sha2::Sha256;
 
 use super::*;
 
-/// Builds an uncompressed layer tar in memory.
-#[derive(Default)]
-struct TarLayer {
-    b: Vec<u8>,
-}
+/// An uncompressed layer, written raw (hostile names included).
+pub(super) use crate::fuzzing::tar_stream::TarStream as TarLayer;
 
-impl TarLayer {
-    fn header(path: &[u8], kind: EntryType, mode: u32, size: u64) -> tar::Header {
-        let mut h = tar::Header::new_ustar();
-        // Written raw: the builder refuses hostile paths, which tests need.
-        let name = &mut h.as_old_mut().name;
-        name[..path.len()].copy_from_slice(path);
-        h.set_entry_type(kind);
-        h.set_mode(mode);
-        h.set_size(size);
-        h.set_uid(1000);
-        h.set_gid(100);
-        h.set_mtime(1_600_000_000);
-        h
-    }
-
-    fn push(&mut self, mut h: tar::Header, data: &[u8]) -> &mut Self {
-        h.set_cksum();
-        self.b.extend_from_slice(h.as_bytes());
-        self.b.extend_from_slice(data);
-        let pad = (512 - data.len() % 512) % 512;
-        self.b.extend(std::iter::repeat_n(0u8, pad));
-        self
-    }
-
-    fn file(&mut self, path: &str, data: &[u8], mode: u32) -> &mut Self {
-        let h = Self::header(path.as_bytes(), EntryType::Regular, mode, data.len() as u64);
-        self.push(h, data)
-    }
-
-    fn dir(&mut self, path: &str, mode: u32) -> &mut Self {
-        let h = Self::header(path.as_bytes(), EntryType::Directory, mode, 0);
-        self.push(h, b"")
-    }
-
-    fn link(&mut self, path: &str, target: &str, kind: EntryType) -> &mut Self {
-        let mut h = Self::header(path.as_bytes(), kind, 0o777, 0);
-        let t = &mut h.as_old_mut().linkname;
-        t[..target.len()].copy_from_slice(target.as_bytes());
-        self.push(h, b"")
-    }
-
-    fn special(&mut self, path: &str, kind: EntryType) -> &mut Self {
-        let h = Self::header(path.as_bytes(), kind, 0o644, 0);
-        self.push(h, b"")
-    }
-
-    /// A PAX header (xattrs, long values) for the next entry.
-    fn pax(&mut self, records: &[(&str, &[u8])]) -> &mut Self {
-        let mut body = Vec::new();
-        for (k, v) in records {
-            let rest = format!(" {k}=").len() + v.len() + 1;
-            let mut len = rest + 1;
-            while len.to_string().len() + rest != len {
-                len += 1;
-            }
-            body.extend_from_slice(format!("{len} {k}=").as_bytes());
-            body.extend_from_slice(v);
-            body.push(b'\n');
-        }
-        let h = Self::header(b"PaxHeader", EntryType::XHeader, 0o644, body.len() as u64);
-        self.push(h, &body)
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut b = self.b.clone();
-        b.extend(std::iter::repeat_n(0u8, 1024));
-        b
+/// Limits that do not depend on this machine's free space (the reserve and the
+/// measured disk budget have tests of their own).
+pub(super) fn test_limits() -> Limits {
+    Limits {
+        reserve_bytes: 0,
+        max_disk_bytes: Some(1 << 30),
+        ..Limits::default()
     }
 }
 
-struct Tree {
-    _dir: tempfile::TempDir,
-    root: PathBuf,
+pub(super) struct Tree {
+    pub(super) _dir: tempfile::TempDir,
+    pub(super) root: PathBuf,
 }
 
-fn tree() -> Tree {
+pub(super) fn tree() -> Tree {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     std::fs::create_dir(&root).unwrap();
     Tree { _dir: dir, root }
 }
 
-fn apply_all(
+pub(super) fn apply_all(
     root: &Path,
     ownership: Ownership,
     limits: Limits,
     layers: &[&TarLayer],
 ) -> Result<Applied> {
-    let mut a = Applier::new(root, ownership, limits);
+    let mut a = Applier::new(root, ownership, limits)?;
     for (i, l) in layers.iter().enumerate() {
         a.apply(i, "sha256:test", &l.bytes()[..])?;
     }
     a.finish()
 }
 
-fn apply(root: &Path, layers: &[&TarLayer]) -> Applied {
-    apply_all(
-        root,
-        Ownership::for_this_process(),
-        Limits::default(),
-        layers,
-    )
-    .unwrap()
+pub(super) fn apply(root: &Path, layers: &[&TarLayer]) -> Applied {
+    apply_all(root, Ownership::for_this_process(), test_limits(), layers).unwrap()
 }
 
-fn names(dir: &Path) -> Vec<String> {
+pub(super) fn names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -332,6 +266,23 @@ fn hostile_entries_are_refused_with_the_reason() {
             l.dir("d/", 0o755).link("x", "d", EntryType::Link);
             l
         }),
+        ("was inside what the link replaces", {
+            let mut l = TarLayer::default();
+            l.file("d/x", b"x", 0o644).link("d", "d/x", EntryType::Link);
+            l
+        }),
+        ("too many levels of symbolic links", {
+            let mut l = TarLayer::default();
+            l.link("a", "b", EntryType::Symlink)
+                .link("b", "a", EntryType::Symlink)
+                .file("a/.wh.y", b"", 0o644);
+            l
+        }),
+        ("longer than the 255 a file name may have", {
+            let mut l = TarLayer::default();
+            l.file(&format!("dir/{}", "x".repeat(300)), b"x", 0o644);
+            l
+        }),
         ("not UTF-8", {
             let mut l = TarLayer::default();
             let h = TarLayer::header(b"bad\xff", EntryType::Regular, 0o644, 0);
@@ -344,7 +295,7 @@ fn hostile_entries_are_refused_with_the_reason() {
         let err = apply_all(
             &t.root,
             Ownership::for_this_process(),
-            Limits::default(),
+            test_limits(),
             &[&layer],
         )
         .unwrap_err();
@@ -364,21 +315,25 @@ fn limits_are_enforced() {
     let t = tree();
     let few = Limits {
         max_entries: 5,
-        ..Limits::default()
+        ..test_limits()
     };
     let err = apply_all(&t.root, Ownership::for_this_process(), few, &[&l]).unwrap_err();
     assert!(matches!(err, OciError::TooLarge { limit: 5, .. }), "{err}");
     let t = tree();
     let small = Limits {
-        max_unpacked_bytes: 20_000,
-        ..Limits::default()
+        max_apparent_bytes: 20_000,
+        ..test_limits()
     };
     let err = apply_all(&t.root, Ownership::for_this_process(), small, &[&l]).unwrap_err();
     assert!(
         matches!(err, OciError::TooLarge { limit: 20_000, .. }),
         "{err}"
     );
-    assert!(err.to_string().contains("20000"), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("20000") && msg.contains("apparent-size limit"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -398,7 +353,7 @@ fn diff_ids_cover_the_uncompressed_stream_in_any_compression() {
         let blob = dir.path().join(name);
         std::fs::write(&blob, bytes).unwrap();
         let t = tree();
-        let mut a = Applier::new(&t.root, Ownership::for_this_process(), Limits::default());
+        let mut a = Applier::new(&t.root, Ownership::for_this_process(), test_limits()).unwrap();
         let got = a.apply_blob(0, "sha256:x", &blob).unwrap();
         assert_eq!(got.diff_id, want, "{name}");
         assert_eq!(got.entries, 2);
@@ -415,7 +370,7 @@ fn record_mode_stages_readable_files_and_returns_owners() {
         .file("d/suid", b"s", 0o4755)
         .link("d/ln", "secret", EntryType::Symlink)
         .link("d/hard", "d/suid", EntryType::Link);
-    let done = apply_all(&t.root, Ownership::Record, Limits::default(), &[&l]).unwrap();
+    let done = apply_all(&t.root, Ownership::Record, test_limits(), &[&l]).unwrap();
     let secret = std::fs::metadata(t.root.join("d/secret")).unwrap();
     assert_eq!(
         secret.permissions().mode() & 0o600,

@@ -5,6 +5,14 @@
 //! write `<hex>.partial` and rename it after the check. A download interrupted (a
 //! killed process, a dropped connection) leaves its `.partial`, which the next one
 //! continues from where it stopped; bytes that turn out wrong are thrown away whole.
+//!
+//! Blobs come from registries and archives, and can be large (a layer up to 16 GiB,
+//! a snapshot's memory): the store keeps a reserve of free space on its filesystem
+//! for everything else. An operation that knows what it will write checks up front
+//! that it fits ([`BlobStore::make_room`]: a pull from the manifest's declared sizes,
+//! an import from the archive's files), and every writer checks the reserve again
+//! when it starts and every [`CHECK_EVERY_BYTES`] it writes: other pulls, builds and
+//! sandboxes use the same disk meanwhile. Both refusals are [`OciError::NoSpace`].
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -12,11 +20,14 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
+use crate::budget::{ensure_free, CHECK_EVERY_BYTES, DEFAULT_RESERVE_BYTES};
 use crate::error::{IoContext, OciError, Result};
 use crate::manifest::Digest;
 
 pub struct BlobStore {
     dir: PathBuf,
+    /// Free space its filesystem keeps while blobs are written.
+    reserve: u64,
 }
 
 impl BlobStore {
@@ -29,7 +40,29 @@ impl BlobStore {
         std::fs::create_dir_all(dir).ctx(|| format!("creating {}", dir.display()))?;
         Ok(BlobStore {
             dir: dir.to_path_buf(),
+            reserve: DEFAULT_RESERVE_BYTES,
         })
+    }
+
+    /// The same store, keeping `bytes` free (the operation's limits say how much).
+    pub fn with_reserve(mut self, bytes: u64) -> BlobStore {
+        self.reserve = bytes;
+        self
+    }
+
+    /// Refuses unless `bytes` more fit on the store's filesystem beyond the reserve;
+    /// `during` says what for.
+    pub fn make_room(&self, bytes: u64, during: &str) -> Result<()> {
+        ensure_free(&self.dir, bytes, self.reserve, during)
+    }
+
+    /// Bytes an interrupted download or copy of `digest` left to resume from.
+    pub fn partial_len(&self, digest: &Digest) -> u64 {
+        std::fs::metadata(self.partial_path(digest)).map_or(0, |m| m.len())
+    }
+
+    fn partial_path(&self, digest: &Digest) -> PathBuf {
+        self.dir.join(format!("{}.partial", digest.hex()))
     }
 
     pub fn dir(&self) -> &Path {
@@ -51,8 +84,10 @@ impl BlobStore {
             let mut w = HashingWriter {
                 inner: std::io::BufWriter::with_capacity(1 << 20, file),
                 hasher: Sha256::new(),
+                written: 0,
+                room: self.room(),
             };
-            write(&mut w)?;
+            write(&mut w).map_err(|e| w.room.take_error().unwrap_or(e))?;
             let file = w
                 .inner
                 .into_inner()
@@ -82,15 +117,33 @@ impl BlobStore {
         w.restart()?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = reader
-                .read(&mut buf)
-                .ctx(|| format!("reading blob {digest}"))?;
+            let n = match reader.read(&mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    w.discard();
+                    return Err(e).ctx(|| format!("reading blob {digest}"));
+                }
+            };
             if n == 0 {
                 break;
             }
-            w.write(&buf[..n], max_bytes)?;
+            if let Err(e) = w.write(&buf[..n], max_bytes) {
+                // Nothing to resume from a local copy: its partial goes.
+                let _ = std::fs::remove_file(self.partial_path(digest));
+                return Err(e);
+            }
         }
         w.finish()
+    }
+
+    /// What checks the reserve while a blob is written.
+    fn room(&self) -> Room {
+        Room {
+            dir: self.dir.clone(),
+            reserve: self.reserve,
+            next_check_at: 0,
+            error: None,
+        }
     }
 
     pub fn path(&self, digest: &Digest) -> PathBuf {
@@ -103,7 +156,7 @@ impl BlobStore {
 
     /// Starts or continues writing `digest`'s bytes (see [`BlobWriter`]).
     pub fn writer(&self, digest: &Digest) -> Result<BlobWriter> {
-        let partial = self.dir.join(format!("{}.partial", digest.hex()));
+        let partial = self.partial_path(digest);
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -132,6 +185,7 @@ impl BlobStore {
             file,
             hasher,
             len,
+            room: self.room(),
         })
     }
 
@@ -171,16 +225,54 @@ impl BlobStore {
     }
 }
 
-/// A writer that hashes what goes through it.
+/// The reserve, checked before a blob's first byte and every [`CHECK_EVERY_BYTES`].
+struct Room {
+    dir: PathBuf,
+    reserve: u64,
+    /// Bytes written when the next check is due.
+    next_check_at: u64,
+    /// A refusal met under an `io::Write`, to give back as itself.
+    error: Option<OciError>,
+}
+
+impl Room {
+    /// `written` bytes so far, more about to be written: refused if the reserve is hit.
+    fn check(&mut self, written: u64, digest: &dyn std::fmt::Display) -> Result<()> {
+        if written < self.next_check_at {
+            return Ok(());
+        }
+        self.next_check_at = written.saturating_add(CHECK_EVERY_BYTES);
+        ensure_free(
+            &self.dir,
+            0,
+            self.reserve,
+            &format!("while storing blob {digest} (after {} MiB)", written >> 20),
+        )
+    }
+
+    fn take_error(&mut self) -> Option<OciError> {
+        self.error.take()
+    }
+}
+
+/// A writer that hashes what goes through it (and checks the reserve).
 struct HashingWriter<W> {
     inner: W,
     hasher: Sha256,
+    written: u64,
+    room: Room,
 }
 
 impl<W: Write> Write for HashingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Err(e) = self.room.check(self.written, &"being packed") {
+            let message = e.to_string();
+            self.room.error = Some(e);
+            return Err(std::io::Error::other(message));
+        }
         let n = self.inner.write(buf)?;
         self.hasher.update(&buf[..n]);
+        self.written += n as u64;
         Ok(n)
     }
 
@@ -198,6 +290,7 @@ pub struct BlobWriter {
     file: File,
     hasher: Sha256,
     len: u64,
+    room: Room,
 }
 
 impl BlobWriter {
@@ -225,17 +318,21 @@ impl BlobWriter {
         let _ = std::fs::remove_file(&self.partial);
     }
 
-    /// Appends bytes; more than `max_bytes` in all is an error (and the partial goes).
+    /// Appends bytes; more than `max_bytes` in all is an error (and the partial goes),
+    /// and so is the filesystem's free space down to the store's reserve (checked at
+    /// the first write and every [`CHECK_EVERY_BYTES`]; the partial stays, to resume).
     pub fn write(&mut self, bytes: &[u8], max_bytes: u64) -> Result<()> {
-        self.len += bytes.len() as u64;
-        if self.len > max_bytes {
+        let len = self.len + bytes.len() as u64;
+        if len > max_bytes {
             let _ = std::fs::remove_file(&self.partial);
             return Err(OciError::TooLarge {
                 what: format!("blob {}", self.digest),
-                size: self.len,
+                size: len,
                 limit: max_bytes,
             });
         }
+        self.room.check(self.len, &self.digest)?;
+        self.len = len;
         self.hasher.update(bytes);
         self.file
             .write_all(bytes)
@@ -305,5 +402,52 @@ mod tests {
         store.retain(&keep).unwrap();
         assert!(store.has(&d));
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_reserve_is_checked_when_a_blob_starts_and_while_it_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let free = zygote_images::space::free_bytes(dir.path()).unwrap();
+        let data = vec![7u8; 1 << 20];
+        let d = Digest::of(&data);
+        // A reserve beyond what is free: refused before the first byte, every way in.
+        let full = BlobStore::at(dir.path())
+            .unwrap()
+            .with_reserve(free + (1 << 30));
+        let mut w = full.writer(&d).unwrap();
+        let err = w.write(&data, u64::MAX).unwrap_err();
+        assert!(matches!(err, OciError::NoSpace { .. }), "{err}");
+        assert!(err.to_string().contains("while storing blob"), "{err}");
+        assert_eq!(full.partial_len(&d), 0, "nothing written");
+        let err = full
+            .put_with(|w| w.write_all(&data).ctx(|| "packing".into()))
+            .unwrap_err();
+        assert!(matches!(err, OciError::NoSpace { .. }), "{err}");
+        let err = full
+            .put_with_digest(&d, &mut &data[..], u64::MAX)
+            .unwrap_err();
+        assert!(matches!(err, OciError::NoSpace { .. }), "{err}");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "no partials"
+        );
+        assert!(full.make_room(0, "for nothing").is_err());
+        // 32 MiB of room: the first check passes, a later one (every 64 MiB) stops it.
+        let store = BlobStore::at(dir.path())
+            .unwrap()
+            .with_reserve(free.saturating_sub(32 << 20));
+        assert!(store.make_room(16 << 20, "for 16 MiB").is_ok());
+        assert!(store.make_room(64 << 20, "for 64 MiB").is_err());
+        let mut w = store.writer(&d).unwrap();
+        let stopped = (0..256).find_map(|_| w.write(&data, u64::MAX).err());
+        let err = stopped.expect("refused within 256 MiB");
+        assert!(matches!(err, OciError::NoSpace { .. }), "{err}");
+        assert!(
+            w.len() >= CHECK_EVERY_BYTES,
+            "after the first check: {}",
+            w.len()
+        );
+        w.discard();
     }
 }

@@ -9,12 +9,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use zygote_images::pack::{
-    add_guest_essentials, add_minimal_accounts, build_lock, cached, find_parent, mkfs_ext4,
+    add_guest_essentials, add_minimal_accounts, build_lock, cached, find_file, mkfs_ext4,
     scratch_dir, store_image, Ext4Spec, ScratchPath,
 };
-use zygote_images::{ImageInfo, OciOrigin, RunConfig};
+use zygote_images::{ImageError, ImageInfo, OciOrigin, RunConfig};
 
 use crate::apply::{Applier, Fixup, Ownership};
+use crate::budget::ensure_free;
 use crate::error::{IoContext, OciError, Result};
 use crate::manifest::{Digest, ImageConfig};
 use crate::{Event, Limits, Progress};
@@ -136,7 +137,7 @@ pub(crate) fn convert(
     } else {
         Ownership::for_this_process()
     };
-    let mut applier = Applier::new(root, ownership, limits.unpack);
+    let mut applier = Applier::new(root, ownership, limits.unpack)?;
     for (i, (digest, blob)) in img.layers.iter().enumerate() {
         say(format!(
             "applying layer {}/{} ({digest})",
@@ -154,11 +155,28 @@ pub(crate) fn convert(
     }
     let run = run_config(root, &img.config)?;
     say("adding the agent and the guest essentials".into());
-    add_guest_essentials(root, "zygote", &agent, &mut |l| say(l.to_string()))?;
+    // The image's tree decides where these land (its symlinks are followed inside
+    // it): a path it makes unresolvable (a loop, a file where /etc should be) is the
+    // image's fault.
+    let tree_error = |e: ImageError| match e {
+        ImageError::GuestPath { path, msg } => OciError::BadImage {
+            what: format!("{}: its {path}", img.name),
+            message: msg,
+        },
+        e => e.into(),
+    };
+    add_guest_essentials(root, "zygote", &agent, &mut |l| say(l.to_string()))
+        .map_err(tree_error)?;
     // The agent runs commands as root and looks up login shells: an image without
     // account files (`FROM scratch`) gets minimal ones.
-    add_minimal_accounts(root, true)?;
+    add_minimal_accounts(root, true).map_err(tree_error)?;
     let applied = applier.finish()?;
+    say(format!(
+        "unpacked {} entries: {} MiB of files, {} MiB of them written (zero blocks are holes)",
+        applied.entries,
+        applied.file_bytes >> 20,
+        applied.disk_bytes >> 20
+    ));
     if applied.skipped_devices > 0 {
         say(format!(
             "skipped {} device nodes (the guest's /dev is devtmpfs)",
@@ -182,6 +200,14 @@ pub(crate) fn convert(
         key: &key,
         inodes: Some((inodes * 2).max(size_mib * 64)),
     };
+    // The ext4 copy holds the tree again: room for it (and the reserve) first.
+    let ext4_bytes = ext4_write_bound(used_bytes, spec.inodes.unwrap_or(inodes), size_mib);
+    ensure_free(
+        &tmp,
+        ext4_bytes,
+        limits.unpack.reserve_bytes,
+        "for the ext4 image",
+    )?;
     say(format!(
         "mkfs.ext4 -d ({size_mib} MiB, {} MiB used, {inodes} inodes)",
         used_bytes >> 20
@@ -241,7 +267,7 @@ pub(crate) fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
         Some((u, g)) => (u, Some(g)),
         None => (spec, None),
     };
-    let passwd = read_guest(root, "/etc/passwd");
+    let passwd = read_guest(root, "/etc/passwd")?;
     let entry = |field: usize, want: &str| {
         passwd
             .lines()
@@ -264,7 +290,7 @@ pub(crate) fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
         None => primary,
         Some(g) => match g.parse::<u32>() {
             Ok(gid) => gid,
-            Err(_) => read_guest(root, "/etc/group")
+            Err(_) => read_guest(root, "/etc/group")?
                 .lines()
                 .map(|l| l.split(':').collect::<Vec<_>>())
                 .find(|f| f.len() >= 3 && f[0] == g)
@@ -275,29 +301,61 @@ pub(crate) fn resolve_user(root: &Path, spec: &str) -> Result<(u32, u32)> {
     Ok((uid, gid))
 }
 
-/// A file of the guest tree (symlinks resolved inside it), or "" if it is not there.
-fn read_guest(root: &Path, guest: &str) -> String {
-    let Ok(Some(parent)) = find_parent(root, guest) else {
-        return String::new();
+/// The most an account file (`/etc/passwd`, `/etc/group`) of an image may hold: far
+/// more than any real one, little enough to read into memory.
+const MAX_ACCOUNT_FILE_BYTES: u64 = 8 << 20;
+
+/// An account file of the guest tree, symlinks followed inside it (a bounded number:
+/// a loop is a bad image), or "" if it is not there or not a regular file (a FIFO
+/// would block the read forever). Bounded in size: the image may hold anything there.
+fn read_guest(root: &Path, guest: &str) -> Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let bad = |message: String| OciError::BadImage {
+        what: format!("the image's {guest}"),
+        message,
     };
-    let name = guest.rsplit_once('/').map_or(guest, |(_, n)| n);
-    let path = parent.join(name);
-    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_symlink()) {
-        // A final symlink (e.g. /etc/passwd -> ../usr/share/...) is followed inside.
-        if let Ok(target) = std::fs::read_link(&path) {
-            let t = target.to_string_lossy();
-            let next = if t.starts_with('/') {
-                t.into_owned()
-            } else {
-                format!("{}/{t}", guest.rsplit_once('/').map_or("", |(d, _)| d))
-            };
-            if next != guest {
-                return read_guest(root, &next);
-            }
-        }
-        return String::new();
+    let path = match find_file(root, guest) {
+        Ok(Some(path)) => path,
+        Ok(None) => return Ok(String::new()),
+        Err(ImageError::GuestPath { msg, .. }) => return Err(bad(msg)),
+        Err(e) => return Err(e.into()),
+    };
+    // Not following a final symlink (there is none left) and not waiting on a FIFO.
+    let Ok(file) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    else {
+        return Ok(String::new());
+    };
+    if !file.metadata().is_ok_and(|m| m.is_file()) {
+        return Ok(String::new());
     }
-    std::fs::read_to_string(path).unwrap_or_default()
+    let mut bytes = Vec::new();
+    file.take(MAX_ACCOUNT_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ctx(|| format!("reading {}", path.display()))?;
+    if bytes.len() as u64 > MAX_ACCOUNT_FILE_BYTES {
+        return Err(bad(format!(
+            "over {MAX_ACCOUNT_FILE_BYTES} bytes, the limit for an account file"
+        )));
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The most `mkfs.ext4 -d` writes for a tree of `used_bytes` allocated and `inodes`
+/// inodes into a file of `size_mib`: the data again (it leaves all-zero blocks out, as
+/// the staged tree does), inode tables, a journal (mke2fs sizes it by the filesystem,
+/// at most 1 GiB) and bitmaps and descriptors; never more than the file's size.
+fn ext4_write_bound(used_bytes: u64, inodes: u64, size_mib: u64) -> u64 {
+    let size = size_mib.saturating_mul(1 << 20);
+    let journal = (size / 32).min(1 << 30);
+    used_bytes
+        .saturating_add(inodes.saturating_mul(256))
+        .saturating_add(journal)
+        .saturating_add(64 << 20)
+        .min(size)
 }
 
 /// Bytes allocated and inodes used by the staged tree.
@@ -358,7 +416,20 @@ fn with_defaults(root: &Path, mut fixups: Vec<Fixup>) -> Result<Vec<Fixup>> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
     use super::*;
+
+    #[test]
+    fn the_ext4_copy_is_bounded_by_the_data_and_by_the_image_size() {
+        const MIB: u64 = 1 << 20;
+        // 100 MiB of data in a 1.2 GiB image: the data, 1000 inodes, a journal.
+        let bound = ext4_write_bound(100 * MIB, 1000, 1200);
+        assert!(bound >= 100 * MIB + 1000 * 256, "{bound}");
+        assert!(bound <= 100 * MIB + 256 * MIB, "{bound}");
+        // Never more than the file can hold.
+        assert_eq!(ext4_write_bound(100 * MIB, 1 << 30, 64), 64 * MIB);
+    }
 
     #[test]
     fn users_resolve_like_a_container_runtime() {
@@ -381,5 +452,54 @@ mod tests {
         let err = resolve_user(root, "ghost").unwrap_err().to_string();
         assert!(err.contains("\"ghost\""), "{err}");
         assert!(resolve_user(root, "app:nogroup").is_err());
+    }
+
+    #[test]
+    fn account_files_in_a_symlink_loop_are_a_bad_image_not_a_crash() {
+        let link = |root: &Path, target: &str, at: &str| {
+            std::os::unix::fs::symlink(target, root.join(at)).unwrap();
+        };
+        let refused = |root: &Path, spec: &str, file: &str| {
+            let err = resolve_user(root, spec).unwrap_err();
+            let msg = err.to_string();
+            assert!(matches!(err, OciError::BadImage { .. }), "{spec}: {msg}");
+            assert!(msg.contains(file), "{msg}");
+            assert!(msg.contains("too many levels of symbolic links"), "{msg}");
+            assert!(
+                !msg.contains(&root.display().to_string()),
+                "no host path: {msg}"
+            );
+        };
+        // /etc/passwd names itself.
+        let one = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(one.path().join("etc")).unwrap();
+        link(one.path(), "./passwd", "etc/passwd");
+        refused(one.path(), "app", "/etc/passwd");
+        // /etc/group is one half of a two-link cycle (one relative, one absolute).
+        let two = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(two.path().join("etc")).unwrap();
+        std::fs::write(two.path().join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+        link(two.path(), "../etc/other", "etc/group");
+        link(two.path(), "/etc/group", "etc/other");
+        refused(two.path(), "0:staff", "/etc/group");
+    }
+
+    #[test]
+    fn a_fifo_or_a_huge_account_file_neither_blocks_nor_fills_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        let fifo = std::ffi::CString::new(root.join("etc/passwd").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        // A FIFO is no account file: a uid with no entry, read without waiting.
+        assert_eq!(resolve_user(root, "1000").unwrap(), (1000, 0));
+        // A sparse file of 9 MiB: refused by its size, not read into memory.
+        let big = std::fs::File::create(root.join("etc/group")).unwrap();
+        big.set_len(MAX_ACCOUNT_FILE_BYTES + (1 << 20)).unwrap();
+        let err = resolve_user(root, "0:staff").unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, OciError::BadImage { .. }), "{msg}");
+        assert!(msg.contains("the limit for an account file"), "{msg}");
     }
 }

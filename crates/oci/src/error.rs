@@ -33,6 +33,19 @@ pub enum OciError {
     },
     #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge { what: String, size: u64, limit: u64 },
+    /// The disk of zygote's cache is too full (checked before and while downloading
+    /// and storing blobs, before and while unpacking, and before the ext4 copy): a
+    /// condition of the host, not the image.
+    #[error(
+        "not enough free disk space {during}: {free_mib} MiB are free in zygote's cache, \
+         {needed_mib} MiB needed (including {reserve_mib} MiB kept free for everything else)"
+    )]
+    NoSpace {
+        during: String,
+        free_mib: u64,
+        needed_mib: u64,
+        reserve_mib: u64,
+    },
     #[error("layer {layer} ({digest}): {message}")]
     BadLayer {
         layer: usize,

@@ -11,11 +11,14 @@ use serde::Deserialize;
 use zygote_images::pack::{scratch_dir, ScratchPath};
 use zygote_images::{ImageInfo, OciOrigin};
 
-use crate::apply::{decompress, guest_path};
 use crate::blobs::BlobStore;
+use crate::budget::{limit_hit, Budget};
 use crate::convert::{self, ConvertOptions, LocalImage};
+use crate::entry_path::guest_path;
 use crate::error::{IoContext, OciError, Result};
+use crate::layer_stream::decompress;
 use crate::manifest::{self, Descriptor, Digest, Document, ImageConfig, MAX_DOCUMENT_BYTES};
+use crate::sparse::copy_sparse;
 use crate::{Event, ImageRef, Limits, Progress};
 
 /// How to import.
@@ -53,7 +56,7 @@ pub fn import(path: &Path, opts: &ImportOptions, progress: Progress) -> Result<I
         _unpacked = at;
         d
     };
-    let store = BlobStore::open()?;
+    let store = BlobStore::open()?.with_reserve(opts.limits.unpack.reserve_bytes);
     let local = if dir.join("oci-layout").is_file() {
         from_layout(path, &dir, opts, &store, progress)?
     } else if dir.join("manifest.json").is_file() {
@@ -78,19 +81,24 @@ fn bad(path: &Path, message: impl Into<String>) -> OciError {
 
 /// Unpacks a (possibly gzip- or zstd-compressed) tar into `dest`: regular files and
 /// directories only; symlinks become hard links to the file they name inside `dest`
-/// (old `docker save` links repeated layers), anything else is refused.
+/// (old `docker save` links repeated layers), anything else is refused. Bounded like
+/// a layer (`budget.rs`), and written with all-zero blocks as holes.
 fn unpack_archive(archive: &Path, dest: &Path, limits: &Limits) -> Result<()> {
     let file = std::fs::File::open(archive).ctx(|| format!("opening {}", archive.display()))?;
-    let reader = decompress(file).ctx(|| format!("reading {}", archive.display()))?;
-    let mut tar = tar::Archive::new(reader);
+    let (reader, compressed) = decompress(file).ctx(|| format!("reading {}", archive.display()))?;
     std::fs::create_dir_all(dest).ctx(|| format!("creating {}", dest.display()))?;
-    let mut total = 0u64;
+    let mut budget = Budget::new(dest, limits.unpack)?;
+    let mut tar = tar::Archive::new(budget.meter(reader, Some(compressed)));
+    let read_error = |e: std::io::Error| {
+        limit_hit(&e, "the archive").unwrap_or_else(|| bad(archive, format!("reading it: {e}")))
+    };
     let mut links = Vec::new();
     let entries = tar
         .entries()
         .map_err(|e| bad(archive, format!("not a tar archive: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| bad(archive, format!("reading it: {e}")))?;
+        let mut entry = entry.map_err(read_error)?;
+        budget.entry()?;
         let raw = entry.path_bytes().into_owned();
         let Some(guest) = guest_path(&raw).map_err(|m| bad(archive, format!("entry {m}")))? else {
             continue;
@@ -121,21 +129,20 @@ fn unpack_archive(archive: &Path, dest: &Path, limits: &Limits) -> Result<()> {
                 format!("{guest}: unexpected entry type {kind:?}"),
             ));
         }
-        total += entry.size();
-        if total > limits.unpack.max_unpacked_bytes {
-            return Err(OciError::TooLarge {
-                what: format!("archive {}", archive.display()),
-                size: total,
-                limit: limits.unpack.max_unpacked_bytes,
-            });
-        }
-        let mut out = std::fs::OpenOptions::new()
+        let size = entry.size();
+        budget.apparent(size, &guest)?;
+        let out = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .open(&host)
             .ctx(|| format!("creating {}", host.display()))?;
-        std::io::copy(&mut entry, &mut out)
-            .map_err(|e| bad(archive, format!("reading {guest}: {e}")))?;
+        let written = copy_sparse(&mut entry, &out, &host, size, &mut budget, &read_error)?;
+        if written != size {
+            return Err(bad(
+                archive,
+                format!("{guest}: {written} of {size} bytes in the archive"),
+            ));
+        }
     }
     for (guest, target) in links {
         let dir = guest.rsplit_once('/').map_or("", |(d, _)| d);
@@ -268,16 +275,14 @@ fn from_layout(
     let (config_digest, config_bytes) = document(&m.config, "the image config")?;
     let config = ImageConfig::parse(&label, &config_bytes)?;
     let platform = config.check_platform(&label)?;
-    let mut layers = Vec::new();
+    let mut files = Vec::new();
     for (i, d) in m.layers.iter().enumerate() {
         manifest::check_layer_type(i, d)?;
         let (digest, file) = blob(d)?;
-        progress(Event::Step {
-            message: format!("layer {}/{} ({digest})", i + 1, m.layers.len()),
-        });
-        let stored = store.put_file(&digest, &file, opts.limits.max_layer_bytes)?;
-        layers.push((digest, stored));
+        layer_file_size(path, i, &file, &opts.limits)?;
+        files.push((digest, file));
     }
+    let layers = store_layers(store, files, &opts.limits, progress)?;
     let tag = annotation(chosen, REF_NAME);
     let name = match (&opts.name, annotation(chosen, CONTAINERD_NAME)) {
         (Some(n), _) => n.clone(),
@@ -352,17 +357,18 @@ fn from_docker_archive(
     let label = path.display().to_string();
     let config = ImageConfig::parse(&label, &config_bytes)?;
     let platform = config.check_platform(&label)?;
-    let mut layers = Vec::new();
+    let mut files = Vec::new();
     for (i, l) in chosen.layers.iter().enumerate() {
         let file = inside(l)?;
+        layer_file_size(path, i, &file, &opts.limits)?;
         progress(Event::Step {
-            message: format!("layer {}/{} ({l})", i + 1, chosen.layers.len()),
+            message: format!("hashing layer {}/{} ({l})", i + 1, chosen.layers.len()),
         });
         let digest =
             Digest::parse(&zygote_images::sha256_file(&file).map(|h| format!("sha256:{h}"))?)?;
-        let stored = store.put_file(&digest, &file, opts.limits.max_layer_bytes)?;
-        layers.push((digest, stored));
+        files.push((digest, file));
     }
+    let layers = store_layers(store, files, &opts.limits, progress)?;
     let name = match (&opts.name, tags(chosen).first()) {
         (Some(n), _) => n.clone(),
         (None, Some(t)) => normalize(path, t)?,
@@ -382,6 +388,58 @@ fn from_docker_archive(
         config,
         layers,
     })
+}
+
+/// The size of an archive's layer file: a regular file (not a device or FIFO a
+/// directory given to import could link to), within the layer limit.
+fn layer_file_size(archive: &Path, index: usize, file: &Path, limits: &Limits) -> Result<u64> {
+    let meta = std::fs::metadata(file).ctx(|| format!("reading {}", file.display()))?;
+    if !meta.is_file() {
+        return Err(bad(archive, format!("layer {index} is not a regular file")));
+    }
+    if meta.len() > limits.max_layer_bytes {
+        return Err(OciError::TooLarge {
+            what: format!("layer {index} of the archive"),
+            size: meta.len(),
+            limit: limits.max_layer_bytes,
+        });
+    }
+    Ok(meta.len())
+}
+
+/// Copies the layer files into the blob store, once all that it lacks fit on its disk
+/// beyond the reserve (a copy writes every byte: a sparse file's holes too).
+fn store_layers(
+    store: &BlobStore,
+    files: Vec<(Digest, PathBuf)>,
+    limits: &Limits,
+    progress: Progress,
+) -> Result<Vec<(Digest, PathBuf)>> {
+    let mut missing = 0u64;
+    let mut counted = std::collections::HashSet::new();
+    for (digest, file) in &files {
+        if !store.has(digest) && counted.insert(digest.clone()) {
+            let size = std::fs::metadata(file).map_or(0, |m| m.len());
+            missing = missing.saturating_add(size);
+        }
+    }
+    store.make_room(
+        missing,
+        &format!(
+            "to copy the archive's layers into the blob store ({} MiB)",
+            missing.div_ceil(1 << 20)
+        ),
+    )?;
+    let count = files.len();
+    let mut layers = Vec::with_capacity(count);
+    for (i, (digest, file)) in files.into_iter().enumerate() {
+        progress(Event::Step {
+            message: format!("layer {}/{count} ({digest})", i + 1),
+        });
+        let stored = store.put_file(&digest, &file, limits.max_layer_bytes)?;
+        layers.push((digest, stored));
+    }
+    Ok(layers)
 }
 
 fn normalize(path: &Path, name: &str) -> Result<String> {
@@ -419,4 +477,49 @@ fn default_name(path: &Path, tag: Option<&str>) -> Result<String> {
             if stem.is_empty() { "image" } else { stem }
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+    use crate::fuzzing::tar_stream::TarStream;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        std::io::Write::write_all(&mut e, data).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[test]
+    fn archives_unpack_within_the_limits_of_a_layer() {
+        let mut t = TarStream::default();
+        t.file("blobs/sha256/aa", b"blob", 0o644)
+            .file("zeros", &vec![0u8; 16 << 20], 0o644);
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("image.tar.gz");
+        std::fs::write(&archive, gzip(&t.bytes())).unwrap();
+        let mut limits = Limits::default();
+        limits.unpack.reserve_bytes = 0;
+        limits.unpack.max_disk_bytes = Some(1 << 20);
+        // Zeros are holes: 16 MiB of them fit a 1 MiB disk budget.
+        let dest = dir.path().join("out");
+        unpack_archive(&archive, &dest, &limits).unwrap();
+        assert_eq!(
+            std::fs::read(dest.join("blobs/sha256/aa")).unwrap(),
+            b"blob"
+        );
+        let zeros = std::fs::metadata(dest.join("zeros")).unwrap();
+        assert_eq!((zeros.len(), zeros.blocks()), (16 << 20, 0));
+        // A bomb by the expansion ratio, said so.
+        limits.unpack.max_expansion_ratio = 100;
+        limits.unpack.expansion_floor_bytes = 1 << 20;
+        let err = unpack_archive(&archive, &dir.path().join("again"), &limits).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("expansion-ratio limit (100:1): the archive"),
+            "{msg}"
+        );
+    }
 }

@@ -1,11 +1,12 @@
 //! OCI images for zygote: sandboxes boot what users build as container images.
 //!
 //! - [`pull`]: a reference (`python:3.12-slim`, `registry.example:5000/app:1.4`,
-//!   `app@sha256:...`) from any registry that speaks the distribution spec, through
-//!   `oci-client`: anonymous, basic or bearer-token auth (credentials given, or from
-//!   `~/.docker/config.json`), plain HTTP only for loopback and registries named
-//!   insecure, an index resolved to linux/amd64, every manifest, config and layer
-//!   checked against its digest and declared size.
+//!   `app@sha256:...`) from any registry that speaks the distribution spec
+//!   (`registry_http.rs`, every answer read with a cap): anonymous, basic or
+//!   bearer-token auth (credentials given, or from `~/.docker/config.json`), plain
+//!   HTTP only for loopback and registries named insecure, an index resolved to
+//!   linux/amd64, every manifest, config and layer checked against its digest and
+//!   declared size, downloads only when the declared sizes fit on the disk.
 //! - [`import`]: an OCI image layout (a directory, or a tar of one) or a `docker save`
 //!   archive.
 //! - Either way the layers land in a content-addressed blob store ([`blobs`]) shared by
@@ -21,14 +22,23 @@
 //! digest checks, partial downloads resume, and the image is recorded last.
 pub mod apply;
 pub mod blobs;
+mod budget;
 mod convert;
+mod entry_path;
 mod error;
 mod ext4;
+pub mod fuzzing;
 mod import;
+mod layer_stream;
 pub mod manifest;
 pub mod pack;
 mod reference;
 mod registry;
+mod registry_auth;
+mod registry_http;
+mod registry_push;
+mod sparse;
+mod staged_attrs;
 
 use std::sync::Arc;
 
@@ -39,6 +49,7 @@ pub use convert::ConvertOptions;
 pub use error::{OciError, Result};
 pub use import::{import, ImportOptions};
 pub use reference::{credentials, ImageRef, Transport};
+pub use registry_auth::Credentials;
 
 use crate::blobs::BlobStore;
 use crate::convert::LocalImage;
@@ -144,7 +155,7 @@ pub async fn pull(
     }
     let name = image.name();
     let auth = credentials(image.registry(), opts.credentials.clone())?;
-    let registry = Registry::new(opts.transport.client(&image), image.clone(), auth);
+    let registry = Registry::new(&opts.transport, image.clone(), auth)?;
     let resolved = registry.resolve().await?;
     let layers = &resolved.manifest.layers;
     for (i, d) in layers.iter().enumerate() {
@@ -176,7 +187,7 @@ pub async fn pull(
     }
     let (config_digest, _, config) = registry.config(&resolved).await?;
     let platform = config.check_platform(&name)?;
-    let store = BlobStore::open()?;
+    let store = BlobStore::open()?.with_reserve(opts.limits.unpack.reserve_bytes);
     registry
         .fetch_layers(layers, &store, &opts.limits, &*progress)
         .await?;

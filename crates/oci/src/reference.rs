@@ -1,9 +1,8 @@
 //! Image references and which registries are reached how.
-use oci_client::client::{ClientConfig, ClientProtocol};
-use oci_client::secrets::RegistryAuth;
-use oci_client::Reference;
+use oci_spec::distribution::Reference;
 
 use crate::error::{OciError, Result};
+use crate::registry_auth::Credentials;
 
 /// A parsed reference, normalized the way docker does (`alpine:3.20` is
 /// `docker.io/library/alpine:3.20`).
@@ -65,23 +64,15 @@ impl Transport {
         is_loopback(registry) || self.insecure.iter().any(|r| r == registry)
     }
 
-    pub(crate) fn client(&self, image: &ImageRef) -> oci_client::Client {
+    /// The HTTP client registries are reached with (`registry_http.rs` chooses the
+    /// scheme per registry with [`Transport::is_plain_http`]).
+    pub(crate) fn http_client(&self) -> reqwest::Result<reqwest::Client> {
         install_crypto_provider();
-        let registry = image.inner.resolve_registry().to_string();
-        let protocol = if self.is_plain_http(&registry) {
-            ClientProtocol::HttpsExcept(vec![registry])
-        } else {
-            ClientProtocol::Https
-        };
-        oci_client::Client::new(ClientConfig {
-            protocol,
-            // Index resolution is ours (it reports what platforms there are).
-            platform_resolver: None,
-            connect_timeout: Some(std::time::Duration::from_secs(30)),
-            read_timeout: Some(std::time::Duration::from_secs(120)),
-            user_agent: concat!("zygote/", env!("CARGO_PKG_VERSION")),
-            ..Default::default()
-        })
+        reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(30))
+            .read_timeout(std::time::Duration::from_secs(120))
+            .user_agent(concat!("zygote/", env!("CARGO_PKG_VERSION")))
+            .build()
     }
 }
 
@@ -105,13 +96,15 @@ fn install_crypto_provider() {
 
 /// Credentials for `registry`: the ones given, else `~/.docker/config.json` (or
 /// `$DOCKER_CONFIG/config.json`, credential helpers included), else anonymous.
-pub fn credentials(registry: &str, given: Option<(String, String)>) -> Result<RegistryAuth> {
+pub fn credentials(registry: &str, given: Option<(String, String)>) -> Result<Credentials> {
     if let Some((user, password)) = given {
-        return Ok(RegistryAuth::Basic(user, password));
+        return Ok(Credentials::Basic { user, password });
     }
     use docker_credential::{CredentialRetrievalError as E, DockerCredential};
     match docker_credential::get_credential(registry) {
-        Ok(DockerCredential::UsernamePassword(u, p)) => Ok(RegistryAuth::Basic(u, p)),
+        Ok(DockerCredential::UsernamePassword(user, password)) => {
+            Ok(Credentials::Basic { user, password })
+        }
         Ok(DockerCredential::IdentityToken(_)) => Err(OciError::Unauthorized {
             registry: registry.to_string(),
             hint: String::new(),
@@ -120,7 +113,7 @@ pub fn credentials(registry: &str, given: Option<(String, String)>) -> Result<Re
                 .into(),
         }),
         Err(E::ConfigNotFound | E::ConfigReadError | E::NoCredentialConfigured) => {
-            Ok(RegistryAuth::Anonymous)
+            Ok(Credentials::Anonymous)
         }
         Err(e) => Err(OciError::Unauthorized {
             registry: registry.to_string(),

@@ -1,25 +1,31 @@
-//! Pulling an image from a registry (the distribution spec, through `oci-client`):
+//! Pulling an image from a registry (the distribution spec, `registry_http.rs`):
 //! resolve a reference to the linux/amd64 image manifest, fetch its config and its
 //! layers into the blob store (three at a time, resuming partial downloads), checking
 //! every digest and size against what the manifest declared.
+//!
+//! Downloads are bounded by the disk as well as by the manifest: before the first
+//! byte, the layers' declared sizes (less what partial downloads already hold) must
+//! fit in the free space beyond the reserve (`Limits::unpack.reserve_bytes`), and the
+//! blob store checks the reserve again as it writes (`blobs.rs`); a registry sending
+//! more than a layer's declared size is cut off at that size, and one announcing more
+//! (`Content-Length`) is refused before a byte is read.
+use std::collections::HashSet;
+
 use futures_util::StreamExt;
-use oci_client::errors::{DigestError, OciDistributionError, OciErrorCode};
-use oci_client::manifest::OciDescriptor;
-use oci_client::secrets::RegistryAuth;
+use reqwest::header::RANGE;
+use reqwest::{Method, StatusCode};
 
 use crate::blobs::BlobStore;
 use crate::error::{OciError, Result};
 use crate::manifest::{self, Descriptor, Digest, Document, ImageConfig, ImageManifest};
-use crate::reference::ImageRef;
+use crate::reference::{ImageRef, Transport};
+use crate::registry_auth::Credentials;
+use crate::registry_http::{describe, Session};
 use crate::{Event, LayerState, Limits, Progress};
 
 /// A registry session for one reference.
 pub(crate) struct Registry {
-    client: oci_client::Client,
-    image: ImageRef,
-    auth: RegistryAuth,
-    /// Said in an authorization error: whether credentials were sent.
-    had_credentials: bool,
+    session: Session,
 }
 
 /// The image a reference names, resolved to one platform.
@@ -29,20 +35,24 @@ pub(crate) struct Resolved {
 }
 
 impl Registry {
-    pub fn new(client: oci_client::Client, image: ImageRef, auth: RegistryAuth) -> Registry {
-        let had_credentials = !matches!(auth, RegistryAuth::Anonymous);
-        Registry {
-            client,
-            image,
-            auth,
-            had_credentials,
-        }
+    pub fn new(
+        transport: &Transport,
+        image: ImageRef,
+        credentials: Credentials,
+    ) -> Result<Registry> {
+        Ok(Registry {
+            session: Session::new(transport, image, credentials, false)?,
+        })
+    }
+
+    fn image(&self) -> &ImageRef {
+        &self.session.image
     }
 
     /// The reference's image manifest for linux/amd64 (through an index if it is one).
     pub async fn resolve(&self) -> Result<Resolved> {
-        let name = self.image.name();
-        let (bytes, digest) = self.manifest(&self.image.inner).await?;
+        let name = self.image().name();
+        let (bytes, digest) = self.manifest(&self.image().inner).await?;
         match Document::parse(&name, &bytes)? {
             Document::Manifest(manifest) => Ok(Resolved {
                 manifest_digest: digest,
@@ -51,7 +61,7 @@ impl Registry {
             Document::Index(entries) => {
                 let entry = manifest::pick_amd64(&name, &entries)?;
                 let want = Digest::parse(&entry.digest)?;
-                let by_digest = self.image.inner.clone_with_digest(want.to_string());
+                let by_digest = self.image().inner.clone_with_digest(want.to_string());
                 let (bytes, digest) = self.manifest(&by_digest).await?;
                 if digest != want {
                     return Err(OciError::DigestMismatch {
@@ -76,59 +86,64 @@ impl Registry {
 
     /// The reference's manifest as it is (no index resolution): bytes and digest.
     pub async fn manifest_bytes(&self) -> Result<(Vec<u8>, Digest)> {
-        self.manifest(&self.image.inner).await
+        self.manifest(&self.image().inner).await
     }
 
-    /// A small blob (a config) into memory, checked against its digest and size.
+    /// A small blob (a config) into memory: at most its declared size (and `max`),
+    /// checked against its digest.
     pub async fn small_blob(&self, d: &Descriptor, max: u64) -> Result<Vec<u8>> {
         let digest = Digest::parse(&d.digest)?;
-        if d.size < 0 || d.size as u64 > max {
+        let what = format!("blob {digest} of {}", self.image().name());
+        let size = u64::try_from(d.size).unwrap_or(u64::MAX);
+        if size > max {
             return Err(OciError::TooLarge {
-                what: format!("blob {digest} of {}", self.image.name()),
+                what,
                 size: d.size.max(0) as u64,
                 limit: max,
             });
         }
-        let mut bytes = Vec::new();
-        self.client
-            .pull_blob(&self.image.inner, &descriptor(d), &mut bytes)
-            .await
-            .map_err(|e| self.error(e))?;
-        digest.verify(&format!("blob {digest} of {}", self.image.name()), &bytes)?;
+        let url = self.session.url(&format!("blobs/{digest}"))?;
+        let bytes = self
+            .session
+            .get_document(url, &["*/*"], size, &format!("{what} (its declared size)"))
+            .await?;
+        digest.verify(&what, &bytes)?;
         Ok(bytes)
     }
 
-    /// One manifest's bytes and digest (checked against the bytes, and against the
-    /// reference's digest when it has one).
-    async fn manifest(&self, reference: &oci_client::Reference) -> Result<(Vec<u8>, Digest)> {
-        let (bytes, _) = self
-            .client
-            .pull_manifest_raw(reference, &self.auth, manifest::ACCEPT)
-            .await
-            .map_err(|e| self.error(e))?;
-        if bytes.len() as u64 > manifest::MAX_DOCUMENT_BYTES {
-            return Err(OciError::TooLarge {
-                what: format!("the manifest of {}", reference.whole()),
-                size: bytes.len() as u64,
-                limit: manifest::MAX_DOCUMENT_BYTES,
-            });
-        }
+    /// One manifest's bytes (at most [`manifest::MAX_DOCUMENT_BYTES`]) and digest,
+    /// checked against the reference's digest when it has one.
+    async fn manifest(
+        &self,
+        reference: &oci_spec::distribution::Reference,
+    ) -> Result<(Vec<u8>, Digest)> {
+        let url = self.session.manifest_url(reference)?;
+        let bytes = self
+            .session
+            .get_document(
+                url,
+                manifest::ACCEPT,
+                manifest::MAX_DOCUMENT_BYTES,
+                &format!("the manifest of {}", reference.whole()),
+            )
+            .await?;
         let digest = Digest::of(&bytes);
         if let Some(want) = reference.digest() {
             Digest::parse(want)?.verify(&format!("manifest {}", reference.whole()), &bytes)?;
         }
-        Ok((bytes.to_vec(), digest))
+        Ok((bytes, digest))
     }
 
     /// The image config (small: fetched into memory and checked).
     pub async fn config(&self, resolved: &Resolved) -> Result<(Digest, Vec<u8>, ImageConfig)> {
         let d = &resolved.manifest.config;
         let bytes = self.small_blob(d, manifest::MAX_DOCUMENT_BYTES).await?;
-        let config = ImageConfig::parse(&self.image.name(), &bytes)?;
+        let config = ImageConfig::parse(&self.image().name(), &bytes)?;
         Ok((Digest::parse(&d.digest)?, bytes, config))
     }
 
-    /// Every layer in the blob store (downloaded unless it is there already).
+    /// Every layer in the blob store (downloaded unless it is there already), once
+    /// all their declared sizes are within the limits and fit on the disk.
     pub async fn fetch_layers(
         &self,
         layers: &[Descriptor],
@@ -136,13 +151,32 @@ impl Registry {
         limits: &Limits,
         progress: Progress<'_>,
     ) -> Result<()> {
+        let mut sizes = Vec::with_capacity(layers.len());
+        let mut missing = 0u64;
+        let mut counted = HashSet::new();
+        for (index, d) in layers.iter().enumerate() {
+            let digest = Digest::parse(&d.digest)?;
+            let size = declared_size(index, &digest, d, limits)?;
+            if !store.has(&digest) && counted.insert(digest.clone()) {
+                missing = missing.saturating_add(size.saturating_sub(store.partial_len(&digest)));
+            }
+            sizes.push((digest, size));
+        }
+        store.make_room(
+            missing,
+            &format!(
+                "to download {}'s layers ({} MiB not in the blob store yet)",
+                self.image().name(),
+                missing.div_ceil(1 << 20)
+            ),
+        )?;
         // Made in a loop, not a closure over the stream's items: the compiler cannot
         // prove such a closure's futures `Send` for every lifetime, which a caller that
         // must be `Send` (an axum handler) needs.
         let mut jobs: Vec<futures_util::future::BoxFuture<'_, Result<()>>> = Vec::new();
-        for (index, d) in layers.iter().enumerate() {
+        for (index, (digest, size)) in sizes.into_iter().enumerate() {
             jobs.push(Box::pin(
-                self.fetch_layer(index, d, store, limits, progress),
+                self.fetch_layer(index, digest, size, store, progress),
             ));
         }
         let downloads = futures_util::stream::iter(jobs).buffer_unordered(3);
@@ -153,23 +187,15 @@ impl Registry {
         Ok(())
     }
 
+    /// One layer of `total` declared bytes into the store.
     async fn fetch_layer(
         &self,
         index: usize,
-        d: &Descriptor,
+        digest: Digest,
+        total: u64,
         store: &BlobStore,
-        limits: &Limits,
         progress: Progress<'_>,
     ) -> Result<()> {
-        let digest = Digest::parse(&d.digest)?;
-        let total = u64::try_from(d.size).unwrap_or(0);
-        if total > limits.max_layer_bytes {
-            return Err(OciError::TooLarge {
-                what: format!("layer {index} ({digest})"),
-                size: total,
-                limit: limits.max_layer_bytes,
-            });
-        }
         let event = |done: u64, state: LayerState| Event::Layer {
             index,
             digest: digest.to_string(),
@@ -195,174 +221,89 @@ impl Registry {
             return Ok(());
         }
         let mut writer = store.writer(&digest)?;
-        let desc = descriptor(d);
-        let mut stream = if writer.is_empty() {
-            self.client
-                .pull_blob_stream(&self.image.inner, &desc)
-                .await
-                .map_err(|e| self.error(e))?
-        } else {
-            progress(event(writer.len(), LayerState::Resuming));
-            match self
-                .client
-                .pull_blob_stream_partial(&self.image.inner, &desc, writer.len(), None)
-                .await
-                .map_err(|e| self.error(e))?
-            {
-                oci_client::client::BlobResponse::Partial(s) => s,
-                oci_client::client::BlobResponse::Full(s) => {
-                    writer.restart()?;
-                    s
+        if writer.len() > total {
+            writer.restart()?;
+        }
+        let what = format!("layer {index} ({digest})");
+        if writer.len() < total {
+            let offset = writer.len();
+            if offset > 0 {
+                progress(event(offset, LayerState::Resuming));
+            }
+            let url = self.session.url(&format!("blobs/{digest}"))?;
+            let response = self
+                .session
+                .send(Method::GET, url, |r| match offset {
+                    0 => r,
+                    _ => r.header(RANGE, format!("bytes={offset}-")),
+                })
+                .await?;
+            let response = self
+                .session
+                .expect(response, &[StatusCode::OK, StatusCode::PARTIAL_CONTENT])
+                .await?;
+            if response.status() == StatusCode::OK && offset > 0 {
+                // The whole blob came instead of the rest of it.
+                writer.restart()?;
+            }
+            let too_many = |size: u64, how: &str| OciError::TooLarge {
+                what: format!(
+                    "{what} as the registry {how}, against the size its manifest declared"
+                ),
+                size,
+                limit: total,
+            };
+            if let Some(len) = response.content_length() {
+                let announced = writer.len().saturating_add(len);
+                if announced > total {
+                    // Not this blob as declared: nothing of it is kept.
+                    writer.discard();
+                    return Err(too_many(announced, "announced it (Content-Length)"));
                 }
             }
-        };
-        let max = total.min(limits.max_layer_bytes);
-        let mut reported = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = match chunk {
-                Ok(c) => c,
-                Err(e) => {
-                    let wrong = e.get_ref().and_then(|i| i.downcast_ref::<DigestError>());
-                    if let Some(DigestError::VerificationError { expected, actual }) = wrong {
-                        // Bytes that are not the blob are not worth resuming.
-                        let (expected, actual) = (expected.clone(), actual.clone());
-                        writer.discard();
-                        return Err(OciError::DigestMismatch {
-                            what: format!("layer {index} of {}", self.image.name()),
-                            expected,
-                            actual,
-                        });
-                    }
-                    // Kept: the next pull continues from here.
-                    return Err(OciError::Registry {
-                        registry: self.image.registry().to_string(),
-                        message: format!("downloading layer {index} ({digest}): {}", describe(&e)),
-                    });
+            let mut reported = writer.len();
+            let mut stream = response.bytes_stream();
+            while let Some(chunk) = stream.next().await {
+                // Kept on a dropped connection: the next pull continues from here.
+                let chunk = chunk.map_err(|e| {
+                    self.session
+                        .registry_error(format!("downloading {what}: {}", describe(&e)))
+                })?;
+                writer.write(&chunk, total).map_err(|e| match e {
+                    OciError::TooLarge { size, .. } => too_many(size, "sent it"),
+                    e => e,
+                })?;
+                if writer.len() - reported >= 1 << 20 {
+                    reported = writer.len();
+                    progress(event(reported, LayerState::Downloading));
                 }
-            };
-            writer.write(&chunk, max)?;
-            if writer.len() - reported >= 1 << 20 {
-                reported = writer.len();
-                progress(event(reported, LayerState::Downloading));
             }
         }
         let size = writer.len();
         if size != total {
             // Short: keep what came, a retry resumes; the registry said otherwise.
-            return Err(OciError::Registry {
-                registry: self.image.registry().to_string(),
-                message: format!(
-                    "layer {index} ({digest}) ended after {size} of its {total} bytes"
-                ),
-            });
+            return Err(self
+                .session
+                .registry_error(format!("{what} ended after {size} of its {total} bytes")));
         }
         writer.finish()?;
         progress(event(total, LayerState::Done));
         Ok(())
     }
-
-    fn error(&self, e: OciDistributionError) -> OciError {
-        Registry::describe_error(&self.image, self.had_credentials, e)
-    }
-
-    /// A registry error as one of ours, with what it means for the user.
-    pub fn describe_error(
-        image: &ImageRef,
-        had_credentials: bool,
-        e: OciDistributionError,
-    ) -> OciError {
-        let registry = image.registry().to_string();
-        let reference = image.name();
-        let unauthorized = |message: String| OciError::Unauthorized {
-            registry: registry.clone(),
-            hint: if had_credentials {
-                String::new()
-            } else {
-                " (no credentials were found: pass them, or add them to ~/.docker/config.json)"
-                    .into()
-            },
-            message,
-        };
-        match e {
-            OciDistributionError::UnauthorizedError { url } => {
-                unauthorized(format!("401 Unauthorized for {url}"))
-            }
-            OciDistributionError::AuthenticationFailure(m) => unauthorized(m),
-            OciDistributionError::RegistryError { envelope, url } => {
-                let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
-                let message = envelope
-                    .errors
-                    .iter()
-                    .map(|e| e.message.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                if codes
-                    .iter()
-                    .any(|c| matches!(c, OciErrorCode::Unauthorized | OciErrorCode::Denied))
-                {
-                    unauthorized(message)
-                } else if codes.iter().any(|c| {
-                    matches!(
-                        c,
-                        OciErrorCode::ManifestUnknown
-                            | OciErrorCode::NameUnknown
-                            | OciErrorCode::BlobUnknown
-                            | OciErrorCode::NotFound
-                    )
-                }) {
-                    OciError::NotFound {
-                        reference,
-                        message: format!("{message} ({url})"),
-                    }
-                } else {
-                    OciError::Registry {
-                        registry,
-                        message: format!("{message} ({url})"),
-                    }
-                }
-            }
-            OciDistributionError::ServerError { code: 404, url, .. } => OciError::NotFound {
-                reference,
-                message: format!("404 for {url}"),
-            },
-            OciDistributionError::DigestError(DigestError::VerificationError {
-                expected,
-                actual,
-            }) => OciError::DigestMismatch {
-                what: format!("a blob of {reference}"),
-                expected,
-                actual,
-            },
-            other => OciError::Registry {
-                registry,
-                message: describe(&other),
-            },
-        }
-    }
 }
 
-/// The error with its causes (reqwest's own message hides e.g. "connection refused").
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cause = c.source();
+/// A layer's size as its manifest declares it, within the layer limit.
+fn declared_size(index: usize, digest: &Digest, d: &Descriptor, limits: &Limits) -> Result<u64> {
+    let size = u64::try_from(d.size).map_err(|_| OciError::BadImage {
+        what: format!("layer {index} ({digest})"),
+        message: format!("its manifest declares a size of {}", d.size),
+    })?;
+    if size > limits.max_layer_bytes {
+        return Err(OciError::TooLarge {
+            what: format!("layer {index} ({digest})"),
+            size,
+            limit: limits.max_layer_bytes,
+        });
     }
-    s
-}
-
-fn descriptor(d: &Descriptor) -> OciDescriptor {
-    OciDescriptor {
-        media_type: d.media_type.clone(),
-        digest: d.digest.clone(),
-        size: d.size,
-        urls: None,
-        annotations: None,
-        artifact_type: None,
-    }
+    Ok(size)
 }

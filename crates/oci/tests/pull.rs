@@ -487,6 +487,46 @@ fn hostile_layers_are_refused_or_contained() {
     assert!(!Path::new("/etc/zygote-oci-test-owned").exists());
     assert_eq!(cat(&info.path, "/etc/zygote-oci-test-owned"), "x");
     assert_eq!(cat(&info.path, "/zygote-oci-test-escaped"), "y");
+
+    // A whiteout of `..` at the root names the scratch directory, which holds other
+    // builds' and pulls' work: refused, and that work stays.
+    let other = cache().join("images/tmp/other-build");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("keep"), b"k").unwrap();
+    let mut dotdot = ImageSpec::tiny("amd64");
+    dotdot.layers.push(vec![Entry::raw_file(b".wh...", b"")]);
+    let (_w, l) = layout(&dotdot, "w");
+    push(&l, &reg, "evil/dotdot:1", Format::Oci).unwrap();
+    let (r, _) = pull_with(
+        &format!("{}/evil/dotdot:1", reg.host()),
+        &Default::default(),
+    );
+    let err = r.unwrap_err();
+    assert!(matches!(err, OciError::BadLayer { layer: 1, .. }), "{err}");
+    assert!(other.join("keep").exists(), "{err}");
+    std::fs::remove_dir_all(&other).unwrap();
+
+    // Zeros that gzip 1000:1: stopped at the limit, which the error names.
+    let mut zeros = ImageSpec::tiny("amd64");
+    zeros
+        .layers
+        .push(vec![Entry::file("zeros", vec![0u8; 32 << 20])]);
+    let (_z, l) = layout(&zeros, "z");
+    push(&l, &reg, "evil/zeros:1", Format::Oci).unwrap();
+    let mut limits = zygote_oci::Limits::default();
+    limits.unpack.max_stream_bytes = 8 << 20;
+    let opts = PullOptions {
+        limits,
+        ..Default::default()
+    };
+    let (r, _) = pull_with(&format!("{}/evil/zeros:1", reg.host()), &opts);
+    let err = r.unwrap_err();
+    assert!(
+        matches!(err, OciError::TooLarge { limit, .. } if limit == 8 << 20),
+        "{err}"
+    );
+    assert!(err.to_string().contains("stream limit"), "{err}");
+    assert_no_scratch();
 }
 
 #[test]

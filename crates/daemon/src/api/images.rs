@@ -11,7 +11,8 @@ use crate::model::{BuildEvent, Image, PullImageRequest, Validate};
     responses((status = 200, description = "NDJSON stream of BuildEvent lines: `resolved`, `layer` \
                  progress and `progress` lines, then `done` with the image or `error` (codes: \
                  image_not_found, registry_unauthorized, unsupported_platform, bad_image, \
-                 image_too_large, registry_error)",
+                 image_too_large (an unpack limit, named in the message), no_space (the \
+                 host's disk), registry_error)",
                content_type = "application/x-ndjson", body = BuildEvent),
               (status = 400, description = "Not an image reference, or a username without a password", body = ErrorBody)))]
 pub async fn pull(

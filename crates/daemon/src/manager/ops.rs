@@ -33,7 +33,7 @@ impl Manager {
             return Ok(());
         };
         let dir = &self.dirs.snapshots;
-        match super::watch::free_bytes(dir) {
+        match zygote_images::space::free_bytes(dir) {
             Some(free) if free < needed => Err(Error::NoSpace {
                 dir: dir.display().to_string(),
                 free_mib: free >> 20,

@@ -11,6 +11,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use zygote_images::space::free_bytes;
+
 use super::{Manager, STATE_RUNNING};
 use crate::error::Result;
 use crate::runtime::RunState;
@@ -112,17 +114,4 @@ impl Manager {
         }
         Ok(())
     }
-}
-
-/// Free bytes for unprivileged writers on the filesystem holding `path`.
-pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let dir = if path.is_dir() { path } else { path.parent()? };
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we pass; c is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use futures_util::StreamExt;
-use oci_client::secrets::RegistryAuth;
 use tokio::io::AsyncReadExt;
 
 use super::{from_manifest, snapshot_manifest, Packed, CONFIG_TYPE, FILE_TYPE};
@@ -14,6 +13,7 @@ use crate::error::{OciError, Result};
 use crate::manifest::{MAX_DOCUMENT_BYTES, OCI_MANIFEST};
 use crate::reference::{credentials, ImageRef};
 use crate::registry::Registry;
+use crate::registry_http::Session;
 use crate::{Event, LayerState, PullOptions};
 
 /// Pushes `p` as `reference`; returns the manifest digest. `progress` gets a
@@ -26,14 +26,7 @@ pub async fn push(
 ) -> Result<String> {
     let image = ImageRef::parse(reference)?;
     let auth = credentials(image.registry(), opts.credentials.clone())?;
-    let client = opts.transport.client(&image);
-    let had_credentials = !matches!(auth, RegistryAuth::Anonymous);
-    client
-        .store_auth_if_needed(image.inner.resolve_registry(), &auth)
-        .await;
-    let err = |e: oci_client::errors::OciDistributionError| {
-        Registry::describe_error(&image, had_credentials, e)
-    };
+    let session = Session::new(&opts.transport, image, auth, true)?;
     for (index, f) in p.files.iter().enumerate() {
         let event = |done: u64, state: LayerState| Event::Layer {
             index,
@@ -42,11 +35,7 @@ pub async fn push(
             total: f.size,
             state,
         };
-        if client
-            .blob_exists(&image.inner, f.digest.as_str())
-            .await
-            .map_err(err)?
-        {
+        if session.blob_exists(&f.digest).await? {
             progress(event(f.size, LayerState::Cached));
             continue;
         }
@@ -72,10 +61,7 @@ pub async fn push(
                     buf.truncate(n);
                     Some((Ok(bytes::Bytes::from(buf)), file))
                 }
-                Err(e) => Some((
-                    Err(oci_client::errors::OciDistributionError::IoError(e)),
-                    file,
-                )),
+                Err(e) => Some((Err(e), file)),
             }
         })
         .inspect(move |c| {
@@ -91,31 +77,19 @@ pub async fn push(
                 });
             }
         });
-        client
-            .push_blob_stream(&image.inner, chunks, f.digest.as_str(), Some(f.size))
-            .await
-            .map_err(err)?;
+        session.upload_blob(&f.digest, f.size, chunks).await?;
         progress(event(f.size, LayerState::Done));
     }
     let config_digest = crate::manifest::Digest::of(&p.config);
-    if !client
-        .blob_exists(&image.inner, config_digest.as_str())
-        .await
-        .map_err(err)?
-    {
-        client
-            .push_blob(&image.inner, p.config.clone(), config_digest.as_str())
-            .await
-            .map_err(err)?;
+    if !session.blob_exists(&config_digest).await? {
+        let config = bytes::Bytes::from(p.config.clone());
+        let size = config.len() as u64;
+        let once = futures_util::stream::iter([Ok(config)]);
+        session.upload_blob(&config_digest, size, once).await?;
     }
-    client
-        .push_manifest_raw(
-            &image.inner,
-            p.manifest.clone(),
-            http::HeaderValue::from_static(OCI_MANIFEST),
-        )
-        .await
-        .map_err(err)?;
+    session
+        .put_manifest(p.manifest.clone(), OCI_MANIFEST)
+        .await?;
     Ok(p.manifest_digest.to_string())
 }
 
@@ -132,7 +106,7 @@ pub async fn pull(
         return Err(OciError::PullsDisabled(reference.to_string()));
     }
     let auth = credentials(image.registry(), opts.credentials.clone())?;
-    let registry = Registry::new(opts.transport.client(&image), image.clone(), auth);
+    let registry = Registry::new(&opts.transport, image.clone(), auth)?;
     let (manifest, digest) = registry.manifest_bytes().await?;
     let m = snapshot_manifest(&image.name(), &manifest)?;
     progress(Event::Resolved {
@@ -147,7 +121,7 @@ pub async fn pull(
             message: "not a zygote snapshot pack".into(),
         });
     }
-    let store = BlobStore::open()?;
+    let store = BlobStore::open()?.with_reserve(opts.limits.unpack.reserve_bytes);
     registry
         .fetch_layers(&m.layers, &store, &opts.limits, &*progress)
         .await?;

@@ -11,6 +11,7 @@
 //! /var/lib/containers/cache (see [`skopeo::push_zstd`] for why that matters).
 #![allow(dead_code)]
 
+pub mod fake;
 pub mod http;
 pub mod layers;
 pub mod registry;
