@@ -61,8 +61,8 @@ test-sdk: build guest
 	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
 
-# Bounded fuzzing of virtio descriptor-chain parsing (blk, vsock): libFuzzer via
-# cargo-fuzz when it installs, else the seeded randomized test of the same targets.
+# Bounded fuzzing of virtio descriptor-chain parsing (blk, vsock) and snapshot pack import:
+# libFuzzer via cargo-fuzz when it installs, else the seeded randomized tests of the same targets.
 test-fuzz: setup
 	$(PHASE) test-fuzz
 	ZYGOTE_SETUP_FUZZ=1 bash scripts/setup.sh

@@ -33,6 +33,9 @@ pub enum OciError {
     },
     #[error("{what} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge { what: String, size: u64, limit: u64 },
+    /// Bigger than the free disk space set aside for it (checked before the disk fills).
+    #[error("{what} needs more than the {limit} bytes of disk space free for it")]
+    NoSpace { what: String, limit: u64 },
     #[error("layer {layer} ({digest}): {message}")]
     BadLayer {
         layer: usize,

@@ -32,15 +32,11 @@ impl Manager {
         let Some(needed) = self.runtime.capture_bytes(kind, mem_mib) else {
             return Ok(());
         };
-        let dir = &self.dirs.snapshots;
-        match super::watch::free_bytes(dir) {
-            Some(free) if free < needed => Err(Error::NoSpace {
-                dir: dir.display().to_string(),
-                free_mib: free >> 20,
-                needed_mib: needed.div_ceil(1 << 20),
-            }),
-            _ => Ok(()),
-        }
+        super::space::require(
+            "the snapshot directory's filesystem",
+            &self.dirs.snapshots,
+            needed,
+        )
     }
 
     /// Records a capture (snapshot or branch) about to start: the sandbox shows `paused`

@@ -5,10 +5,10 @@
 //! (so execs fail at once with it instead of hanging), and lets it go on when the cause
 //! is gone (free space again on the disk layer's filesystem). The fault is kept in
 //! memory, not in the database, which a full disk may not let us write.
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::space::free_bytes;
 use super::{Manager, STATE_RUNNING};
 use crate::error::Result;
 use crate::runtime::RunState;
@@ -107,17 +107,4 @@ impl Manager {
         }
         Ok(())
     }
-}
-
-/// Free bytes for unprivileged writers on the filesystem holding `path`.
-pub(crate) fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let dir = if path.is_dir() { path } else { path.parent()? };
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
-    // SAFETY: statvfs writes into the zeroed struct we pass; c is a valid C string.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
-        return None;
-    }
-    Some(st.f_bavail as u64 * st.f_frsize as u64)
 }
