@@ -61,13 +61,13 @@ test-sdk: build guest
 	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
 
-# Bounded fuzzing of virtio descriptor-chain parsing (blk, vsock) and of the image-layer
-# applier: libFuzzer via cargo-fuzz when it installs, else the seeded randomized tests of
-# the same targets (30 s per target).
+# Bounded fuzzing of what zygote reads from hostile sources (virtio descriptor chains,
+# agent frames, image layers, snapshot packs): libFuzzer via cargo-fuzz when it installs,
+# else the seeded randomized tests of the same targets (20 s per target).
 test-fuzz: setup
 	$(PHASE) test-fuzz
 	ZYGOTE_SETUP_FUZZ=1 bash scripts/setup.sh
-	bash scripts/fuzz.sh 30
+	bash scripts/fuzz.sh 20
 
 # The nested lane (guest/nested/README.md): zygote's own VMM running Linux guests inside an
 # L1 Linux whose kvm_amd runs under QEMU TCG with SVM exposed. The smoke part is in `make test`.

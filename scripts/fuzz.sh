@@ -1,34 +1,33 @@
 #!/usr/bin/env bash
-# Fuzz the virtio descriptor-chain handling (virtio-blk requests, virtio-vsock packets)
-# and the image-layer applier (tar entries, whiteouts, sparse entries, links) for a
-# bounded time per target.
+# Fuzz what zygote reads from hostile sources for a bounded time per target:
+#   blk_chain vsock_chain  virtio descriptor chains in guest memory (zygote-vmm)
+#   agent_frames           frames from the in-guest agent (zygote-proto's client)
+#   layer_apply            image layers: tar entries, whiteouts, sparse files, links (zygote-oci)
+#   pack_import            uploaded snapshot packs: archive reader, staging, sparse decoder
 #
 #   scripts/fuzz.sh [SECONDS_PER_TARGET=60] [TARGET...]
-#       targets: blk_chain vsock_chain (crates/vmm/fuzz), layer_apply (crates/oci/fuzz)
 #
-# With cargo-fuzz installed (scripts/setup.sh) this runs libFuzzer on a nightly
-# toolchain if one is installed, else on stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz
-# needs -Z flags). Without cargo-fuzz it falls back to the seeded randomized tests
-# (same entry points, structure-aware random inputs) with an iteration count scaled
-# to the time budget. Exit status: non-zero when a crash or invariant failure is found.
+# With cargo-fuzz installed (scripts/setup.sh) this runs libFuzzer on a nightly toolchain
+# if one is installed, else on stable with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs -Z flags).
+# All targets are one crate (fuzz/), built once into ~/.cache/zygote/fuzz-target (keyed by
+# cargo's own fingerprints, so a second run rebuilds only what changed). Without cargo-fuzz
+# it falls back to the seeded randomized tests of the same entry points, with iteration
+# counts scaled to the time budget. Exit status: non-zero when a crash or invariant
+# failure is found.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(blk_chain vsock_chain layer_apply)
+all=(blk_chain vsock_chain agent_frames layer_apply pack_import)
+[ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
+for t in "${targets[@]}"; do
+  [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz: unknown target $t (known: ${all[*]})" >&2; exit 2; }
+done
+wants() { [[ " ${targets[*]} " == *" $1 "* ]]; }
 
-# The crate whose fuzz/ directory holds a target.
-crate_of() {
-  case "$1" in
-    blk_chain | vsock_chain) echo vmm ;;
-    layer_apply) echo oci ;;
-    *)
-      echo "fuzz: unknown target $1" >&2
-      exit 2
-      ;;
-  esac
-}
+# libFuzzer flags of a target's own: an allocation past the 16 MiB frame limit is a finding.
+flags_of() { case "$1" in agent_frames) echo -malloc_limit_mb=17 ;; esac; }
 
 if cargo fuzz --help >/dev/null 2>&1; then
   if rustup run nightly rustc --version >/dev/null 2>&1; then
@@ -38,35 +37,39 @@ if cargo fuzz --help >/dev/null 2>&1; then
     toolchain=()
     export_env=(RUSTC_BOOTSTRAP=1)
   fi
+  target_dir="${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}/fuzz-target"
+  mkdir -p "$target_dir"
+  cd fuzz
   for t in "${targets[@]}"; do
-    dir="crates/$(crate_of "$t")/fuzz"
     echo "fuzz: $t for ${secs}s (cargo-fuzz ${toolchain[*]:-stable+RUSTC_BOOTSTRAP})"
-    mkdir -p "$dir/corpus/$t"
-    (cd "$dir" && env "${export_env[@]}" cargo "${toolchain[@]}" fuzz run "$t" "corpus/$t" -- \
-      -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1)
+    mkdir -p "corpus/$t"
+    # shellcheck disable=SC2046
+    env "${export_env[@]}" cargo "${toolchain[@]}" fuzz run --target-dir "$target_dir" \
+      "$t" "corpus/$t" -- -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \
+      -print_final_stats=1 $(flags_of "$t")
   done
-else
-  seed="${ZYGOTE_FUZZ_SEED:-$(date +%s)}"
-  vmm=() oci=()
-  for t in "${targets[@]}"; do
-    case "$(crate_of "$t")" in
-      vmm) vmm+=("$t") ;;
-      oci) oci+=("$t") ;;
-    esac
-  done
-  if [ ${#vmm[@]} -gt 0 ]; then
-    # About 1500 iterations per target-second in a debug build on the 2-core dev machine.
-    iters=$((secs * 1500))
-    echo "fuzz: cargo-fuzz not installed; seeded randomized test of ${vmm[*]}, $iters iterations per target"
-    ZYGOTE_FUZZ_ITERS="$iters" ZYGOTE_FUZZ_SEED="$seed" \
-      cargo test -p zygote-vmm --lib devices::virtio::fuzzing -- --nocapture
-  fi
-  if [ ${#oci[@]} -gt 0 ]; then
-    # About 300 layer sets per second in a release build (the profile the project's
-    # tests share; every run makes and removes a small tree, on /dev/shm when there).
-    iters=$((secs * 300))
-    echo "fuzz: cargo-fuzz not installed; seeded randomized test of ${oci[*]}, $iters iterations"
-    ZYGOTE_FUZZ_ITERS="$iters" ZYGOTE_FUZZ_SEED="$seed" \
-      cargo test --release -p zygote-oci --lib fuzzing::tests::random -- --nocapture
-  fi
+  exit 0
+fi
+
+seed="${ZYGOTE_FUZZ_SEED:-$(date +%s)}"
+echo "fuzz: cargo-fuzz not installed; seeded randomized tests (seed $seed)"
+if wants blk_chain || wants vsock_chain; then
+  # About 1500 iterations per target-second in a debug build on the 2-core dev machine.
+  ZYGOTE_FUZZ_ITERS=$((secs * 1500)) ZYGOTE_FUZZ_SEED="$seed" \
+    cargo test -p zygote-vmm --lib devices::virtio::fuzzing -- --nocapture
+fi
+if wants agent_frames; then
+  # About 10000 frames streams per second in a release build here.
+  ZYGOTE_FUZZ_ITERS=$((secs * 10000)) ZYGOTE_FUZZ_SEED="$seed" \
+    cargo test --release -p zygote-proto --test agent_frames_fuzz -- --nocapture
+fi
+if wants layer_apply; then
+  # About 300 layer sets per second in a release build (each makes and removes a tree).
+  ZYGOTE_FUZZ_ITERS=$((secs * 300)) ZYGOTE_FUZZ_SEED="$seed" \
+    cargo test --release -p zygote-oci --lib fuzzing::tests::random -- --nocapture
+fi
+if wants pack_import; then
+  # About 12 uploads per second through a daemon on the 2-core dev machine.
+  ZYGOTE_FUZZ_ITERS=$((secs * 12)) ZYGOTE_FUZZ_SEED="$seed" \
+    cargo test --release -p zygote-daemon --test pack_fuzz -- --nocapture
 fi

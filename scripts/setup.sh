@@ -54,7 +54,7 @@ for comp in "${RUST_COMPONENTS[@]}"; do
 done
 log "done"
 
-# Fuzzing the virtio devices (scripts/fuzz.sh) needs cargo-fuzz. Opt-in because it
+# Fuzzing (scripts/fuzz.sh: virtio chains, agent frames, layers, packs) needs cargo-fuzz. Opt-in because it
 # compiles for minutes: ZYGOTE_SETUP_FUZZ=1 scripts/setup.sh. scripts/fuzz.sh uses a
 # nightly toolchain when one is installed, else stable with RUSTC_BOOTSTRAP=1, and
 # without cargo-fuzz falls back to the seeded randomized test.

@@ -61,10 +61,11 @@ pub enum Error {
     SnapshotInUse { id: String, dependents: String },
     #[error("{0}")]
     Conflict(String),
-    /// Checked before writing a snapshot: better than a failed write half-way.
-    #[error("no space left on {dir} ({free_mib} MiB free, up to {needed_mib} MiB needed)")]
+    /// Checked before writing a snapshot or an imported pack: better than a failed write
+    /// half-way. `what` names the filesystem by its role (never a host path).
+    #[error("no space left on {what} ({free_mib} MiB free, up to {needed_mib} MiB needed)")]
     NoSpace {
-        dir: String,
+        what: String,
         free_mib: u64,
         needed_mib: u64,
     },
@@ -194,6 +195,7 @@ impl Error {
                 _ => (S::BAD_GATEWAY, "guest_error"),
             },
             Error::AgentUnreachable(_) => (S::BAD_GATEWAY, "agent_unreachable"),
+            Error::Runtime(RuntimeError::BadPack(_)) => (S::UNPROCESSABLE_ENTITY, "bad_image"),
             Error::AgentTimeout(ClientError::Unresponsive(_)) => {
                 (S::GATEWAY_TIMEOUT, "agent_unresponsive")
             }

@@ -8,60 +8,25 @@
 //! The daemon's state directory is a small tmpfs (root only; skipped otherwise).
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use hyper::Method;
 use serde_json::json;
 use zygote_daemon::model::ExecResponse;
 
-use common::{create, eventually, get, start_daemon, step, Scratch};
+use common::{create, eventually, free_bytes, get, mount_tmpfs, start_daemon, step, Scratch};
 
 /// Size of the tmpfs holding the state directory.
 const STATE_FS_MIB: u64 = 256;
 /// What the guest writes: more than the room left on the tmpfs.
 const GUEST_WRITE_MIB: u64 = 96;
 
-struct Mounted(std::path::PathBuf);
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-fn mount_tmpfs(dir: &Path) -> Result<Mounted, String> {
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
-    let out = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o"])
-        .arg(format!("size={STATE_FS_MIB}m,mode=0700"))
-        .arg("zygote-test")
-        .arg(dir)
-        .output()
-        .map_err(|e| format!("mount: {e}"))?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    Ok(Mounted(dir.to_path_buf()))
-}
-
-fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail as u64 * st.f_frsize as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_host_disk_is_reported_and_survived() {
     let t0 = Instant::now();
     let scratch = Scratch::new();
     let state = &scratch.state;
-    let _mount = match mount_tmpfs(state) {
+    let _mount = match mount_tmpfs(state, STATE_FS_MIB) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("SKIP: cannot mount a tmpfs for the state directory ({e}); needs root");

@@ -4,11 +4,14 @@
 //! snapshotted on A, pushed, pulled into B and started there: the same process goes on
 //! counting from where it was and the file is there. Pushing it again uploads nothing;
 //! a flipped byte in any blob (in the registry, or in an exported pack file) is refused
-//! with nothing registered. Skips, saying why, without the tools.
+//! with nothing registered and no blob kept. The pack's base image comes along under its
+//! content only: the name it has on A means nothing on B (issue 33). Skips, saying why,
+//! without the tools.
 #[path = "../../oci/tests/common/mod.rs"]
 mod oci_fixture;
 
 mod common;
+mod pack_util;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,6 +81,13 @@ async fn snapshot_count(c: &Client) -> usize {
         .await
         .unwrap();
     l.snapshots.len()
+}
+
+/// Entries in a cache's pack staging directory.
+fn staged(cache: &Path) -> usize {
+    std::fs::read_dir(cache.join("oci/staging"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Flips one byte in the middle of `file`; returns a closure-free undo (the old byte).
@@ -257,6 +267,22 @@ async fn snapshot_packs_move_a_live_sandbox_between_daemons() {
     let alive = sh(&b, &copy.id, &format!("kill -0 {pid} && echo yes")).await;
     assert_eq!(alive, "yes");
     step(t0, &format!("pulled into B and started: the same process counts on ({counted} -> {later}), the file is there"));
+    // The base image came with the pack under its content: "minimal", its name on A,
+    // means nothing on B (no image of that name there), as before the pull.
+    let e = b
+        .json::<Value>(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"image": "minimal", "mem_mib": 256})),
+        )
+        .await
+        .expect_err("create --image minimal on B must not boot the pack's base image");
+    assert_eq!(e.code(), Some("not_found"), "{e}");
+    let names = pack_util::image_names(&b).await;
+    assert!(
+        !names.is_empty() && names.iter().all(|n| n.starts_with("pack-base-")),
+        "{names:?}"
+    );
     // A create naming the reference uses what was pulled.
     let by_ref = create(&b, json!({"snapshot": reference}), &_cleanup[1])
         .await
@@ -294,6 +320,11 @@ async fn snapshot_packs_move_a_live_sandbox_between_daemons() {
         let events = pack_stream(&b, "/v1/snapshots/pull", named).await;
         assert_eq!(error_code(&events), Some("bad_image"), "{d}: {events:?}");
         unflip(&file, undo);
+        assert!(
+            !cache_blobs.join(d.trim_start_matches("sha256:")).exists(),
+            "{d}: a refused pull keeps no blob"
+        );
+        assert_eq!(staged(&cache_b), 0, "{d}: staging left");
     }
     assert_eq!(snapshot_count(&b).await, before, "nothing registered");
     step(
@@ -354,6 +385,7 @@ async fn snapshot_packs_move_a_live_sandbox_between_daemons() {
         "{e}"
     );
     unflip(&file, undo);
+    assert_eq!(staged(&cache_b), 0, "a refused import leaves no staging");
     let e = b
         .raw(
             Method::POST,

@@ -31,8 +31,8 @@ pub use paths::cache_dir;
 pub use recipe::{find_recipe, list_recipes, Recipe};
 pub use rootfs::{build_image, build_image_with, BuildOptions, AGENT_GUEST_PATH};
 pub use store::{
-    list_images, locate_image, prune_images, remove_image, sha256_file, ImageInfo, OciOrigin,
-    RunConfig,
+    find_by_sha256, list_images, locate_image, prune_images, remove_image, sha256_file, ImageInfo,
+    OciOrigin, RunConfig,
 };
 
 /// sha256 of a byte string, lowercase hex.

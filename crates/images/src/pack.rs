@@ -10,7 +10,7 @@ use crate::exec::{run_quiet, Progress};
 use crate::paths::images_dir;
 use crate::store::{
     fs_name, image_path, lookup_by_recipe_key, mark_current, save_info, sha256_file, FileLock,
-    ImageInfo,
+    ImageInfo, PACK_BASE_KEY,
 };
 use crate::AGENT_GUEST_PATH;
 
@@ -166,26 +166,47 @@ fn place(raw: &Path, mut info: ImageInfo, current: bool) -> Result<ImageInfo> {
     Ok(info)
 }
 
-/// Stores an image that came from elsewhere (a snapshot pack's base image) under its
-/// content hash, which must be `sha256`: the name keeps meaning what it meant if it
-/// meant anything. An image with that hash already stored is returned as it is.
-pub fn adopt_image(raw: &Path, mut info: ImageInfo, sha256: &str) -> Result<ImageInfo> {
-    if let Ok(found) = crate::store::locate_image(sha256) {
-        if found.sha256 == sha256 {
-            let _ = std::fs::remove_file(raw);
-            return Ok(found);
-        }
-    }
-    let actual = sha256_file(raw)?;
-    if actual != sha256 {
-        return Err(ImageError::BadOutput {
-            what: format!("image {}", info.name),
-            detail: format!("its bytes hash to {actual}, not the {sha256} it claims"),
-        });
-    }
-    let name_taken = crate::store::locate_image(&info.name).is_ok();
-    info.sha256 = actual;
-    place(raw, info, !name_taken)
+/// The name a snapshot pack's base image is stored under: its content, never anything
+/// the pack claims (see the store's module doc).
+pub fn pack_base_name(sha256: &str) -> String {
+    format!("pack-base-{sha256}")
+}
+
+/// Where [`store_pack_base`] puts the image whose bytes hash to `sha256` (through the
+/// store directory's real path: a disk layer names it as its backing file).
+pub fn pack_base_path(sha256: &str) -> Result<PathBuf> {
+    let dir = images_dir();
+    std::fs::create_dir_all(&dir).ctx(|| format!("creating {}", dir.display()))?;
+    let dir = dir
+        .canonicalize()
+        .ctx(|| format!("resolving {}", dir.display()))?;
+    Ok(image_path(&dir, &pack_base_name(sha256), sha256))
+}
+
+/// Stores a snapshot pack's base image at [`pack_base_path`], read-only, under
+/// [`pack_base_name`], never as what any name means. `raw` must hash to `sha256` (the
+/// caller checked it: the file is then named for what it holds). A copy already there
+/// (the same bytes) is replaced.
+pub fn store_pack_base(raw: &Path, sha256: &str, description: String) -> Result<ImageInfo> {
+    let info = ImageInfo {
+        name: pack_base_name(sha256),
+        sha256: sha256.to_string(),
+        path: PathBuf::new(),
+        size_bytes: 0,
+        disk_bytes: 0,
+        recipe_key: format!("{PACK_BASE_KEY}{sha256}"),
+        recipe_path: PathBuf::new(),
+        description,
+        base: "snapshot pack".into(),
+        agent_sha256: String::new(),
+        built_at: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        build_secs: 0.0,
+        oci: None,
+    };
+    place(raw, info, false)
 }
 
 /// The image `name` built from inputs hashing to `key`, if the store has it; it

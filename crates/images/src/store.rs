@@ -15,6 +15,15 @@
 //! refers to a base image by hash can never silently get different bytes; the
 //! recipe key (a hash of everything that goes into a build) is only an index
 //! that turns "build minimal" into "already have it" without rebuilding.
+//!
+//! A snapshot pack's base image ([`crate::pack::store_pack_base`]) comes from whoever
+//! made the pack, so it never gets a name anyone resolves: it is stored as
+//! `pack-base-<sha256>` (not a recipe name: those are at most 64 characters; not a
+//! reference: no `/`, `:` or `@`), is never what a name means (`.current`), and
+//! [`locate_image`] never returns it, whatever the query (name, file stem, hash
+//! prefix). Only its content finds it ([`find_by_sha256`], exact), and `prune` keeps
+//! it. Its recipe key (`pack-<sha256>`) marks it, also for images earlier versions
+//! adopted under the name their pack claimed.
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -95,9 +104,17 @@ pub struct RunConfig {
     pub cmd: Vec<String>,
 }
 
+/// How the recipe key of a snapshot pack's base image starts (see the module doc).
+pub(crate) const PACK_BASE_KEY: &str = "pack-";
+
 impl ImageInfo {
     pub fn file_stem(&self) -> String {
         format!("{}-{}", fs_name(&self.name), self.sha256)
+    }
+
+    /// A snapshot pack's base image: found by its content only (see the module doc).
+    pub fn is_pack_base(&self) -> bool {
+        self.recipe_key.starts_with(PACK_BASE_KEY)
     }
 }
 
@@ -202,12 +219,14 @@ pub(crate) fn list_images_in(dir: &Path) -> Result<Vec<ImageInfo>> {
 
 /// Finds a built image without building: by name (what its last build gave, else the
 /// newest of that name), by sha256 or a unique prefix of at least 8 hex digits, or by `name-sha256`.
+/// Never a snapshot pack's base image (see the module doc).
 pub fn locate_image(query: &str) -> Result<ImageInfo> {
     locate_image_in(&images_dir(), query)
 }
 
 pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
-    let images = list_images_in(dir)?;
+    let mut images = list_images_in(dir)?;
+    images.retain(|i| !i.is_pack_base());
     let current = current_sha(dir, query);
     let by_name = images
         .iter()
@@ -235,17 +254,39 @@ pub(crate) fn locate_image_in(dir: &Path, query: &str) -> Result<ImageInfo> {
     Err(ImageError::ImageNotFound(query.to_string()))
 }
 
-/// Deletes one image (as found by [`locate_image`]) with its metadata and
-/// the index entries pointing at it. Running VMs keep working: their overlay
-/// holds the base open.
+/// Any stored image whose bytes hash to `sha256` (all 64 digits), snapshot pack bases
+/// included: the same bytes whatever the image is called.
+pub fn find_by_sha256(sha256: &str) -> Result<Option<ImageInfo>> {
+    find_by_sha256_in(&images_dir(), sha256)
+}
+
+pub(crate) fn find_by_sha256_in(dir: &Path, sha256: &str) -> Result<Option<ImageInfo>> {
+    if sha256.len() != 64 {
+        return Ok(None);
+    }
+    Ok(list_images_in(dir)?
+        .into_iter()
+        .find(|i| i.sha256 == sha256))
+}
+
+/// Deletes one image (as found by [`locate_image`], or a snapshot pack's base by its
+/// whole name) with its metadata and the index entries pointing at it. Running VMs
+/// keep working: their overlay holds the base open.
 pub fn remove_image(query: &str) -> Result<ImageInfo> {
     let dir = images_dir();
-    let info = locate_image_in(&dir, query)?;
+    let info = match locate_image_in(&dir, query) {
+        Err(ImageError::ImageNotFound(_)) => list_images_in(&dir)?
+            .into_iter()
+            .find(|i| i.is_pack_base() && i.name == query)
+            .ok_or_else(|| ImageError::ImageNotFound(query.to_string()))?,
+        found => found?,
+    };
     remove_in(&dir, &info)?;
     Ok(info)
 }
 
-/// Deletes every image but the one each name means ([`locate_image`]); returns what was
+/// Deletes every image but the one each name means ([`locate_image`]) and snapshot pack
+/// bases (named by their content: each is the only one of its name); returns what was
 /// removed.
 pub fn prune_images() -> Result<Vec<ImageInfo>> {
     prune_in(&images_dir())
@@ -254,6 +295,9 @@ pub fn prune_images() -> Result<Vec<ImageInfo>> {
 pub(crate) fn prune_in(dir: &Path) -> Result<Vec<ImageInfo>> {
     let mut removed = Vec::new();
     for info in list_images_in(dir)? {
+        if info.is_pack_base() {
+            continue;
+        }
         if locate_image_in(dir, &info.name)?.sha256 != info.sha256 {
             remove_in(dir, &info)?;
             removed.push(info);
@@ -400,159 +444,5 @@ impl FileLock {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lock_in_a_directory_not_yet_made_creates_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("cache/images/.lock-minimal");
-        let lock = FileLock::acquire(&path, &mut |_| {}).unwrap();
-        assert!(path.is_file(), "{} was not created", path.display());
-        drop(lock);
-    }
-
-    #[test]
-    fn sha256_of_a_sparse_file_is_that_of_its_bytes() {
-        use sha2::Digest;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sparse");
-        let f = File::create(&path).unwrap();
-        f.set_len(10 << 20).unwrap();
-        use std::os::unix::fs::FileExt;
-        f.write_all_at(b"in the middle", 5 << 20).unwrap();
-        f.write_all_at(b"at the end", (10 << 20) - 10).unwrap();
-        f.write_all_at(&[7u8; 70_000], 4096).unwrap();
-        drop(f);
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(
-            sha256_file(&path).unwrap(),
-            hex::encode(sha2::Sha256::digest(&bytes))
-        );
-        let empty = dir.path().join("empty");
-        File::create(&empty).unwrap().set_len(3 << 20).unwrap();
-        let zeros = vec![0u8; 3 << 20];
-        assert_eq!(
-            sha256_file(&empty).unwrap(),
-            hex::encode(sha2::Sha256::digest(&zeros))
-        );
-    }
-
-    #[test]
-    fn sha256_of_file_matches_known_vector() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, b"abc").unwrap();
-        assert_eq!(
-            sha256_file(&path).unwrap(),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
-    }
-
-    fn info(name: &str, sha: &str, key: &str, built_at: u64) -> ImageInfo {
-        ImageInfo {
-            name: name.into(),
-            sha256: sha.into(),
-            path: PathBuf::new(),
-            size_bytes: 1,
-            disk_bytes: 1,
-            recipe_key: key.into(),
-            recipe_path: "/r".into(),
-            description: String::new(),
-            base: "busybox".into(),
-            agent_sha256: "0".into(),
-            built_at,
-            build_secs: 0.0,
-            oci: None,
-        }
-    }
-
-    #[test]
-    fn save_lookup_list_locate() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let old = info("mini", &"a".repeat(64), "k1", 10);
-        let new = info("mini", &format!("ab{}", "0".repeat(62)), "k2", 20);
-        let other = info("py", &"c".repeat(64), "k3", 5);
-        for i in [&old, &new, &other] {
-            save_info(d, i).unwrap();
-        }
-        // Metadata without its image file does not count as built.
-        assert!(list_images_in(d).unwrap().is_empty());
-        assert!(lookup_by_recipe_key(d, "mini", "k1").is_none());
-        for i in [&old, &new, &other] {
-            std::fs::write(image_path(d, &i.name, &i.sha256), b"x").unwrap();
-        }
-        let listed: Vec<_> = list_images_in(d)
-            .unwrap()
-            .into_iter()
-            .map(|i| i.built_at)
-            .collect();
-        assert_eq!(listed, vec![20, 10, 5], "by name, newest first");
-        let hit = lookup_by_recipe_key(d, "mini", "k1").unwrap();
-        assert_eq!(hit.sha256, old.sha256);
-        assert_eq!(hit.path, d.join(format!("mini-{}.ext4", old.sha256)));
-        assert!(lookup_by_recipe_key(d, "mini", "k9").is_none());
-        assert_eq!(locate_image_in(d, "mini").unwrap().built_at, 20);
-        assert_eq!(locate_image_in(d, "cccccccc").unwrap().name, "py");
-        assert_eq!(
-            locate_image_in(d, &format!("mini-{}", old.sha256))
-                .unwrap()
-                .built_at,
-            10
-        );
-        // "a" prefixes: aaaa... and ab00...: ambiguous below 2 digits, too short anyway.
-        assert!(matches!(locate_image_in(d, "aaaaaaaa"), Ok(i) if i.built_at == 10));
-        assert!(matches!(
-            locate_image_in(d, "nope"),
-            Err(ImageError::ImageNotFound(_))
-        ));
-        assert!(matches!(
-            locate_image_in(d, "ccc"),
-            Err(ImageError::ImageNotFound(_))
-        ));
-
-        // Pruning keeps the newest of each name and drops the old one's files
-        // and index entry.
-        let removed = prune_in(d).unwrap();
-        assert_eq!(removed.len(), 1);
-        assert_eq!(removed[0].sha256, old.sha256);
-        assert!(!image_path(d, "mini", &old.sha256).exists());
-        assert!(lookup_by_recipe_key(d, "mini", "k1").is_none());
-        assert!(lookup_by_recipe_key(d, "mini", "k2").is_some());
-        let names: Vec<_> = list_images_in(d)
-            .unwrap()
-            .into_iter()
-            .map(|i| i.name)
-            .collect();
-        assert_eq!(names, vec!["mini", "py"]);
-    }
-
-    #[test]
-    fn a_name_means_its_last_build_not_the_newest_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = dir.path();
-        let old = info("mini", &"a".repeat(64), "k1", 10);
-        let new = info("mini", &"b".repeat(64), "k2", 20);
-        for i in [&old, &new] {
-            save_info(d, i).unwrap();
-            std::fs::write(image_path(d, &i.name, &i.sha256), b"x").unwrap();
-        }
-        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, new.sha256);
-        // A build resolved the older inputs again (cache hit): the name follows it.
-        mark_current(d, &old).unwrap();
-        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, old.sha256);
-        // Pruning keeps what the name means.
-        let removed = prune_in(d).unwrap();
-        assert_eq!(removed.len(), 1);
-        assert_eq!(removed[0].sha256, new.sha256);
-        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, old.sha256);
-        // Removing it drops the pointer; the name falls back to the newest left.
-        mark_current(d, &old).unwrap();
-        save_info(d, &new).unwrap();
-        std::fs::write(image_path(d, &new.name, &new.sha256), b"x").unwrap();
-        remove_in(d, &old).unwrap();
-        assert!(current_sha(d, "mini").is_none());
-        assert_eq!(locate_image_in(d, "mini").unwrap().sha256, new.sha256);
-    }
-}
+#[path = "store_tests.rs"]
+mod tests;

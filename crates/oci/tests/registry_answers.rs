@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use common::fake::{Body, FakeRegistry, Reply};
 use common::{or_skip, sha256_digest, Auth, Registry};
 use zygote_images::space::free_bytes;
+use zygote_oci::pack::{Room, Staging};
 use zygote_oci::{ImportOptions, Limits, OciError, PullOptions};
 
 /// Bodies the fake registry offers where a client should read little.
@@ -392,9 +393,22 @@ fn snapshot_packs_push_and_pull_back_through_basic_and_token_auth() {
         // Pulled back into a store without the file's blob: downloaded again.
         let blob = &packed.files[0].blob;
         std::fs::remove_file(blob).unwrap();
+        let staging = Staging::new().unwrap();
         let back = rt
-            .block_on(zygote_oci::pack::pull(&reference, &opts, progress))
+            .block_on(zygote_oci::pack::pull(
+                &reference,
+                &opts,
+                &staging,
+                Room::UNBOUNDED,
+                progress,
+            ))
             .unwrap_or_else(|e| panic!("{auth:?}: {e}"));
+        // Staged until the pack is recorded, then moved into the shared store.
+        assert!(!blob.exists(), "{auth:?}: staged, not yet shared");
+        let digests: Vec<_> = back.files.iter().map(|f| f.digest.clone()).collect();
+        staging
+            .commit(&digests, &zygote_oci::blobs::BlobStore::open().unwrap())
+            .unwrap();
         assert_eq!(back.manifest_digest, packed.manifest_digest);
         assert_eq!(back.config, packed.config);
         let disk = back.file("disk").unwrap();
@@ -405,6 +419,8 @@ fn snapshot_packs_push_and_pull_back_through_basic_and_token_auth() {
             .block_on(zygote_oci::pack::pull(
                 &reference,
                 &PullOptions::default(),
+                &Staging::new().unwrap(),
+                Room::UNBOUNDED,
                 Arc::new(|_| {}),
             ))
             .unwrap_err();

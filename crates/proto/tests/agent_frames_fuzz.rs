@@ -1,6 +1,6 @@
 //! Seeded randomized test of the host side of the agent protocol: what the client does
 //! with frames a hostile guest writes (the cargo-fuzz target `agent_frames` in
-//! `crates/proto/fuzz` feeds the same decoder; `scripts/fuzz.sh` runs either).
+//! `fuzz/` feeds the same decoder; `scripts/fuzz.sh` runs either).
 //!
 //! Streams of valid responses, mutated ones (bytes flipped, inserted, cut), wrong
 //! lengths, truncated and huge frames, bad JSON (deep nesting, huge numbers, invalid

@@ -5,20 +5,15 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use http_body_util::BodyExt;
-use tokio::io::AsyncWriteExt;
 
 use super::system::ndjson_job;
 use super::{ApiJson, ApiQuery, AppState};
-use crate::error::{Error, ErrorBody, Result};
+use crate::error::{ErrorBody, Result};
 use crate::model::pack::ImportQuery;
 use crate::model::{PackEvent, PullSnapshotRequest, PushSnapshotRequest, Snapshot, Validate};
-
-/// Largest pack an upload may be.
-const MAX_PACK_BYTES: u64 = 256 << 30;
 
 #[utoipa::path(get, path = "/v1/snapshots/{id}/export", tag = "snapshots",
     params(("id" = String, Path, description = "Snapshot id")),
@@ -74,61 +69,29 @@ impl Write for ChannelWriter {
     params(ImportQuery),
     request_body(content = Vec<u8>, content_type = "application/octet-stream",
                  description = "A snapshot pack (a tar archive) made by GET /v1/snapshots/{id}/export; \
-                                any content type is accepted"),
+                                any content type is accepted. Its size is held to the free space of \
+                                the image cache (checked from Content-Length before it is read, and \
+                                as it arrives)"),
     responses((status = 201, description = "Imported: a new snapshot of this daemon", body = Snapshot),
               (status = 400, description = "Not a snapshot pack", body = ErrorBody),
-              (status = 422, description = "A damaged pack (a digest mismatch), another format, runtime or CPU", body = ErrorBody)))]
+              (status = 413, description = "Larger than any pack may be (payload_too_large)", body = ErrorBody),
+              (status = 422, description = "A damaged pack (a digest mismatch, a malformed file), another format, runtime or CPU", body = ErrorBody),
+              (status = 507, description = "Larger than the free disk space (no_space)", body = ErrorBody)))]
 pub async fn import(
     State(st): State<AppState>,
     ApiQuery(q): ApiQuery<ImportQuery>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<(StatusCode, Json<Snapshot>)> {
-    let m = st.manager.clone();
-    let path = m.scratch_file("import", "tar")?;
-    let written = save_body(body, &path).await;
-    let result = match written {
-        Ok(()) => {
-            let p = path.clone();
-            let packed = tokio::task::spawn_blocking(move || {
-                zygote_oci::pack::read_archive(&p, MAX_PACK_BYTES)
-            })
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-            match packed {
-                Ok(packed) => m.import_pack(packed, q.name, "file".into()).await,
-                Err(e) => Err(e.into()),
-            }
-        }
-        Err(e) => Err(e),
-    };
-    let _ = std::fs::remove_file(&path);
-    Ok((StatusCode::CREATED, Json(result?)))
-}
-
-async fn save_body(body: Body, path: &std::path::Path) -> Result<()> {
-    let mut file = tokio::fs::File::create(path)
-        .await
-        .map_err(Error::io(format!("creating {}", path.display())))?;
-    let mut body = body;
-    let mut total = 0u64;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Error::MalformedBody(format!("reading the pack: {e}")))?;
-        if let Some(data) = frame.data_ref() {
-            total += data.len() as u64;
-            if total > MAX_PACK_BYTES {
-                return Err(Error::BodyTooLarge {
-                    what: "a snapshot pack",
-                    limit: MAX_PACK_BYTES as usize,
-                });
-            }
-            file.write_all(data)
-                .await
-                .map_err(Error::io(format!("writing {}", path.display())))?;
-        }
-    }
-    file.flush()
-        .await
-        .map_err(Error::io(format!("writing {}", path.display())))
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let snapshot = st
+        .manager
+        .import_upload(body.into_data_stream(), declared, q.name)
+        .await?;
+    Ok((StatusCode::CREATED, Json(snapshot)))
 }
 
 #[utoipa::path(post, path = "/v1/snapshots/{id}/push", tag = "snapshots",

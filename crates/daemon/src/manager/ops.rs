@@ -32,13 +32,12 @@ impl Manager {
         let Some(needed) = self.runtime.capture_bytes(kind, mem_mib) else {
             return Ok(());
         };
-        let dir = &self.dirs.snapshots;
-        match zygote_images::space::free_bytes(dir) {
-            Some(free) if free < needed => Err(Error::NoSpace {
-                dir: dir.display().to_string(),
-                free_mib: free >> 20,
-                needed_mib: needed.div_ceil(1 << 20),
-            }),
+        match zygote_images::space::free_bytes(&self.dirs.snapshots) {
+            Some(free) if free < needed => Err(super::space::no_space(
+                "the snapshot directory's filesystem",
+                free,
+                needed,
+            )),
             _ => Ok(()),
         }
     }

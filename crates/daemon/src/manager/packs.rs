@@ -1,26 +1,22 @@
 //! Snapshot packs: a snapshot leaves this daemon as one self-describing artifact (the
 //! runtime's self-contained files, the base image, and a [`PackConfig`]) and comes back
-//! into another as a snapshot of its own. Import checks everything before it records
-//! anything: every blob's digest, the format version, the runtime, the CPU a
-//! hardware-accelerated state needs, the base image's hash; the snapshot's record is
-//! written last, so a daemon killed half-way leaves only files that no record names
-//! (start-up removes them) and no half-registered snapshot.
+//! into another as a snapshot of its own (`pack_import`: every check before anything
+//! is recorded, nothing left by a refused pack). Export, push, pull, and what a pack
+//! must be for this daemon to run it.
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use zygote_oci::pack::{self, Packed};
+use zygote_oci::pack::{self, Packed, Staging};
 use zygote_oci::{Event, PullOptions};
 
-use super::{new_id, now, Manager};
+use super::pack_import::{host_side, refusal, MAX_PACK_BYTES};
+use super::space::room;
+use super::Manager;
 use crate::db::SnapshotRow;
 use crate::error::{Error, Result};
 use crate::model::pack::{PackConfig, PackImage, PackSnapshot, PACK_FORMAT};
-use crate::model::{PackOrigin, Snapshot, SnapshotKind};
-use crate::runtime::RuntimeError;
-
-/// Largest file a pack may unpack to (a memory state or disk layer).
-const MAX_FILE_BYTES: u64 = 1 << 40;
+use crate::model::Snapshot;
 
 /// Progress of a pack operation.
 pub type PackProgress = Arc<dyn Fn(Event) + Send + Sync>;
@@ -44,7 +40,7 @@ impl Manager {
         let w = work.clone();
         let result = self
             .blocking(move || -> Result<Packed> {
-                let exported = rt.export_files(&snap.data, &w).map_err(unsupported)?;
+                let exported = rt.export_files(&snap.data, &w).map_err(refusal)?;
                 let image = base_image(&exported.base)?;
                 let config = PackConfig {
                     format: PACK_FORMAT,
@@ -86,90 +82,6 @@ impl Manager {
         result?
     }
 
-    /// Registers the snapshot `p` holds (its blobs in the blob store) as a new one here.
-    pub async fn import_pack(
-        &self,
-        p: Packed,
-        name: Option<String>,
-        source: String,
-    ) -> Result<Snapshot> {
-        let config: PackConfig = serde_json::from_slice(&p.config)
-            .map_err(|e| Error::invalid(format!("not a zygote snapshot pack: its config: {e}")))?;
-        self.check_pack(&config)?;
-        let state_role = format!("state/{}", config.state_file);
-        for role in ["image", state_role.as_str()] {
-            if p.file(role).is_none() {
-                return Err(Error::invalid(format!("the pack has no {role} file")));
-            }
-        }
-        let digest = p.manifest_digest.to_string();
-        let id = new_id("snap");
-        let dir = self.dirs.snapshots.join(&id);
-        let disk = self.dirs.new_layer(&id);
-        let rt = self.runtime.clone();
-        let (d, k) = (dir.clone(), disk.clone());
-        let cfg = config.clone();
-        let unpacked = self
-            .blocking(move || -> Result<crate::runtime::SnapshotData> {
-                let base = adopt_base(&p, &cfg)?;
-                std::fs::create_dir_all(&d)
-                    .map_err(Error::io(format!("creating {}", d.display())))?;
-                for f in p.files.iter().filter(|f| f.role.starts_with("state/")) {
-                    let name = state_name(&f.role["state/".len()..])?;
-                    let dest = d.join(name);
-                    if let Some(parent) = dest.parent() {
-                        std::fs::create_dir_all(parent)
-                            .map_err(Error::io(format!("creating {}", parent.display())))?;
-                    }
-                    pack::sparse::decode(&f.blob, &dest, MAX_FILE_BYTES)?;
-                }
-                let disk = match p.file("disk") {
-                    Some(blob) => {
-                        pack::sparse::decode(&blob.blob, &k, MAX_FILE_BYTES)?;
-                        Some(k.as_path())
-                    }
-                    None => None,
-                };
-                let state_file = d.join(state_name(&cfg.state_file)?);
-                rt.import_files(&d, &state_file, disk, &base, &cfg.accel)
-                    .map_err(unsupported)
-            })
-            .await
-            .and_then(|r| r);
-        let data = match unpacked {
-            Ok(data) => data,
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&dir);
-                let _ = std::fs::remove_file(&disk);
-                return Err(e);
-            }
-        };
-        let row = SnapshotRow {
-            id: id.clone(),
-            name: name.or(config.snapshot.name.clone()),
-            kind: SnapshotKind::Full,
-            runtime: config.runtime.clone(),
-            source_sandbox: config.snapshot.source_sandbox.clone(),
-            depends_on: Vec::new(),
-            mem_mib: config.mem_mib,
-            vcpus: config.vcpus,
-            created_at: now(),
-            size_bytes: data.size_bytes(),
-            implicit: false,
-            data,
-            run: config.run.clone(),
-            pack: Some(PackOrigin {
-                source,
-                digest,
-                snapshot: config.snapshot.id.clone(),
-                agent_token: config.agent_token.clone(),
-            }),
-        };
-        self.db.put_snapshot(&row)?;
-        tracing::info!(snapshot = %id, from = %config.snapshot.id, "imported a snapshot pack");
-        self.snapshot_view(&row)
-    }
-
     /// The snapshot a create names: one of this daemon's, else (for a reference) the one
     /// pulled from it before, else pulled now.
     pub(crate) async fn find_or_pull_snapshot(&self, id: &str) -> Result<SnapshotRow> {
@@ -206,10 +118,16 @@ impl Manager {
             transport: self.registries.clone(),
             ..Default::default()
         };
-        let p = pack::pull(reference, &opts, progress).await?;
-        let image = zygote_oci::ImageRef::parse(reference)?;
-        self.import_pack(p, name, format!("oci://{}", image.name()))
-            .await
+        let pulled = async {
+            let image = zygote_oci::ImageRef::parse(reference)?;
+            let staging = self.blocking(Staging::new).await??;
+            let mut room = room(staging.dir());
+            room.spare = room.spare.min(MAX_PACK_BYTES);
+            let p = pack::pull(reference, &opts, &staging, room, progress).await?;
+            self.import_pack(p, staging, name, format!("oci://{}", image.name()))
+                .await
+        };
+        pulled.await.map_err(host_side)
     }
 
     /// Pushes snapshot `id` as `reference`; returns the manifest digest and the size.
@@ -232,7 +150,7 @@ impl Manager {
     }
 
     /// Whether this daemon can run what the pack holds.
-    fn check_pack(&self, c: &PackConfig) -> Result<()> {
+    pub(super) fn check_pack(&self, c: &PackConfig) -> Result<()> {
         if c.format != PACK_FORMAT {
             return Err(Error::Unsupported(format!(
                 "pack format {} (this daemon reads format {PACK_FORMAT})",
@@ -258,21 +176,6 @@ impl Manager {
     }
 }
 
-/// A state file's path in the snapshot's directory as a pack names it: at most two
-/// plain components (`vm/memory.bin`), nothing that climbs out or hides.
-fn state_name(name: &str) -> Result<&str> {
-    let parts: Vec<&str> = name.split('/').collect();
-    let ok = !parts.is_empty()
-        && parts.len() <= 2
-        && parts
-            .iter()
-            .all(|c| !c.is_empty() && !c.starts_with('.') && !c.contains('\0'));
-    if !ok {
-        return Err(Error::invalid(format!("a state file named {name:?}")));
-    }
-    Ok(name)
-}
-
 /// The stored image a disk chain ends in (any stored image: by path).
 fn base_image(base: &Path) -> Result<zygote_images::ImageInfo> {
     let base = base.canonicalize().unwrap_or_else(|_| base.to_path_buf());
@@ -285,49 +188,4 @@ fn base_image(base: &Path) -> Result<zygote_images::ImageInfo> {
                 base.display()
             ))
         })
-}
-
-/// The pack's base image in this host's image store (decoded and checked unless an
-/// image with its hash is there already); returns its path.
-fn adopt_base(p: &Packed, c: &PackConfig) -> Result<PathBuf> {
-    if let Ok(found) = zygote_images::locate_image(&c.image.sha256) {
-        if found.sha256 == c.image.sha256 {
-            return Ok(found.path);
-        }
-    }
-    let blob = p.file("image").expect("checked by the caller");
-    let tmp = zygote_images::pack::scratch_dir()?.join(format!(
-        "pack-{}-{}.ext4",
-        &c.image.sha256[..12.min(c.image.sha256.len())],
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&tmp);
-    let scratch = zygote_images::pack::ScratchPath(tmp.clone());
-    pack::sparse::decode(&blob.blob, &tmp, MAX_FILE_BYTES)?;
-    let info = zygote_images::ImageInfo {
-        name: c.image.name.clone(),
-        sha256: String::new(),
-        path: PathBuf::new(),
-        size_bytes: 0,
-        disk_bytes: 0,
-        recipe_key: format!("pack-{}", c.image.sha256),
-        recipe_path: PathBuf::new(),
-        description: format!("base image of snapshot {} (from a pack)", c.snapshot.id),
-        base: "snapshot pack".into(),
-        agent_sha256: String::new(),
-        built_at: now(),
-        build_secs: 0.0,
-        oci: None,
-    };
-    let stored = zygote_images::pack::adopt_image(&tmp, info, &c.image.sha256)?;
-    drop(scratch);
-    Ok(stored.path)
-}
-
-/// A runtime's "not here" as the API's 422; anything else as it is.
-fn unsupported(e: RuntimeError) -> Error {
-    match e {
-        RuntimeError::Unsupported(m) => Error::Unsupported(m),
-        e => e.into(),
-    }
 }

@@ -146,6 +146,15 @@ impl Manager {
                 }
             }
         }
+        // Pack imports a killed daemon left: staged blobs (of this daemon's, or of
+        // another's sharing the cache whose lock nobody holds) and decoded base images.
+        let swept = zygote_oci::pack::staging::sweep();
+        if swept > 0 {
+            tracing::info!("removed {swept} pack import staging directories left by a crash");
+        }
+        if let Err(e) = zygote_images::pack::scratch_dir() {
+            tracing::warn!("cleaning the image store's scratch directory: {e}");
+        }
         Ok(())
     }
 }

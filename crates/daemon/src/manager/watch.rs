@@ -7,7 +7,6 @@
 //! memory, not in the database, which a full disk may not let us write. A running VM
 //! whose agent stopped answering or garbled its replies (`agent_link`) is connected to
 //! again in the background, so its `agent` health recovers without a call.
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 

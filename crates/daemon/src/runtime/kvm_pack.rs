@@ -18,6 +18,12 @@ fn persist_err(what: &str) -> impl Fn(zygote_vmm::persist::PersistError) -> Runt
     move |e| RuntimeError::Boot(format!("{what}: {e}"))
 }
 
+/// A pack's state the VMM's reader refuses: the client's error (its messages name no
+/// host path).
+fn bad_pack(what: &str) -> impl Fn(zygote_vmm::persist::PersistError) -> RuntimeError + '_ {
+    move |e| RuntimeError::BadPack(format!("{what}: {e}"))
+}
+
 /// The root disk's base image path in a saved state (the copy-on-write block device).
 fn base_path(state: &mut VmState) -> Option<&mut PathBuf> {
     state
@@ -81,15 +87,15 @@ pub(super) fn export(
 
 pub(super) fn import(dir: &Path, vm_dir_name: &str, base: &Path) -> Result<(), RuntimeError> {
     let vm_dir = dir.join(vm_dir_name);
-    let meta = read_meta(&vm_dir).map_err(persist_err("the pack's meta.json"))?;
+    let meta = read_meta(&vm_dir).map_err(bad_pack("the pack's meta.json"))?;
     if meta.parent.is_some() {
         return Err(RuntimeError::Unsupported(
             "the pack holds a diff snapshot".into(),
         ));
     }
-    verify_memory(&vm_dir, &meta).map_err(persist_err("the pack's memory"))?;
+    verify_memory(&vm_dir, &meta).map_err(bad_pack("the pack's memory"))?;
     let host = CpuIdentity::host();
-    let mut state = read_state(&vm_dir, &host).map_err(persist_err("the pack's state"))?;
+    let mut state = read_state(&vm_dir, &host).map_err(bad_pack("the pack's state"))?;
     // The state names files the VMM opens: a pack may bring one copy-on-write root disk
     // (pointed at this host's base below) and no other disk.
     let disks = state
@@ -99,12 +105,12 @@ pub(super) fn import(dir: &Path, vm_dir_name: &str, base: &Path) -> Result<(), R
         .filter(|d| matches!(d.device, DeviceState::Block(_)))
         .count();
     if disks != 1 {
-        return Err(RuntimeError::Boot(format!(
+        return Err(RuntimeError::BadPack(format!(
             "the pack's state has {disks} disks; a sandbox has one copy-on-write root disk"
         )));
     }
     let path = base_path(&mut state).ok_or_else(|| {
-        RuntimeError::Boot("the pack's state has no copy-on-write root disk".into())
+        RuntimeError::BadPack("the pack's state has no copy-on-write root disk".into())
     })?;
     *path = base.to_path_buf();
     let tmp = vm_dir.join(format!("{STATE_FILE}.tmp"));

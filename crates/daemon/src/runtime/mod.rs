@@ -37,6 +37,10 @@ pub enum RuntimeError {
     },
     #[error("VM failed to start: {0}")]
     Boot(String),
+    /// An imported snapshot pack's files are not what a snapshot of this runtime is
+    /// (the message names no host path: it reaches the client).
+    #[error("{0}")]
+    BadPack(String),
     #[error("VM control: {0}")]
     Qmp(#[from] qmp::QmpError),
     #[error(transparent)]

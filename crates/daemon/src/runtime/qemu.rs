@@ -392,7 +392,8 @@ impl Runtime for QemuRuntime {
         base: &Path,
         accel: &str,
     ) -> Result<SnapshotData, RuntimeError> {
-        let disk = disk.ok_or_else(|| RuntimeError::Boot("the pack has no disk layer".into()))?;
+        let disk =
+            disk.ok_or_else(|| RuntimeError::BadPack("the pack has no disk layer".into()))?;
         super::qemu_pack::import(dir, state_file, disk, base, accel)
     }
 

@@ -5,6 +5,13 @@
 //! layers held); imported, that layer is pointed at wherever the base is on this host
 //! (`qemu-img rebase -u`: only the header changes). The state file (QEMU's migration
 //! stream of RAM and devices) travels as it is.
+//!
+//! An imported layer is the pack maker's: before qemu-img opens it, its header must be
+//! a plain qcow2's (no external data file, which qemu would open, no encryption), and
+//! after the rebase it must read the base alone. Neither step opens a backing file, so
+//! the base need not be in place yet (it is stored only once the whole pack passed).
+//! A layer refused is the client's error ([`RuntimeError::BadPack`]), told without host
+//! paths; qemu-img's own words go to the log.
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -91,33 +98,40 @@ pub(super) fn import(
     base: &Path,
     accel: &str,
 ) -> Result<SnapshotData, RuntimeError> {
-    let base = base.canonicalize().map_err(|source| RuntimeError::Io {
-        context: format!("base image {}", base.display()),
-        source,
-    })?;
+    check_plain_qcow2(disk)?;
     let (disk_str, base_str) = (disk.display().to_string(), base.display().to_string());
+    let refused = |e: RuntimeError| match e {
+        RuntimeError::Boot(detail) => {
+            tracing::warn!("an imported disk layer: {detail}");
+            RuntimeError::BadPack(
+                "the pack's disk layer is not a qcow2 image qemu-img reads".into(),
+            )
+        }
+        e => e,
+    };
     qemu_img(
         &[
             "rebase", "-q", "-u", "-f", "qcow2", "-b", &base_str, "-F", "raw", &disk_str,
         ],
         "pointing the disk layer at this host's base image",
-    )?;
-    // The layer came from elsewhere: it must be a plain qcow2 that reads this base and
-    // no other host file (no external data file, nothing else in its chain).
-    let chain = chain(disk)?;
-    let data_file = chain
-        .first()
-        .map(|top| &top["format-specific"]["data"]["data-file"]);
-    let ok = chain.len() == 2
-        && chain[0]["format"] == "qcow2"
-        && data_file.is_none_or(|d| d.is_null())
-        && chain[1]["format"] == "raw"
-        && chain[1]["filename"].as_str() == Some(base_str.as_str());
+    )
+    .map_err(refused)?;
+    let info = qemu_img(
+        &["info", "-f", "qcow2", "--output=json", &disk_str],
+        "reading the imported disk layer",
+    )
+    .map_err(refused)?;
+    let info: serde_json::Value = serde_json::from_str(&info)
+        .map_err(|e| RuntimeError::Boot(format!("qemu-img info: {e}")))?;
+    let ok = info["format"] == "qcow2"
+        && info["backing-filename"].as_str() == Some(base_str.as_str())
+        && info["backing-filename-format"] == "raw"
+        && info["format-specific"]["data"]["data-file"].is_null();
     if !ok {
-        return Err(RuntimeError::Boot(format!(
-            "the imported disk layer is not a qcow2 over the base image alone: {}",
-            serde_json::Value::Array(chain)
-        )));
+        tracing::warn!("an imported disk layer: {info}");
+        return Err(RuntimeError::BadPack(
+            "the pack's disk layer is not a plain qcow2 over its base image alone".into(),
+        ));
     }
     Ok(SnapshotData {
         dir: dir.to_path_buf(),
@@ -126,4 +140,32 @@ pub(super) fn import(
         accel: accel.to_string(),
         pause_ms: None,
     })
+}
+
+/// Refuses a layer whose qcow2 header asks qemu to open another host file (an external
+/// data file) or a key (encryption), or that is no qcow2 at all.
+fn check_plain_qcow2(disk: &Path) -> Result<(), RuntimeError> {
+    use std::io::Read;
+    let bad = |m: &str| RuntimeError::BadPack(format!("the pack's disk layer {m}"));
+    let mut header = [0u8; 104];
+    let mut f = std::fs::File::open(disk).map_err(RuntimeError::io("opening the disk layer"))?;
+    f.read_exact(&mut header)
+        .map_err(|_| bad("is too short for a qcow2 image"))?;
+    let be32 = |at: usize| u32::from_be_bytes(header[at..at + 4].try_into().expect("4 bytes"));
+    if header[..4] != *b"QFI\xfb" {
+        return Err(bad("is not a qcow2 image"));
+    }
+    let version = be32(4);
+    if !(2..=3).contains(&version) {
+        return Err(bad(&format!("is qcow2 version {version}, not 2 or 3")));
+    }
+    if be32(32) != 0 {
+        return Err(bad("is encrypted"));
+    }
+    let incompatible = u64::from_be_bytes(header[72..80].try_into().expect("8 bytes"));
+    // Bit 2: the guest's data lives in an external file the header names.
+    if version == 3 && incompatible & (1 << 2) != 0 {
+        return Err(bad("keeps its data in an external file"));
+    }
+    Ok(())
 }

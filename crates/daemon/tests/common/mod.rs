@@ -303,3 +303,37 @@ pub async fn create(
     }
     made.sandboxes
 }
+
+/// A tmpfs mounted by [`mount_tmpfs`], unmounted (lazily) on drop.
+pub struct Mounted(pub PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// A tmpfs of `size_mib` at `dir` (for a full disk on demand); Err (needs root) says why.
+pub fn mount_tmpfs(dir: &Path, size_mib: u64) -> Result<Mounted, String> {
+    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+    let out = Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={size_mib}m,mode=0700"))
+        .arg("zygote-test")
+        .arg(dir)
+        .output()
+        .map_err(|e| format!("mount: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+    }
+    Ok(Mounted(dir.to_path_buf()))
+}
+
+/// Free bytes for unprivileged writers on the filesystem holding `dir`.
+pub fn free_bytes(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
+    st.f_bavail as u64 * st.f_frsize as u64
+}

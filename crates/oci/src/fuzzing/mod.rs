@@ -1,4 +1,4 @@
-//! Entry points for fuzzing the layer applier (crates/oci/fuzz, and the seeded
+//! Entry points for fuzzing the layer applier (fuzz/, and the seeded
 //! randomized test in `tests.rs`): random layers ([`generate`]) are applied to a staging
 //! root that has a sentinel directory next to it, as the store's scratch directory
 //! holds other builds' and pulls' work next to each staging tree. What must hold

@@ -15,6 +15,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use super::Room;
 use crate::error::{IoContext, OciError, Result};
 
 const MAGIC: &[u8] = b"ZYSPARSE1\n";
@@ -85,11 +86,22 @@ fn next_data(file: &File, pos: u64, len: u64) -> (u64, u64) {
     (data as u64, end)
 }
 
+/// What one decode may write.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    /// The file's length (apparent size: holes cost nothing).
+    pub max_len: u64,
+    /// Bytes of data written (what the blocks take on disk): a few MiB of zstd can
+    /// claim terabytes, so this is the free space where `dest` is.
+    pub room: Room,
+}
+
 /// Decodes `blob` into a new file `dest` (which must not exist), refusing anything
-/// malformed or longer than `max_len`.
-pub fn decode(blob: &Path, dest: &Path, max_len: u64) -> Result<()> {
+/// malformed or over `limits`; returns the data bytes written. `what` names the file in
+/// errors (never a host path: they reach API clients).
+pub fn decode(blob: &Path, dest: &Path, what: &str, limits: &DecodeLimits) -> Result<u64> {
     let bad = |m: String| OciError::BadImage {
-        what: format!("blob {}", blob.display()),
+        what: what.to_string(),
         message: m,
     };
     let f = File::open(blob).ctx(|| format!("opening {}", blob.display()))?;
@@ -102,11 +114,11 @@ pub fn decode(blob: &Path, dest: &Path, max_len: u64) -> Result<()> {
         return Err(bad("not a zygote sparse file".into()));
     }
     let len = read_u64(&mut z).map_err(|e| bad(format!("reading its length: {e}")))?;
-    if len > max_len {
+    if len > limits.max_len {
         return Err(OciError::TooLarge {
-            what: format!("a file of {}", blob.display()),
+            what: what.to_string(),
             size: len,
-            limit: max_len,
+            limit: limits.max_len,
         });
     }
     let out = std::fs::OpenOptions::new()
@@ -118,6 +130,7 @@ pub fn decode(blob: &Path, dest: &Path, max_len: u64) -> Result<()> {
         .ctx(|| format!("sizing {}", dest.display()))?;
     let mut buf = vec![0u8; BLOCK];
     let mut last_end = 0u64;
+    let mut written = 0u64;
     loop {
         let offset = read_u64(&mut z).map_err(|e| bad(format!("truncated: {e}")))?;
         if offset == END {
@@ -132,6 +145,8 @@ pub fn decode(blob: &Path, dest: &Path, max_len: u64) -> Result<()> {
                 "a block at {offset} of {n} bytes is out of place"
             )));
         }
+        written += n as u64;
+        limits.room.check(written, || format!("decoding {what}"))?;
         z.read_exact(&mut buf[..n])
             .map_err(|e| bad(format!("truncated: {e}")))?;
         out.write_all_at(&buf[..n], offset)
@@ -144,7 +159,7 @@ pub fn decode(blob: &Path, dest: &Path, max_len: u64) -> Result<()> {
     }
     out.sync_data()
         .ctx(|| format!("syncing {}", dest.display()))?;
-    Ok(())
+    Ok(written)
 }
 
 fn read_u64(r: &mut impl Read) -> std::io::Result<u64> {
@@ -184,22 +199,54 @@ mod tests {
         assert_eq!(std::fs::read(&ea).unwrap(), std::fs::read(&eb).unwrap());
         assert!(std::fs::metadata(&ea).unwrap().len() < 64 << 10);
         let back = dir.path().join("back");
-        decode(&ea, &back, u64::MAX).unwrap();
+        let open = DecodeLimits {
+            max_len: u64::MAX,
+            room: Room::UNBOUNDED,
+        };
+        let data = decode(&ea, &back, "a", &open).unwrap();
+        assert!((200_000..4 << 20).contains(&data), "{data}");
         assert_eq!(std::fs::read(&back).unwrap(), std::fs::read(&a).unwrap());
         use std::os::unix::fs::MetadataExt;
         assert!(
             std::fs::metadata(&back).unwrap().blocks() * 512 < 4 << 20,
             "sparse again"
         );
-        // Refused: over the limit, or damaged.
-        let over = dir.path().join("over");
+        // Refused: over either limit, or damaged; the message names the file as told.
+        let short = DecodeLimits {
+            max_len: 1 << 20,
+            ..open
+        };
         assert!(matches!(
-            decode(&ea, &over, 1 << 20),
+            decode(&ea, &dir.path().join("over"), "a", &short),
             Err(OciError::TooLarge { .. })
         ));
+        let no_room = DecodeLimits {
+            room: Room {
+                spare: 100_000,
+                reserve: 1 << 20,
+            },
+            ..open
+        };
+        let e = decode(&ea, &dir.path().join("full"), "the disk", &no_room).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                OciError::NoSpace {
+                    free_mib: 1,
+                    reserve_mib: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("decoding the disk"), "{e}");
         let mut bytes = std::fs::read(&ea).unwrap();
         bytes.truncate(bytes.len() / 2);
         std::fs::write(&ea, bytes).unwrap();
-        assert!(decode(&ea, &dir.path().join("cut"), u64::MAX).is_err());
+        let e = decode(&ea, &dir.path().join("cut"), "a", &open).unwrap_err();
+        assert!(
+            !e.to_string().contains(&*dir.path().to_string_lossy()),
+            "{e}"
+        );
     }
 }

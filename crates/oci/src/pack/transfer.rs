@@ -1,13 +1,13 @@
 //! Snapshot packs to and from registries: blobs the registry has are not sent again
 //! (the check is a HEAD per blob), the manifest goes last so a pull never sees a pack
-//! whose blobs are not all there, and pulls reuse the image pull's resuming, checked
-//! downloads.
+//! whose blobs are not all there, and pulls reuse the image pull's checked downloads,
+//! into a [`Staging`] (blobs the shared store has are linked, not fetched again).
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use tokio::io::AsyncReadExt;
 
-use super::{from_manifest, snapshot_manifest, Packed, CONFIG_TYPE, FILE_TYPE};
+use super::{from_manifest, snapshot_manifest, Packed, Room, Staging, CONFIG_TYPE, FILE_TYPE};
 use crate::blobs::BlobStore;
 use crate::error::{OciError, Result};
 use crate::manifest::{MAX_DOCUMENT_BYTES, OCI_MANIFEST};
@@ -93,10 +93,13 @@ pub async fn push(
     Ok(p.manifest_digest.to_string())
 }
 
-/// Pulls the pack `reference` names into the blob store (resuming, checked).
+/// Pulls the pack `reference` names into `staging` (checked); a pack whose blobs
+/// together claim more than the staging's `room` is refused before any is fetched.
 pub async fn pull(
     reference: &str,
     opts: &PullOptions,
+    staging: &Staging,
+    room: Room,
     progress: Arc<dyn Fn(Event) + Send + Sync>,
 ) -> Result<Packed> {
     let image = ImageRef::parse(reference)?;
@@ -121,19 +124,32 @@ pub async fn pull(
             message: "not a zygote snapshot pack".into(),
         });
     }
-    let store = BlobStore::open()?.with_reserve(opts.limits.unpack.reserve_bytes);
+    let claimed = m
+        .layers
+        .iter()
+        .fold(0u64, |n, l| n.saturating_add(l.size.max(0) as u64));
+    room.check(claimed, || format!("pulling the pack {}", image.name()))?;
+    let shared = BlobStore::open()?;
+    for l in &m.layers {
+        staging.link_existing(&shared, &crate::manifest::Digest::parse(&l.digest)?);
+    }
     registry
-        .fetch_layers(&m.layers, &store, &opts.limits, &*progress)
+        .fetch_layers(&m.layers, staging.blobs(), &opts.limits, &*progress)
         .await?;
     let config = registry.small_blob(&m.config, MAX_DOCUMENT_BYTES).await?;
-    from_manifest(&image.name(), manifest, |d| {
-        if d.as_str() == m.config.digest {
-            Ok(config.clone())
-        } else {
-            Err(OciError::BadImage {
-                what: image.name(),
-                message: format!("unexpected document {d}"),
-            })
-        }
-    })
+    from_manifest(
+        &image.name(),
+        manifest,
+        |d| {
+            if d.as_str() == m.config.digest {
+                Ok(config.clone())
+            } else {
+                Err(OciError::BadImage {
+                    what: image.name(),
+                    message: format!("unexpected document {d}"),
+                })
+            }
+        },
+        staging.blobs(),
+    )
 }

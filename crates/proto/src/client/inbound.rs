@@ -7,7 +7,7 @@
 //! nesting limit keeps a deep document from exhausting the stack). Every failure is an
 //! [`InboundError`] value, never a panic. The client's reader thread
 //! ([`super::AgentClient`]) is the only caller; the fuzz target
-//! (`crates/proto/fuzz`, and the seeded test `tests/agent_frames_fuzz.rs`) calls it
+//! (`fuzz/`, and the seeded test `tests/agent_frames_fuzz.rs`) calls it
 //! directly with arbitrary byte streams.
 use std::io::Read;
 

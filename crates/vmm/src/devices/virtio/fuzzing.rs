@@ -1,4 +1,4 @@
-//! Entry points for fuzzing descriptor-chain handling (crates/vmm/fuzz, and the seeded
+//! Entry points for fuzzing descriptor-chain handling (fuzz/, and the seeded
 //! randomized test below): arbitrary bytes become guest memory holding the queues'
 //! descriptor tables, avail rings and buffers, and the block / vsock workers process
 //! whatever chains that describes. Not part of the VMM's API.
