@@ -87,6 +87,7 @@ pub fn reidentify(
     if let Some(h) = &req.hostname {
         set_hostname(h)?;
         write_hostname_file(Path::new(ETC_HOSTNAME), h);
+        write_hosts_file(Path::new(ETC_HOSTS), h);
         report.hostname_set = true;
     }
     if let Some(t) = &req.time {
@@ -177,6 +178,57 @@ fn write_hostname_file(path: &Path, name: &str) {
     if let Err(e) = crate::forked::replace_file(path, format!("{name}\n").as_bytes(), 0o644) {
         log!("writing {}: {e}", path.display());
     }
+}
+
+/// Where the machine's own name resolves (`127.0.1.1 <name>`, Debian's convention).
+const ETC_HOSTS: &str = "/etc/hosts";
+
+/// The largest hosts file rewritten: one a guest's user grew beyond this is left alone
+/// rather than read whole into the agent.
+const MAX_HOSTS_BYTES: u64 = 1 << 20;
+
+/// Points `127.0.1.1` at `name` in the hosts file at `path` (every such line, or one
+/// added), so that the machine's new name resolves as its old one did (`sudo`, `hostname
+/// -f` and many tools look it up). Other lines are kept as they are. Missing, non-regular
+/// or oversized files are left alone; failures are logged, not fatal.
+fn write_hosts_file(path: &Path, name: &str) {
+    let Ok(meta) = fs::symlink_metadata(path) else {
+        return;
+    };
+    if !meta.is_file() || meta.len() > MAX_HOSTS_BYTES {
+        return;
+    }
+    let Ok(old) = fs::read_to_string(path) else {
+        return;
+    };
+    let new = hosts_with_name(&old, name);
+    if new != old {
+        if let Err(e) = crate::forked::replace_file(path, new.as_bytes(), 0o644) {
+            log!("writing {}: {e}", path.display());
+        }
+    }
+}
+
+/// `hosts` with each `127.0.1.1` line naming only `name` (one appended if none).
+fn hosts_with_name(hosts: &str, name: &str) -> String {
+    let mut out = String::with_capacity(hosts.len() + name.len() + 16);
+    let mut found = false;
+    for line in hosts.lines() {
+        if line.split_whitespace().next() == Some("127.0.1.1") {
+            found = true;
+            out.push_str("127.0.1.1 ");
+            out.push_str(name);
+        } else {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    if !found {
+        out.push_str("127.0.1.1 ");
+        out.push_str(name);
+        out.push('\n');
+    }
+    out
 }
 
 pub fn hostname() -> String {
@@ -364,6 +416,30 @@ mod tests {
         // No /etc: nothing is made.
         let missing = root.path().join("none").join("hostname");
         write_hostname_file(&missing, "sb-child");
+        assert!(!missing.exists());
+    }
+
+    #[test]
+    fn the_hosts_file_names_the_new_hostname() {
+        let before = "127.0.0.1 localhost\n127.0.1.1 sb-parent\n# keep\n::1 localhost\n";
+        assert_eq!(
+            hosts_with_name(before, "sb-child"),
+            "127.0.0.1 localhost\n127.0.1.1 sb-child\n# keep\n::1 localhost\n"
+        );
+        assert_eq!(
+            hosts_with_name("127.0.0.1 localhost", "sb-child"),
+            "127.0.0.1 localhost\n127.0.1.1 sb-child\n"
+        );
+        let root = tempfile::tempdir().unwrap();
+        let hosts = root.path().join("hosts");
+        fs::write(&hosts, before).unwrap();
+        write_hosts_file(&hosts, "sb-child");
+        assert!(fs::read_to_string(&hosts)
+            .unwrap()
+            .contains("127.0.1.1 sb-child\n"));
+        // A directory (or anything but a regular file) is left alone; no file is not made.
+        let missing = root.path().join("none");
+        write_hosts_file(&missing, "sb-child");
         assert!(!missing.exists());
     }
 

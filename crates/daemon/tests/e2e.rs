@@ -261,6 +261,12 @@ async fn suite(runtime: &str) {
             read(&c, child, "/etc/hostname").await.unwrap(),
             format!("{child}\n")
         );
+        // ... and so did /etc/hosts: the new name resolves to 127.0.1.1.
+        let hosts = read(&c, child, "/etc/hosts").await.unwrap();
+        assert!(
+            hosts.contains(&format!("127.0.1.1 {child}\n")),
+            "{child}: {hosts}"
+        );
     }
     // Fork safety: the kernel's random bytes differ in every child right away (the
     // children start with the parent's CRNG state; reidentify reseeds it).
