@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use zygote_probe_abi as abi;
 use zygote_vmm::control::protocol::{
-    from_hex, to_hex, BranchInfo, SnapshotInfo, StatusInfo, VmRunState,
+    from_hex, to_hex, BranchInfo, ChildSpec, SnapshotInfo, StatusInfo, VmRunState,
 };
 use zygote_vmm::control::{ControlClient, Request};
 
@@ -21,6 +21,14 @@ impl Drop for Vmm {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A branch child serving `socket`, with nothing else of its own.
+fn child_at(socket: impl Into<PathBuf>) -> ChildSpec {
+    ChildSpec {
+        socket: socket.into(),
+        ..Default::default()
     }
 }
 
@@ -133,12 +141,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
         .collect();
     let info: BranchInfo = c
         .request(&Request::Branch {
-            child_sockets: sockets.clone(),
-            child_consoles: vec![],
-            child_vsock: vec![],
-            child_taps: vec![],
-            child_cgroups: vec![],
-            child_netns: vec![],
+            children: sockets.iter().map(child_at).collect(),
             point_snapshot: None,
             ready_timeout_ms: 30_000,
         })
@@ -186,12 +189,7 @@ fn serve_pause_branch_snapshot_restore_stop() {
     // Bad requests are refused with a code, not a crash.
     let err = c
         .request::<BranchInfo>(&Request::Branch {
-            child_sockets: vec![sockets[1].clone()],
-            child_consoles: vec![],
-            child_vsock: vec![],
-            child_taps: vec![],
-            child_cgroups: vec![],
-            child_netns: vec![],
+            children: vec![child_at(&sockets[1])],
             point_snapshot: None,
             ready_timeout_ms: 1000,
         })

@@ -20,17 +20,18 @@ use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::OwnedMutexGuard;
 
-use super::branch_record::{attach_all, check_capacity, child_row};
+use super::capacity::check_capacity;
 use super::events::Events;
-use super::{new_id, Manager};
+use super::{new_id, now, Manager, STATE_CREATING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::model::{
-    BranchEvent, BranchFailure, BranchRequest, BranchResponse, SnapshotKind, Validate,
+    BranchEvent, BranchFailure, BranchRequest, BranchResponse, Origin, SandboxEnv, SnapshotKind,
+    Validate,
 };
-use crate::network::NetRecord;
-use crate::runtime::{BranchProgress, RuntimeError, SnapshotData, VmRecord};
+use crate::network::{NetRecord, Network};
+use crate::runtime::{BranchProgress, RuntimeError, SnapshotData, StartSpec, VmRecord};
 
 /// A branch checked by [`Manager::begin_branch`], for [`Manager::finish_branch`].
 pub struct BranchJob {
@@ -295,4 +296,81 @@ impl Manager {
             }
         }
     }
+}
+
+/// A branch child of `parent` as first recorded (`creating`).
+fn child_row(
+    parent: &SandboxRow,
+    point_id: &str,
+    deps: &[String],
+    env: SandboxEnv,
+    metadata: crate::model::metadata::Metadata,
+    ttl_secs: Option<u64>,
+) -> SandboxRow {
+    let id = new_id("sb");
+    SandboxRow {
+        hostname: id.clone(),
+        id,
+        name: None,
+        state: STATE_CREATING.into(),
+        runtime: parent.runtime.clone(),
+        origin: Origin::Branch {
+            parent: parent.id.clone(),
+            branch_point: point_id.to_string(),
+        },
+        mem_mib: parent.mem_mib,
+        vcpus: parent.vcpus,
+        created_at: now(),
+        limits: parent.limits.clone(),
+        cgroup: Default::default(),
+        vm: None,
+        depends_on: deps.to_vec(),
+        exit_reason: None,
+        exited_at: None,
+        // Children of an expiring sandbox expire too (each counted from its own
+        // start), so a fan-out cannot leak.
+        ttl_secs: ttl_secs.or(parent.ttl_secs),
+        expires_at: None,
+        pending: None,
+        // Each child: the parent's policy, a namespace and address of its own.
+        network: NetRecord {
+            policy: parent.network.policy.clone(),
+            attachment: None,
+        },
+        env,
+        metadata,
+        // The pause settings, never the parent's saved state (a resumed parent's is in
+        // the child's `depends_on`: its VM forks one that reads it).
+        lifecycle: crate::model::pause::Lifecycle {
+            park: None,
+            resumed_from: None,
+            ..parent.lifecycle.clone()
+        },
+    }
+}
+
+/// Makes every branch child's namespace, at once (each is a few `ip`/`nft` runs that
+/// mostly wait on the kernel), and points its spec at it. On error the namespaces made
+/// stay recorded in `nets`, for the children's clean-up to remove.
+fn attach_all(
+    net: &Network,
+    ids: &[String],
+    nets: &mut [NetRecord],
+    specs: &mut [StartSpec],
+) -> std::result::Result<(), RuntimeError> {
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = ids
+            .iter()
+            .zip(nets.iter_mut())
+            .map(|(id, rec)| s.spawn(move || net.ensure(id, rec)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("network set-up does not panic"))
+            .collect()
+    });
+    for (spec, r) in specs.iter_mut().zip(results) {
+        spec.net = r?;
+    }
+    Ok(())
 }

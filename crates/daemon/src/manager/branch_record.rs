@@ -1,16 +1,16 @@
-//! A branch's records and clean-ups (see `branch`): each runs on the blocking pool (the
-//! database writes synchronously, clean-ups run `ip` and remove files), so a fan-out of
-//! hundreds of children never holds up an async worker.
+//! A branch's records and clean-ups (see `branch`, whose [`BranchJob`] they update;
+//! that module only calls these, it imports nothing from here): each runs on the
+//! blocking pool (the database writes synchronously, clean-ups run `ip` and remove
+//! files), so a fan-out of hundreds of children never holds up an async worker.
 use std::path::Path;
 use std::sync::Arc;
 
 use super::branch::{BranchJob, Gone};
-use super::{new_id, now, Manager, STATE_CREATING, STATE_PAUSED, STATE_RUNNING};
+use super::{now, Manager, STATE_PAUSED, STATE_RUNNING};
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::{Origin, SandboxEnv, SnapshotKind};
-use crate::network::{NetRecord, Network};
+use crate::model::SnapshotKind;
 use crate::runtime::{BootSource, RuntimeError, SnapshotData, StartSpec, VmRecord};
 
 impl Manager {
@@ -187,123 +187,5 @@ impl Manager {
             })
             .await;
         e.into()
-    }
-}
-
-/// A branch child of `parent` as first recorded (`creating`).
-pub(super) fn child_row(
-    parent: &SandboxRow,
-    point_id: &str,
-    deps: &[String],
-    env: SandboxEnv,
-    metadata: crate::model::metadata::Metadata,
-    ttl_secs: Option<u64>,
-) -> SandboxRow {
-    let id = new_id("sb");
-    SandboxRow {
-        hostname: id.clone(),
-        id,
-        name: None,
-        state: STATE_CREATING.into(),
-        runtime: parent.runtime.clone(),
-        origin: Origin::Branch {
-            parent: parent.id.clone(),
-            branch_point: point_id.to_string(),
-        },
-        mem_mib: parent.mem_mib,
-        vcpus: parent.vcpus,
-        created_at: now(),
-        limits: parent.limits.clone(),
-        cgroup: Default::default(),
-        vm: None,
-        depends_on: deps.to_vec(),
-        exit_reason: None,
-        exited_at: None,
-        // Children of an expiring sandbox expire too (each counted from its own
-        // start), so a fan-out cannot leak.
-        ttl_secs: ttl_secs.or(parent.ttl_secs),
-        expires_at: None,
-        pending: None,
-        // Each child: the parent's policy, a namespace and address of its own.
-        network: NetRecord {
-            policy: parent.network.policy.clone(),
-            attachment: None,
-        },
-        env,
-        metadata,
-        // The pause settings, never the parent's saved state (a resumed parent's is in
-        // the child's `depends_on`: its VM forks one that reads it).
-        lifecycle: crate::model::pause::Lifecycle {
-            park: None,
-            resumed_from: None,
-            ..parent.lifecycle.clone()
-        },
-    }
-}
-
-/// Refuses `count` new VMs of `per_vm_mib` each (`what`: children, sandboxes) that the
-/// host's available memory cannot hold.
-pub(super) fn check_capacity(what: &'static str, count: u32, per_vm_mib: u32) -> Result<()> {
-    let available_mib =
-        zygote_vmm::host::meminfo_kib("MemAvailable").map_or(u64::MAX, |kib| kib / 1024);
-    let fit = vms_that_fit(available_mib, per_vm_mib);
-    if count > fit {
-        return Err(Error::InsufficientMemory {
-            what,
-            requested: count,
-            fit,
-            per_vm_mib,
-            available_mib,
-        });
-    }
-    Ok(())
-}
-
-/// How many VMs of `per_vm_mib` each the host's `available_mib` holds, keeping a tenth
-/// of it (at least 256 MiB) for the host and the VMs already running.
-fn vms_that_fit(available_mib: u64, per_vm_mib: u32) -> u32 {
-    let reserve = (available_mib / 10).max(256);
-    let usable = available_mib.saturating_sub(reserve);
-    u32::try_from(usable / u64::from(per_vm_mib.max(1))).unwrap_or(u32::MAX)
-}
-
-/// Makes every branch child's namespace, at once (each is a few `ip`/`nft` runs that
-/// mostly wait on the kernel), and points its spec at it. On error the namespaces made
-/// stay recorded in `nets`, for the children's clean-up to remove.
-pub(super) fn attach_all(
-    net: &Network,
-    ids: &[String],
-    nets: &mut [NetRecord],
-    specs: &mut [StartSpec],
-) -> std::result::Result<(), RuntimeError> {
-    let results: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = ids
-            .iter()
-            .zip(nets.iter_mut())
-            .map(|(id, rec)| s.spawn(move || net.ensure(id, rec)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("network set-up does not panic"))
-            .collect()
-    });
-    for (spec, r) in specs.iter_mut().zip(results) {
-        spec.net = r?;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::vms_that_fit;
-
-    #[test]
-    fn vms_fit_in_what_the_host_has_less_a_reserve() {
-        // 20 GiB available: 2 GiB kept, 18 GiB for 256 MiB VMs.
-        assert_eq!(vms_that_fit(20 * 1024, 256), 72);
-        // Little memory: the 256 MiB reserve is kept.
-        assert_eq!(vms_that_fit(1024, 256), 3);
-        assert_eq!(vms_that_fit(200, 64), 0);
-        assert_eq!(vms_that_fit(u64::MAX, 256), u32::MAX);
     }
 }

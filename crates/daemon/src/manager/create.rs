@@ -114,7 +114,7 @@ impl Manager {
         // Where a branch child copies its parent's memory (qemu), every VM of the runtime
         // is a process holding its own guest RAM: a fan-out is bounded the same way.
         if let Some(per_vm_mib) = self.runtime.branch_child_copy_mib(mem_mib) {
-            super::branch_record::check_capacity("sandboxes", n, per_vm_mib)?;
+            super::capacity::check_capacity("sandboxes", n, per_vm_mib)?;
         }
         let mut rows = Vec::new();
         for (i, id) in ids.into_iter().enumerate() {

@@ -8,6 +8,7 @@
 mod agent_link;
 mod branch;
 mod branch_record;
+mod capacity;
 mod create;
 mod diff;
 mod events;

@@ -428,22 +428,10 @@ impl Runtime for KvmRuntime {
             f.clear(&c.dir);
         }
         let req = Request::Branch {
-            child_sockets: files.iter().map(|f| f.api_sock.clone()).collect(),
-            child_consoles: files.iter().map(|f| f.console.clone()).collect(),
-            // Every VM of this runtime has a vsock device, so each child needs its own.
-            child_vsock: files.iter().map(|f| f.vsock.clone()).collect(),
-            // Each child joins its own cgroup before building its VM, and its own
-            // network namespace before opening its tap there.
-            child_taps: children
+            children: files
                 .iter()
-                .filter_map(|c| tap(c))
-                .map(|t| t.tap.clone())
-                .collect(),
-            child_cgroups: children.iter().map(|c| c.cgroup.clone()).collect(),
-            child_netns: children
-                .iter()
-                .filter_map(|c| tap(c))
-                .map(|t| Some(t.netns.clone()))
+                .zip(children)
+                .map(|(f, c)| kvm_cmd::branch_child(f, c.cgroup.as_deref(), tap(c)))
                 .collect(),
             // Written by the VMM's frozen spawner after the children run: no longer pause.
             point_snapshot: keep_point.then(|| point_dir.join(VM_SNAPSHOT)),

@@ -1,11 +1,13 @@
 //! The kvm runtime's plumbing that needs no VM: where the `zygote` binary is,
-//! the `zygote vm serve` argv, the guest kernel command line, the per-VM file
-//! layout, and how a gone VMM's end is put into words.
+//! the `zygote vm serve` argv, a branch child's part of the VMM's `branch` request, the
+//! guest kernel command line, the per-VM file layout, and how a gone VMM's end is put
+//! into words.
 use std::path::{Path, PathBuf};
 
 use zygote_proto::{CMDLINE_TCP_KEY, CMDLINE_VSOCK_KEY, DEFAULT_VSOCK_PORT};
+use zygote_vmm::control::protocol::ChildSpec;
 
-use super::RuntimeError;
+use super::{RuntimeError, TapNet};
 
 /// Overrides where the `zygote` binary (which runs `vm serve`) is found.
 pub const BIN_ENV: &str = "ZYGOTE_BIN";
@@ -49,6 +51,21 @@ impl VmFiles {
         ] {
             let _ = std::fs::remove_file(f);
         }
+    }
+}
+
+/// One branch child in the VMM's `branch` request: it serves its control socket, vsock
+/// socket and console in its own directory (`files`; every VM of this runtime has a vsock
+/// device, so each child needs its own), joins its sandbox's `cgroup` before building its
+/// VM, and, with a namespace of its own, joins it before opening its `tap` there.
+pub fn branch_child(files: &VmFiles, cgroup: Option<&Path>, tap: Option<&TapNet>) -> ChildSpec {
+    ChildSpec {
+        socket: files.api_sock.clone(),
+        console: Some(files.console.clone()),
+        vsock: Some(files.vsock.clone()),
+        tap: tap.map(|t| t.tap.clone()),
+        cgroup: cgroup.map(Path::to_path_buf),
+        netns: tap.map(|t| t.netns.clone()),
     }
 }
 
@@ -238,6 +255,45 @@ mod tests {
         assert_eq!(pos(&p, "--probe").unwrap(), "spin");
         assert_eq!(pos(&p, "--mem-mib").unwrap(), "64");
         assert!(!p.iter().any(|x| x == "--disk" || x == "--rng"));
+    }
+
+    #[test]
+    fn the_largest_branch_the_api_allows_fits_the_vmm_request_line() {
+        // The VMM bounds a branch only by its request line: the daemon's limit must fit.
+        // Children's directories as long as their sockets' 108-byte `sun_path` allows,
+        // PATH_MAX-long cgroup, namespace and branch point paths, IFNAMSIZ-long taps.
+        let long = |c: char| PathBuf::from(format!("/{}", c.to_string().repeat(4094)));
+        let tap = TapNet {
+            netns: long('n'),
+            tap: "t".repeat(15),
+            mac: "02:00:00:00:00:01".into(),
+            address: std::net::Ipv4Addr::new(10, 0, 0, 2),
+            prefix: 30,
+            gateway: std::net::Ipv4Addr::new(10, 0, 0, 1),
+        };
+        let cgroup = long('g');
+        let children: Vec<ChildSpec> = (0..crate::model::MAX_BRANCH_COUNT)
+            .map(|i| {
+                let name = format!("{i}");
+                let dir = format!("/{}{name}", "d".repeat(95 - name.len()));
+                let files = VmFiles::in_dir(Path::new(&dir));
+                assert!(files.vsock.as_os_str().len() <= 107, "{dir}");
+                branch_child(&files, Some(&cgroup), Some(&tap))
+            })
+            .collect();
+        let one = &children[0];
+        assert_eq!(one.tap.as_deref(), Some(tap.tap.as_str()));
+        assert_eq!(one.netns.as_ref(), Some(&tap.netns));
+        assert_eq!(one.cgroup.as_ref(), Some(&cgroup));
+        assert!(one.console.is_some() && one.vsock.is_some());
+        let req = zygote_vmm::control::Request::Branch {
+            children,
+            point_snapshot: Some(long('p')),
+            ready_timeout_ms: u64::MAX,
+        };
+        let line = serde_json::to_vec(&req).unwrap().len();
+        let limit = zygote_vmm::control::conn::MAX_REQUEST_LINE;
+        assert!(line <= limit, "{line} bytes, the VMM reads at most {limit}");
     }
 
     #[test]

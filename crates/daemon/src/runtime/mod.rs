@@ -309,31 +309,21 @@ pub trait Runtime: Send + Sync {
     /// `work`), and its state files.
     fn export_files(
         &self,
-        _data: &SnapshotData,
-        _work: &Path,
-    ) -> Result<ExportedSnapshot, RuntimeError> {
-        Err(RuntimeError::Unsupported(format!(
-            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
-            self.name()
-        )))
-    }
+        data: &SnapshotData,
+        work: &Path,
+    ) -> Result<ExportedSnapshot, RuntimeError>;
 
     /// The snapshot whose state files are in `dir` and whose folded disk layer (for
     /// runtimes whose disk is not among the state files) is `disk`, now over the base
     /// image at `base`.
     fn import_files(
         &self,
-        _dir: &Path,
-        _state_file: &Path,
-        _disk: Option<&Path>,
-        _base: &Path,
-        _accel: &str,
-    ) -> Result<SnapshotData, RuntimeError> {
-        Err(RuntimeError::Unsupported(format!(
-            "snapshot packs are not available on the {} runtime yet (the qemu runtime has them)",
-            self.name()
-        )))
-    }
+        dir: &Path,
+        state_file: &Path,
+        disk: Option<&Path>,
+        base: &Path,
+        accel: &str,
+    ) -> Result<SnapshotData, RuntimeError>;
 }
 
 /// [`Runtime::export_files`]' result.

@@ -1,5 +1,4 @@
-//! What the control server checks before it acts for a client: a branch's child count
-//! and paths, a snapshot's destination, and whether the control socket's path may be
+//! What the control server checks before it acts for a client: a branch's children, a snapshot's destination, and whether the control socket's path may be
 //! taken. Each refusal is a typed error whose text is the reply's message.
 use std::collections::HashSet;
 use std::io;
@@ -7,27 +6,13 @@ use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::UnixListener;
 use std::path::{Component, Path, PathBuf};
 
+use super::protocol::ChildSpec;
 use crate::devices::virtio::vsock::conn::connect_nonblocking;
-
-/// Most children one branch request may ask for. Children share guest memory
-/// copy-on-write, so the host's memory is not what bounds them up front; each still
-/// costs a process, a KVM VM with its kernel threads and a readiness record, and a
-/// request for thousands is a bug or an attack rather than a plan (the daemon asks for
-/// at most 16).
-pub const MAX_BRANCH_COUNT: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BranchCheckError {
-    #[error("branch needs at least one child: child_sockets is empty")]
+    #[error("branch needs at least one child: children is empty")]
     NoChildren,
-    #[error("branch of {0} children refused: at most {MAX_BRANCH_COUNT} per request")]
-    TooManyChildren(usize),
-    #[error("{field} has {len} entries: it must be empty or match child_sockets ({count})")]
-    LengthMismatch {
-        field: &'static str,
-        len: usize,
-        count: usize,
-    },
     #[error("{0} is not a cgroup directory")]
     NotACgroup(PathBuf),
     #[error("{0} is not a network namespace file")]
@@ -40,47 +25,29 @@ pub enum BranchCheckError {
     NoSocketDir(PathBuf),
 }
 
-/// Per-child host paths of one branch request.
-pub struct BranchPaths {
-    pub sockets: Vec<PathBuf>,
-    pub consoles: Vec<PathBuf>,
-    pub vsock: Vec<PathBuf>,
-    pub taps: Vec<String>,
-    pub cgroups: Vec<Option<PathBuf>>,
-    pub netns: Vec<Option<PathBuf>>,
-}
-
-pub fn check_branch(p: &BranchPaths) -> Result<(), BranchCheckError> {
-    let count = p.sockets.len();
-    if count == 0 {
+/// May the VMM branch into `children`? At least one, each with a fresh socket in an
+/// existing directory, and any cgroup or network namespace it names existing.
+///
+/// No upper count is checked here: how many children one branch makes is the daemon's
+/// limit (its API's `MAX_BRANCH_COUNT`), and only the daemon reaches this socket. What a
+/// request can make the VMM parse is bounded by the request line limit
+/// ([`super::conn::MAX_REQUEST_LINE`]).
+pub fn check_branch(children: &[ChildSpec]) -> Result<(), BranchCheckError> {
+    if children.is_empty() {
         return Err(BranchCheckError::NoChildren);
     }
-    if count > MAX_BRANCH_COUNT {
-        return Err(BranchCheckError::TooManyChildren(count));
-    }
-    for (field, len) in [
-        ("child_consoles", p.consoles.len()),
-        ("child_vsock", p.vsock.len()),
-        ("child_taps", p.taps.len()),
-        ("child_cgroups", p.cgroups.len()),
-        ("child_netns", p.netns.len()),
-    ] {
-        if len != 0 && len != count {
-            return Err(BranchCheckError::LengthMismatch { field, len, count });
-        }
-    }
-    for ns in p.netns.iter().flatten() {
+    for ns in children.iter().filter_map(|c| c.netns.as_ref()) {
         if !ns.is_absolute() || !ns.is_file() {
             return Err(BranchCheckError::NotANetns(ns.clone()));
         }
     }
-    for cg in p.cgroups.iter().flatten() {
+    for cg in children.iter().filter_map(|c| c.cgroup.as_ref()) {
         if !cg.join("cgroup.procs").is_file() {
             return Err(BranchCheckError::NotACgroup(cg.clone()));
         }
     }
     let mut seen = HashSet::new();
-    for s in &p.sockets {
+    for s in children.iter().map(|c| &c.socket) {
         if !seen.insert(s) {
             return Err(BranchCheckError::DuplicateSocket(s.clone()));
         }
@@ -115,7 +82,7 @@ pub enum SnapshotPathError {
     Root { path: PathBuf, cause: io::Error },
 }
 
-/// Where `snapshot` may write: anywhere the checks of [`check_snapshot_path`] allow, or
+/// Where `snapshot` may write: anywhere [`SnapshotConfinement::check`] allows, or
 /// only below one directory.
 #[derive(Debug, Clone, Default)]
 pub struct SnapshotConfinement {
@@ -230,42 +197,47 @@ fn someone_listens(path: &Path) -> io::Result<bool> {
 mod tests {
     use super::*;
 
-    fn paths(n: usize) -> BranchPaths {
-        BranchPaths {
-            sockets: (0..n)
-                .map(|i| PathBuf::from(format!("/x/{i}.sock")))
-                .collect(),
-            consoles: vec![],
-            vsock: vec![],
-            taps: vec![],
-            cgroups: vec![],
-            netns: vec![],
-        }
+    fn children(n: usize) -> Vec<ChildSpec> {
+        (0..n)
+            .map(|i| ChildSpec {
+                socket: PathBuf::from(format!("/x/{i}.sock")),
+                ..Default::default()
+            })
+            .collect()
     }
 
     #[test]
-    fn branch_counts_outside_one_to_max_are_refused() {
+    fn branch_children_are_checked() {
         assert!(matches!(
-            check_branch(&paths(0)),
+            check_branch(&children(0)),
             Err(BranchCheckError::NoChildren)
         ));
-        let e = check_branch(&paths(MAX_BRANCH_COUNT + 1)).unwrap_err();
-        assert!(matches!(e, BranchCheckError::TooManyChildren(257)), "{e}");
-        assert!(e.to_string().contains("at most 256"), "{e}");
-        // Within the bound the next check (here: /x does not exist) decides.
+        // Any count is judged on its children (here: /x does not exist).
         assert!(matches!(
-            check_branch(&paths(MAX_BRANCH_COUNT)),
+            check_branch(&children(1000)),
             Err(BranchCheckError::NoSocketDir(_))
         ));
-        let mut p = paths(2);
-        p.taps = vec!["tap0".into()];
+        let dir = tempfile::tempdir().unwrap();
+        let mut two = children(2);
+        for c in &mut two {
+            c.socket = dir.path().join("same.sock");
+        }
         assert!(matches!(
-            check_branch(&p),
-            Err(BranchCheckError::LengthMismatch {
-                field: "child_taps",
-                len: 1,
-                count: 2
-            })
+            check_branch(&two),
+            Err(BranchCheckError::DuplicateSocket(_))
+        ));
+        two[1].socket = dir.path().join("other.sock");
+        assert!(check_branch(&two).is_ok());
+        two[1].cgroup = Some(dir.path().to_path_buf());
+        assert!(matches!(
+            check_branch(&two),
+            Err(BranchCheckError::NotACgroup(_))
+        ));
+        two[1].cgroup = None;
+        two[0].netns = Some("relative/ns".into());
+        assert!(matches!(
+            check_branch(&two),
+            Err(BranchCheckError::NotANetns(_))
         ));
     }
 

@@ -14,10 +14,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::time::{Duration, Instant};
 
-/// Longest request line, newline excluded. The largest legitimate requests:
+/// Longest request line, newline excluded. This is the bound on what parsing one
+/// request may cost, whatever it holds: a `branch` request's child count in particular
+/// is bounded by it alone here (how many children to ask for is the daemon's limit, and
+/// only the daemon reaches this socket). The largest legitimate requests:
 /// `write_memory` of its 1 MiB limit is 2 MiB of hex plus a few dozen bytes, and a
-/// `branch` of 256 children whose console and cgroup paths are each PATH_MAX (4096)
-/// long, with sockets at the 108-byte `sun_path` limit, is about 2.2 MiB.
+/// `branch` of the daemon's 256 children whose cgroup and netns paths are each PATH_MAX
+/// (4096) long, with their sockets and console in a directory as long as the 108-byte
+/// `sun_path` allows, is about 2.1 MiB (the daemon's kvm runtime tests check it fits).
 pub const MAX_REQUEST_LINE: usize = 4 << 20;
 /// Most connections open at once. When all are taken, a new connection replaces the
 /// one that has been idle longest (a stuck client cannot keep a slot from a new one).

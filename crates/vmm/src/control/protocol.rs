@@ -14,27 +14,12 @@ pub enum Request {
     Status,
     Pause,
     Resume,
-    /// Fork `child_sockets.len()` children; child i serves `child_sockets[i]` and writes its
-    /// console to `child_consoles[i]` when given.
+    /// Fork one child per entry of `children` (see [`ChildSpec`]). How many a request
+    /// may ask for is the daemon's decision (its API's `MAX_BRANCH_COUNT`): only the
+    /// daemon reaches this socket, and what parsing any request may cost is bounded by
+    /// the request line limit ([`super::conn::MAX_REQUEST_LINE`]).
     Branch {
-        child_sockets: Vec<PathBuf>,
-        #[serde(default)]
-        child_consoles: Vec<PathBuf>,
-        /// Per child, its own vsock socket (required when the VM has a vsock device).
-        #[serde(default)]
-        child_vsock: Vec<PathBuf>,
-        /// Per child, its own tap (required when the VM has a network device).
-        #[serde(default)]
-        child_taps: Vec<String>,
-        /// Per child, a cgroup v2 directory it joins before building its VM (null: stay
-        /// in the parent's).
-        #[serde(default)]
-        child_cgroups: Vec<Option<PathBuf>>,
-        /// Per child, a network namespace (a `/run/netns/<name>` file) it joins before
-        /// opening its tap, so that each child's tap is in its own namespace (null: stay
-        /// in the parent's).
-        #[serde(default)]
-        child_netns: Vec<Option<PathBuf>>,
+        children: Vec<ChildSpec>,
         /// Also save the branch point: a full snapshot written to this (new) directory
         /// by the frozen copy that forks the children, after the reply's children run;
         /// the directory appears complete when it is done.
@@ -62,6 +47,35 @@ pub enum Request {
     Diagnose,
     /// Stop the VM and the VMM process.
     Stop,
+}
+
+/// One child of a `branch` request: where it serves and the host resources that are its
+/// own. Fields the daemon does not know are refused, so a misspelt one is not silently
+/// left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChildSpec {
+    /// Its control socket, served with this same protocol. It must not exist yet and
+    /// its directory must; the parent binds it before it forks.
+    pub socket: PathBuf,
+    /// Where its console goes (None: discarded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub console: Option<PathBuf>,
+    /// Its own vsock socket (required when the VM has a vsock device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<PathBuf>,
+    /// Its own tap (required when the VM has a network device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tap: Option<String>,
+    /// A cgroup v2 directory it joins before building its VM (None: it stays in the
+    /// parent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<PathBuf>,
+    /// A network namespace (a `/run/netns/<name>` file) it joins before opening its
+    /// tap, so that each child's tap is in its own namespace (None: it stays in the
+    /// parent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
 }
 
 fn default_ready_timeout_ms() -> u64 {
@@ -182,18 +196,42 @@ mod tests {
                 ..
             }
         ));
-        let r: Request =
-            serde_json::from_str(r#"{"op":"branch","child_sockets":["/a","/b"]}"#).unwrap();
+        let r: Request = serde_json::from_str(
+            r#"{"op":"branch","children":[{"socket":"/a"},{"socket":"/b","console":"/b.log","cgroup":"/g"}]}"#,
+        )
+        .unwrap();
         match r {
             Request::Branch {
-                child_sockets,
+                children,
                 ready_timeout_ms,
                 ..
             } => {
-                assert_eq!(child_sockets.len(), 2);
+                assert_eq!(
+                    children,
+                    [
+                        ChildSpec {
+                            socket: "/a".into(),
+                            ..Default::default()
+                        },
+                        ChildSpec {
+                            socket: "/b".into(),
+                            console: Some("/b.log".into()),
+                            cgroup: Some("/g".into()),
+                            ..Default::default()
+                        }
+                    ]
+                );
                 assert_eq!(ready_timeout_ms, 30_000);
             }
             other => panic!("{other:?}"),
+        }
+        // A child needs its socket; a field nobody knows is refused, not dropped.
+        for bad in [
+            r#"{"op":"branch","children":[{"console":"/c"}]}"#,
+            r#"{"op":"branch","children":[{"socket":"/a","cgroups":"/g"}]}"#,
+            r#"{"op":"branch","child_sockets":["/a"]}"#,
+        ] {
+            assert!(serde_json::from_str::<Request>(bad).is_err(), "{bad}");
         }
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
         assert_eq!(

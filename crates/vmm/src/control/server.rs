@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use vm_memory::{Bytes, GuestAddress};
 
-pub use super::checks::{bind, BindError, MAX_BRANCH_COUNT};
-use super::checks::{check_branch, BranchPaths, SnapshotConfinement};
+pub use super::checks::{bind, BindError};
+use super::checks::{check_branch, SnapshotConfinement};
 use super::conn::{ConnId, Connections, Line};
 pub use super::conn::{IDLE_TIMEOUT, MAX_CONNECTIONS, MAX_REQUEST_LINE};
 use super::protocol::*;
@@ -173,24 +173,12 @@ impl Server {
                 .resume()
                 .map_or_else(|e| Reply::err("stopped", e), |_| Reply::ok(status(vmm))),
             Request::Branch {
-                child_sockets,
-                child_consoles,
-                child_vsock,
-                child_taps,
-                child_cgroups,
-                child_netns,
+                children,
                 point_snapshot,
                 ready_timeout_ms,
             } => branch(
                 vmm,
-                BranchPaths {
-                    sockets: child_sockets,
-                    consoles: child_consoles,
-                    vsock: child_vsock,
-                    taps: child_taps,
-                    cgroups: child_cgroups,
-                    netns: child_netns,
-                },
+                &children,
                 point_snapshot.as_deref(),
                 ready_timeout_ms,
                 &self.opts,
@@ -259,38 +247,37 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
 
 fn branch(
     vmm: &mut Vmm,
-    paths: BranchPaths,
+    children: &[ChildSpec],
     point: Option<&Path>,
     timeout_ms: u64,
     opts: &ServeOptions,
 ) -> Reply {
-    if let Err(e) = check_branch(&paths) {
+    if let Err(e) = check_branch(children) {
         return Reply::err("bad_request", e);
     }
     if let Some(Err(e)) = point.map(|p| opts.snapshots.check(p)) {
         return Reply::err("bad_request", e);
     }
-    let sockets = &paths.sockets;
     // Every child's control socket is bound before the fork: it accepts connections
     // (queued until the child serves them) from the moment the branch reply names it.
-    let mut listeners = Vec::with_capacity(sockets.len());
-    for s in sockets {
-        match bind(s) {
+    let mut listeners = Vec::with_capacity(children.len());
+    for c in children {
+        match bind(&c.socket) {
             Ok(l) => listeners.push(l),
             Err(e) => {
-                remove_sockets(&sockets[..listeners.len()]);
+                remove_sockets(&children[..listeners.len()]);
                 return Reply::err("branch_failed", e);
             }
         }
     }
     let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
-    let serial = |i: usize| console_sink(paths.consoles.get(i).map(PathBuf::as_path));
+    let serial = |i: usize| console_sink(children[i].console.as_deref());
     let devices = |i: usize| DeviceHostConfig {
-        vsock_uds: paths.vsock.get(i).cloned(),
-        net_tap: paths.taps.get(i).cloned(),
+        vsock_uds: children[i].vsock.clone(),
+        net_tap: children[i].tap.clone(),
     };
-    let cgroup = |i: usize| paths.cgroups.get(i).cloned().flatten();
-    let netns = |i: usize| paths.netns.get(i).cloned().flatten();
+    let cgroup = |i: usize| children[i].cgroup.clone();
+    let netns = |i: usize| children[i].netns.clone();
     let child_main = |ctx: ChildContext| -> i32 {
         for (i, &fd) in listener_fds.iter().enumerate() {
             if i != ctx.index {
@@ -301,10 +288,10 @@ fn branch(
         // SAFETY: this child's own listener fd, kept open across the fork; the parent's
         // `UnixListener` objects are never dropped in this process (it never returns).
         let listener = unsafe { UnixListener::from_raw_fd(listener_fds[ctx.index]) };
-        serve_listener(ctx.vmm, listener, &sockets[ctx.index], opts.clone())
+        serve_listener(ctx.vmm, listener, &children[ctx.index].socket, opts.clone())
     };
     let req = BranchRequest {
-        count: sockets.len(),
+        count: children.len(),
         child_serial: &serial,
         child_devices: &devices,
         child_cgroup: &cgroup,
@@ -323,7 +310,7 @@ fn branch(
                 .map(|c| ChildInfo {
                     index: c.index,
                     pid: c.pid,
-                    socket: sockets[c.index].clone(),
+                    socket: children[c.index].socket.clone(),
                     ready_ms: c.ready_after.as_secs_f64() * 1e3,
                 })
                 .collect(),
@@ -331,7 +318,7 @@ fn branch(
             spawner: r.spawner,
         }),
         Err(e) => {
-            remove_sockets(sockets);
+            remove_sockets(children);
             match e {
                 crate::vmm::branch::BranchError::Vmm(e) => Reply::err("stopped", e),
                 e => Reply::err("branch_failed", e),
@@ -361,8 +348,8 @@ fn snapshot(vmm: &mut Vmm, mode: SnapshotMode, path: &Path, opts: &ServeOptions)
     }
 }
 
-fn remove_sockets(sockets: &[PathBuf]) {
-    for s in sockets {
-        let _ = std::fs::remove_file(s);
+fn remove_sockets(children: &[ChildSpec]) {
+    for c in children {
+        let _ = std::fs::remove_file(&c.socket);
     }
 }
