@@ -46,8 +46,13 @@ impl BlobStore {
 
     /// The same store, keeping `bytes` free (the operation's limits say how much).
     pub fn with_reserve(mut self, bytes: u64) -> BlobStore {
-        self.reserve = bytes;
+        self.set_reserve(bytes);
         self
+    }
+
+    /// Keeps `bytes` free from now on.
+    pub fn set_reserve(&mut self, bytes: u64) {
+        self.reserve = bytes;
     }
 
     /// Refuses unless `bytes` more fit on the store's filesystem beyond the reserve;

@@ -66,7 +66,7 @@ impl Manager {
             validate_name("name", n)?;
         }
         let imported = async {
-            let staging = self.blocking(Staging::new).await??;
+            let staging = self.blocking(super::space::pack_staging).await??;
             let (packed, staging) = receive(body, declared, staging).await?;
             self.import_pack(packed, staging, name, "file".into()).await
         };

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use zygote_oci::pack::{self, Packed, Staging};
+use zygote_oci::pack::{self, Packed};
 use zygote_oci::{Event, PullOptions};
 
 use super::pack_import::{host_side, refusal, MAX_PACK_BYTES};
@@ -120,7 +120,7 @@ impl Manager {
         };
         let pulled = async {
             let image = zygote_oci::ImageRef::parse(reference)?;
-            let staging = self.blocking(Staging::new).await??;
+            let staging = self.blocking(super::space::pack_staging).await??;
             let mut room = room(staging.dir());
             room.spare = room.spare.min(MAX_PACK_BYTES);
             let p = pack::pull(reference, &opts, &staging, room, progress).await?;

@@ -34,3 +34,9 @@ pub(crate) fn no_space(fs: &str, free: u64, needed: u64) -> Error {
         needed_mib: needed.div_ceil(1 << 20),
     }
 }
+
+/// A staging directory for an incoming pack whose blob writes keep [`KEEP_FREE_BYTES`]
+/// free, the same reserve [`room`] measures up front.
+pub(crate) fn pack_staging() -> zygote_oci::Result<zygote_oci::pack::Staging> {
+    Ok(zygote_oci::pack::Staging::new()?.with_reserve(KEEP_FREE_BYTES))
+}

@@ -65,6 +65,14 @@ impl Staging {
         })
     }
 
+    /// Keeps `bytes` free on the staging filesystem while blobs are written (instead of
+    /// the blob store's default reserve): the importer decides what it leaves free, and
+    /// the store's checks while writing must agree with the room it measured up front.
+    pub fn with_reserve(mut self, bytes: u64) -> Staging {
+        self.blobs.set_reserve(bytes);
+        self
+    }
+
     /// The staged blobs (digest-checked as they are written, like the shared store's).
     pub fn blobs(&self) -> &BlobStore {
         &self.blobs
