@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::SandboxList;
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::SandboxList;
 
 fn skip(why: &str) {
     let _ = writeln!(std::io::stderr(), "skipping zygote shell tests: {why}");

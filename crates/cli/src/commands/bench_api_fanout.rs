@@ -17,9 +17,9 @@ use anyhow::Context;
 use http_body_util::BodyExt;
 use serde::Serialize;
 use serde_json::json;
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::error::ErrorBody;
-use zygote_daemon::model::{BranchEvent, Sandbox, SandboxList};
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::{BranchEvent, Sandbox, SandboxList};
+use zygote_api::ErrorBody;
 
 use super::bench_stats::{ms, Summary};
 use super::private_daemon::{PrivateDaemon, StateDir};

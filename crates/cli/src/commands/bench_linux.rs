@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
 
 use super::bench_stats::{ms, percentile, Summary};
 use super::private_daemon::{PrivateDaemon, StateDir};

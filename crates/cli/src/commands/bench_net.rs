@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde_json::{json, Value};
-use zygote_daemon::client::{block_on, Client, Method};
+use zygote_api::client::{block_on, Client, Method};
 
 use super::bench_net_remote::{Remote, IPERF_PORT, SINK_PORT};
 use super::bench_net_report::{print_table, BackendReport, NetReport, Samples};
@@ -110,8 +110,8 @@ impl Daemon {
             // The daemon's own naming (`zygote-<hash of the state dir>-<sandbox>`): with
             // the user backend `start` only computes the name, and `sweep` removes what
             // is left of this daemon's namespaces (nothing, if the deletes went through).
-            let choice = zygote_daemon::network::BackendChoice::User;
-            match zygote_daemon::network::Network::start(choice, &self.state, None) {
+            let choice = zygote_net::BackendChoice::User;
+            match zygote_net::Network::start(choice, &self.state, None) {
                 Ok(n) => n.sweep(&Default::default()),
                 Err(e) => eprintln!("net: clean-up: namespaces: {e}"),
             }

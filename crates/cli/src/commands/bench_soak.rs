@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
-use zygote_daemon::client::{block_on, Client, Method};
+use zygote_api::client::{block_on, Client, Method};
 
 use super::bench_stats::Summary;
 use super::private_daemon::{status_field, PrivateDaemon, StateDir};
@@ -299,8 +299,8 @@ fn sample(d: &PrivateDaemon, cycle: usize, t0: Instant) -> Sample {
             socket_list.push(e.file_name().to_string_lossy().into_owned());
         }
     }
-    let prefix = zygote_daemon::network::netns_prefix_for(&d.state);
-    let netns_list: Vec<String> = zygote_daemon::network::host::netns_names()
+    let prefix = zygote_net::netns_prefix_for(&d.state);
+    let netns_list: Vec<String> = zygote_net::host::netns_names()
         .into_iter()
         .filter(|n| n.starts_with(&prefix))
         .collect();

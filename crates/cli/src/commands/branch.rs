@@ -2,8 +2,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{BranchEvent, BranchResponse};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{BranchEvent, BranchResponse};
 
 use super::bench_progress::Steps;
 use super::daemon_client::{print_json, ApiArgs};

@@ -1,7 +1,7 @@
 //! `zygote create`: start sandboxes through the daemon.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::{CreateEvent, SandboxList};
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::{CreateEvent, SandboxList};
 
 use super::bench_progress::Steps;
 use super::daemon_client::{age, expires_in, print_json, print_table, spinner, ApiArgs};

@@ -1,7 +1,7 @@
 //! `zygote images`: images the daemon can boot, and building one through it.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{BuildEvent, ImageList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{BuildEvent, ImageList};
 
 use super::daemon_client::{age, print_json, print_table, spinner, ApiArgs};
 

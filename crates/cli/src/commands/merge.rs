@@ -1,8 +1,8 @@
 //! `zygote merge ID FROM [PATH...]`: bring FROM's file changes since the two sandboxes'
 //! common branch point into ID (three-way; a path both changed is a conflict).
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{MergeReport, OnConflict};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{MergeReport, OnConflict};
 
 use super::daemon_client::{print_json, spinner, ApiArgs};
 
@@ -124,7 +124,7 @@ fn render(r: &MergeReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zygote_daemon::model::{MergeChange, MergeConflict};
+    use zygote_api::model::{MergeChange, MergeConflict};
 
     fn report(applied: bool, resolution: Option<&str>) -> MergeReport {
         MergeReport {

@@ -1,7 +1,7 @@
 //! `zygote port`: expose a sandbox's guest ports through the daemon's proxy.
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
+use zygote_api::client::{block_on, Method};
 
 use super::daemon_client::{print_json, print_table, ApiArgs};
 

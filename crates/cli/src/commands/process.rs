@@ -3,8 +3,8 @@
 use std::io::{Read, Write};
 
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Process, ProcessList, ProcessOutput};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Process, ProcessList, ProcessOutput};
 
 use super::daemon_client::{print_json, print_table, ApiArgs};
 use super::exec::stream_events;

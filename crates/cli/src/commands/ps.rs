@@ -1,6 +1,6 @@
 //! `zygote ps`: list sandboxes.
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Origin, SandboxList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Origin, SandboxList};
 
 use super::daemon_client::{age, expires_in, print_json, print_table, ApiArgs};
 

@@ -1,7 +1,7 @@
 //! `zygote restore ID SNAPSHOT`: roll a sandbox back (or forward) to a snapshot.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::Sandbox;
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::Sandbox;
 
 use super::daemon_client::{print_json, spinner, ApiArgs};
 

@@ -1,7 +1,7 @@
 //! `zygote snapshot`: take, list and delete snapshots.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Snapshot, SnapshotList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Snapshot, SnapshotList};
 
 use super::daemon_client::{age, print_json, print_table, ApiArgs};
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{PackEvent, Snapshot};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{PackEvent, Snapshot};
 
 use super::daemon_client::{print_json, ApiArgs};
 

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{KeepResponse, SandboxDiff, SandboxTree, TreeNode};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{KeepResponse, SandboxDiff, SandboxTree, TreeNode};
 
 use super::daemon_client::{print_json, ApiArgs};
 

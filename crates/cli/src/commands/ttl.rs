@@ -1,7 +1,7 @@
 //! `zygote ttl ID SECS|none`: reset or clear a sandbox's time-to-live.
 use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Sandbox, TtlAction};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Sandbox, TtlAction};
 
 use super::daemon_client::{expires_in, print_json, ApiArgs};
 

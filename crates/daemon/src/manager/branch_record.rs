@@ -124,7 +124,7 @@ impl Manager {
                 let mut child = job.children[*i].clone();
                 child.vm = Some(vm.clone());
                 child.state = STATE_RUNNING.into();
-                child.expires_at = child.ttl_secs.map(super::ttl::deadline_after);
+                child.expires_at = super::ttl::deadline(child.ttl_secs, None);
                 child
             })
             .collect();
@@ -233,7 +233,7 @@ pub(super) fn child_row(
         metadata,
         // The pause settings, never the parent's saved state (a resumed parent's is in
         // the child's `depends_on`: its VM forks one that reads it).
-        lifecycle: crate::model::pause::Lifecycle {
+        lifecycle: crate::lifecycle::Lifecycle {
             park: None,
             resumed_from: None,
             ..parent.lifecycle.clone()

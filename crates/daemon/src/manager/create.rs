@@ -10,7 +10,7 @@ use super::events::Events;
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
-use crate::model::pause::Lifecycle;
+use crate::lifecycle::Lifecycle;
 use crate::model::{
     CreateEvent, CreateSandboxRequest, ImageRun, Origin, Sandbox, Validate, DEFAULT_MEM_MIB,
 };
@@ -382,7 +382,7 @@ impl Manager {
                 self.metrics.boot.observe(started.elapsed());
                 row.vm = Some(vm);
                 row.state = STATE_RUNNING.into();
-                row.expires_at = row.ttl_secs.map(ttl::deadline_after);
+                row.expires_at = ttl::deadline(row.ttl_secs, None);
                 let row = self
                     .blocking(move || this.db.put_sandbox(&row).map(|()| row))
                     .await??;

@@ -5,7 +5,7 @@ use utoipa::ToSchema;
 use zygote_proto::process::{ProcessInfo, ProcessState, MAX_OUTPUT_WAIT_MS};
 
 use super::{in_range, Validate, MAX_STDIN_BYTES};
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 /// A program started with `POST .../exec {"background": true}`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -125,20 +125,20 @@ impl StdinRequest {
     pub fn bytes(&self) -> Result<Vec<u8>> {
         let bytes = match (&self.data, &self.data_base64) {
             (Some(_), Some(_)) => {
-                return Err(Error::invalid("give data or data_base64, not both"));
+                return Err(RequestError::invalid("give data or data_base64, not both"));
             }
             (Some(text), None) => text.clone().into_bytes(),
             (None, Some(b)) => zygote_proto::b64::decode(b)
-                .map_err(|e| Error::invalid(format!("data_base64: {e}")))?,
+                .map_err(|e| RequestError::invalid(format!("data_base64: {e}")))?,
             (None, None) => Vec::new(),
         };
         if bytes.len() > MAX_STDIN_BYTES {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "stdin data exceeds {MAX_STDIN_BYTES} bytes"
             )));
         }
         if bytes.is_empty() && !self.eof {
-            return Err(Error::invalid("nothing to do: no data and no eof"));
+            return Err(RequestError::invalid("nothing to do: no data and no eof"));
         }
         Ok(bytes)
     }
@@ -190,7 +190,7 @@ impl SignalRequest {
                     .find(|(n, _)| *n == bare)
                     .map(|(_, s)| *s)
                     .ok_or_else(|| {
-                        Error::invalid(format!(
+                        RequestError::invalid(format!(
                             "unknown signal {name:?} (a number 1..=64 or one of {})",
                             SIGNAL_NAMES.map(|(n, _)| format!("SIG{n}")).join(", ")
                         ))

@@ -7,7 +7,11 @@ use utoipa::ToSchema;
 use zygote_proto::MAX_PTY_DIM;
 
 use super::{validate_guest_path, MAX_ARGV};
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
+
+/// The WebSocket subprotocol the daemon selects (a client offers it alongside a token
+/// entry).
+pub const PTY_PROTOCOL: &str = "zygote.pty.v1";
 
 /// The query of a pty request: `?cols=80&rows=24&cmd=bash&cmd=-l&env=K=V&cwd=/root`.
 /// `cmd` and `env` repeat (argv in order; one `KEY=VALUE` each), so they are parsed
@@ -25,8 +29,8 @@ pub struct PtyQuery {
 /// Most variables one pty request sets (on top of the sandbox's own).
 pub const MAX_PTY_ENV: usize = 128;
 
-fn out_of_range(name: &str, value: &str) -> Error {
-    Error::invalid(format!(
+fn out_of_range(name: &str, value: &str) -> RequestError {
+    RequestError::invalid(format!(
         "{name} must be an integer in 1..={MAX_PTY_DIM}, got {value}"
     ))
 }
@@ -57,7 +61,7 @@ impl PtyQuery {
         for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
             let once = |seen: bool| {
                 if seen {
-                    Err(Error::invalid(format!("{name} given twice")))
+                    Err(RequestError::invalid(format!("{name} given twice")))
                 } else {
                     Ok(())
                 }
@@ -78,38 +82,44 @@ impl PtyQuery {
                 }
                 "cmd" => {
                     if value.contains('\0') || (q.argv.is_empty() && value.is_empty()) {
-                        return Err(Error::invalid(
+                        return Err(RequestError::invalid(
                             "cmd entries must not contain NUL, and the first names a program",
                         ));
                     }
                     if q.argv.len() >= MAX_ARGV {
-                        return Err(Error::invalid(format!("more than {MAX_ARGV} cmd entries")));
+                        return Err(RequestError::invalid(format!(
+                            "more than {MAX_ARGV} cmd entries"
+                        )));
                     }
                     q.argv.push(value.into_owned());
                 }
                 "env" => {
                     let Some((k, v)) = value.split_once('=') else {
-                        return Err(Error::invalid(format!("env {value:?}: want KEY=VALUE")));
+                        return Err(RequestError::invalid(format!(
+                            "env {value:?}: want KEY=VALUE"
+                        )));
                     };
                     if k.is_empty() || k.contains('\0') || v.contains('\0') {
-                        return Err(Error::invalid(format!("bad environment variable {k:?}")));
+                        return Err(RequestError::invalid(format!(
+                            "bad environment variable {k:?}"
+                        )));
                     }
                     if q.env.len() >= MAX_PTY_ENV {
-                        return Err(Error::invalid(format!(
+                        return Err(RequestError::invalid(format!(
                             "more than {MAX_PTY_ENV} env entries"
                         )));
                     }
                     q.env.insert(k.to_string(), v.to_string());
                 }
                 other => {
-                    return Err(Error::invalid(format!(
+                    return Err(RequestError::invalid(format!(
                         "unknown query parameter {other:?} (cols, rows, cmd, env, cwd)"
                     )))
                 }
             }
         }
-        q.cols = cols.ok_or_else(|| Error::invalid("cols is required"))?;
-        q.rows = rows.ok_or_else(|| Error::invalid("rows is required"))?;
+        q.cols = cols.ok_or_else(|| RequestError::invalid("cols is required"))?;
+        q.rows = rows.ok_or_else(|| RequestError::invalid("rows is required"))?;
         Ok(q)
     }
 }

@@ -4,7 +4,10 @@ use utoipa::ToSchema;
 
 use super::{in_range, Validate};
 use crate::error::Result;
-use crate::runtime::console::LOG_CAP;
+
+/// The bound of a sandbox's console log: the daemon keeps at most this many bytes of it
+/// (the boot and the latest output), so a query asks for at most as many.
+pub const LOG_CAP: u64 = 2 * 1024 * 1024;
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

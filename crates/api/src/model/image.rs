@@ -2,9 +2,6 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::Validate;
-use crate::error::{Error, Result};
-
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Image {
     /// A recipe's name (`minimal`) or, for an OCI image, its normalized reference
@@ -84,12 +81,12 @@ macro_rules! registry_request {
             }
         }
 
-        impl Validate for $t {
-            fn validate(&self) -> Result<()> {
+        impl $crate::model::Validate for $t {
+            fn validate(&self) -> $crate::error::Result<()> {
                 zygote_oci::ImageRef::parse(&self.reference)
-                    .map_err(|e| Error::invalid(e.to_string()))?;
+                    .map_err(|e| $crate::error::RequestError::invalid(e.to_string()))?;
                 match (&self.username, &self.password) {
-                    (Some(_), None) | (None, Some(_)) => Err(Error::invalid(
+                    (Some(_), None) | (None, Some(_)) => Err($crate::error::RequestError::invalid(
                         "username and password go together: give both or neither",
                     )),
                     _ => Ok(()),

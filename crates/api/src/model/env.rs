@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 /// Most variables (envs and secrets together) per sandbox.
 pub const MAX_ENV_VARS: usize = 128;
@@ -140,17 +140,17 @@ pub fn validate_vars<'a>(
     let (mut n, mut bytes) = (0usize, 0usize);
     for (k, v) in vars {
         if !valid_name(k) {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "{what}: {k:?} is not a variable name (letters, digits and _, not starting with a digit, at most 256)"
             )));
         }
         if v.contains('\0') {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "{what}: the value of {k} contains a NUL byte"
             )));
         }
         if v.len() > MAX_ENV_VALUE {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "{what}: the value of {k} is {} bytes, more than {MAX_ENV_VALUE}",
                 v.len()
             )));
@@ -159,7 +159,7 @@ pub fn validate_vars<'a>(
         bytes += k.len() + v.len();
     }
     if n > MAX_ENV_VARS || bytes > MAX_ENV_BYTES {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "{what}: {n} variables of {bytes} bytes; at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes"
         )));
     }
@@ -174,7 +174,7 @@ impl SandboxEnv {
         secrets: &BTreeMap<String, SecretSpec>,
     ) -> Result<SandboxEnv> {
         if let Some(k) = envs.keys().find(|k| secrets.contains_key(*k)) {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "{k} is given both in envs and in secrets"
             )));
         }

@@ -3,7 +3,7 @@
 //! to filter the list (`GET /v1/sandboxes?metadata=key=value`, several ANDed).
 use std::collections::BTreeMap;
 
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 pub type Metadata = BTreeMap<String, String>;
 
@@ -22,7 +22,7 @@ fn check_key(k: &str) -> Result<()> {
         && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'/'));
     if !ok {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "metadata key {k:?} must be 1-{MAX_METADATA_KEY_LEN} characters of A-Z a-z 0-9 . _ - /"
         )));
     }
@@ -33,7 +33,7 @@ fn check_key(k: &str) -> Result<()> {
 pub fn validate_metadata(m: &Metadata) -> Result<()> {
     // Room for the keys zygote adds to a branch child.
     if m.len() > MAX_METADATA_KEYS - 1 {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "metadata has {} keys; at most {}",
             m.len(),
             MAX_METADATA_KEYS - 1
@@ -42,12 +42,12 @@ pub fn validate_metadata(m: &Metadata) -> Result<()> {
     for (k, v) in m {
         check_key(k)?;
         if k.starts_with(RESERVED_PREFIX) {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "metadata key {k:?}: keys starting with {RESERVED_PREFIX:?} are zygote's own"
             )));
         }
         if v.len() > MAX_METADATA_VALUE_LEN || v.contains('\0') {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "metadata value of {k:?} must be at most {MAX_METADATA_VALUE_LEN} bytes, without NUL"
             )));
         }
@@ -64,7 +64,7 @@ pub fn for_child(parent_id: &str, parent: &Metadata, extra: Option<&Metadata>) -
     }
     m.insert(PARENT_KEY.into(), parent_id.into());
     if m.len() > MAX_METADATA_KEYS {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "a child would have {} metadata keys with its parent's; at most {MAX_METADATA_KEYS}",
             m.len()
         )));
@@ -77,12 +77,12 @@ pub fn parse_filters(query: Option<&str>) -> Result<Vec<(String, String)>> {
     let mut filters = Vec::new();
     for (name, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
         if name != "metadata" {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "unknown query parameter {name:?} (filter with metadata=key=value)"
             )));
         }
         let Some((k, v)) = value.split_once('=') else {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "metadata filter {value:?}: want key=value"
             )));
         };

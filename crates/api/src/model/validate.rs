@@ -1,5 +1,5 @@
 //! The [`Validate`] trait and the checks request types share.
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 pub trait Validate {
     fn validate(&self) -> Result<()>;
@@ -18,7 +18,7 @@ pub fn validate_name(what: &str, name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid(format!(
+        Err(RequestError::invalid(format!(
             "{what} {name:?} must be 1-63 characters of a-z, 0-9 and '-', not starting or ending with '-'"
         )))
     }
@@ -27,21 +27,16 @@ pub fn validate_name(what: &str, name: &str) -> Result<()> {
 /// Guest paths must be absolute, without NUL, at most 4096 bytes.
 pub fn validate_guest_path(path: &str) -> Result<()> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "path {path:?} must be absolute, at most 4096 bytes, without NUL"
         )));
     }
     Ok(())
 }
 
-pub(crate) fn in_range<T: PartialOrd + std::fmt::Display>(
-    what: &str,
-    v: T,
-    lo: T,
-    hi: T,
-) -> Result<()> {
+pub fn in_range<T: PartialOrd + std::fmt::Display>(what: &str, v: T, lo: T, hi: T) -> Result<()> {
     if v < lo || v > hi {
-        return Err(Error::invalid(format!(
+        return Err(RequestError::invalid(format!(
             "{what} must be in {lo}..={hi}, got {v}"
         )));
     }

@@ -3,7 +3,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 /// Most CIDRs in `allow_out` plus `deny_out`: each becomes one element of an nftables
 /// set, so the limit is about request sizes, not speed.
@@ -53,13 +53,13 @@ impl NetworkRequest {
         let deny = parse_cidrs(self.deny_out.as_deref().unwrap_or_default())?;
         let rules = allow.as_ref().map_or(0, Vec::len) + deny.len();
         if rules > MAX_NETWORK_RULES {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "allow_out and deny_out hold {rules} entries; at most {MAX_NETWORK_RULES}"
             )));
         }
         let mode = self.network.unwrap_or_default();
         if mode == NetworkMode::None && (allow.is_some() || !deny.is_empty()) {
-            return Err(Error::invalid(
+            return Err(RequestError::invalid(
                 "allow_out and deny_out need network \"egress\" (\"none\" allows nothing)",
             ));
         }
@@ -74,7 +74,7 @@ impl NetworkRequest {
 /// `a.b.c.d/len` or `a.b.c.d` (a /32). Host bits must be zero: `10.0.0.1/8` is almost
 /// always a typo for something else, so it is refused rather than silently widened.
 pub fn parse_cidr(s: &str) -> Result<Ipv4Net> {
-    let bad = |why: &str| Error::invalid(format!("{s:?} is not an IPv4 CIDR: {why}"));
+    let bad = |why: &str| RequestError::invalid(format!("{s:?} is not an IPv4 CIDR: {why}"));
     let net: Ipv4Net = if s.contains('/') {
         s.parse().map_err(|_| bad("expected a.b.c.d/len"))?
     } else {

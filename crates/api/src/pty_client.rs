@@ -15,9 +15,8 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
 
-use crate::api::PTY_PROTOCOL;
 use crate::client::{Client, ClientError, Method};
-use crate::model::{PtyClientMessage, PtyServerMessage};
+use crate::model::{PtyClientMessage, PtyServerMessage, PTY_PROTOCOL};
 
 type Socket = WebSocketStream<TokioIo<Upgraded>>;
 

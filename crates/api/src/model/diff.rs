@@ -3,7 +3,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::validate::validate_guest_path;
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 /// The query of `GET /v1/sandboxes/{id}/diff`.
 #[derive(Debug, Clone, Deserialize, Serialize, ToSchema, utoipa::IntoParams)]
@@ -25,7 +25,7 @@ impl DiffQuery {
         let path = self.path.clone().unwrap_or_else(|| "/root".into());
         validate_guest_path(&path)?;
         if path.split('/').any(|c| c == "..") {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "path {path:?} must not contain `..`"
             )));
         }

@@ -4,7 +4,7 @@ use utoipa::ToSchema;
 
 use super::validate::validate_guest_path;
 use super::Validate;
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 /// Most directories one merge takes.
 pub const MAX_MERGE_PATHS: usize = 16;
@@ -56,7 +56,7 @@ impl MergeRequest {
     pub fn dirs(&self) -> Result<Vec<String>> {
         let paths = self.paths.clone().unwrap_or_else(|| vec!["/root".into()]);
         if paths.is_empty() || paths.len() > MAX_MERGE_PATHS {
-            return Err(Error::invalid(format!(
+            return Err(RequestError::invalid(format!(
                 "paths must name 1..={MAX_MERGE_PATHS} directories, got {}",
                 paths.len()
             )));
@@ -65,13 +65,13 @@ impl MergeRequest {
         for p in &paths {
             validate_guest_path(p)?;
             if p.split('/').any(|c| c == ".." || c == ".") {
-                return Err(Error::invalid(format!(
+                return Err(RequestError::invalid(format!(
                     "path {p:?} must not contain `.` or `..` components"
                 )));
             }
             let d = p.trim_end_matches('/');
             if d.is_empty() {
-                return Err(Error::invalid(
+                return Err(RequestError::invalid(
                     "merging / is refused: name directories below it",
                 ));
             }
@@ -80,7 +80,7 @@ impl MergeRequest {
         for a in &dirs {
             for b in &dirs {
                 if a != b && b.starts_with(&format!("{a}/")) {
-                    return Err(Error::invalid(format!("path {b:?} is inside {a:?}")));
+                    return Err(RequestError::invalid(format!("path {b:?} is inside {a:?}")));
                 }
             }
         }
@@ -93,7 +93,7 @@ impl MergeRequest {
 impl Validate for MergeRequest {
     fn validate(&self) -> Result<()> {
         if self.from.is_empty() {
-            return Err(Error::invalid("from must name a sandbox"));
+            return Err(RequestError::invalid("from must name a sandbox"));
         }
         self.dirs().map(|_| ())
     }

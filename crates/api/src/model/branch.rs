@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{in_range, ttl, validate_vars, Validate, MAX_BRANCH_COUNT};
-use crate::error::{Error, Result};
+use crate::error::{RequestError, Result};
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -49,7 +49,7 @@ impl Validate for BranchRequest {
         in_range("count", count, 1, MAX_BRANCH_COUNT)?;
         if let Some(env) = &self.env {
             if env.len() != count as usize {
-                return Err(Error::invalid(format!(
+                return Err(RequestError::invalid(format!(
                     "env has {} entries for {count} children: give one object per child",
                     env.len()
                 )));

@@ -28,7 +28,28 @@ pub struct SetTtlRequest {
     pub ttl_secs: Option<u64>,
     /// What the TTL running out does: `delete` or `pause`; absent: unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_action: Option<super::TtlAction>,
+    pub ttl_action: Option<TtlAction>,
+}
+
+/// What happens to a sandbox when its TTL runs out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    /// Deleted, with everything it owns.
+    #[default]
+    Delete,
+    /// Paused to disk (it keeps its id, files and processes; resume brings it back
+    /// with a fresh TTL).
+    Pause,
+}
+
+impl TtlAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtlAction::Delete => "delete",
+            TtlAction::Pause => "pause",
+        }
+    }
 }
 
 /// With `deserialize_with`, serde no longer treats a missing `Option` field

@@ -19,7 +19,7 @@
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
-use crate::model::{NetworkMode, NetworkPolicy};
+use zygote_api::model::{NetworkMode, NetworkPolicy};
 
 /// Guests' addresses (and every namespace's gateway, `.0.1`).
 pub const GUEST_NET: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 0);
@@ -208,7 +208,7 @@ pub fn host_rules() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::parse_cidr;
+    use zygote_api::model::parse_cidr;
 
     #[test]
     fn slots_give_distinct_addresses_inside_the_ranges() {

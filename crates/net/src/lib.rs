@@ -4,6 +4,9 @@
 //! host itself or to other sandboxes) in force before the guest's first packet.
 //! The layout and the rules are in [`plan`]; [`host`] runs the tools.
 //!
+//! A crate of its own: the daemon runs it, and `zygote doctor` and the network benches
+//! read the same plan and host facts without linking the daemon.
+//!
 //! Without root, `ip`, `nft` or /dev/net/tun the daemon falls back to the *user*
 //! backend (QEMU's user-mode network, no isolation from the host; the kvm runtime
 //! then gives guests no NIC) and says so in `GET /v1/info` and `zygote doctor`.
@@ -17,8 +20,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::model::{NetworkMode, NetworkPolicy, NetworkView};
 use plan::SlotPlan;
+use zygote_api::model::{NetworkInfo, NetworkMode, NetworkPolicy, NetworkView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -103,17 +106,6 @@ pub struct Network {
     /// Names this daemon's namespaces (`zygote-<instance>-<sandbox>`), derived from its
     /// state directory: daemons sharing a host never touch each other's.
     instance: String,
-}
-
-/// `GET /v1/info`'s view.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct NetworkInfo {
-    /// `isolated` or `user`.
-    pub backend: String,
-    /// Why the backend is `user` (null when isolated).
-    pub reason: Option<String>,
-    /// Where guests' DNS queries go (isolated backend).
-    pub dns: Option<String>,
 }
 
 impl Network {
