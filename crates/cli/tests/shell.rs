@@ -162,6 +162,11 @@ fn shell_with_a_pipe_and_with_a_terminal() {
     if !have("python3") {
         return skip("python3 (for the pseudo-terminal driver) is not installed");
     }
+    // `zygote serve` runs the zygoted built beside it (`cargo test --workspace` builds it).
+    let zygoted = std::path::Path::new(env!("CARGO_BIN_EXE_zygote")).with_file_name("zygoted");
+    if !zygoted.is_file() {
+        return skip("no zygoted beside zygote (`cargo build --release -p zygote-daemon`)");
+    }
     zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
     zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("image");
     let tmp = tempfile::tempdir().unwrap();

@@ -12,33 +12,33 @@ use crate::error::{RequestError, Result};
 pub struct BranchRequest {
     /// Number of children, 1..=256. On a runtime whose children each copy the parent's
     /// memory (qemu), at most as many as the host's available memory holds.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 256)]
     pub count: Option<u32>,
     /// Children's time-to-live (1..=604800); when absent they get the parent's `ttl_secs`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
     /// One object of environment variables per child (exactly `count` of them), added
     /// over the parent's `envs` for that child's execs: tokens, seeds, task ids.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env: Option<Vec<BTreeMap<String, String>>>,
     /// Keep the branch point's state so that the children can later be merged with
     /// their parent or each other (`POST .../merge`). The qemu runtime always keeps it;
     /// on the kvm runtime it costs a full memory file of the parent, written after the
     /// children run (the pause does not grow).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mergeable: Option<bool>,
     /// Labels set on every child over those it inherits from its parent (same rules as
     /// create's `metadata`): e.g. the id of whatever asked for the branch, so that it can
     /// find its children again with `GET /v1/sandboxes?metadata=k=v`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
     /// Answer `200` at once with an NDJSON stream of [`BranchEvent`] lines (the branch
     /// point, then each child as it comes up or fails, then the summary) instead of
     /// `201` with the [`BranchResponse`] once every child is done. A client that goes
     /// away does not stop the branch: its children come up (or go) all the same.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
 }
 

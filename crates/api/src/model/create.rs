@@ -9,8 +9,8 @@ use utoipa::ToSchema;
 
 use super::limits::{MAX_FAN_OUT, MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
 use super::{
-    in_range, metadata, ttl, validate_name, Limits, NetworkMode, NetworkRequest, Sandbox,
-    SandboxEnv, SecretSpec, TtlAction, Validate,
+    in_range, metadata, ttl, validate_name, Limits, NetworkMode, NetworkPolicy, NetworkRequest,
+    Sandbox, SandboxEnv, SecretSpec, TtlAction, Validate,
 };
 use crate::error::{RequestError, Result};
 
@@ -18,105 +18,99 @@ use crate::error::{RequestError, Result};
 #[serde(deny_unknown_fields)]
 pub struct CreateSandboxRequest {
     /// Image name (e.g. `minimal`) or `name-sha256` prefix; exclusive with `snapshot`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 1, max_length = 200)]
     pub image: Option<String>,
     /// Snapshot id to start from (its memory, processes and files).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
     /// Optional label; also the guest hostname (a suffix is added for n > 1).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
     /// How many sandboxes to create (fan-out), 1..=256. On the qemu runtime (each VM
     /// holds its own copy of its memory), at most as many as the host's available memory
     /// holds (422 `insufficient_memory` says how many fit). They are listed as `creating`
     /// until each runs.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 256)]
     pub n: Option<u32>,
     /// Guest RAM in MiB, 64..=65536 (image boots only; a snapshot keeps its own).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 64, maximum = 65536)]
     pub mem_mib: Option<u32>,
     /// Virtual CPUs, 1..=32 (image boots only; a snapshot keeps its own).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 32)]
     pub vcpus: Option<u32>,
     #[serde(default)]
     pub limits: Limits,
     /// Delete the sandbox this many seconds after it is running (1..=604800); none by default.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 604800)]
     pub ttl_secs: Option<u64>,
     /// `egress` (default: outbound connections through NAT, never to the host, the
     /// link-local range or other sandboxes) or `none` (no traffic).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkMode>,
     /// Only these IPv4 CIDRs (or single addresses) may be reached. DNS too: the guest's
     /// resolver address leads to the daemon's resolver (`network.dns` in
     /// `GET /v1/info`), which must be in this list for the sandbox to resolve names.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 256)]
     pub allow_out: Option<Vec<String>>,
     /// These IPv4 CIDRs are refused, even when `allow_out` contains them (the daemon's
     /// resolver included: then the sandbox gets no DNS).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 256)]
     pub deny_out: Option<Vec<String>>,
     /// Environment variables every exec in the sandbox gets (an exec's own `env` wins);
     /// branch children inherit them. At most 128 variables (with `secrets`), 32 KiB per
     /// value, 256 KiB in all.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envs: Option<BTreeMap<String, String>>,
     /// Like `envs`, but their values are never shown by the API, and one with
     /// `"inherit": false` is not given to branch children. Neither is written into the
     /// guest: they exist only in the environment of execs.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets: Option<BTreeMap<String, SecretSpec>>,
     /// Your own labels (at most 63 keys of 1-128 characters of `A-Za-z0-9._-/`, values up
     /// to 1024 bytes; keys starting `zygote.` are reserved): shown on the sandbox, kept by
     /// its branch children (which add `zygote.parent`), filterable in the list.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
     /// Exec and file calls, and requests through the port proxy, on the sandbox while it
     /// is paused resume it first (without it they get 409 `sandbox_paused`, and the proxy
     /// 502). Kept by branch children.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_resume: Option<bool>,
     /// What its TTL running out does: `delete` (default) or `pause`. Kept by branch
     /// children.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_action: Option<TtlAction>,
     /// Answer at once with an NDJSON stream of CreateEvent lines (`accepted`, then one
     /// `sandbox` or `sandbox_failed` per sandbox as it comes up, then `done` or `error`)
     /// instead of `201` once all run. Checks (the request, the image or snapshot, the
     /// name, the memory a fan-out needs) answer before the stream starts. A client that
     /// goes away does not stop the create.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
 }
 
-impl CreateSandboxRequest {
-    /// The sandbox's stored environment (validated).
-    pub fn sandbox_env(&self) -> Result<SandboxEnv> {
-        SandboxEnv::new(
-            self.envs.as_ref().unwrap_or(&BTreeMap::new()),
-            self.secrets.as_ref().unwrap_or(&BTreeMap::new()),
-        )
-    }
-
-    pub fn network_request(&self) -> NetworkRequest {
-        NetworkRequest {
-            network: self.network,
-            allow_out: self.allow_out.clone(),
-            deny_out: self.deny_out.clone(),
-        }
-    }
+/// What validating a create finds besides "valid": the parts the daemon keeps, parsed
+/// once by [`CreateSandboxRequest::check`].
+#[derive(Debug, Clone)]
+pub struct CheckedCreate {
+    /// The network policy, as stored and enforced.
+    pub policy: NetworkPolicy,
+    /// The sandbox's stored environment.
+    pub env: SandboxEnv,
 }
 
-impl Validate for CreateSandboxRequest {
-    fn validate(&self) -> Result<()> {
+impl CreateSandboxRequest {
+    /// Validates the request ([`Validate`] is this without the result) and returns
+    /// its network policy and environment: they are parsed here only.
+    pub fn check(&self) -> Result<CheckedCreate> {
         match (&self.image, &self.snapshot) {
             (Some(_), Some(_)) => {
                 return Err(RequestError::invalid(
@@ -149,12 +143,27 @@ impl Validate for CreateSandboxRequest {
             ));
         }
         ttl::validate_ttl(self.ttl_secs)?;
-        self.network_request().policy()?;
-        self.sandbox_env()?;
+        let policy = NetworkRequest {
+            network: self.network,
+            allow_out: self.allow_out.clone(),
+            deny_out: self.deny_out.clone(),
+        }
+        .policy()?;
+        let env = SandboxEnv::new(
+            self.envs.as_ref().unwrap_or(&BTreeMap::new()),
+            self.secrets.as_ref().unwrap_or(&BTreeMap::new()),
+        )?;
         if let Some(m) = &self.metadata {
             metadata::validate_metadata(m)?;
         }
-        self.limits.validate()
+        self.limits.validate()?;
+        Ok(CheckedCreate { policy, env })
+    }
+}
+
+impl Validate for CreateSandboxRequest {
+    fn validate(&self) -> Result<()> {
+        self.check().map(drop)
     }
 }
 

@@ -61,9 +61,9 @@ pub struct PullImageRequest {
     pub reference: String,
     /// Registry credentials (used for this pull only, never stored); without them the
     /// daemon's user's docker config is used, else none.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
 }
 

@@ -40,14 +40,14 @@ pub struct MergeRequest {
     /// child, a sibling, any sandbox of the same tree).
     pub from: String,
     /// Directories merged (default `["/root"]`), absolute, none inside another.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 16)]
     pub paths: Option<Vec<String>>,
     /// `fail` (default), `theirs` or `ours`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_conflict: Option<OnConflict>,
     /// Work out and report the merge, change nothing.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
 }
 

@@ -40,9 +40,9 @@ pub struct PushSnapshotRequest {
     /// Where to push: `registry.example:5000/team/warm:v1`.
     #[schema(min_length = 1, max_length = 512)]
     pub reference: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
 }
 
@@ -52,12 +52,12 @@ pub struct PushSnapshotRequest {
 pub struct PullSnapshotRequest {
     #[schema(min_length = 1, max_length = 512)]
     pub reference: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
     /// Name for the imported snapshot (default: the exported one's).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 

@@ -110,10 +110,10 @@ pub struct ProcessOutput {
 #[serde(deny_unknown_fields)]
 pub struct StdinRequest {
     /// UTF-8 text to write (at most 8 MiB).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<String>,
     /// Or exact bytes, base64 (at most 8 MiB decoded); not both.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_base64: Option<String>,
     /// Close stdin afterwards (the program reads end of file).
     #[serde(default)]

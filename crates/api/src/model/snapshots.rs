@@ -43,9 +43,9 @@ pub struct SnapshotRequest {
     #[schema(min_length = 1)]
     pub sandbox: String,
     /// `full` (default), `diff` or `live`, as the runtime supports (see `GET /v1/info`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<SnapshotKind>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
     pub name: Option<String>,
 }

@@ -50,6 +50,24 @@ pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a list verb prints (`ps`, `images`, `snapshot ls`, `port ls`, `process ls`):
+/// the API's answer `list` as pretty JSON with `--json`, else a table of `headers` with
+/// one `row` per item of `items` (taken from `list`).
+pub fn print_list<T>(
+    list: &impl serde::Serialize,
+    json: bool,
+    headers: &[&str],
+    items: &[T],
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(list);
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    print_table(headers, &rows);
+    Ok(())
+}
+
 /// Left-aligned columns sized to their widest cell.
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();

@@ -8,9 +8,9 @@ use serde::Serialize;
 use zygote_vmm::probe::progress::{self, Posted, ProgressBoard};
 use zygote_vmm::vmm::branch::ChildContext;
 
-use super::bench_branch_measure::{boot_populated, probe_branch};
-use super::bench_plot::{self, Series};
-use super::bench_stats::{ms, percentile};
+use super::branch_measure::{boot_populated, probe_branch};
+use super::plot::{self, Series};
+use super::stats::{ms, percentile};
 
 #[derive(clap::Args)]
 pub struct FanoutBenchArgs {
@@ -226,7 +226,7 @@ pub fn run(args: FanoutBenchArgs) -> anyhow::Result<i32> {
             "bench fanout: {} children of one {} MiB VM",
             args.children, args.mem_mib
         );
-        bench_plot::timeline(
+        plot::timeline(
             path,
             &title,
             "ms since the branch request",

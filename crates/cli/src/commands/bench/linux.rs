@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use zygote_api::client::{block_on, Client, Method};
 use zygote_api::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
 
-use super::bench_stats::{ms, percentile, Summary};
-use super::private_daemon::{PrivateDaemon, StateDir};
+use super::stats::{ms, percentile, Summary};
+use crate::commands::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct LinuxBenchArgs {
@@ -375,7 +375,7 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         errors,
     };
     if !args.json {
-        super::daemon_client::print_table(
+        crate::commands::daemon_client::print_table(
             &["figure", "p50 ms", "p90 ms", "n"],
             &[
                 ("parent pause (branch)", &p),

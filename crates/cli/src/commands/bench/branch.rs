@@ -8,11 +8,11 @@ use serde::Serialize;
 use zygote_vmm::probe;
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 
-use super::bench_branch_measure::{
+use super::branch_measure::{
     bare_fork_baseline, boot_populated, run_scenario, Samples, Scenario, MODES,
 };
-use super::bench_plot::{self, Panel, Series};
-use super::bench_stats::{ms, percentile, Summary};
+use super::plot::{self, Panel, Series};
+use super::stats::{ms, percentile, Summary};
 
 #[derive(clap::Args)]
 pub struct BranchBenchArgs {
@@ -255,7 +255,7 @@ fn plot(path: &std::path::Path, r: &BranchBench) -> anyhow::Result<()> {
         "bench branch: VM pause per mode, {} MiB guest, {} rounds",
         r.mem_mib, r.iterations
     );
-    bench_plot::cdf_panels(path, &title, "pause (ms, log scale)", &panels)?;
+    plot::cdf_panels(path, &title, "pause (ms, log scale)", &panels)?;
     Ok(())
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::commands::bench_stats::{ms, percentile, Summary};
+use super::stats::{ms, percentile, Summary};
 
 /// One backend's samples.
 #[derive(Default)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use zygote_treeclone::bench::{run_bench, BenchOptions, BenchReport, SideKind, MIN_RUNS};
 
-use super::bench_plot::{self, BarPanel, BarSeries};
+use super::plot::{self, BarPanel, BarSeries};
 
 #[derive(clap::Args)]
 pub struct TreecloneBenchArgs {
@@ -111,7 +111,7 @@ pub fn run(args: TreecloneBenchArgs) -> anyhow::Result<i32> {
             "bench treeclone: median time until the clone is visible, {} runs per method",
             report.runs
         );
-        bench_plot::bar_panels(path, &title, "ms (log scale)", &bar_panels(&report))?;
+        plot::bar_panels(path, &title, "ms (log scale)", &bar_panels(&report))?;
         eprintln!("plot written to {}", path.display());
     }
     if args.json {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::bench_branch_measure::boot_populated;
+use super::branch_measure::boot_populated;
 
 const KSM: &str = "/sys/kernel/mm/ksm";
 

@@ -22,8 +22,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use zygote_api::client::{block_on, Client, Method};
 
-use super::bench_stats::Summary;
-use super::private_daemon::{status_field, PrivateDaemon, StateDir};
+use super::stats::Summary;
+use crate::commands::private_daemon::{status_field, PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct SoakBenchArgs {

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use zygote_api::client::{block_on, Client, Method};
 use zygote_api::model::{ExecResponse, Sandbox, SandboxList, Snapshot};
 
-use super::bench_stats::{ms, Summary};
-use super::private_daemon::{PrivateDaemon, StateDir};
+use super::stats::{ms, Summary};
+use crate::commands::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct PauseBenchArgs {
@@ -274,7 +274,7 @@ pub fn run(args: PauseBenchArgs) -> anyhow::Result<i32> {
                 ]
             })
             .collect();
-        super::daemon_client::print_table(
+        crate::commands::daemon_client::print_table(
             &[
                 "MiB",
                 "full snap ms",

@@ -10,8 +10,8 @@ use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
 use zygote_vmm::vmm::branch::{BranchRequest, ChildContext, ChildMain};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 
-use super::bench_progress::Steps;
-use super::bench_stats::ms;
+use super::stats::ms;
+use crate::commands::progress::Steps;
 
 /// Guest RAM below this stays as the probe left it (its image, stack and mailbox).
 pub const POPULATE_FLOOR: u64 = 32 << 20;

@@ -24,10 +24,10 @@ use anyhow::Context;
 use serde_json::{json, Value};
 use zygote_api::client::{block_on, Client, Method};
 
-use super::bench_net_remote::{Remote, IPERF_PORT, SINK_PORT};
-use super::bench_net_report::{print_table, BackendReport, NetReport, Samples};
-use super::bench_stats::ms;
-use super::private_daemon::{PrivateDaemon, StateDir};
+use super::net_remote::{Remote, IPERF_PORT, SINK_PORT};
+use super::net_report::{print_table, BackendReport, NetReport, Samples};
+use super::stats::ms;
+use crate::commands::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct NetBenchArgs {

@@ -21,8 +21,8 @@ use zygote_api::client::{block_on, Client, Method};
 use zygote_api::model::{BranchEvent, Sandbox, SandboxList};
 use zygote_api::ErrorBody;
 
-use super::bench_stats::{ms, Summary};
-use super::private_daemon::{PrivateDaemon, StateDir};
+use super::stats::{ms, Summary};
+use crate::commands::private_daemon::{PrivateDaemon, StateDir};
 
 #[derive(clap::Args)]
 pub struct ApiFanoutBenchArgs {
@@ -333,7 +333,7 @@ pub fn run(args: ApiFanoutBenchArgs) -> anyhow::Result<i32> {
         errors,
     };
     if !args.json {
-        super::daemon_client::print_table(
+        crate::commands::daemon_client::print_table(
             &["figure", "p50 ms", "p90 ms", "max ms", "n"],
             &[
                 ("request -> branch point", &result.point_ms),
