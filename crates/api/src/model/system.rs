@@ -46,7 +46,7 @@ pub struct Health {
     pub status: String,
 }
 
-/// How sandboxes are networked, in `GET /v1/info`.
+/// `GET /v1/info`'s view.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct NetworkInfo {
     /// `isolated` or `user`.
