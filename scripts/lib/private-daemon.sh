@@ -49,7 +49,7 @@ finish_private_daemon() {
         status=1
     fi
     # Its network namespaces (named zygote-<first 8 hex of sha256(state dir)>-<sandbox>,
-    # crates/daemon/src/network) outlive it too; a daemon that deleted its sandboxes
+    # crates/net) outlive it too; a daemon that deleted its sandboxes
     # leaves none.
     local prefix ns
     if [ -d /run/netns ] && [ -d "$STATE/daemon" ]; then

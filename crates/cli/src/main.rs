@@ -31,7 +31,7 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
-    /// Run the zygote daemon (REST API; same as `zygoted`).
+    /// Run the zygote daemon (REST API): `zygoted` with these arguments.
     Serve(commands::serve::ServeArgs),
     /// Start sandboxes (daemon).
     Create(commands::create::CreateArgs),
@@ -79,11 +79,6 @@ enum Command {
 }
 
 fn main() {
-    // `zygote serve`'s qemu runtime starts this binary again as its VMs' console pumps.
-    let args: Vec<_> = std::env::args_os().collect();
-    if let Some(code) = zygote_daemon::runtime::console::run_pump_if_asked(&args) {
-        std::process::exit(code);
-    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("ZYGOTE_LOG")

@@ -77,6 +77,15 @@ fn qemu_or_skip() -> bool {
     if !found {
         eprintln!("SKIP: qemu-system-x86_64 is not installed (the qemu runtime needs it)");
     }
+    // `zygote serve` runs the zygoted built beside it (`cargo test --workspace` builds it).
+    let zygoted = Path::new(env!("CARGO_BIN_EXE_zygote")).with_file_name("zygoted");
+    if found && !zygoted.is_file() {
+        eprintln!(
+            "SKIP: no {} (`cargo build --release -p zygote-daemon`)",
+            zygoted.display()
+        );
+        return false;
+    }
     found
 }
 

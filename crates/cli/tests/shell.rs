@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::SandboxList;
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::SandboxList;
 
 fn skip(why: &str) {
     let _ = writeln!(std::io::stderr(), "skipping zygote shell tests: {why}");
@@ -161,6 +161,11 @@ fn shell_with_a_pipe_and_with_a_terminal() {
     }
     if !have("python3") {
         return skip("python3 (for the pseudo-terminal driver) is not installed");
+    }
+    // `zygote serve` runs the zygoted built beside it (`cargo test --workspace` builds it).
+    let zygoted = std::path::Path::new(env!("CARGO_BIN_EXE_zygote")).with_file_name("zygoted");
+    if !zygoted.is_file() {
+        return skip("no zygoted beside zygote (`cargo build --release -p zygote-daemon`)");
     }
     zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
     zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("image");

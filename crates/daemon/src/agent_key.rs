@@ -63,7 +63,7 @@ impl AgentKey {
     }
 
     fn create(path: &PathBuf) -> Result<AgentKey> {
-        let key: [u8; KEY_LEN] = hex::decode(crate::manager::random_hex(KEY_LEN))
+        let key: [u8; KEY_LEN] = hex::decode(crate::ids::random_hex(KEY_LEN))
             .expect("random_hex is hex")
             .try_into()
             .expect("KEY_LEN bytes");

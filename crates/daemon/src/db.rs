@@ -12,7 +12,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::{de::DeserializeOwned, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::pause::Lifecycle;
+use crate::lifecycle::Lifecycle;
 use crate::model::{CgroupReport, ImageRun, Limits, Origin, PackOrigin, SandboxEnv, SnapshotKind};
 use crate::network::NetRecord;
 use crate::runtime::{SnapshotData, VmRecord};

@@ -3,7 +3,7 @@
 //! `{"error": {"code": "...", "message": "..."}}`.
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+pub use zygote_api::error::{ErrorBody, ErrorDetail, RequestError};
 use zygote_proto::client::ClientError;
 use zygote_proto::ErrorCode;
 
@@ -17,21 +17,15 @@ pub enum Error {
     Unauthorized,
     #[error("{0}")]
     MalformedBody(String),
-    #[error("{0}")]
-    InvalidArgument(String),
+    /// A request that failed its validation ([`zygote_api::model::Validate`]).
+    #[error(transparent)]
+    Request(#[from] RequestError),
     /// Data over the size limit of one request (a guest file read).
     #[error("more than {limit} bytes, the limit for one request")]
     PayloadTooLarge { limit: usize },
     /// A request body over its route's limit; `what` names the kind of body.
     #[error("{what} may be at most {limit} bytes; this one is larger")]
     BodyTooLarge { what: &'static str, limit: usize },
-    /// A request the guest agent could not take in one frame (an exec's argv, env
-    /// and stdin): the client's to shrink (a 413), not a broken agent channel (a 502).
-    #[error(
-        "the request is {len} bytes as the guest agent receives it (for an exec: argv, \
-         env, cwd and stdin in base64), over the agent's limit of {limit} bytes"
-    )]
-    AgentRequestTooLarge { len: usize, limit: usize },
     #[error("{what} {id:?} not found")]
     NotFound { what: &'static str, id: String },
     #[error("no route {method} {path}")]
@@ -122,7 +116,7 @@ impl Error {
     }
 
     pub fn invalid(msg: impl Into<String>) -> Error {
-        Error::InvalidArgument(msg.into())
+        Error::Request(RequestError::Invalid(msg.into()))
     }
 
     pub fn not_found(what: &'static str, id: impl Into<String>) -> Error {
@@ -141,7 +135,7 @@ impl Error {
         match e {
             ClientError::Agent(_) => Error::Guest(e),
             ClientError::RequestTooLarge { len, max } => {
-                Error::AgentRequestTooLarge { len, limit: max }
+                Error::Request(RequestError::AgentRequestTooLarge { len, limit: max })
             }
             ClientError::Timeout { .. } | ClientError::Unresponsive(_) => Error::AgentTimeout(e),
             ClientError::Malformed(_) | ClientError::Protocol(_) => Error::AgentMalformed(e),
@@ -164,10 +158,12 @@ impl Error {
         match self {
             Error::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
             Error::MalformedBody(_) => (S::BAD_REQUEST, "malformed_body"),
-            Error::InvalidArgument(_) => (S::BAD_REQUEST, "invalid_argument"),
+            Error::Request(RequestError::Invalid(_)) => (S::BAD_REQUEST, "invalid_argument"),
             Error::PayloadTooLarge { .. }
             | Error::BodyTooLarge { .. }
-            | Error::AgentRequestTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            | Error::Request(RequestError::AgentRequestTooLarge { .. }) => {
+                (S::PAYLOAD_TOO_LARGE, "payload_too_large")
+            }
             Error::NotFound { .. } => (S::NOT_FOUND, "not_found"),
             Error::RouteNotFound { .. } => (S::NOT_FOUND, "route_not_found"),
             Error::MethodNotAllowed { .. } => (S::METHOD_NOT_ALLOWED, "method_not_allowed"),
@@ -263,23 +259,6 @@ fn oci_status(e: &zygote_oci::OciError) -> (StatusCode, &'static str) {
     }
 }
 
-/// `{"error": {"code": "...", "message": "..."}}`
-#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    /// Stable code (see the API docs); clients branch on this.
-    pub code: String,
-    /// Human-readable explanation.
-    pub message: String,
-    /// With `insufficient_memory`: how many of the requested VMs the host holds now.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fit: Option<u32>,
-}
-
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, _) = self.status_code();
@@ -301,6 +280,14 @@ mod tests {
     fn status(e: Error) -> (u16, &'static str) {
         let (s, code) = e.status_code();
         (s.as_u16(), code)
+    }
+
+    #[test]
+    fn refused_requests_are_400_or_413() {
+        let invalid = RequestError::invalid("n must be 1..=256");
+        assert_eq!(status(invalid.into()), (400, "invalid_argument"));
+        let large = RequestError::AgentRequestTooLarge { len: 2, limit: 1 };
+        assert_eq!(status(large.into()), (413, "payload_too_large"));
     }
 
     #[test]

@@ -17,13 +17,14 @@ use crate::api::{self, AppState};
 use crate::cgroup::Cgroups;
 use crate::db::Db;
 use crate::error::{Error, Result};
-use crate::manager::{random_hex, Dirs, Manager};
+use crate::ids::random_hex;
+use crate::manager::{Dirs, Manager};
 use crate::model::RuntimeInfo;
 use crate::network::{BackendChoice, Network};
 use crate::runtime;
+use zygote_api::defaults::TOKEN_FILE;
 
-/// Default TCP address (loopback only: the token is the only protection).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:7420";
+pub use zygote_api::defaults::{state_dir, DEFAULT_LISTEN};
 
 /// `zygoted` / `zygote serve` options.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -72,30 +73,9 @@ pub struct ServeArgs {
     pub insecure_registries: Vec<String>,
 }
 
-/// The state directory a daemon (and a client looking for its token) uses.
-pub fn state_dir(explicit: Option<&Path>) -> PathBuf {
-    if let Some(d) = explicit {
-        return d.to_path_buf();
-    }
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    if let Some(d) = env("ZYGOTE_STATE_DIR") {
-        return d;
-    }
-    if let Some(d) = env("XDG_STATE_HOME") {
-        return d.join("zygote");
-    }
-    env("HOME")
-        .unwrap_or_else(|| PathBuf::from("/root"))
-        .join(".local/state/zygote")
-}
-
 /// The API token: `<state>/token`, created (0600) on first start.
 pub fn load_or_create_token(state: &Path) -> Result<String> {
-    let path = state.join("token");
+    let path = state.join(TOKEN_FILE);
     match std::fs::read_to_string(&path) {
         Ok(t) if !t.trim().is_empty() => return Ok(t.trim().to_string()),
         Ok(_) => {}

@@ -37,7 +37,7 @@ def _error(status: int, code: str, message: str) -> Answer:
     return status, {"error": {"code": code, "message": message}}
 
 
-# zygoted's metadata rules (crates/daemon/src/model/metadata.rs).
+# zygoted's metadata rules (crates/api/src/model/metadata.rs).
 MAX_METADATA_KEYS = 64
 METADATA_KEY = re.compile(r"[A-Za-z0-9._/-]{1,128}")
 MAX_METADATA_VALUE_LEN = 1024

@@ -1,12 +1,11 @@
 //! `zygote branch ID`: copy-on-write children of a running sandbox.
 use std::collections::BTreeMap;
 
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{BranchEvent, BranchResponse};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{BranchEvent, BranchRequest, BranchResponse};
 
-use super::bench_progress::Steps;
 use super::daemon_client::{print_json, ApiArgs};
+use super::progress::Steps;
 
 #[derive(clap::Args)]
 pub struct BranchArgs {
@@ -78,13 +77,14 @@ pub fn run(args: BranchArgs) -> anyhow::Result<i32> {
     block_on(client.ndjson(
         Method::POST,
         &format!("/v1/sandboxes/{}/branch", args.id),
-        Some(&json!({
-            "count": args.count,
-            "ttl_secs": args.ttl,
-            "env": env,
-            "mergeable": args.mergeable,
-            "stream": true,
-        })),
+        Some(&BranchRequest {
+            count: Some(args.count),
+            ttl_secs: args.ttl,
+            env,
+            mergeable: Some(args.mergeable),
+            metadata: None,
+            stream: Some(true),
+        }),
         |ev: BranchEvent| match ev {
             BranchEvent::Point {
                 branch_point,

@@ -1,7 +1,7 @@
 //! `zygote cp`: copy a file into or out of a sandbox (`ID:/path` names the
 //! sandbox side).
 use anyhow::Context;
-use zygote_daemon::client::{block_on, Method};
+use zygote_api::client::{block_on, Method};
 
 use super::daemon_client::ApiArgs;
 

@@ -1,10 +1,13 @@
 //! `zygote create`: start sandboxes through the daemon.
-use serde_json::json;
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::{CreateEvent, SandboxList};
+use std::collections::BTreeMap;
 
-use super::bench_progress::Steps;
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::{
+    CreateEvent, CreateSandboxRequest, Limits, NetworkMode, SandboxList, SecretSpec, TtlAction,
+};
+
 use super::daemon_client::{age, expires_in, print_json, print_table, spinner, ApiArgs};
+use super::progress::Steps;
 
 #[derive(clap::Args)]
 pub struct CreateArgs {
@@ -92,10 +95,10 @@ pub enum Network {
 }
 
 impl Network {
-    fn as_str(self) -> &'static str {
+    fn mode(self) -> NetworkMode {
         match self {
-            Network::Egress => "egress",
-            Network::None => "none",
+            Network::Egress => NetworkMode::Egress,
+            Network::None => NetworkMode::None,
         }
     }
 }
@@ -149,11 +152,11 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
 /// a terminal, a line per sandbox otherwise); the answer is the plain request's.
 fn create_streamed(
     client: &Client,
-    mut body: serde_json::Value,
+    mut body: CreateSandboxRequest,
     count: u32,
     json: bool,
 ) -> anyhow::Result<SandboxList> {
-    body["stream"] = true.into();
+    body.stream = Some(true);
     let mut steps = (!json).then(|| Steps::new("sandboxes", count as usize));
     let mut outcome: Option<anyhow::Result<SandboxList>> = None;
     block_on(client.ndjson(
@@ -210,80 +213,71 @@ pub(super) fn key_value(
     }
 }
 
-/// The `POST /v1/sandboxes` body: only the options given (the daemon has the
+/// The `POST /v1/sandboxes` request: only the options given (the daemon has the
 /// defaults), limits always as an object.
 fn request_body(
     args: &CreateArgs,
     lookup: &dyn Fn(&str) -> Option<String>,
-) -> anyhow::Result<serde_json::Value> {
-    let mut body = json!({
-        "n": args.count,
-        "limits": {},
-    });
-    match &args.snapshot {
-        Some(s) => body["snapshot"] = json!(s),
-        None => body["image"] = json!(args.image.as_deref().unwrap_or("minimal")),
-    }
-    for (k, v) in [
-        ("name", args.name.as_ref().map(|n| json!(n))),
-        ("mem_mib", args.mem_mib.map(|m| json!(m))),
-        ("vcpus", args.vcpus.map(|v| json!(v))),
-        ("ttl_secs", args.ttl.map(|t| json!(t))),
-        ("ttl_action", args.ttl_action.map(|a| json!(a.as_str()))),
-        ("auto_resume", args.auto_resume.then_some(json!(true))),
-        ("network", args.network.map(|n| json!(n.as_str()))),
-        (
-            "allow_out",
-            (!args.allow_out.is_empty()).then(|| json!(args.allow_out)),
+) -> anyhow::Result<CreateSandboxRequest> {
+    let (image, snapshot) = match &args.snapshot {
+        Some(s) => (None, Some(s.clone())),
+        None => (
+            Some(args.image.as_deref().unwrap_or("minimal").to_string()),
+            None,
         ),
-        (
-            "deny_out",
-            (!args.deny_out.is_empty()).then(|| json!(args.deny_out)),
-        ),
-    ] {
-        if let Some(v) = v {
-            body[k] = v;
-        }
-    }
-    for (k, v) in [
-        ("memory_mib", args.memory_limit_mib.map(|m| json!(m))),
-        ("cpu_percent", args.cpu_percent.map(|c| json!(c))),
-        ("pids", args.pids_limit.map(|p| json!(p))),
-    ] {
-        if let Some(v) = v {
-            body["limits"][k] = v;
-        }
-    }
-    if !args.env.is_empty() {
-        let envs = args.env.iter().map(|a| key_value("--env", a, lookup));
-        body["envs"] = json!(envs.collect::<anyhow::Result<std::collections::BTreeMap<_, _>>>()?);
-    }
+    };
+    let envs = args
+        .env
+        .iter()
+        .map(|a| key_value("--env", a, lookup))
+        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
     let secrets = (args.secret.iter().map(|a| (a, true)))
         .chain(args.secret_not_inherited.iter().map(|a| (a, false)))
         .map(|(a, inherit)| {
-            let (k, v) = key_value("--secret", a, lookup)?;
-            Ok((k, json!({"value": v, "inherit": inherit})))
+            let (k, value) = key_value("--secret", a, lookup)?;
+            Ok((k, SecretSpec { value, inherit }))
         })
-        .collect::<anyhow::Result<serde_json::Map<_, _>>>()?;
-    if !secrets.is_empty() {
-        body["secrets"] = json!(secrets);
-    }
-    if !args.metadata.is_empty() {
-        let labels = args.metadata.iter().map(|a| {
+        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+    let metadata = args
+        .metadata
+        .iter()
+        .map(|a| {
             a.split_once('=')
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .ok_or_else(|| anyhow::anyhow!("--metadata {a:?}: want KEY=VALUE"))
-        });
-        body["metadata"] =
-            json!(labels.collect::<anyhow::Result<std::collections::BTreeMap<_, _>>>()?);
-    }
-    Ok(body)
+        })
+        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+    let given = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
+    Ok(CreateSandboxRequest {
+        image,
+        snapshot,
+        name: args.name.clone(),
+        n: Some(args.count),
+        mem_mib: args.mem_mib,
+        vcpus: args.vcpus,
+        limits: Limits {
+            memory_mib: args.memory_limit_mib,
+            cpu_percent: args.cpu_percent,
+            pids: args.pids_limit,
+        },
+        ttl_secs: args.ttl,
+        ttl_action: args.ttl_action.map(TtlActionArg::action),
+        auto_resume: args.auto_resume.then_some(true),
+        network: args.network.map(Network::mode),
+        allow_out: given(&args.allow_out),
+        deny_out: given(&args.deny_out),
+        envs: (!envs.is_empty()).then_some(envs),
+        secrets: (!secrets.is_empty()).then_some(secrets),
+        metadata: (!metadata.is_empty()).then_some(metadata),
+        stream: None,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+    use serde_json::json;
 
     #[derive(clap::Parser)]
     struct Cli {
@@ -291,13 +285,15 @@ mod tests {
         create: CreateArgs,
     }
 
+    /// The request `argv` makes, as it goes on the wire.
     fn body_of(argv: &[&str]) -> serde_json::Value {
         let cli = Cli::try_parse_from(std::iter::once("zygote").chain(argv.iter().copied()))
             .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
-        request_body(&cli.create, &|k| {
+        let request = request_body(&cli.create, &|k| {
             (k == "FROM_SHELL").then(|| "shell".to_string())
         })
-        .unwrap()
+        .unwrap();
+        serde_json::to_value(request).unwrap()
     }
 
     #[test]
@@ -381,10 +377,10 @@ pub enum TtlActionArg {
 }
 
 impl TtlActionArg {
-    pub fn as_str(self) -> &'static str {
+    pub fn action(self) -> TtlAction {
         match self {
-            TtlActionArg::Delete => "delete",
-            TtlActionArg::Pause => "pause",
+            TtlActionArg::Delete => TtlAction::Delete,
+            TtlActionArg::Pause => TtlAction::Pause,
         }
     }
 }

@@ -3,8 +3,8 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use zygote_daemon::client::Client;
-use zygote_daemon::manager::now;
+use zygote_api::client::Client;
+use zygote_api::time::now;
 
 /// Connection options of every verb that talks to zygoted.
 #[derive(clap::Args, Debug, Clone)]
@@ -24,11 +24,11 @@ impl ApiArgs {
             .url
             .clone()
             .or_else(|| std::env::var("ZYGOTE_URL").ok().filter(|u| !u.is_empty()))
-            .unwrap_or_else(|| format!("http://{}", zygote_daemon::server::DEFAULT_LISTEN));
+            .unwrap_or_else(|| format!("http://{}", zygote_api::defaults::DEFAULT_LISTEN));
         let token = match std::env::var("ZYGOTE_TOKEN").ok().filter(|t| !t.is_empty()) {
             Some(t) => Some(t),
             None => {
-                let path = zygote_daemon::server::state_dir(None).join("token");
+                let path = zygote_api::defaults::state_dir(None).join("token");
                 std::fs::read_to_string(&path)
                     .ok()
                     .map(|t| t.trim().to_string())
@@ -47,6 +47,24 @@ impl ApiArgs {
 /// Prints `value` as pretty JSON.
 pub fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// What a list verb prints (`ps`, `images`, `snapshot ls`, `port ls`, `process ls`):
+/// the API's answer `list` as pretty JSON with `--json`, else a table of `headers` with
+/// one `row` per item of `items` (taken from `list`).
+pub fn print_list<T>(
+    list: &impl serde::Serialize,
+    json: bool,
+    headers: &[&str],
+    items: &[T],
+    row: impl Fn(&T) -> Vec<String>,
+) -> anyhow::Result<()> {
+    if json {
+        return print_json(list);
+    }
+    let rows: Vec<Vec<String>> = items.iter().map(row).collect();
+    print_table(headers, &rows);
     Ok(())
 }
 

@@ -2,8 +2,8 @@
 //! `--detach`, start it in the background and print its pid.
 use std::io::Write;
 
-use zygote_daemon::client::{block_on, Client, Method};
-use zygote_daemon::model::{ExecEvent, ExecRequest, Process};
+use zygote_api::client::{block_on, Client, Method};
+use zygote_api::model::{ExecEvent, ExecRequest, Process};
 
 use super::daemon_client::{print_json, ApiArgs};
 

@@ -138,7 +138,7 @@ fn ls(args: LsArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&images)?);
         return Ok(0);
     }
-    print!("{}", render_table(&images, zygote_daemon::manager::now()));
+    print!("{}", render_table(&images, zygote_api::time::now()));
     let built: Vec<&str> = images.iter().map(|i| i.name.as_str()).collect();
     let unbuilt: Vec<String> = zygote_images::list_recipes()
         .into_iter()

@@ -1,9 +1,8 @@
 //! `zygote images`: images the daemon can boot, and building one through it.
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{BuildEvent, ImageList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{BuildEvent, BuildImageRequest, ImageList, PullImageRequest};
 
-use super::daemon_client::{age, print_json, print_table, spinner, ApiArgs};
+use super::daemon_client::{age, print_json, print_list, spinner, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct ImagesArgs {
@@ -23,8 +22,21 @@ pub struct ImagesArgs {
 pub fn run(args: ImagesArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
     let job = match (&args.build, &args.pull) {
-        (Some(name), _) => Some(("building", name, "/v1/images/build", json!({"name": name}))),
-        (None, Some(r)) => Some(("pulling", r, "/v1/images", json!({"reference": r}))),
+        (Some(name), _) => Some((
+            "building",
+            name,
+            "/v1/images/build",
+            serde_json::to_value(BuildImageRequest { name: name.clone() })?,
+        )),
+        (None, Some(r)) => Some((
+            "pulling",
+            r,
+            "/v1/images",
+            serde_json::to_value(PullImageRequest {
+                reference: r.clone(),
+                ..Default::default()
+            })?,
+        )),
         (None, None) => None,
     };
     if let Some((verb, name, path, body)) = job {
@@ -62,24 +74,18 @@ pub fn run(args: ImagesArgs) -> anyhow::Result<i32> {
         };
     }
     let list: ImageList = block_on(client.json(Method::GET, "/v1/images", None::<&()>))?;
-    if args.json {
-        print_json(&list)?;
-        return Ok(0);
+    let headers = ["NAME", "SHA256", "DISK", "BUILT", "SOURCE"];
+    print_list(&list, args.json, &headers, &list.images, |i| {
+        vec![
+            i.name.clone(),
+            i.sha256[..12.min(i.sha256.len())].to_string(),
+            format!("{:.1}M", i.disk_bytes as f64 / 1048576.0),
+            age(i.built_at),
+            i.source.clone().unwrap_or_else(|| i.description.clone()),
+        ]
+    })?;
+    if !args.json {
+        eprintln!("recipes: {}", list.recipes.join(", "));
     }
-    let rows: Vec<Vec<String>> = list
-        .images
-        .iter()
-        .map(|i| {
-            vec![
-                i.name.clone(),
-                i.sha256[..12.min(i.sha256.len())].to_string(),
-                format!("{:.1}M", i.disk_bytes as f64 / 1048576.0),
-                age(i.built_at),
-                i.source.clone().unwrap_or_else(|| i.description.clone()),
-            ]
-        })
-        .collect();
-    print_table(&["NAME", "SHA256", "DISK", "BUILT", "SOURCE"], &rows);
-    eprintln!("recipes: {}", list.recipes.join(", "));
     Ok(0)
 }

@@ -1,5 +1,5 @@
 //! `zygote logs ID`: a sandbox's serial console output.
-use zygote_daemon::client::{block_on, Method};
+use zygote_api::client::{block_on, Method};
 
 use super::daemon_client::{print_json, ApiArgs};
 

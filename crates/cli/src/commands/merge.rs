@@ -1,8 +1,7 @@
 //! `zygote merge ID FROM [PATH...]`: bring FROM's file changes since the two sandboxes'
 //! common branch point into ID (three-way; a path both changed is a conflict).
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{MergeReport, OnConflict};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{MergeReport, MergeRequest, OnConflict};
 
 use super::daemon_client::{print_json, spinner, ApiArgs};
 
@@ -47,14 +46,12 @@ impl From<ConflictArg> for OnConflict {
 }
 
 pub fn run(args: MergeArgs) -> anyhow::Result<i32> {
-    let mut body = json!({
-        "from": args.from,
-        "on_conflict": OnConflict::from(args.on_conflict),
-        "dry_run": args.dry_run,
-    });
-    if !args.paths.is_empty() {
-        body["paths"] = json!(args.paths);
-    }
+    let body = MergeRequest {
+        from: args.from.clone(),
+        paths: (!args.paths.is_empty()).then(|| args.paths.clone()),
+        on_conflict: Some(OnConflict::from(args.on_conflict)),
+        dry_run: Some(args.dry_run),
+    };
     let pb = (!args.json).then(|| spinner(&format!("merging {} into {}", args.from, args.id)));
     let res: Result<MergeReport, _> = block_on(args.api.client()?.json(
         Method::POST,
@@ -124,7 +121,7 @@ fn render(r: &MergeReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zygote_daemon::model::{MergeChange, MergeConflict};
+    use zygote_api::model::{MergeChange, MergeConflict};
 
     fn report(applied: bool, resolution: Option<&str>) -> MergeReport {
         MergeReport {

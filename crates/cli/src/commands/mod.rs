@@ -1,21 +1,6 @@
 //! One module per CLI verb. Each exposes a clap `Args`/`Subcommand` type and a
 //! `run(...) -> anyhow::Result<i32>` returning the process exit code.
 pub mod bench;
-pub mod bench_api_fanout;
-pub mod bench_branch;
-pub mod bench_branch_measure;
-pub mod bench_fanout;
-pub mod bench_ksm;
-pub mod bench_linux;
-pub mod bench_net;
-pub mod bench_net_remote;
-pub mod bench_net_report;
-pub mod bench_pause;
-pub mod bench_plot;
-pub mod bench_progress;
-pub mod bench_soak;
-pub mod bench_stats;
-pub mod bench_treeclone;
 pub mod branch;
 pub mod cp;
 pub mod create;
@@ -32,6 +17,7 @@ pub mod port;
 pub mod private_daemon;
 pub mod probe;
 pub mod process;
+pub mod progress;
 pub mod ps;
 pub mod restore;
 pub mod rm;

@@ -1,7 +1,7 @@
 //! `zygote pause ID` / `zygote resume ID`: pause a sandbox to disk (its memory and
 //! devices saved, its VM process gone) and bring it back where it was.
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::Sandbox;
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::Sandbox;
 
 use super::daemon_client::{print_json, spinner, ApiArgs};
 

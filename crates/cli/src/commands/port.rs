@@ -1,9 +1,8 @@
 //! `zygote port`: expose a sandbox's guest ports through the daemon's proxy.
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{ExposePortRequest, ExposedPort, PortList};
 
-use super::daemon_client::{print_json, print_table, ApiArgs};
+use super::daemon_client::{print_json, print_list, ApiArgs};
 
 #[derive(clap::Subcommand)]
 pub enum PortCommand {
@@ -43,22 +42,6 @@ pub enum PortCommand {
     },
 }
 
-/// An exposed port as `POST/GET /v1/sandboxes/{id}/ports` show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct ExposedPort {
-    port: u16,
-    public: bool,
-    /// `http://<port>-<id>.localhost:<proxy port>`.
-    url: String,
-    /// `http://127.0.0.1:<proxy port>/sandboxes/<id>/ports/<port>/`.
-    path_url: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct PortList {
-    ports: Vec<ExposedPort>,
-}
-
 pub fn run(cmd: PortCommand) -> anyhow::Result<i32> {
     match cmd {
         PortCommand::Expose {
@@ -71,7 +54,10 @@ pub fn run(cmd: PortCommand) -> anyhow::Result<i32> {
             let exposed: ExposedPort = block_on(api.client()?.json(
                 Method::POST,
                 &format!("/v1/sandboxes/{sandbox}/ports"),
-                Some(&json!({"port": port, "public": public})),
+                Some(&ExposePortRequest {
+                    port: port.into(),
+                    public,
+                }),
             ))?;
             if json {
                 print_json(&exposed)?;
@@ -86,23 +72,15 @@ pub fn run(cmd: PortCommand) -> anyhow::Result<i32> {
                 &format!("/v1/sandboxes/{sandbox}/ports"),
                 None::<&()>,
             ))?;
-            if json {
-                print_json(&list)?;
-                return Ok(0);
-            }
-            let rows: Vec<Vec<String>> = list
-                .ports
-                .iter()
-                .map(|p| {
-                    vec![
-                        p.port.to_string(),
-                        if p.public { "yes" } else { "no" }.to_string(),
-                        p.url.clone(),
-                        p.path_url.clone(),
-                    ]
-                })
-                .collect();
-            print_table(&["PORT", "PUBLIC", "URL", "PATH URL"], &rows);
+            let headers = ["PORT", "PUBLIC", "URL", "PATH URL"];
+            print_list(&list, json, &headers, &list.ports, |p| {
+                vec![
+                    p.port.to_string(),
+                    if p.public { "yes" } else { "no" }.to_string(),
+                    p.url.clone(),
+                    p.path_url.clone(),
+                ]
+            })?;
         }
         PortCommand::Rm { sandbox, port, api } => {
             block_on(api.client()?.raw(
@@ -133,6 +111,7 @@ fn access_note(p: &ExposedPort) -> String {
 mod tests {
     use super::*;
     use clap::Parser;
+    use serde_json::json;
 
     #[derive(clap::Parser)]
     struct Cli {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::Context;
-use zygote_daemon::client::Client;
+use zygote_api::client::Client;
 
 /// Where the private daemon keeps its state.
 pub enum StateDir<'a> {

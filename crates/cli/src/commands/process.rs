@@ -2,11 +2,12 @@
 //! list them, print or follow their output, write to their stdin, signal them.
 use std::io::{Read, Write};
 
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Process, ProcessList, ProcessOutput};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{
+    Process, ProcessList, ProcessOutput, SignalRequest, SignalSpec, StdinRequest,
+};
 
-use super::daemon_client::{print_json, print_table, ApiArgs};
+use super::daemon_client::{print_list, ApiArgs};
 use super::exec::stream_events;
 
 #[derive(clap::Subcommand)]
@@ -74,7 +75,7 @@ fn row(p: &Process) -> Vec<String> {
 }
 
 /// `POST /v1/sandboxes/{path}` with a JSON body and no answer body.
-fn post(api: &ApiArgs, path: &str, body: &serde_json::Value) -> anyhow::Result<i32> {
+fn post(api: &ApiArgs, path: &str, body: &impl serde::Serialize) -> anyhow::Result<i32> {
     let bytes = serde_json::to_vec(body)?.into();
     block_on(api.client()?.raw(
         Method::POST,
@@ -92,12 +93,8 @@ pub fn run(cmd: ProcessCommand) -> anyhow::Result<i32> {
                 &format!("/v1/sandboxes/{sandbox}/processes"),
                 None::<&()>,
             ))?;
-            if json {
-                print_json(&list)?;
-            } else {
-                let rows: Vec<_> = list.processes.iter().map(row).collect();
-                print_table(&["PID", "STATE", "ENDED", "OUTPUT", "COMMAND"], &rows);
-            }
+            let headers = ["PID", "STATE", "ENDED", "OUTPUT", "COMMAND"];
+            print_list(&list, json, &headers, &list.processes, row)?;
             Ok(0)
         }
         ProcessCommand::Logs {
@@ -131,7 +128,11 @@ pub fn run(cmd: ProcessCommand) -> anyhow::Result<i32> {
         } => {
             let mut data = Vec::new();
             std::io::stdin().read_to_end(&mut data)?;
-            let body = json!({"data_base64": zygote_proto::b64::encode(&data), "eof": eof});
+            let body = StdinRequest {
+                data: None,
+                data_base64: Some(zygote_proto::b64::encode(&data)),
+                eof,
+            };
             post(&api, &format!("{sandbox}/processes/{pid}/stdin"), &body)
         }
         ProcessCommand::Kill {
@@ -142,10 +143,10 @@ pub fn run(cmd: ProcessCommand) -> anyhow::Result<i32> {
         } => {
             // A number goes as one, so "9" and "KILL" both work.
             let signal = match signal.parse::<i64>() {
-                Ok(n) => json!(n),
-                Err(_) => json!(signal),
+                Ok(n) => SignalSpec::Number(n),
+                Err(_) => SignalSpec::Name(signal),
             };
-            let body = json!({ "signal": signal });
+            let body = SignalRequest { signal };
             post(&api, &format!("{sandbox}/processes/{pid}/signal"), &body)
         }
     }

@@ -1,8 +1,8 @@
 //! `zygote ps`: list sandboxes.
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Origin, SandboxList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Origin, SandboxList};
 
-use super::daemon_client::{age, expires_in, print_json, print_table, ApiArgs};
+use super::daemon_client::{age, expires_in, print_list, ApiArgs};
 
 #[derive(clap::Args)]
 pub struct PsArgs {
@@ -39,47 +39,36 @@ pub fn run(args: PsArgs) -> anyhow::Result<i32> {
         &list_path(&args.filter)?,
         None::<&()>,
     ))?;
-    if args.json {
-        print_json(&list)?;
-        return Ok(0);
-    }
-    let rows: Vec<Vec<String>> = list
-        .sandboxes
-        .iter()
-        .map(|s| {
-            let origin = match &s.origin {
-                Origin::Image { name, .. } => format!("image {name}"),
-                Origin::Snapshot { id } => format!("snapshot {id}"),
-                Origin::Branch { parent, .. } => format!("branch of {parent}"),
-            };
-            let state = match (&s.exit_reason, s.paused_at) {
-                (Some(r), _) if s.state == "dead" => format!("dead: {r}"),
-                (_, Some(at)) => format!("paused {} ago", age(at)),
-                _ => s.state.clone(),
-            };
-            // A paused sandbox's TTL stands still: what it has once resumed.
-            let expires = match (s.paused_at, s.ttl_left_secs) {
-                (Some(_), Some(left)) => format!("{left}s after resume"),
-                _ => expires_in(s.expires_at),
-            };
-            vec![
-                s.id.clone(),
-                s.name.clone().unwrap_or_default(),
-                s.runtime.clone(),
-                s.pid.map(|p| p.to_string()).unwrap_or_default(),
-                origin,
-                age(s.created_at),
-                expires,
-                state,
-            ]
-        })
-        .collect();
-    print_table(
-        &[
-            "ID", "NAME", "RUNTIME", "PID", "ORIGIN", "AGE", "EXPIRES", "STATE",
-        ],
-        &rows,
-    );
+    let headers = [
+        "ID", "NAME", "RUNTIME", "PID", "ORIGIN", "AGE", "EXPIRES", "STATE",
+    ];
+    print_list(&list, args.json, &headers, &list.sandboxes, |s| {
+        let origin = match &s.origin {
+            Origin::Image { name, .. } => format!("image {name}"),
+            Origin::Snapshot { id } => format!("snapshot {id}"),
+            Origin::Branch { parent, .. } => format!("branch of {parent}"),
+        };
+        let state = match (&s.exit_reason, s.paused_at) {
+            (Some(r), _) if s.state == "dead" => format!("dead: {r}"),
+            (_, Some(at)) => format!("paused {} ago", age(at)),
+            _ => s.state.clone(),
+        };
+        // A paused sandbox's TTL stands still: what it has once resumed.
+        let expires = match (s.paused_at, s.ttl_left_secs) {
+            (Some(_), Some(left)) => format!("{left}s after resume"),
+            _ => expires_in(s.expires_at),
+        };
+        vec![
+            s.id.clone(),
+            s.name.clone().unwrap_or_default(),
+            s.runtime.clone(),
+            s.pid.map(|p| p.to_string()).unwrap_or_default(),
+            origin,
+            age(s.created_at),
+            expires,
+            state,
+        ]
+    })?;
     Ok(0)
 }
 

@@ -1,7 +1,6 @@
 //! `zygote restore ID SNAPSHOT`: roll a sandbox back (or forward) to a snapshot.
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::Sandbox;
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{RestoreRequest, Sandbox};
 
 use super::daemon_client::{print_json, spinner, ApiArgs};
 
@@ -23,7 +22,9 @@ pub fn run(args: RestoreArgs) -> anyhow::Result<i32> {
     let s: Result<Sandbox, _> = block_on(client.json(
         Method::POST,
         &format!("/v1/sandboxes/{}/restore", args.id),
-        Some(&json!({"snapshot": args.snapshot})),
+        Some(&RestoreRequest {
+            snapshot: args.snapshot.clone(),
+        }),
     ));
     if let Some(pb) = pb {
         pb.finish_and_clear();

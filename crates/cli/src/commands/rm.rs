@@ -1,5 +1,5 @@
 //! `zygote rm ID...`: kill and remove sandboxes.
-use zygote_daemon::client::{block_on, Method};
+use zygote_api::client::{block_on, Method};
 
 use super::daemon_client::ApiArgs;
 

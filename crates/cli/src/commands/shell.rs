@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::mpsc;
-use zygote_daemon::pty_client::{self, PtyEvent, PtyOptions};
+use zygote_api::pty_client::{self, PtyEvent, PtyOptions};
 
 use super::daemon_client::ApiArgs;
 

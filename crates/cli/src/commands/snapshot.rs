@@ -1,9 +1,8 @@
 //! `zygote snapshot`: take, list and delete snapshots.
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Snapshot, SnapshotList};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Snapshot, SnapshotKind, SnapshotList, SnapshotRequest};
 
-use super::daemon_client::{age, print_json, print_table, ApiArgs};
+use super::daemon_client::{age, print_json, print_list, ApiArgs};
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCommand {
@@ -49,10 +48,13 @@ pub fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
             api,
         } => {
             let client = api.client()?;
-            let mut body = json!({"sandbox": sandbox, "kind": kind});
-            if let Some(n) = name {
-                body["name"] = json!(n);
-            }
+            let kind = SnapshotKind::parse(&kind)
+                .ok_or_else(|| anyhow::anyhow!("--kind {kind:?}: want full, diff or live"))?;
+            let body = SnapshotRequest {
+                sandbox,
+                kind: Some(kind),
+                name,
+            };
             let snap: Snapshot = block_on(client.json(Method::POST, "/v1/snapshots", Some(&body)))?;
             if json {
                 print_json(&snap)?;
@@ -66,29 +68,18 @@ pub fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
                 "/v1/snapshots",
                 None::<&()>,
             ))?;
-            if json {
-                print_json(&list)?;
-                return Ok(0);
-            }
-            let rows: Vec<Vec<String>> = list
-                .snapshots
-                .iter()
-                .map(|s| {
-                    vec![
-                        s.id.clone(),
-                        s.name.clone().unwrap_or_default(),
-                        s.kind.as_str().to_string(),
-                        s.source_sandbox.clone(),
-                        format!("{:.1}M", s.size_bytes as f64 / 1048576.0),
-                        s.dependents.join(","),
-                        age(s.created_at),
-                    ]
-                })
-                .collect();
-            print_table(
-                &["ID", "NAME", "KIND", "SOURCE", "SIZE", "USED BY", "AGE"],
-                &rows,
-            );
+            let headers = ["ID", "NAME", "KIND", "SOURCE", "SIZE", "USED BY", "AGE"];
+            print_list(&list, json, &headers, &list.snapshots, |s| {
+                vec![
+                    s.id.clone(),
+                    s.name.clone().unwrap_or_default(),
+                    s.kind.as_str().to_string(),
+                    s.source_sandbox.clone(),
+                    format!("{:.1}M", s.size_bytes as f64 / 1048576.0),
+                    s.dependents.join(","),
+                    age(s.created_at),
+                ]
+            })?;
         }
         SnapshotCommand::Rm { id, api } => {
             block_on(

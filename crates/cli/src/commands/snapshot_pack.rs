@@ -5,9 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{PackEvent, Snapshot};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{PackEvent, PullSnapshotRequest, PushSnapshotRequest, Snapshot};
 
 use super::daemon_client::{print_json, ApiArgs};
 
@@ -66,16 +65,17 @@ pub struct Creds {
 }
 
 impl Creds {
-    fn add_to(&self, body: &mut serde_json::Value) -> anyhow::Result<()> {
-        if let Some(u) = &self.username {
-            let mut p = String::new();
-            std::io::stdin()
-                .read_to_string(&mut p)
-                .context("reading the password from stdin")?;
-            body["username"] = json!(u);
-            body["password"] = json!(p.trim_end_matches(['\n', '\r']));
-        }
-        Ok(())
+    /// The username and the password (read from stdin), if given.
+    fn read(&self) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let Some(u) = &self.username else {
+            return Ok((None, None));
+        };
+        let mut p = String::new();
+        std::io::stdin()
+            .read_to_string(&mut p)
+            .context("reading the password from stdin")?;
+        let password = p.trim_end_matches(['\n', '\r']).to_string();
+        Ok((Some(u.clone()), Some(password)))
     }
 }
 
@@ -135,8 +135,12 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
             creds,
             api,
         } => {
-            let mut body = json!({"reference": reference});
-            creds.add_to(&mut body)?;
+            let (username, password) = creds.read()?;
+            let body = PushSnapshotRequest {
+                reference: reference.clone(),
+                username,
+                password,
+            };
             match stream(&api, &format!("/v1/snapshots/{id}/push"), &body)? {
                 PackEvent::Pushed { digest, size, .. } => {
                     eprintln!(
@@ -156,8 +160,13 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
             json,
             api,
         } => {
-            let mut body = json!({"reference": reference, "name": name});
-            creds.add_to(&mut body)?;
+            let (username, password) = creds.read()?;
+            let body = PullSnapshotRequest {
+                reference,
+                username,
+                password,
+                name,
+            };
             match stream(&api, "/v1/snapshots/pull", &body)? {
                 PackEvent::Done { snapshot } => report(&snapshot, json),
                 other => anyhow::bail!("the daemon ended the pull with {other:?}"),
@@ -167,7 +176,7 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
 }
 
 /// Runs an NDJSON push or pull with progress; returns its last event (errors bail).
-fn stream(api: &ApiArgs, path: &str, body: &serde_json::Value) -> anyhow::Result<PackEvent> {
+fn stream(api: &ApiArgs, path: &str, body: &impl serde::Serialize) -> anyhow::Result<PackEvent> {
     let client = api.client()?;
     let bar = bytes_bar(path.rsplit('/').next().unwrap_or("transfer"));
     let mut last = None;

@@ -3,9 +3,8 @@
 //! `zygote diff A B [PATH]`: how A's files differ from B's.
 use std::collections::BTreeMap;
 
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{KeepResponse, SandboxDiff, SandboxTree, TreeNode};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{KeepRequest, KeepResponse, SandboxDiff, SandboxTree, TreeNode};
 
 use super::daemon_client::{print_json, ApiArgs};
 
@@ -113,7 +112,9 @@ pub fn run_keep(args: KeepArgs) -> anyhow::Result<i32> {
     let kept: KeepResponse = block_on(args.api.client()?.json(
         Method::POST,
         &format!("/v1/sandboxes/{}/keep", args.id),
-        Some(&json!({ "promote": args.promote })),
+        Some(&KeepRequest {
+            promote: args.promote,
+        }),
     ))?;
     if args.json {
         print_json(&kept)?;

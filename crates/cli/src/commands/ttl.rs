@@ -1,7 +1,6 @@
 //! `zygote ttl ID SECS|none`: reset or clear a sandbox's time-to-live.
-use serde_json::json;
-use zygote_daemon::client::{block_on, Method};
-use zygote_daemon::model::{Sandbox, TtlAction};
+use zygote_api::client::{block_on, Method};
+use zygote_api::model::{Sandbox, SetTtlRequest, TtlAction};
 
 use super::daemon_client::{expires_in, print_json, ApiArgs};
 
@@ -37,10 +36,10 @@ fn parse_ttl(s: &str) -> Result<Ttl, String> {
 }
 
 pub fn run(args: TtlArgs) -> anyhow::Result<i32> {
-    let mut body = json!({ "ttl_secs": args.ttl.0 });
-    if let Some(a) = args.action {
-        body["ttl_action"] = json!(a.as_str());
-    }
+    let body = SetTtlRequest {
+        ttl_secs: args.ttl.0,
+        ttl_action: args.action.map(super::create::TtlActionArg::action),
+    };
     let sandbox: Sandbox = block_on(args.api.client()?.json(
         Method::PUT,
         &format!("/v1/sandboxes/{}/ttl", args.id),

@@ -14,6 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt};
 /// Bytes read from the file per chunk of the answer.
 const CHUNK: usize = 64 * 1024;
 
+// The API's bound on a logs query is the log's own bound (zygote-api cannot read the
+// VMM's constant).
+const _: () = assert!(crate::model::LOG_CAP == crate::runtime::console::LOG_CAP);
+
 /// The last `max` bytes of the file at `path` as a streamed `text/plain` body (empty when
 /// there is no file).
 pub async fn tail_body(path: Option<PathBuf>, max: u64) -> Response {

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::system::ndjson;
+use super::ndjson::ndjson;
 use super::{ApiBytes, ApiJson, ApiQuery, AppState};
 use crate::error::{Error, ErrorBody, Result};
 use crate::manager::FileBody;

@@ -2,7 +2,7 @@
 use axum::extract::State;
 use axum::response::Response;
 
-use super::system::ndjson_job;
+use super::ndjson::ndjson_job;
 use super::{ApiJson, AppState};
 use crate::error::{ErrorBody, Result};
 use crate::model::{BuildEvent, Image, PullImageRequest, Validate};

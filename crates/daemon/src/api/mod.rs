@@ -9,6 +9,7 @@ mod console;
 mod doc;
 mod guest;
 mod images;
+mod ndjson;
 mod packs;
 mod pause;
 mod ports;
@@ -31,9 +32,8 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
-pub(crate) use auth::{presents, remove_token, PUBLIC};
+pub(crate) use auth::PUBLIC;
 pub use doc::ApiDoc;
-pub use pty::PTY_PROTOCOL;
 
 use crate::error::Error;
 use crate::manager::Manager;
@@ -276,7 +276,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| ApiQuery(q.0))
-            .map_err(|e: QueryRejection| Error::InvalidArgument(e.body_text()))
+            .map_err(|e: QueryRejection| Error::invalid(e.body_text()))
     }
 }
 

@@ -9,10 +9,10 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::system::ndjson_job;
+use super::ndjson::ndjson_job;
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
-use crate::model::pack::ImportQuery;
+use crate::model::ImportQuery;
 use crate::model::{PackEvent, PullSnapshotRequest, PushSnapshotRequest, Snapshot, Validate};
 
 #[utoipa::path(get, path = "/v1/snapshots/{id}/export", tag = "snapshots",
@@ -124,7 +124,7 @@ pub async fn push(
             },
             Err(e) => {
                 tracing::warn!(%reference, "push failed: {e}");
-                PackEvent::error(&e)
+                PackEvent::error(e.body())
             }
         },
     ))
@@ -159,7 +159,7 @@ pub async fn pull(
             },
             Err(e) => {
                 tracing::warn!(%reference, "pull failed: {e}");
-                PackEvent::error(&e)
+                PackEvent::error(e.body())
             }
         },
     ))

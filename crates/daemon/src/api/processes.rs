@@ -4,7 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::system::ndjson;
+use super::ndjson::ndjson;
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{Error, ErrorBody, Result};
 use crate::model::{

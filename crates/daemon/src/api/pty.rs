@@ -22,10 +22,8 @@ use axum::response::Response;
 use super::AppState;
 use crate::error::{Error, ErrorBody, Result};
 use crate::manager::{PtyInput, PtyOutput, PtySession};
-use crate::model::{check_pty_size, PtyClientMessage, PtyQuery, PtyServerMessage};
+use crate::model::{check_pty_size, PtyClientMessage, PtyQuery, PtyServerMessage, PTY_PROTOCOL};
 
-/// The subprotocol the daemon selects (offer it alongside a token entry).
-pub const PTY_PROTOCOL: &str = "zygote.pty.v1";
 /// Largest WebSocket message taken from a client (keystrokes are tiny; a paste is
 /// forwarded in pieces).
 const MAX_MESSAGE: usize = 1 << 20;

@@ -5,7 +5,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::system::ndjson_stream;
+use super::ndjson::ndjson_stream;
 use super::{ApiJson, ApiQuery, AppState};
 use crate::error::{Error, ErrorBody, Result};
 use crate::model::metadata;

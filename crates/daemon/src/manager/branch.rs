@@ -341,7 +341,7 @@ fn child_row(
         metadata,
         // The pause settings, never the parent's saved state (a resumed parent's is in
         // the child's `depends_on`: its VM forks one that reads it).
-        lifecycle: crate::model::pause::Lifecycle {
+        lifecycle: crate::lifecycle::Lifecycle {
             park: None,
             resumed_from: None,
             ..parent.lifecycle.clone()

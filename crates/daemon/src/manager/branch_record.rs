@@ -124,7 +124,7 @@ impl Manager {
                 let mut child = job.children[*i].clone();
                 child.vm = Some(vm.clone());
                 child.state = STATE_RUNNING.into();
-                child.expires_at = child.ttl_secs.map(super::ttl::deadline_after);
+                child.expires_at = super::ttl::deadline(child.ttl_secs, None);
                 child
             })
             .collect();

@@ -10,9 +10,9 @@ use super::events::Events;
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
-use crate::model::pause::Lifecycle;
+use crate::lifecycle::Lifecycle;
 use crate::model::{
-    CreateEvent, CreateSandboxRequest, ImageRun, Origin, Sandbox, Validate, DEFAULT_MEM_MIB,
+    CheckedCreate, CreateEvent, CreateSandboxRequest, ImageRun, Origin, Sandbox, DEFAULT_MEM_MIB,
 };
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
@@ -53,7 +53,7 @@ impl Manager {
         ids: Vec<String>,
     ) -> Result<CreateJob> {
         let started = Instant::now();
-        req.validate()?;
+        let CheckedCreate { policy, mut env } = req.check()?;
         let n = req.n.unwrap_or(1);
         if ids.len() != n as usize {
             return Err(Error::Internal(format!(
@@ -61,8 +61,6 @@ impl Manager {
                 ids.len()
             )));
         }
-        let policy = req.network_request().policy()?;
-        let mut env = req.sandbox_env()?;
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
@@ -382,7 +380,7 @@ impl Manager {
                 self.metrics.boot.observe(started.elapsed());
                 row.vm = Some(vm);
                 row.state = STATE_RUNNING.into();
-                row.expires_at = row.ttl_secs.map(ttl::deadline_after);
+                row.expires_at = ttl::deadline(row.ttl_secs, None);
                 let row = self
                     .blocking(move || this.db.put_sandbox(&row).map(|()| row))
                     .await??;

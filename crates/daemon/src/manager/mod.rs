@@ -52,6 +52,9 @@ use crate::metrics::Metrics;
 use crate::model::{ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
 use crate::runtime::{console, Runtime, VmRecord};
+// Re-exported for the manager's modules (`super::now`, `super::new_id`).
+pub(crate) use crate::ids::{new_id, random_hex};
+pub use zygote_api::time::now;
 
 pub const STATE_CREATING: &str = "creating";
 pub const STATE_RUNNING: &str = "running";
@@ -130,26 +133,6 @@ pub struct Manager {
     faults: Mutex<HashMap<String, String>>,
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
-}
-
-pub fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-}
-
-/// `n` random bytes as hex, from the kernel's CSPRNG.
-pub fn random_hex(n: usize) -> String {
-    let mut buf = vec![0u8; n];
-    // SAFETY: getrandom writes at most buf.len() bytes into buf.
-    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    assert_eq!(got, n as isize, "getrandom failed");
-    hex::encode(buf)
-}
-
-fn new_id(prefix: &str) -> String {
-    format!("{prefix}-{}", random_hex(6))
 }
 
 impl Manager {

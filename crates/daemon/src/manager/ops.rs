@@ -5,7 +5,6 @@ use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STAT
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::pause::deadline_on_resume;
 use crate::model::{Sandbox, Snapshot, SnapshotKind, SnapshotRequest, Validate};
 use crate::runtime::BootSource;
 
@@ -123,7 +122,7 @@ impl Manager {
         // runs again from now, with what it had left.
         if let Some(park) = row.lifecycle.park.take() {
             if was_parked {
-                row.expires_at = deadline_on_resume(row.ttl_secs, park.ttl_left_secs, now());
+                row.expires_at = super::ttl::deadline(row.ttl_secs, park.ttl_left_secs);
             }
             super::pause::remove_park_files(&park, was_parked);
         }

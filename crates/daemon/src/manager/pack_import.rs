@@ -36,8 +36,8 @@ use super::{new_id, now, Manager};
 use crate::db::SnapshotRow;
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::pack::PackConfig;
 use crate::model::{validate_name, PackOrigin, Snapshot, SnapshotKind, Validate};
+use crate::pack_format::PackConfig;
 use crate::runtime::{RuntimeError, SnapshotData};
 
 /// Largest pack an upload may be, whatever the free space.

@@ -15,8 +15,8 @@ use super::space::room;
 use super::Manager;
 use crate::db::SnapshotRow;
 use crate::error::{Error, Result};
-use crate::model::pack::{PackConfig, PackImage, PackSnapshot, PACK_FORMAT};
 use crate::model::Snapshot;
+use crate::pack_format::{PackConfig, PackImage, PackSnapshot, PACK_FORMAT};
 
 /// Progress of a pack operation.
 pub type PackProgress = Arc<dyn Fn(Event) + Send + Sync>;

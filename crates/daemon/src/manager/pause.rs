@@ -16,11 +16,12 @@
 //! it started is killed and the sandbox is paused again, its state still on disk.
 use std::time::{Duration, Instant};
 
+use super::ttl::{deadline, ttl_left, ttl_on_resume};
 use super::{new_id, now, random_hex, Manager, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::pause::{deadline_on_resume, ttl_left, Park};
+use crate::lifecycle::Park;
 use crate::model::{Sandbox, SnapshotKind};
 use crate::procs::ProcId;
 use crate::runtime::guest_agent::net_identity;
@@ -192,7 +193,7 @@ impl Manager {
                     self.readdress(row).await;
                 }
                 row.state = STATE_RUNNING.into();
-                row.expires_at = deadline_on_resume(row.ttl_secs, park.ttl_left_secs, now());
+                row.expires_at = deadline(row.ttl_secs, park.ttl_left_secs);
                 row.lifecycle.park = None;
                 if self.runtime.resumed_needs_park() {
                     // The VM reads its memory from the saved state: it becomes an implicit
@@ -373,7 +374,7 @@ impl Manager {
         match &row.lifecycle.park {
             Some(p) if is_parked(row) => (
                 Some(p.paused_at),
-                crate::model::pause::ttl_on_resume(row.ttl_secs, p.ttl_left_secs),
+                ttl_on_resume(row.ttl_secs, p.ttl_left_secs),
             ),
             _ => (None, None),
         }

@@ -15,13 +15,37 @@ use crate::model::{Sandbox, SetTtlRequest, TtlAction, Validate};
 /// outlives its deadline by at most about this.
 const REAP_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The unix second `ttl_secs` from now, rounded up so that a sandbox never
-/// lives less than its TTL.
-pub(crate) fn deadline_after(ttl_secs: u64) -> u64 {
+/// The deadline (unix second) of a sandbox whose TTL starts running now: when it
+/// starts, is branched, gets a new TTL, or is resumed with `left` seconds set aside at
+/// pause ([`ttl_on_resume`]). The one place a deadline is computed. Rounded up, so
+/// that a sandbox never lives less than its TTL.
+pub(crate) fn deadline(ttl_secs: Option<u64>, left: Option<u64>) -> Option<u64> {
     let since_epoch = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    since_epoch.as_secs() + u64::from(since_epoch.subsec_nanos() > 0) + ttl_secs
+    deadline_from(ttl_secs, left, since_epoch)
+}
+
+fn deadline_from(ttl_secs: Option<u64>, left: Option<u64>, since_epoch: Duration) -> Option<u64> {
+    let now = since_epoch.as_secs() + u64::from(since_epoch.subsec_nanos() > 0);
+    ttl_on_resume(ttl_secs, left).map(|t| now + t)
+}
+
+/// The TTL seconds left at `now` of a sandbox whose deadline is `expires_at`: what a
+/// pause sets aside (0 once due: it was paused by its TTL).
+pub(crate) fn ttl_left(expires_at: Option<u64>, now: u64) -> Option<u64> {
+    expires_at.map(|deadline| deadline.saturating_sub(now))
+}
+
+/// The TTL seconds a sandbox gets when its TTL starts running: the time it had left
+/// when paused, or a whole `ttl_secs` if none was left (its TTL paused it), nothing was
+/// set aside (a start, a branch, a TTL set while paused) or its TTL was shortened.
+pub(crate) fn ttl_on_resume(ttl_secs: Option<u64>, left: Option<u64>) -> Option<u64> {
+    let ttl = ttl_secs?;
+    match left {
+        Some(l) if l > 0 => Some(l.min(ttl)),
+        _ => Some(ttl),
+    }
 }
 
 fn is_due(row: &SandboxRow, now: u64) -> bool {
@@ -47,7 +71,7 @@ impl Manager {
                 park.ttl_left_secs = None;
                 row.expires_at = None;
             }
-            _ => row.expires_at = req.ttl_secs.map(deadline_after),
+            _ => row.expires_at = deadline(req.ttl_secs, None),
         }
         self.db.put_sandbox(&row)?;
         tracing::info!(
@@ -173,13 +197,47 @@ impl Manager {
 mod tests {
     use super::*;
 
+    fn at(secs: u64) -> Duration {
+        Duration::from_secs(secs)
+    }
+
     #[test]
     fn deadlines_round_up_to_whole_seconds() {
         let before = now();
-        let deadline = deadline_after(5);
+        let deadline = deadline(Some(5), None).unwrap();
         assert!(
             (before + 5..=before + 7).contains(&deadline),
             "{before} -> {deadline}"
         );
+        assert_eq!(deadline_from(Some(5), None, at(10)), Some(15));
+        assert_eq!(
+            deadline_from(Some(5), None, at(10) + Duration::from_millis(1)),
+            Some(16)
+        );
+    }
+
+    #[test]
+    fn paused_time_does_not_count_against_the_ttl() {
+        // 100 s TTL, paused 30 s after start (70 s left), resumed an hour later.
+        let left = ttl_left(Some(1_100), 1_030);
+        assert_eq!(left, Some(70));
+        assert_eq!(deadline_from(Some(100), left, at(4_630)), Some(4_700));
+    }
+
+    #[test]
+    fn a_sandbox_its_ttl_paused_gets_a_whole_ttl_at_resume() {
+        let left = ttl_left(Some(1_000), 1_002);
+        assert_eq!(left, Some(0));
+        assert_eq!(deadline_from(Some(60), left, at(5_000)), Some(5_060));
+    }
+
+    #[test]
+    fn no_ttl_no_deadline() {
+        assert_eq!(ttl_left(None, 10), None);
+        assert_eq!(deadline_from(None, Some(5), at(10)), None);
+        // A TTL set while paused (nothing was set aside) runs from the resume.
+        assert_eq!(deadline_from(Some(30), None, at(10)), Some(40));
+        // Shortened while paused: the new TTL bounds what was left.
+        assert_eq!(deadline_from(Some(30), Some(500), at(10)), Some(40));
     }
 }

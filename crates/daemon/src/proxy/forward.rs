@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::{route::Route, upgrade, ProxyError};
-use crate::api::remove_token;
+use crate::token::remove_token;
 
 /// How long a guest may take to accept the connection.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

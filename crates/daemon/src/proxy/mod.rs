@@ -7,7 +7,7 @@
 //! its body streamed both ways; an HTTP upgrade (WebSocket) becomes a byte pipe.
 //! Only exposed ports are served, with the API token unless the exposure is public;
 //! whatever the client sends, the token never reaches the guest
-//! ([`crate::api::remove_token`]).
+//! ([`crate::token::remove_token`]).
 //! Which ports are exposed, and where, comes from a [`Lookup`] (the manager, or a
 //! closure in tests).
 mod forward;
@@ -24,9 +24,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tokio::net::TcpListener;
 
-use crate::api::presents;
 use crate::error::{Error, ErrorBody, ErrorDetail, Result};
 use crate::manager::Manager;
+use crate::token::presents;
 
 pub use route::Route;
 

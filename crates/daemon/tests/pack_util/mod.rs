@@ -15,8 +15,8 @@ use hyper::Method;
 use serde_json::{json, Value};
 use sha2::Digest as _;
 use zygote_daemon::client::{Client, ClientError};
-use zygote_daemon::model::pack::{PackConfig, PackImage, PackSnapshot, PACK_FORMAT};
 use zygote_daemon::model::{Snapshot, SnapshotKind};
+use zygote_daemon::pack_format::{PackConfig, PackImage, PackSnapshot, PACK_FORMAT};
 
 use crate::common::{start_daemon_with_env, Daemon};
 

@@ -14,7 +14,7 @@ use std::net::Ipv4Addr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use zygote_daemon::network::{host as net_host, plan as net_plan};
+use zygote_net::{host as net_host, plan as net_plan};
 
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Facts {
@@ -273,7 +273,7 @@ fn gather_network(root: bool) -> NetworkFacts {
             .ok()?;
         out.status
             .success()
-            .then(|| zygote_daemon::network::route_clashes(&String::from_utf8_lossy(&out.stdout)))
+            .then(|| zygote_net::route_clashes(&String::from_utf8_lossy(&out.stdout)))
     });
     // Listing a table changes nothing; without root nft cannot read the ruleset.
     let host_table = nft.path.as_ref().filter(|_| root).map(|path| {

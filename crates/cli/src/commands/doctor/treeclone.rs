@@ -35,7 +35,7 @@ pub struct PlaceFacts {
 /// without `--state-dir` would use it) and the image builder clone trees in.
 pub fn gather() -> Vec<PlaceFacts> {
     vec![
-        probe_place("state", &zygote_daemon::server::state_dir(None)),
+        probe_place("state", &zygote_api::defaults::state_dir(None)),
         probe_place("images", &zygote_images::paths::images_dir()),
     ]
 }

@@ -1,0 +1,57 @@
+//! The REST API's JSON bodies, with validation: one module per resource (as the
+//! daemon's `api/` routes), the bounds in [`limits`]. Every request type rejects
+//! unknown fields, and [`Validate`] turns out-of-range values into 400s before
+//! anything is started.
+mod agent;
+mod branch;
+mod create;
+mod diff;
+mod env;
+mod exec;
+mod files;
+mod fork;
+mod image;
+pub mod limits;
+mod logs;
+mod merge;
+pub mod metadata;
+mod network;
+mod pack;
+mod ports;
+mod process;
+mod pty;
+mod sandboxes;
+mod snapshots;
+mod system;
+mod tree;
+mod ttl;
+mod validate;
+pub use agent::{AgentHealth, AgentState};
+pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
+pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
+pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
+pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
+pub use exec::{ExecEvent, ExecRequest, ExecResponse};
+pub use files::{DirListing, FileEntry, PathQuery, WriteResult};
+pub use fork::ForkHook;
+pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};
+pub use limits::*;
+pub use logs::{LogsQuery, LOG_CAP};
+pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
+pub use network::{
+    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
+};
+pub use pack::{ImportQuery, PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
+pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};
+pub use process::{
+    OutputQuery, Process, ProcessList, ProcessOutput, SignalRequest, SignalSpec, StdinRequest,
+};
+pub use pty::{
+    check_pty_size, PtyClientMessage, PtyQuery, PtyServerMessage, MAX_PTY_ENV, PTY_PROTOCOL,
+};
+pub use sandboxes::{CgroupReport, Limits, Origin, Sandbox, SandboxList};
+pub use snapshots::{RestoreRequest, Snapshot, SnapshotKind, SnapshotList, SnapshotRequest};
+pub use system::{CgroupInfo, Health, Info, NetworkInfo, RuntimeInfo};
+pub use tree::{KeepRequest, KeepResponse, SandboxTree, TreeNode, TreeSnapshot};
+pub use ttl::{SetTtlRequest, TtlAction, MAX_TTL_SECS};
+pub use validate::{in_range, validate_guest_path, validate_name, Validate};

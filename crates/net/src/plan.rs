@@ -1,0 +1,345 @@
+//! The address plan and the nftables rules, as pure functions of a sandbox's slot and
+//! policy (unit-tested here; `super::host` applies them).
+//!
+//! Each sandbox has a host-wide *slot* k (1..=[`MAX_SLOT`]), claimed by creating the
+//! host end of its veth pair, `zyv<k>`: the kernel refuses a second link of that name,
+//! so two daemons on one host never share a slot. From k:
+//!
+//! ```text
+//!  guest eth0  10.213.x.y/16 (1 + k after 10.213.0.1)      MAC 02:7a:63:00:<k>
+//!     | virtio-net
+//!  tap0        10.213.0.1/16   (the same in every namespace: the guest's gateway)
+//!  [netns zygote-<daemon>-<sandbox>: forwarding, nftables table `inet zygote`]
+//!  veth0       10.214.0.0 + 4k + 2 /30
+//!     |
+//!  zyv<k>      10.214.0.0 + 4k + 1 /30   (host; route to the guest's /32 via veth0)
+//!  [host: table `inet zygote` masquerades 10.213.0.0/16 and drops what comes from
+//!   zyv* to the host itself or to another zyv*]
+//! ```
+use std::fmt::Write;
+use std::net::Ipv4Addr;
+
+use zygote_api::model::{NetworkMode, NetworkPolicy};
+
+/// Guests' addresses (and every namespace's gateway, `.0.1`).
+pub const GUEST_NET: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 0);
+pub const GUEST_PREFIX: u8 = 16;
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 1);
+/// Point-to-point links between the host and each namespace, a /30 per slot.
+pub const LINK_NET: Ipv4Addr = Ipv4Addr::new(10, 214, 0, 0);
+pub const LINK_PREFIX: u8 = 16;
+/// Highest slot: 4k + 3 must stay inside LINK_NET's /16.
+pub const MAX_SLOT: u32 = 16383;
+/// The resolver address guest images are built with (QEMU user networking's): the
+/// namespace forwards it to the host's resolver.
+pub const GUEST_DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
+/// Link-local addresses (cloud metadata services): never reachable.
+pub const LINK_LOCAL: &str = "169.254.0.0/16";
+/// Host-side veth names start with this (`zyv<k>`); the host rules match on it.
+pub const HOST_LINK_PREFIX: &str = "zyv";
+pub const TAP: &str = "tap0";
+pub const NS_LINK: &str = "veth0";
+/// Every tap has this MAC, so a branch child's guest, whose ARP cache names its
+/// parent's gateway, reaches its own gateway without waiting for the cache to expire.
+pub const TAP_MAC: &str = "02:7a:63:ff:ff:01";
+
+fn offset(base: Ipv4Addr, n: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(base) + n)
+}
+
+/// Everything derived from a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotPlan {
+    pub slot: u32,
+    pub guest: Ipv4Addr,
+    pub guest_mac: String,
+    /// Host end of the veth (`zyv<k>`), and its address.
+    pub host_link: String,
+    pub host_addr: Ipv4Addr,
+    /// Namespace end of the veth.
+    pub ns_addr: Ipv4Addr,
+}
+
+impl SlotPlan {
+    pub fn new(slot: u32) -> SlotPlan {
+        assert!((1..=MAX_SLOT).contains(&slot), "slot {slot} out of range");
+        SlotPlan {
+            slot,
+            guest: offset(GATEWAY, slot),
+            guest_mac: format!("02:7a:63:00:{:02x}:{:02x}", slot >> 8, slot & 0xff),
+            host_link: format!("{HOST_LINK_PREFIX}{slot}"),
+            host_addr: offset(LINK_NET, 4 * slot + 1),
+            ns_addr: offset(LINK_NET, 4 * slot + 2),
+        }
+    }
+
+    /// The slot a host link name belongs to (`zyv12` -> 12).
+    pub fn slot_of(link: &str) -> Option<u32> {
+        let n: u32 = link.strip_prefix(HOST_LINK_PREFIX)?.parse().ok()?;
+        (1..=MAX_SLOT).contains(&n).then_some(n)
+    }
+}
+
+/// `ip -batch` lines run on the host to create the veth pair (which claims the slot).
+pub fn host_link_cmds(p: &SlotPlan, netns: &str) -> String {
+    format!(
+        "link add {link} type veth peer name {NS_LINK} netns {netns}\n\
+         addr add {addr}/30 dev {link}\n\
+         link set {link} up\n",
+        link = p.host_link,
+        addr = p.host_addr,
+    )
+}
+
+/// The shell script run inside the namespace (shell built-ins only: a busybox `sh` runs
+/// its own applets, not iproute2, for `ip`): forwarding on, IPv6 off.
+pub const NS_SYSCTL_SCRIPT: &str = "echo 1 > /proc/sys/net/ipv4/ip_forward && \
+     if [ -e /proc/sys/net/ipv6/conf/all/disable_ipv6 ]; then \
+     echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && \
+     echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6; fi";
+
+/// `ip -n <namespace> -batch` lines: the namespace's links and the guest's tap.
+pub fn ns_link_cmds(p: &SlotPlan) -> String {
+    format!(
+        "link set lo up\n\
+         addr add {ns}/30 dev {NS_LINK}\n\
+         link set {NS_LINK} up\n\
+         route add default via {host}\n\
+         tuntap add dev {TAP} mode tap\n\
+         link set {TAP} address {TAP_MAC}\n\
+         addr add {GATEWAY}/{GUEST_PREFIX} dev {TAP}\n\
+         link set {TAP} up\n",
+        ns = p.ns_addr,
+        host = p.host_addr,
+    )
+}
+
+/// The namespace's whole nftables ruleset for `policy` (replaces any earlier one, so a
+/// restarted daemon can apply it again). `dns`: where the guest's resolver address is
+/// forwarded (None: DNS is not served).
+///
+/// DNS is not an exception to the policy: the query to [`GUEST_DNS`] is rewritten to
+/// the real resolver before routing (prerouting), so by the time the egress chain sees
+/// it, it is a packet to `dns` port 53 like any other, and leaves only if `deny_out`
+/// does not cover `dns` and `allow_out`, when given, does. Otherwise a sandbox told
+/// "only X" could still tunnel data out through the resolver.
+pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> String {
+    let mut r = String::new();
+    let set = |r: &mut String, name: &str, nets: &[ipnet::Ipv4Net]| {
+        let _ = writeln!(r, "  set {name} {{ type ipv4_addr; flags interval;");
+        if !nets.is_empty() {
+            let list: Vec<String> = nets.iter().map(ToString::to_string).collect();
+            let _ = writeln!(r, "    auto-merge; elements = {{ {} }}", list.join(", "));
+        }
+        r.push_str("  }\n");
+    };
+    r.push_str("table inet zygote\ndelete table inet zygote\ntable inet zygote {\n");
+    let egress = policy.mode == NetworkMode::Egress;
+    set(&mut r, "deny_out", &policy.deny_out);
+    if let Some(allow) = &policy.allow_out {
+        set(&mut r, "allow_out", allow);
+    }
+    r.push_str(
+        "  chain prerouting {\n    type nat hook prerouting priority dstnat; policy accept;\n",
+    );
+    if let (true, Some(dns)) = (egress, dns) {
+        for proto in ["udp", "tcp"] {
+            let _ = writeln!(
+                r,
+                "    iifname \"{TAP}\" ip daddr {GUEST_DNS} {proto} dport 53 dnat ip to {dns}"
+            );
+        }
+    }
+    r.push_str("  }\n");
+    // Nothing in the namespace itself serves the guest (ARP is not filtered here).
+    r.push_str(
+        "  chain input {\n    type filter hook input priority filter; policy drop;\n    \
+         iif \"lo\" accept\n    ct state established,related accept\n  }\n",
+    );
+    let _ = write!(
+        r,
+        "  chain forward {{\n    type filter hook forward priority filter; policy drop;\n    \
+         ct state established,related accept\n    \
+         iifname \"{NS_LINK}\" oifname \"{TAP}\" ip saddr {host} ct state new accept\n",
+        host = p.host_addr,
+    );
+    if egress {
+        let _ = writeln!(r, "    iifname \"{TAP}\" oifname \"{NS_LINK}\" jump egress");
+    }
+    r.push_str("  }\n");
+    if egress {
+        let _ = write!(
+            r,
+            "  chain egress {{\n    meta nfproto ipv6 drop\n    ip daddr {LINK_LOCAL} drop\n"
+        );
+        r.push_str("    ip daddr @deny_out drop\n");
+        match policy.allow_out {
+            Some(_) => r.push_str("    ip daddr @allow_out accept\n    drop\n"),
+            None => r.push_str("    accept\n"),
+        }
+        r.push_str("  }\n");
+    }
+    r.push_str("}\n");
+    r
+}
+
+/// The host's table, the same for every daemon on the host (each one writes it at
+/// start-up; replacing it with identical rules is harmless to the others). Traffic from
+/// a sandbox (`zyv*`) may not reach the host itself on any address, nor another
+/// sandbox, nor the link-local range; nothing outside may open connections to a
+/// sandbox; sandboxes' addresses are masqueraded on the way out.
+pub fn host_rules() -> String {
+    let z = format!("\"{HOST_LINK_PREFIX}*\"");
+    format!(
+        "table inet zygote\ndelete table inet zygote\ntable inet zygote {{\n  \
+         chain input {{\n    type filter hook input priority filter - 10; policy accept;\n    \
+         iifname {z} ct state established,related accept\n    \
+         iifname {z} drop\n  }}\n  \
+         chain forward {{\n    type filter hook forward priority filter - 10; policy accept;\n    \
+         iifname {z} oifname {z} drop\n    \
+         oifname {z} ct state established,related accept\n    \
+         oifname {z} drop\n    \
+         iifname {z} ip daddr {LINK_LOCAL} drop\n  }}\n  \
+         chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
+         ip saddr {GUEST_NET}/{GUEST_PREFIX} oifname != {z} masquerade\n  }}\n}}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zygote_api::model::parse_cidr;
+
+    #[test]
+    fn slots_give_distinct_addresses_inside_the_ranges() {
+        let first = SlotPlan::new(1);
+        assert_eq!(first.guest, Ipv4Addr::new(10, 213, 0, 2));
+        assert_eq!(first.host_addr, Ipv4Addr::new(10, 214, 0, 5));
+        assert_eq!(first.ns_addr, Ipv4Addr::new(10, 214, 0, 6));
+        assert_eq!(first.host_link, "zyv1");
+        assert_eq!(first.guest_mac, "02:7a:63:00:00:01");
+        let last = SlotPlan::new(MAX_SLOT);
+        assert_eq!(last.guest, Ipv4Addr::new(10, 213, 64, 0));
+        assert_eq!(last.ns_addr, Ipv4Addr::new(10, 214, 255, 254));
+        assert_eq!(last.guest_mac, "02:7a:63:00:3f:ff");
+        assert!(last.host_link.len() <= 15, "IFNAMSIZ");
+        assert_eq!(SlotPlan::slot_of("zyv42"), Some(42));
+        assert_eq!(SlotPlan::slot_of("zyv0"), None);
+        assert_eq!(SlotPlan::slot_of("eth0"), None);
+    }
+
+    #[test]
+    fn egress_rules_drop_metadata_and_denied_before_allowing() {
+        let policy = NetworkPolicy {
+            mode: NetworkMode::Egress,
+            allow_out: Some(vec![parse_cidr("10.77.0.0/24").unwrap()]),
+            deny_out: vec![parse_cidr("10.77.0.9").unwrap()],
+        };
+        let r = ns_rules(
+            &SlotPlan::new(3),
+            &policy,
+            Some(Ipv4Addr::new(192, 0, 2, 53)),
+        );
+        let at = |needle: &str| r.find(needle).unwrap_or_else(|| panic!("{needle}: {r}"));
+        assert!(at("ip daddr 169.254.0.0/16 drop") < at("ip daddr @deny_out drop"));
+        assert!(at("ip daddr @deny_out drop") < at("ip daddr @allow_out accept"));
+        assert!(r.contains("elements = { 10.77.0.9/32 }"), "{r}");
+        assert!(r.contains("dnat ip to 192.0.2.53"), "{r}");
+        // Only the host's end of this sandbox's link may open connections to the guest.
+        assert!(
+            r.contains("ip saddr 10.214.0.13 ct state new accept"),
+            "{r}"
+        );
+    }
+
+    /// The lines of chain `name` in `rules`.
+    fn chain<'a>(rules: &'a str, name: &str) -> Vec<&'a str> {
+        let start = format!("chain {name} {{");
+        rules
+            .lines()
+            .skip_while(|l| l.trim() != start)
+            .skip(1)
+            .take_while(|l| l.trim() != "}")
+            .map(str::trim)
+            .collect()
+    }
+
+    /// Issue 33, defect 6: the guest's DNS, forwarded to the host's resolver, is a
+    /// connection to that resolver like any other, so the lists see it: nothing in the
+    /// egress chain accepts before `deny_out` is checked, and with `allow_out` only
+    /// its members are accepted.
+    #[test]
+    fn dns_meets_the_same_lists_as_every_other_destination() {
+        let resolver = Ipv4Addr::new(192, 0, 2, 53);
+        let lists = [
+            // An allow_out without the resolver; a deny_out naming it; both.
+            (Some("10.77.0.0/24"), None),
+            (None, Some("192.0.2.53")),
+            (Some("192.0.2.0/24"), Some("192.0.2.53")),
+        ];
+        for (allow, deny) in lists {
+            let policy = NetworkPolicy {
+                mode: NetworkMode::Egress,
+                allow_out: allow.map(|a| vec![parse_cidr(a).unwrap()]),
+                deny_out: deny
+                    .map(|d| vec![parse_cidr(d).unwrap()])
+                    .unwrap_or_default(),
+            };
+            let r = ns_rules(&SlotPlan::new(3), &policy, Some(resolver));
+            // The guest's resolver address still leads to the host's resolver...
+            for proto in ["udp", "tcp"] {
+                let dnat = format!(
+                    "iifname \"tap0\" ip daddr 10.0.2.3 {proto} dport 53 dnat ip to {resolver}"
+                );
+                assert!(chain(&r, "prerouting").contains(&dnat.as_str()), "{r}");
+            }
+            // ...and is then judged by its real address, in the one egress chain.
+            let egress = chain(&r, "egress");
+            let deny_at = egress
+                .iter()
+                .position(|l| *l == "ip daddr @deny_out drop")
+                .unwrap_or_else(|| panic!("{r}"));
+            let accepts: Vec<(usize, &&str)> = egress
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.ends_with("accept"))
+                .collect();
+            assert!(
+                accepts.iter().all(|(i, _)| *i > deny_at),
+                "something is accepted before deny_out: {r}"
+            );
+            if allow.is_some() {
+                let only: Vec<&str> = accepts.iter().map(|(_, l)| **l).collect();
+                assert_eq!(only, ["ip daddr @allow_out accept"], "{r}");
+                assert_eq!(egress.last(), Some(&"drop"), "{r}");
+            }
+        }
+    }
+
+    #[test]
+    fn none_forwards_nothing_from_the_guest() {
+        let policy = NetworkPolicy {
+            mode: NetworkMode::None,
+            ..Default::default()
+        };
+        let r = ns_rules(
+            &SlotPlan::new(3),
+            &policy,
+            Some(Ipv4Addr::new(192, 0, 2, 53)),
+        );
+        assert!(!r.contains("jump egress"), "{r}");
+        assert!(!r.contains("dnat"), "{r}");
+        assert!(r.contains("policy drop"), "{r}");
+    }
+
+    #[test]
+    fn host_rules_isolate_every_sandbox_link() {
+        let r = host_rules();
+        assert!(r.contains("iifname \"zyv*\" drop"), "{r}");
+        assert!(r.contains("iifname \"zyv*\" oifname \"zyv*\" drop"), "{r}");
+        assert!(
+            r.contains("ip saddr 10.213.0.0/16 oifname != \"zyv*\" masquerade"),
+            "{r}"
+        );
+    }
+}
