@@ -6,7 +6,7 @@ pub const MAX_FAN_OUT: u32 = 256;
 /// Guest RAM when a create request names none.
 pub const DEFAULT_MEM_MIB: u32 = 256;
 /// Children of one branch (where children copy their parent's memory, also bounded by
-/// what the host has: `Manager::branch`).
+/// what the host has: `Manager::begin_branch`).
 pub const MAX_BRANCH_COUNT: u32 = 256;
 pub const MIN_MEM_MIB: u32 = 64;
 pub const MAX_MEM_MIB: u32 = 65536;
