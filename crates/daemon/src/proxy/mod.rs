@@ -25,7 +25,6 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use crate::error::{Error, ErrorBody, ErrorDetail, Result};
-use crate::manager::Manager;
 use crate::token::presents;
 
 pub use route::Route;
@@ -249,7 +248,7 @@ pub fn urls(addr: SocketAddr, sandbox: &str, port: u16) -> (String, String) {
 /// address given explicitly must work.
 pub async fn start(
     listen: Option<&str>,
-    manager: Arc<Manager>,
+    lookup: Arc<dyn Lookup>,
     token: Arc<String>,
 ) -> Result<Option<SocketAddr>> {
     let addr = match listen {
@@ -282,7 +281,7 @@ pub async fn start(
         let _ = std::io::stdout().flush();
     }
     tracing::info!("port proxy listening on {url}");
-    let proxy = Proxy::new(manager, token);
+    let proxy = Proxy::new(lookup, token);
     tokio::spawn(async move {
         if let Err(e) = serve(listener, proxy).await {
             tracing::error!("port proxy stopped: {e}");
