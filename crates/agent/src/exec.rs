@@ -31,6 +31,9 @@ fn bad(message: impl Into<String>) -> ErrorBody {
 /// The agent blocks SIGTERM/SIGCHLD in its own threads (as PID 1 it handles them
 /// synchronously); programs it starts must begin with nothing blocked, or `kill -TERM`
 /// would never reach them. Set it explicitly rather than rely on the spawn path doing so.
+/// Every signal also starts at its default action: an ignored signal survives exec, so
+/// an agent started with SIGINT ignored (a background job of a non-interactive shell)
+/// would hand that on and Ctrl-C or `kill -INT` would never stop a program.
 /// They also get the descriptor limit the agent started with, not its raised one (`fds`).
 pub(crate) fn start_unblocked(cmd: &mut Command) {
     // SAFETY: only async-signal-safe calls between fork and exec.
@@ -39,6 +42,11 @@ pub(crate) fn start_unblocked(cmd: &mut Command) {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::pthread_sigmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            for sig in 1..32 {
+                if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+            }
             crate::fds::restore_for_child();
             Ok(())
         });

@@ -41,6 +41,17 @@ impl TestAgent {
             .args(extra)
             .stdin(Stdio::null())
             .stderr(Stdio::piped());
+        // The agent starts with SIGINT and SIGQUIT ignored, as every background job of a
+        // non-interactive shell does (CI runs tests like that): what it starts must get
+        // them back at their default, or Ctrl-C and `kill -INT` reach no program.
+        // SAFETY: signal() is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGINT, libc::SIG_IGN);
+                libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+                Ok(())
+            });
+        }
         if let Some((soft, hard)) = fd_limit {
             // SAFETY: setrlimit is async-signal-safe.
             unsafe {
