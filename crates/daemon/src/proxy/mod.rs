@@ -59,9 +59,9 @@ pub trait Gate: Send + Sync + 'static {
     /// The answer to `req` (Ok), or `req` back for the port rules (Err).
     fn serve(&self, req: Request) -> GateFuture<'_>;
 
-    /// Credentials of the gate's own for `sandbox`, taken out of every request the proxy
-    /// forwards to it (as the API token is), so none reaches its guest.
-    fn guest_secrets(&self, sandbox: &str) -> Vec<String>;
+    /// Takes the gate's own credentials for `sandbox` out of `headers` of a request the
+    /// proxy forwards to it (as it does the API token), so none reaches its guest.
+    fn scrub(&self, sandbox: &str, headers: &mut axum::http::HeaderMap);
 }
 
 /// What [`Gate::serve`] returns.
@@ -224,9 +224,7 @@ impl Proxy {
                 .into_response());
         }
         if let Some(gate) = &self.gate {
-            for secret in gate.guest_secrets(&route.sandbox) {
-                crate::token::remove_token(req.headers_mut(), &secret);
-            }
+            gate.scrub(&route.sandbox, req.headers_mut());
         }
         forward::forward(forward::Upstream {
             target: target.addr,

@@ -275,7 +275,73 @@ impl Gate for Envd {
         })
     }
 
-    fn guest_secrets(&self, sandbox: &str) -> Vec<String> {
-        vec![self.keys.access_token(sandbox)]
+    fn scrub(&self, sandbox: &str, headers: &mut HeaderMap) {
+        scrub(&self.keys, sandbox, headers);
+    }
+}
+
+/// E2B's token header, whoever's token it holds, and the sandbox's token in any other
+/// header (an `Authorization: Basic` value's decoded credentials included).
+fn scrub(keys: &EnvdKeys, sandbox: &str, headers: &mut HeaderMap) {
+    headers.remove(ACCESS_TOKEN_HEADER);
+    crate::token::remove_token(headers, &keys.access_token(sandbox));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_requests_lose_every_envd_token() {
+        let keys = EnvdKeys::new(Arc::new("daemon".into()));
+        let token = keys.access_token("sb-a");
+        let mut h = HeaderMap::new();
+        h.insert(ACCESS_TOKEN_HEADER, "another sandbox's".parse().unwrap());
+        h.insert("x-mine", format!("k={token}").parse().unwrap());
+        h.insert("x-guest", "kept".parse().unwrap());
+        scrub(&keys, "sb-a", &mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-guest"], "kept");
+    }
+
+    #[test]
+    fn routing_headers_name_envd_of_one_sandbox() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        let ok = headers(&[
+            (SANDBOX_ID_HEADER, "SB-AB12"),
+            (SANDBOX_PORT_HEADER, "49983"),
+        ]);
+        assert_eq!(routed_sandbox(&ok).unwrap(), "sb-ab12");
+        let missing = headers(&[(SANDBOX_ID_HEADER, "sb-ab12")]);
+        assert!(matches!(
+            routed_sandbox(&missing),
+            Err(EnvdError::MissingHeader(_))
+        ));
+        for port in ["+49983", "0", "70000", "x"] {
+            let bad = headers(&[(SANDBOX_ID_HEADER, "sb-ab12"), (SANDBOX_PORT_HEADER, port)]);
+            assert!(
+                matches!(routed_sandbox(&bad), Err(EnvdError::BadPort(_))),
+                "{port}"
+            );
+        }
+        let other = headers(&[
+            (SANDBOX_ID_HEADER, "sb-ab12"),
+            (SANDBOX_PORT_HEADER, "8080"),
+        ]);
+        assert!(matches!(
+            routed_sandbox(&other),
+            Err(EnvdError::OtherPort(8080))
+        ));
+        let odd = headers(&[(SANDBOX_ID_HEADER, "../x"), (SANDBOX_PORT_HEADER, "49983")]);
+        assert!(matches!(
+            routed_sandbox(&odd),
+            Err(EnvdError::SandboxNotFound(_))
+        ));
     }
 }
