@@ -12,7 +12,7 @@ PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 # time goes, and scripts/fresh-check.sh sums them per phase.
 PHASE = @printf '== [phase %s %s] %s\n' "$$(date +%T)" "$$(date +%s)"
 
-.PHONY: all setup build probe agent guest lint test test-rust test-api test-sdk test-fuzz demo clean \
+.PHONY: all setup build probe agent guest lint test test-rust test-api test-sdk test-e2b test-fuzz demo clean \
 	test-cold-path fresh-check \
 	test-kvm-nested test-kvm-nested-smoke bench-nested \
 	test-k8s bench-k8s k8s-generate
@@ -60,6 +60,12 @@ test-api: build
 test-sdk: build guest
 	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
+
+# E2B's unchanged Python SDK (e2b==2.63.0, venv under ~/.cache/zygote/venv/e2b) against a
+# live zygoted on the qemu runtime (issue 35; not in `make test` yet).
+test-e2b: build guest
+	$(PHASE) test-e2b
+	bash scripts/e2b-test.sh
 
 # Bounded fuzzing of what zygote reads from hostile sources (virtio descriptor chains,
 # agent frames, image layers, snapshot packs): libFuzzer via cargo-fuzz when it installs,

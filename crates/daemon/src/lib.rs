@@ -14,6 +14,7 @@ pub mod agent_key;
 pub mod api;
 pub mod cgroup;
 pub mod db;
+pub mod e2b;
 pub mod error;
 pub mod fault;
 pub mod ids;

@@ -158,10 +158,16 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
 pub async fn serve(args: ServeArgs) -> Result<()> {
     let mut state = build_state(&args).await?;
     // Before the API: once the API's line is out, the proxy answers too.
+    // E2B's envd is answered on the proxy (crate::e2b).
+    let envd = crate::e2b::envd::Envd::new(
+        state.manager.clone(),
+        crate::e2b::EnvdKeys::new(state.token.clone()),
+    );
     state.proxy = crate::proxy::start(
         args.proxy_listen.as_deref(),
         state.manager.clone(),
         state.token.clone(),
+        Some(Arc::new(envd)),
     )
     .await?;
     let app = api::app(state);

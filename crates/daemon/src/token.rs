@@ -18,7 +18,7 @@ use base64::Engine;
 const TOKEN_PROTOCOL_PREFIX: &str = "zygote.bearer.";
 
 /// Constant-time comparison, so response timing does not leak the token.
-fn token_matches(given: &[u8], expected: &[u8]) -> bool {
+pub(crate) fn token_matches(given: &[u8], expected: &[u8]) -> bool {
     given.len() == expected.len()
         && given
             .iter()

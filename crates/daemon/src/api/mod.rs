@@ -153,9 +153,11 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/v1/snapshots/pull", packs::pull)
 }
 
-/// The application: routes, auth, error fallbacks, body limit.
+/// The application: routes, auth, error fallbacks, body limit; and E2B's control plane
+/// under `/e2b`, with its own credential check ([`crate::e2b::control`]).
 pub fn app(state: AppState) -> Router {
-    routes()
+    let e2b = crate::e2b::control::router(state.clone());
+    let api = routes()
         .router
         .fallback(route_not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -166,7 +168,8 @@ pub fn app(state: AppState) -> Router {
         // Bounds axum's own body extractors too; ours ([`ApiJson`], [`ApiBytes`]) apply
         // their routes' limits and say which in the 413.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
-        .with_state(state)
+        .with_state(state);
+    Router::new().nest("/e2b", e2b).merge(api)
 }
 
 async fn route_not_found(method: Method, uri: axum::http::Uri) -> Error {
@@ -194,7 +197,7 @@ const MAX_DISCARD_BYTES: usize = MAX_FILE_BYTES;
 /// beyond the limit is kept, so an oversize body is never buffered nor reaches a
 /// sandbox; a Content-Length over [`MAX_DISCARD_BYTES`] is refused before any of
 /// the body is read.
-async fn read_body(
+pub(crate) async fn read_body(
     req: Request,
     limit: usize,
     what: &'static str,

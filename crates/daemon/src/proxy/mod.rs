@@ -52,6 +52,23 @@ pub trait Lookup: Send + Sync + 'static {
     }
 }
 
+/// A first look at every request, before the port rules: E2B's envd
+/// ([`crate::e2b::envd::Envd`]) answers the requests that carry E2B's routing headers
+/// itself and hands every other one back.
+pub trait Gate: Send + Sync + 'static {
+    /// The answer to `req` (Ok), or `req` back for the port rules (Err).
+    fn serve(&self, req: Request) -> GateFuture<'_>;
+
+    /// Takes the gate's own credentials for `sandbox` out of `headers` of a request the
+    /// proxy forwards to it (as it does the API token), so none reaches its guest.
+    fn scrub(&self, sandbox: &str, headers: &mut axum::http::HeaderMap);
+}
+
+/// What [`Gate::serve`] returns.
+pub type GateFuture<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = std::result::Result<Response, Request>> + Send + 'a>,
+>;
+
 /// What [`Lookup::wake`] returns.
 pub type WakeFuture<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = std::result::Result<(), String>> + Send + 'a>,
@@ -131,11 +148,22 @@ impl IntoResponse for ProxyError {
 pub struct Proxy {
     lookup: Arc<dyn Lookup>,
     token: Arc<String>,
+    gate: Option<Arc<dyn Gate>>,
 }
 
 impl Proxy {
     pub fn new(lookup: Arc<dyn Lookup>, token: Arc<String>) -> Proxy {
-        Proxy { lookup, token }
+        Proxy {
+            lookup,
+            token,
+            gate: None,
+        }
+    }
+
+    /// The proxy with `gate` looking at every request first.
+    pub fn with_gate(mut self, gate: Arc<dyn Gate>) -> Proxy {
+        self.gate = Some(gate);
+        self
     }
 
     /// Every request, whatever its method and path, is the proxy's. Served with
@@ -148,6 +176,13 @@ impl Proxy {
         if req.method() == Method::CONNECT {
             return Err(ProxyError::NoRoute("CONNECT".into()));
         }
+        let mut req = match &self.gate {
+            Some(gate) => match gate.serve(req).await {
+                Ok(answer) => return Ok(answer),
+                Err(req) => req,
+            },
+            None => req,
+        };
         let route = Route::of(&req)
             .ok_or_else(|| ProxyError::NoRoute(format!("{} {}", req.method(), req.uri().path())))?;
         // `Authorization: Bearer` only: a private port is for API clients (a browser
@@ -187,6 +222,9 @@ impl Proxy {
                 Body::empty(),
             )
                 .into_response());
+        }
+        if let Some(gate) = &self.gate {
+            gate.scrub(&route.sandbox, req.headers_mut());
         }
         forward::forward(forward::Upstream {
             target: target.addr,
@@ -250,6 +288,7 @@ pub async fn start(
     listen: Option<&str>,
     lookup: Arc<dyn Lookup>,
     token: Arc<String>,
+    gate: Option<Arc<dyn Gate>>,
 ) -> Result<Option<SocketAddr>> {
     let addr = match listen {
         Some(a) if a.eq_ignore_ascii_case("none") => {
@@ -281,7 +320,10 @@ pub async fn start(
         let _ = std::io::stdout().flush();
     }
     tracing::info!("port proxy listening on {url}");
-    let proxy = Proxy::new(lookup, token);
+    let mut proxy = Proxy::new(lookup, token);
+    if let Some(gate) = gate {
+        proxy = proxy.with_gate(gate);
+    }
     tokio::spawn(async move {
         if let Err(e) = serve(listener, proxy).await {
             tracing::error!("port proxy stopped: {e}");

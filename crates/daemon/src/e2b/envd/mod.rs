@@ -1,0 +1,347 @@
+//! envd, E2B's in-sandbox daemon, served by zygoted itself on the port proxy.
+//!
+//! E2B's SDKs address envd at `E2B_SANDBOX_URL` with two routing headers,
+//! `E2b-Sandbox-Id` and `E2b-Sandbox-Port: 49983`, and the sandbox's envd access token
+//! in `X-Access-Token`. The proxy lets [`Envd`] look at each request first (it is the
+//! proxy's [`Gate`]): one that carries either routing header is envd's, answered here
+//! and never forwarded; any other goes on to the proxy's port rules.
+//!
+//! Order of checks, as E2B's proxy and envd do them: both routing headers (400
+//! `Missing header: ...`); the sandbox exists and runs (502 `The sandbox was not
+//! found`, which the SDK turns into "sandbox not running"); `GET /health` needs no
+//! token; everything else needs the sandbox's own token (401 with envd's message,
+//! before the path is even looked at); then the path: `/files`, a Connect procedure,
+//! or 404 `404 page not found` (text, as envd's Go mux answers).
+//!
+//! The token is this daemon's HMAC of the sandbox id ([`EnvdKeys`]): it never enters
+//! the guest, and [`Gate::guest_secrets`] makes the proxy strip it from whatever it
+//! forwards to the sandbox's other ports.
+mod connect;
+mod files;
+mod process;
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::{EnvdKeys, ENVD_PORT};
+use crate::error::Error;
+use crate::manager::Manager;
+use crate::model::MAX_JSON_BODY_BYTES;
+use crate::proxy::{Gate, GateFuture};
+use crate::token::token_matches;
+use connect::{Code, ConnectError, Form};
+
+const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+
+/// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
+/// 404, so a client learns the call exists but is missing here.
+const NOT_YET: [&str; 16] = [
+    "/process.Process/List",
+    "/process.Process/Connect",
+    "/process.Process/Update",
+    "/process.Process/StreamInput",
+    "/process.Process/SendInput",
+    "/process.Process/SendSignal",
+    "/process.Process/CloseStdin",
+    "/filesystem.Filesystem/Stat",
+    "/filesystem.Filesystem/MakeDir",
+    "/filesystem.Filesystem/Move",
+    "/filesystem.Filesystem/ListDir",
+    "/filesystem.Filesystem/Remove",
+    "/filesystem.Filesystem/WatchDir",
+    "/filesystem.Filesystem/CreateWatcher",
+    "/filesystem.Filesystem/GetWatcherEvents",
+    "/filesystem.Filesystem/RemoveWatcher",
+];
+
+/// envd's plain-HTTP answers (everything but Connect errors), as
+/// `{"code": <status>, "message": ...}`.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvdError {
+    #[error("Missing header: {0}")]
+    MissingHeader(&'static str),
+    #[error("E2b-Sandbox-Port {0:?} is not a port number")]
+    BadPort(String),
+    #[error(
+        "zygote serves only envd's port {ENVD_PORT} by E2B's routing headers; reach port \
+         {0} at http://{0}-<sandbox>.localhost:<proxy port>/ once exposed (POST \
+         /v1/sandboxes/<sandbox>/ports)"
+    )]
+    OtherPort(u16),
+    #[error("The sandbox was not found")]
+    SandboxNotFound(String),
+    #[error(
+        "unauthorized access, please provide a valid access token or method signing if supported"
+    )]
+    Unauthorized,
+    #[error("404 page not found")]
+    NoRoute,
+    #[error("a query parameter is malformed")]
+    BadQuery,
+    #[error("the path parameter is missing")]
+    MissingPath,
+    #[error("path '{0}' is relative: zygote's envd takes absolute paths only (for now)")]
+    RelativePath(String),
+    #[error("zygote's envd runs as the image's user only: user '{0}' is not supported yet")]
+    UserUnsupported(String),
+    #[error("{0} is not supported by zygote's envd yet")]
+    Unsupported(&'static str),
+    #[error("unsupported Content-Type {0:?}: multipart/form-data or application/octet-stream")]
+    BadContentType(String),
+    #[error("malformed multipart body: {0}")]
+    BadMultipart(&'static str),
+    #[error("more than {0} files in one upload")]
+    TooManyFiles(usize),
+    #[error("path '{0}' does not exist")]
+    FileNotFound(String),
+    #[error("{1}")]
+    Zygote(StatusCode, String),
+}
+
+impl EnvdError {
+    fn status(&self) -> StatusCode {
+        use EnvdError as E;
+        match self {
+            E::SandboxNotFound(_) => StatusCode::BAD_GATEWAY,
+            E::Unauthorized => StatusCode::UNAUTHORIZED,
+            E::NoRoute | E::FileNotFound(_) => StatusCode::NOT_FOUND,
+            E::TooManyFiles(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            E::Zygote(status, _) => *status,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// A failed file call on `path`: a missing file in envd's words.
+    fn file(path: &str, e: Error) -> EnvdError {
+        match e.status_code() {
+            (StatusCode::NOT_FOUND, "guest_not_found") => EnvdError::FileNotFound(path.into()),
+            (status, _) => EnvdError::Zygote(status, e.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    code: u16,
+    message: String,
+    #[serde(rename = "sandboxId", skip_serializing_if = "Option::is_none")]
+    sandbox_id: Option<String>,
+}
+
+impl IntoResponse for EnvdError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if let EnvdError::NoRoute = self {
+            return (
+                status,
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                "404 page not found\n",
+            )
+                .into_response();
+        }
+        let body = ErrorBody {
+            code: status.as_u16(),
+            message: self.to_string(),
+            sandbox_id: match self {
+                EnvdError::SandboxNotFound(id) => Some(id),
+                _ => None,
+            },
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// The in-daemon envd: the proxy's [`Gate`].
+pub struct Envd {
+    manager: Arc<Manager>,
+    keys: EnvdKeys,
+}
+
+impl Envd {
+    pub fn new(manager: Arc<Manager>, keys: EnvdKeys) -> Envd {
+        Envd { manager, keys }
+    }
+
+    async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
+        let id = routed_sandbox(req.headers())?;
+        let alive = self
+            .manager
+            .get(&id)
+            .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting" | "creating"));
+        if !alive {
+            return Err(EnvdError::SandboxNotFound(id));
+        }
+        let path = req.uri().path().to_string();
+        if req.method() == Method::GET && path == "/health" {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        let expected = self.keys.access_token(&id);
+        let given = req.headers().get(ACCESS_TOKEN_HEADER).map(|v| v.as_bytes());
+        if !given.is_some_and(|g| token_matches(g, expected.as_bytes())) {
+            return Err(EnvdError::Unauthorized);
+        }
+        match (req.method().clone(), path.as_str()) {
+            (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
+            (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
+            (Method::POST, "/process.Process/Start") => {
+                Ok(self.rpc(&id, req, Form::Stream, true).await)
+            }
+            (Method::POST, p) if NOT_YET.contains(&p) => {
+                Ok(self.rpc(&id, req, Form::Unary, false).await)
+            }
+            _ => Err(EnvdError::NoRoute),
+        }
+    }
+
+    /// A Connect call: the content type is checked, the body read (bounded), then
+    /// `Start` is served, anything else answered `unimplemented`.
+    async fn rpc(&self, id: &str, req: Request, expected: Form, served: bool) -> Response {
+        let Some(form) = connect::form(req.headers()) else {
+            return connect::unsupported_media_type();
+        };
+        let fail = |e: ConnectError| match form {
+            Form::Stream => e.stream_response(),
+            Form::Unary => e.unary_response(),
+        };
+        if !served {
+            let name = req.uri().path().trim_start_matches('/').to_string();
+            return fail(ConnectError::new(
+                Code::Unimplemented,
+                format!("zygote's envd does not implement {name} yet"),
+            ));
+        }
+        if form != expected {
+            return fail(ConnectError::new(
+                Code::InvalidArgument,
+                "a server-streaming procedure takes application/connect+json",
+            ));
+        }
+        let headers: HeaderMap = req.headers().clone();
+        let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await
+        {
+            Ok((_, body)) => body,
+            Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
+        };
+        process::start(&self.manager, id, &headers, &body).await
+    }
+}
+
+/// The sandbox a request with E2B's routing headers names (its port must be envd's).
+fn routed_sandbox(headers: &HeaderMap) -> Result<String, EnvdError> {
+    let get = |name: &'static str, shown: &'static str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .ok_or(EnvdError::MissingHeader(shown))
+    };
+    let id = get(SANDBOX_ID_HEADER, "E2b-Sandbox-Id")?;
+    let port = get(SANDBOX_PORT_HEADER, "E2b-Sandbox-Port")?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p != 0 && port.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| EnvdError::BadPort(port.to_string()))?;
+    if port != ENVD_PORT {
+        return Err(EnvdError::OtherPort(port));
+    }
+    // Ids are `sb-` and hex: anything else names no sandbox.
+    let valid = id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if !valid {
+        return Err(EnvdError::SandboxNotFound(String::new()));
+    }
+    Ok(id.to_ascii_lowercase())
+}
+
+impl Gate for Envd {
+    fn serve(&self, req: Request) -> GateFuture<'_> {
+        Box::pin(async move {
+            let ours = req.headers().contains_key(SANDBOX_ID_HEADER)
+                || req.headers().contains_key(SANDBOX_PORT_HEADER);
+            if !ours {
+                return Err(req);
+            }
+            Ok(self
+                .handle(req)
+                .await
+                .unwrap_or_else(IntoResponse::into_response))
+        })
+    }
+
+    fn scrub(&self, sandbox: &str, headers: &mut HeaderMap) {
+        scrub(&self.keys, sandbox, headers);
+    }
+}
+
+/// E2B's token header, whoever's token it holds, and the sandbox's token in any other
+/// header (an `Authorization: Basic` value's decoded credentials included).
+fn scrub(keys: &EnvdKeys, sandbox: &str, headers: &mut HeaderMap) {
+    headers.remove(ACCESS_TOKEN_HEADER);
+    crate::token::remove_token(headers, &keys.access_token(sandbox));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_requests_lose_every_envd_token() {
+        let keys = EnvdKeys::new(Arc::new("daemon".into()));
+        let token = keys.access_token("sb-a");
+        let mut h = HeaderMap::new();
+        h.insert(ACCESS_TOKEN_HEADER, "another sandbox's".parse().unwrap());
+        h.insert("x-mine", format!("k={token}").parse().unwrap());
+        h.insert("x-guest", "kept".parse().unwrap());
+        scrub(&keys, "sb-a", &mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["x-guest"], "kept");
+    }
+
+    #[test]
+    fn routing_headers_name_envd_of_one_sandbox() {
+        let headers = |pairs: &[(&'static str, &str)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, v.parse().unwrap());
+            }
+            h
+        };
+        let ok = headers(&[
+            (SANDBOX_ID_HEADER, "SB-AB12"),
+            (SANDBOX_PORT_HEADER, "49983"),
+        ]);
+        assert_eq!(routed_sandbox(&ok).unwrap(), "sb-ab12");
+        let missing = headers(&[(SANDBOX_ID_HEADER, "sb-ab12")]);
+        assert!(matches!(
+            routed_sandbox(&missing),
+            Err(EnvdError::MissingHeader(_))
+        ));
+        for port in ["+49983", "0", "70000", "x"] {
+            let bad = headers(&[(SANDBOX_ID_HEADER, "sb-ab12"), (SANDBOX_PORT_HEADER, port)]);
+            assert!(
+                matches!(routed_sandbox(&bad), Err(EnvdError::BadPort(_))),
+                "{port}"
+            );
+        }
+        let other = headers(&[
+            (SANDBOX_ID_HEADER, "sb-ab12"),
+            (SANDBOX_PORT_HEADER, "8080"),
+        ]);
+        assert!(matches!(
+            routed_sandbox(&other),
+            Err(EnvdError::OtherPort(8080))
+        ));
+        let odd = headers(&[(SANDBOX_ID_HEADER, "../x"), (SANDBOX_PORT_HEADER, "49983")]);
+        assert!(matches!(
+            routed_sandbox(&odd),
+            Err(EnvdError::SandboxNotFound(_))
+        ));
+    }
+}

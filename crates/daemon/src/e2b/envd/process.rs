@@ -1,0 +1,300 @@
+//! envd's `process.Process/Start`: a program started through the agent's `spawn` and
+//! followed as E2B's event stream (`start`, `data`*, `end`).
+//!
+//! Spawn, not exec: an E2B process outlives the request that started it (a client that
+//! goes away does not kill it, as with envd), and it lives in the agent, so it survives
+//! a daemon restart and is carried into branch children. Its output is read from the
+//! agent's buffer from offset 0, so nothing printed before the follower starts is lost.
+//! A silent program gets a `keepalive` event every `Keepalive-Ping-Interval` seconds,
+//! so the client's read timeout does not end a long quiet command.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+
+use super::connect::{self, Code, ConnectError};
+use crate::manager::Manager;
+use crate::model::{ExecEvent, ExecRequest, StdinRequest};
+
+/// Silence before a keepalive when the client names no interval (envd's default).
+const DEFAULT_KEEPALIVE_SECS: u64 = 90;
+
+/// `StartRequest` (process.proto), as proto3 JSON.
+#[derive(Debug, Deserialize)]
+pub struct StartRequest {
+    process: ProcessConfig,
+    #[serde(default)]
+    pty: Option<serde_json::Value>,
+    #[serde(default)]
+    stdin: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: BTreeMap<String, String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// `StartResponse`: `{"event": ProcessEvent}`.
+#[derive(Debug, Serialize)]
+struct StartResponse {
+    event: ProcessEvent,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum ProcessEvent {
+    Start { pid: u32 },
+    Data(DataEvent),
+    End(EndEvent),
+    Keepalive {},
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum DataEvent {
+    Stdout(String),
+    Stderr(String),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EndEvent {
+    exit_code: i32,
+    exited: bool,
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+impl EndEvent {
+    /// As envd reports Go's `ProcessState`: `exit status N`, or `signal: <name>` with
+    /// exit code -1; `error` set when the program failed.
+    fn of(exit_code: Option<i32>, signal: Option<i32>) -> EndEvent {
+        match (exit_code, signal) {
+            (_, Some(sig)) => {
+                let status = format!("signal: {}", signal_name(sig));
+                EndEvent {
+                    exit_code: -1,
+                    exited: false,
+                    error: Some(status.clone()),
+                    status,
+                }
+            }
+            (code, None) => {
+                let code = code.unwrap_or(-1);
+                let status = format!("exit status {code}");
+                EndEvent {
+                    exit_code: code,
+                    exited: true,
+                    error: (code != 0).then(|| status.clone()),
+                    status,
+                }
+            }
+        }
+    }
+}
+
+/// Go's names of signals, as `ProcessState.String()` prints them.
+fn signal_name(sig: i32) -> String {
+    match sig {
+        1 => "hangup".into(),
+        2 => "interrupt".into(),
+        3 => "quit".into(),
+        6 => "aborted".into(),
+        9 => "killed".into(),
+        11 => "segmentation fault".into(),
+        13 => "broken pipe".into(),
+        15 => "terminated".into(),
+        n => format!("signal {n}"),
+    }
+}
+
+/// `Keepalive-Ping-Interval` (seconds, 1..=3600), else the default.
+fn keepalive_interval(headers: &HeaderMap) -> Duration {
+    let secs = headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .unwrap_or(DEFAULT_KEEPALIVE_SECS);
+    Duration::from_secs(secs)
+}
+
+/// Serves `Start` for sandbox `id`; `body` is the request's envelope(s).
+pub async fn start(manager: &Arc<Manager>, id: &str, headers: &HeaderMap, body: &[u8]) -> Response {
+    match start_stream(manager, id, headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.stream_response(),
+    }
+}
+
+async fn start_stream(
+    manager: &Arc<Manager>,
+    id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let json = connect::single_message(body)?;
+    let req: StartRequest = serde_json::from_slice(json)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("StartRequest: {e}")))?;
+    if req.pty.is_some() {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "zygote's envd does not run programs on a PTY yet",
+        ));
+    }
+    let timeout_ms = connect::timeout_ms(headers)?.filter(|&t| t > 0);
+    let mut argv = vec![req.process.cmd];
+    argv.extend(req.process.args);
+    let exec = ExecRequest {
+        argv,
+        env: req.process.envs,
+        cwd: req.process.cwd,
+        timeout_ms,
+        background: true,
+        ..Default::default()
+    };
+    let started = manager
+        .spawn_process(id, exec)
+        .await
+        .map_err(|e| ConnectError::from_zygote(&e))?;
+    let pid = started.pid;
+    if !req.stdin.unwrap_or(false) {
+        // The program reads end of file at once, as with envd's `stdin: false`.
+        let eof = StdinRequest {
+            eof: true,
+            ..Default::default()
+        };
+        if let Err(e) = manager.process_stdin(id, pid, eof).await {
+            tracing::debug!(sandbox = id, pid, "closing stdin: {e}");
+        }
+    }
+    let events = manager
+        .follow_process(id, pid, 0)
+        .await
+        .map_err(|e| ConnectError::from_zygote(&e))?;
+    let first = connect::message(&StartResponse {
+        event: ProcessEvent::Start { pid },
+    });
+    let rest = envelopes(events, keepalive_interval(headers));
+    let stream = futures_util::stream::once(async move { first })
+        .chain(rest)
+        .map(Ok::<Bytes, std::convert::Infallible>);
+    Ok(connect::stream_response(Body::from_stream(stream)))
+}
+
+/// The follower's events as envelopes, ending with the end-stream one.
+fn envelopes(
+    mut events: mpsc::Receiver<ExecEvent>,
+    keepalive: Duration,
+) -> impl futures_util::Stream<Item = Bytes> {
+    let (tx, rx) = mpsc::channel::<Bytes>(16);
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                e = events.recv() => e,
+                _ = tokio::time::sleep(keepalive) => {
+                    let ping = StartResponse { event: ProcessEvent::Keepalive {} };
+                    if tx.send(connect::message(&ping)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let last = match event {
+                Some(ExecEvent::Output { stream, data }) => {
+                    let data = if stream == "stderr" {
+                        DataEvent::Stderr(data)
+                    } else {
+                        DataEvent::Stdout(data)
+                    };
+                    let msg = StartResponse {
+                        event: ProcessEvent::Data(data),
+                    };
+                    if tx.send(connect::message(&msg)).await.is_err() {
+                        return;
+                    }
+                    continue;
+                }
+                Some(ExecEvent::Exit {
+                    timed_out: true, ..
+                }) => ConnectError::new(
+                    Code::DeadlineExceeded,
+                    "the command ran past its timeout (connect-timeout-ms) and was killed",
+                )
+                .end_stream(),
+                Some(ExecEvent::Exit {
+                    exit_code, signal, ..
+                }) => {
+                    let end = StartResponse {
+                        event: ProcessEvent::End(EndEvent::of(exit_code, signal)),
+                    };
+                    if tx.send(connect::message(&end)).await.is_err() {
+                        return;
+                    }
+                    connect::end_stream_ok()
+                }
+                Some(ExecEvent::Error { message, .. }) => {
+                    ConnectError::new(Code::Unavailable, message).end_stream()
+                }
+                Some(ExecEvent::Started { .. }) => continue,
+                None => ConnectError::new(
+                    Code::Unavailable,
+                    "the sandbox's agent stopped answering about the process",
+                )
+                .end_stream(),
+            };
+            let _ = tx.send(last).await;
+            return;
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_have_envds_json_shape() {
+        let json = |e: ProcessEvent| serde_json::to_string(&StartResponse { event: e }).unwrap();
+        assert_eq!(
+            json(ProcessEvent::Start { pid: 7 }),
+            r#"{"event":{"start":{"pid":7}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::Data(DataEvent::Stdout("aGkK".into()))),
+            r#"{"event":{"data":{"stdout":"aGkK"}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::End(EndEvent::of(Some(0), None))),
+            r#"{"event":{"end":{"exitCode":0,"exited":true,"status":"exit status 0"}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::End(EndEvent::of(Some(3), None))),
+            r#"{"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}}}"#
+        );
+        let killed = EndEvent::of(None, Some(9));
+        assert_eq!(
+            (killed.exit_code, killed.status.as_str()),
+            (-1, "signal: killed")
+        );
+        assert_eq!(
+            json(ProcessEvent::Keepalive {}),
+            r#"{"event":{"keepalive":{}}}"#
+        );
+    }
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# E2B compatibility (issue 35): E2B's UNCHANGED Python SDK (e2b==2.63.0, in a venv made by
+# scripts/e2b-venv.sh) against a private zygoted on loopback, through the three variables
+# a user sets:
+#   E2B_API_URL=http://127.0.0.1:<api port>/e2b  E2B_API_KEY=<daemon token>
+#   E2B_SANDBOX_URL=http://127.0.0.1:<proxy port>
+# The SDK runs commands as `/bin/bash -l -c`, so the sandboxes use the `python` image
+# (Debian minbase: bash), built on first use from its recipe (seconds when the
+# debootstrap tree is cached in ~/.cache/zygote/debootstrap). Needs target/release/zygoted
+# and the guest kernel; skips (exit 0, with the reason) without qemu-system-x86_64.
+#
+#   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
+#   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (python)
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+T0=$(date +%s)
+say() { printf '== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
+die() { echo "e2b-test: $*" >&2; exit 1; }
+
+DAEMON=${ZYGOTED:-$ROOT/target/release/zygoted}
+[ -x "$DAEMON" ] || die "no $DAEMON: build it first (cargo build --release -p zygote-daemon)"
+command -v curl >/dev/null || die "curl not found"
+if ! command -v qemu-system-x86_64 >/dev/null; then
+    echo "skipping e2b-test: qemu-system-x86_64 is not on PATH, so no sandbox can boot"
+    exit 0
+fi
+
+PY=$(bash "$ROOT/scripts/e2b-venv.sh") || die "setting up the E2B SDK venv failed"
+TEMPLATE=${E2B_TEST_TEMPLATE:-python}
+
+STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-e2b-test.XXXXXX")
+DAEMON_PID=""
+URL=""
+TOKEN=""
+# shellcheck source=lib/private-daemon.sh
+. "$ROOT/scripts/lib/private-daemon.sh"
+
+cleanup() {
+    local status=$?
+    stop_daemon
+    finish_private_daemon e2b-test "$status"
+    status=$?
+    say "done (exit $status)"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say "starting zygoted ($DAEMON, qemu runtime, state $STATE)"
+ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "$DAEMON" --listen 127.0.0.1:0 --proxy-listen 127.0.0.1:0 \
+    --runtime qemu --state-dir "$STATE/daemon" \
+    >"$STATE/zygoted.out" 2>"$STATE/zygoted.log" </dev/null &
+DAEMON_PID=$!
+wait_for_daemon 60
+PROXY=""
+for _ in $(seq 50); do
+    PROXY=$(sed -n 's/^zygoted proxy listening on //p' "$STATE/zygoted.out" | head -n1)
+    [ -n "$PROXY" ] && break
+    sleep 0.1
+done
+[ -n "$PROXY" ] || die "the daemon announced no proxy"
+
+say "image $TEMPLATE (built from its recipe if missing)"
+curl -sS -N --fail-with-body -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    -d "{\"name\": \"$TEMPLATE\"}" "$URL/v1/images/build" >"$STATE/build.ndjson" \
+    || die "building image $TEMPLATE failed: $(tail -c 2000 "$STATE/build.ndjson")"
+grep -q '"error"' "$STATE/build.ndjson" && die "building image $TEMPLATE: $(grep '"error"' "$STATE/build.ndjson")"
+
+export E2B_API_URL="$URL/e2b" E2B_API_KEY="$TOKEN" E2B_SANDBOX_URL="$PROXY" E2B_TEST_TEMPLATE="$TEMPLATE"
+say "E2B Python SDK $("$PY" -c 'import importlib.metadata as m; print(m.version("e2b"))'): $E2B_API_URL, $E2B_SANDBOX_URL"
+timeout --kill-after=10 900 "$PY" -m pytest -q -rs -p no:cacheprovider --durations=5 \
+    "$ROOT/sdk/e2b-compat/test_e2b_python.py"

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates (or updates, when the pins below change) a venv with E2B's UNCHANGED Python SDK
+# at the pinned version, for the E2B compatibility tests (scripts/e2b-test.sh), and
+# prints the venv's python. Lives under ${ZYGOTE_CACHE_DIR:-~/.cache/zygote}/venv/e2b so
+# it is shared across worktrees and never inside the repository.
+set -euo pipefail
+PINS="e2b==2.63.0 pytest==8.3.5"
+CACHE=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}
+VENV="$CACHE/venv/e2b"
+stamp=$(printf '%s' "$PINS" | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.zygote-stamp" 2>/dev/null)" != "$stamp" ]; then
+    echo "e2b-venv: installing $PINS into $VENV" >&2
+    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2
+    # shellcheck disable=SC2086
+    nice -n 19 "$VENV/bin/python" -m pip install -q --disable-pip-version-check $PINS >&2
+    echo "$stamp" >"$VENV/.zygote-stamp"
+fi
+echo "$VENV/bin/python"
