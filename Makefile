@@ -116,7 +116,7 @@ test-cold-path: build guest
 fresh-check:
 	bash scripts/fresh-check.sh
 
-test: lint test-cold-path test-rust test-api test-fuzz test-sdk test-kvm-nested-smoke test-k8s
+test: lint test-cold-path test-rust test-api test-fuzz test-sdk test-e2b test-kvm-nested-smoke test-k8s
 	$(PHASE) done
 
 demo: build guest
