@@ -212,14 +212,8 @@ impl Envd {
             ));
         };
         if form != procedure.form() {
-            let wanted = match procedure.form() {
-                Form::Stream => "a server-streaming procedure: application/connect+json",
-                Form::Unary => "a unary procedure: application/json",
-            };
-            return fail(ConnectError::new(
-                Code::InvalidArgument,
-                format!("{name} is {wanted}"),
-            ));
+            // connect-go takes only its procedure's own form (unary or stream): 415.
+            return connect::unsupported_media_type();
         }
         let headers: HeaderMap = req.headers().clone();
         let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await

@@ -104,11 +104,17 @@ struct ProcessConfig {
 
 /// A daemon error about `pid`, as envd names a missing or ended process.
 pub fn pid_error(pid: u32, e: &Error) -> ConnectError {
-    match e.status_code().1 {
-        "guest_not_found" | "process_exited" => {
-            ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+    let gone = matches!(
+        e,
+        Error::NotFound {
+            what: "process",
+            ..
         }
-        _ => ConnectError::from_zygote(e),
+    ) || matches!(e.status_code().1, "guest_not_found" | "process_exited");
+    if gone {
+        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+    } else {
+        ConnectError::from_zygote(e)
     }
 }
 
