@@ -1,4 +1,4 @@
-"""E2B's Python SDK, unchanged (e2b==2.63.0), against zygote (issue 35, slice 1).
+"""E2B's Python SDK, unchanged (e2b==2.63.0), against zygote (issue 35, slices 1-2).
 
 Run by scripts/e2b-test.sh, which starts a private zygoted and sets E2B_API_URL
 (http://127.0.0.1:<api>/e2b), E2B_API_KEY (the daemon token), E2B_SANDBOX_URL
@@ -9,7 +9,7 @@ import os
 
 import pytest
 from e2b import Sandbox
-from e2b.exceptions import AuthenticationException, FileNotFoundException
+from e2b.exceptions import AuthenticationException, FileNotFoundException, NotFoundException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
 TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
@@ -67,3 +67,52 @@ def test_get_info_connect_and_kill():
 def test_a_wrong_api_key_is_refused():
     with pytest.raises(AuthenticationException):
         Sandbox.create(template=TEMPLATE, api_key="e2b_wrong")
+
+
+def test_background_command_is_listed_then_killed(sbx):
+    h = sbx.commands.run("sleep 30", background=True)
+    assert h.pid > 0
+    listed = {p.pid: p for p in sbx.commands.list()}
+    assert h.pid in listed, listed
+    assert listed[h.pid].cmd == "/bin/bash"
+    assert "sleep 30" in listed[h.pid].args
+    assert sbx.commands.kill(h.pid) is True
+    with pytest.raises(CommandExitException) as e:
+        h.wait()
+    assert e.value.exit_code == -1
+    assert h.pid not in {p.pid for p in sbx.commands.list()}
+    assert sbx.commands.kill(h.pid) is False, "a gone pid is not found"
+    assert sbx.commands.kill(999999) is False
+
+
+def test_send_stdin_then_close_it(sbx):
+    h = sbx.commands.run("read line; echo got:$line; cat", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "data\n")
+    h.send_stdin("more")
+    h.close_stdin()
+    r = h.wait()
+    assert r.exit_code == 0
+    assert r.stdout == "got:data\nmore"
+
+
+def test_handle_kill_ends_wait(sbx):
+    h = sbx.commands.run("sleep 30", background=True)
+    assert h.kill() is True
+    with pytest.raises(CommandExitException):
+        h.wait()
+    assert h.kill() is False
+
+
+def test_connect_to_a_running_command_sees_its_new_output(sbx):
+    h = sbx.commands.run("read x; echo after:$x", background=True, stdin=True)
+    h.disconnect()
+    again = sbx.commands.connect(h.pid)
+    assert again.pid == h.pid
+    sbx.commands.send_stdin(h.pid, "go\n")
+    r = again.wait()
+    assert r.exit_code == 0
+    assert r.stdout == "after:go\n"
+    with pytest.raises(NotFoundException):
+        sbx.commands.connect(999999)
+    with pytest.raises(NotFoundException):
+        sbx.commands.send_stdin(999999, "x")

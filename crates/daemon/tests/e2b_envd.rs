@@ -1,139 +1,20 @@
-//! E2B compatibility (issue 35, slice 1) over raw HTTP: the control plane under `/e2b`
+//! E2B compatibility (issue 35, slices 1-2) over raw HTTP: the control plane under `/e2b`
 //! on the API listener and envd on the port proxy, answering bad input (wrong or
 //! missing key and token, another sandbox's id, unknown procedures, truncated
 //! envelopes) in E2B's shapes while the daemon keeps serving. The unchanged Python SDK
 //! is exercised by scripts/e2b-test.sh.
 mod common;
+#[path = "e2b_envd/process.rs"]
+mod process;
+#[path = "e2b_envd/wire.rs"]
+mod wire;
 
-use std::io::{Read, Write};
 use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use common::{qemu_guest_ready, start_daemon, step, Daemon, Scratch};
-
-/// A whole HTTP/1.1 answer.
-struct Answer {
-    status: u16,
-    head: String,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|_| panic!("not JSON: {} {}", self.status, self.text()))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn content_type(&self) -> String {
-        self.head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-type")
-                    .then(|| v.trim().to_string())
-            })
-            .unwrap_or_default()
-    }
-
-    /// The Connect envelopes of a streamed answer: (flags, JSON).
-    fn envelopes(&self) -> Vec<(u8, Value)> {
-        let mut out = Vec::new();
-        let mut b = &self.body[..];
-        while !b.is_empty() {
-            assert!(b.len() >= 5, "a torn envelope prefix: {b:?}");
-            let len = u32::from_be_bytes([b[1], b[2], b[3], b[4]]) as usize;
-            let msg = serde_json::from_slice(&b[5..5 + len]).expect("envelope JSON");
-            out.push((b[0], msg));
-            b = &b[5 + len..];
-        }
-        out
-    }
-}
-
-/// One request on a fresh connection (`Connection: close`), chunked answers decoded.
-fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    s.write_all(body).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .unwrap_or_else(|| panic!("no header end: {:?}", String::from_utf8_lossy(&raw)));
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut body = raw[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
-    Answer { status, head, body }
-}
-
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = b
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .expect("chunk size line");
-        let size = usize::from_str_radix(std::str::from_utf8(&b[..line_end]).unwrap().trim(), 16)
-            .expect("hex chunk size");
-        b = &b[line_end + 2..];
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&b[..size]);
-        b = &b[size + 2..];
-    }
-}
-
-fn hostport(url: &str) -> String {
-    url.trim_start_matches("http://")
-        .trim_end_matches('/')
-        .to_string()
-}
-
-/// The proxy's address, from `GET /v1/info`.
-fn proxy_addr(d: &Daemon) -> String {
-    let token = format!("Bearer {}", d.token());
-    let info = http(
-        &hostport(&d.url),
-        "GET",
-        "/v1/info",
-        &[("Authorization", &token)],
-        b"",
-    );
-    hostport(
-        info.json()["proxy"]["url"]
-            .as_str()
-            .expect("the proxy runs"),
-    )
-}
-
-fn envelope(json: &Value) -> Vec<u8> {
-    let bytes = serde_json::to_vec(json).unwrap();
-    let mut out = vec![0u8];
-    out.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-    out.extend_from_slice(&bytes);
-    out
-}
+use common::{qemu_guest_ready, start_daemon, step, Scratch};
+use wire::{envelope, hostport, http, proxy_addr};
 
 const INVALID_KEY: &str =
     "Invalid API key, please visit https://e2b.dev/docs/api-key for more information.";
@@ -326,7 +207,7 @@ fn e2b_envd_runs_commands_moves_files_and_refuses_bad_input() {
     let a = rpc(
         &a_id,
         &a_tok,
-        "/process.Process/List",
+        "/process.Process/Update",
         "application/json",
         b"{}",
     );

@@ -170,6 +170,16 @@ pub fn message<T: Serialize>(message: &T) -> Bytes {
     envelope(0, message)
 }
 
+/// A unary call's answer: 200 with the bare response message.
+pub fn unary_ok<T: Serialize>(message: &T) -> Response {
+    let mut resp = (StatusCode::OK, axum::Json(message)).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(UNARY_CONTENT_TYPE),
+    );
+    resp
+}
+
 /// The end-stream envelope of a stream that succeeded.
 pub fn end_stream_ok() -> Bytes {
     envelope(FLAG_END_STREAM, &serde_json::json!({}))

@@ -19,6 +19,7 @@
 mod connect;
 mod files;
 mod process;
+mod process_ctl;
 
 use std::sync::Arc;
 
@@ -41,14 +42,9 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 16] = [
-    "/process.Process/List",
-    "/process.Process/Connect",
+const NOT_YET: [&str; 11] = [
     "/process.Process/Update",
     "/process.Process/StreamInput",
-    "/process.Process/SendInput",
-    "/process.Process/SendSignal",
-    "/process.Process/CloseStdin",
     "/filesystem.Filesystem/Stat",
     "/filesystem.Filesystem/MakeDir",
     "/filesystem.Filesystem/Move",
@@ -189,19 +185,18 @@ impl Envd {
         match (req.method().clone(), path.as_str()) {
             (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
             (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
-            (Method::POST, "/process.Process/Start") => {
-                Ok(self.rpc(&id, req, Form::Stream, true).await)
-            }
-            (Method::POST, p) if NOT_YET.contains(&p) => {
-                Ok(self.rpc(&id, req, Form::Unary, false).await)
-            }
+            (Method::POST, p) => match Procedure::of(p) {
+                Some(procedure) => Ok(self.rpc(&id, req, Some(procedure)).await),
+                None if NOT_YET.contains(&p) => Ok(self.rpc(&id, req, None).await),
+                None => Err(EnvdError::NoRoute),
+            },
             _ => Err(EnvdError::NoRoute),
         }
     }
 
-    /// A Connect call: the content type is checked, the body read (bounded), then
-    /// `Start` is served, anything else answered `unimplemented`.
-    async fn rpc(&self, id: &str, req: Request, expected: Form, served: bool) -> Response {
+    /// A Connect call: the content type is checked, the body read (bounded), then the
+    /// procedure served; one envd has and zygote not yet (`None`) is `unimplemented`.
+    async fn rpc(&self, id: &str, req: Request, procedure: Option<Procedure>) -> Response {
         let Some(form) = connect::form(req.headers()) else {
             return connect::unsupported_media_type();
         };
@@ -209,18 +204,16 @@ impl Envd {
             Form::Stream => e.stream_response(),
             Form::Unary => e.unary_response(),
         };
-        if !served {
-            let name = req.uri().path().trim_start_matches('/').to_string();
+        let name = req.uri().path().trim_start_matches('/').to_string();
+        let Some(procedure) = procedure else {
             return fail(ConnectError::new(
                 Code::Unimplemented,
                 format!("zygote's envd does not implement {name} yet"),
             ));
-        }
-        if form != expected {
-            return fail(ConnectError::new(
-                Code::InvalidArgument,
-                "a server-streaming procedure takes application/connect+json",
-            ));
+        };
+        if form != procedure.form() {
+            // connect-go takes only its procedure's own form (unary or stream): 415.
+            return connect::unsupported_media_type();
         }
         let headers: HeaderMap = req.headers().clone();
         let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await
@@ -228,7 +221,46 @@ impl Envd {
             Ok((_, body)) => body,
             Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
         };
-        process::start(&self.manager, id, &headers, &body).await
+        match procedure {
+            Procedure::Start => process::start(&self.manager, id, &headers, &body).await,
+            Procedure::Connect => process::connect(&self.manager, id, &headers, &body).await,
+            Procedure::Unary(unary) => {
+                match process_ctl::serve(&self.manager, id, unary, &body).await {
+                    Ok(answer) => connect::unary_ok(&answer),
+                    Err(e) => e.unary_response(),
+                }
+            }
+        }
+    }
+}
+
+/// A Connect procedure zygote's envd serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Procedure {
+    Start,
+    Connect,
+    Unary(process_ctl::Unary),
+}
+
+impl Procedure {
+    fn of(path: &str) -> Option<Procedure> {
+        use process_ctl::Unary as U;
+        Some(match path {
+            "/process.Process/Start" => Procedure::Start,
+            "/process.Process/Connect" => Procedure::Connect,
+            "/process.Process/List" => Procedure::Unary(U::List),
+            "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
+            "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
+            "/process.Process/CloseStdin" => Procedure::Unary(U::CloseStdin),
+            _ => return None,
+        })
+    }
+
+    fn form(self) -> Form {
+        match self {
+            Procedure::Start | Procedure::Connect => Form::Stream,
+            Procedure::Unary(_) => Form::Unary,
+        }
     }
 }
 

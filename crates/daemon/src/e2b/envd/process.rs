@@ -1,5 +1,7 @@
-//! envd's `process.Process/Start`: a program started through the agent's `spawn` and
-//! followed as E2B's event stream (`start`, `data`*, `end`).
+//! envd's streaming `process.Process` procedures: `Start`, a program started through
+//! the agent's `spawn` and followed as E2B's event stream (`start`, `data`*, `end`),
+//! and `Connect`, the same stream for a process that already runs, from its current
+//! output on (no replay, as envd).
 //!
 //! Spawn, not exec: an E2B process outlives the request that started it (a client that
 //! goes away does not kill it, as with envd), and it lives in the agent, so it survives
@@ -11,6 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -20,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::connect::{self, Code, ConnectError};
+use super::process_ctl::{pid_error, ProcessSelector};
 use crate::manager::Manager;
 use crate::model::{ExecEvent, ExecRequest, StdinRequest};
 
@@ -186,26 +191,103 @@ async fn start_stream(
         .follow_process(id, pid, 0)
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
+    // The agent bounds the program by the timeout; the stream ends with its end.
+    Ok(event_stream(pid, events, keepalive_interval(headers), None))
+}
+
+/// `ConnectRequest`: `{"process": ProcessSelector}`.
+#[derive(Debug, Deserialize)]
+struct ConnectRequest {
+    process: ProcessSelector,
+}
+
+/// Serves `Connect` for sandbox `id`: `start`, then the output printed from now on and
+/// the end. `connect-timeout-ms` bounds the stream only; the process keeps running.
+pub async fn connect(
+    manager: &Arc<Manager>,
+    id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    match connect_stream(manager, id, headers, body).await {
+        Ok(resp) => resp,
+        Err(e) => e.stream_response(),
+    }
+}
+
+async fn connect_stream(
+    manager: &Arc<Manager>,
+    id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
+    let json = connect::single_message(body)?;
+    let req: ConnectRequest = serde_json::from_slice(json)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("ConnectRequest: {e}")))?;
+    let pid = req.process.pid()?;
+    let deadline = connect::timeout_ms(headers)?
+        .filter(|&t| t > 0)
+        .map(|t| Instant::now() + Duration::from_millis(t));
+    let process = manager
+        .process(id, pid)
+        .await
+        .map_err(|e| pid_error(pid, &e))?;
+    let events = manager
+        .follow_process(id, pid, process.output_bytes)
+        .await
+        .map_err(|e| pid_error(pid, &e))?;
+    Ok(event_stream(
+        pid,
+        events,
+        keepalive_interval(headers),
+        deadline,
+    ))
+}
+
+/// The streamed answer: `start`, then the follower's events.
+fn event_stream(
+    pid: u32,
+    events: mpsc::Receiver<ExecEvent>,
+    keepalive: Duration,
+    deadline: Option<Instant>,
+) -> Response {
     let first = connect::message(&StartResponse {
         event: ProcessEvent::Start { pid },
     });
-    let rest = envelopes(events, keepalive_interval(headers));
+    let rest = envelopes(events, keepalive, deadline);
     let stream = futures_util::stream::once(async move { first })
         .chain(rest)
         .map(Ok::<Bytes, std::convert::Infallible>);
-    Ok(connect::stream_response(Body::from_stream(stream)))
+    connect::stream_response(Body::from_stream(stream))
 }
 
-/// The follower's events as envelopes, ending with the end-stream one.
+/// The follower's events as envelopes, ending with the end-stream one (or with
+/// `deadline_exceeded` at `deadline`, leaving the process alone).
 fn envelopes(
     mut events: mpsc::Receiver<ExecEvent>,
     keepalive: Duration,
+    deadline: Option<Instant>,
 ) -> impl futures_util::Stream<Item = Bytes> {
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     tokio::spawn(async move {
+        let past_deadline = async move {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(past_deadline);
         loop {
             let event = tokio::select! {
                 e = events.recv() => e,
+                _ = &mut past_deadline => {
+                    let late = ConnectError::new(
+                        Code::DeadlineExceeded,
+                        "the stream reached its timeout (connect-timeout-ms); the process runs on",
+                    );
+                    let _ = tx.send(late.end_stream()).await;
+                    return;
+                }
                 _ = tokio::time::sleep(keepalive) => {
                     let ping = StartResponse { event: ProcessEvent::Keepalive {} };
                     if tx.send(connect::message(&ping)).await.is_err() {
