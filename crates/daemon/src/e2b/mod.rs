@@ -18,6 +18,8 @@
 //! the daemon token: no table holds secrets, a daemon restart keeps every token valid,
 //! and sandbox A's token never opens sandbox B. The token is checked on every envd
 //! request except `/health` and never forwarded into a guest.
+//!
+//! Wire facts (with their sources in E2B's SDKs and specs) and the plan: `DESIGN.md`.
 pub mod control;
 pub mod envd;
 mod model;
