@@ -12,7 +12,7 @@ if [ "$(cat "$VENV/.zygote-stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "e2b-venv: installing $PINS into $VENV" >&2
     [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV" >&2
     # shellcheck disable=SC2086
-    nice -n 19 "$VENV/bin/python" -m pip install -q --disable-pip-version-check $PINS >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check $PINS >&2
     echo "$stamp" >"$VENV/.zygote-stamp"
 fi
 echo "$VENV/bin/python"
