@@ -50,6 +50,12 @@ pub enum ClientError {
     },
     #[error("unexpected answer from zygoted: {0}")]
     Decode(String),
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClientError {
@@ -166,10 +172,14 @@ impl Client {
         }
     }
 
-    /// A new HTTP/1 connection to the daemon (upgradable, for WebSockets).
-    async fn open(
-        &self,
-    ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, ClientError> {
+    /// A new HTTP/1 connection to the daemon (upgradable, for WebSockets) sending bodies
+    /// of type `B`.
+    async fn open<B>(&self) -> Result<hyper::client::conn::http1::SendRequest<B>, ClientError>
+    where
+        B: hyper::body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let io = self.connect().await?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
         tokio::spawn(async move {
@@ -243,6 +253,57 @@ impl Client {
         body: Option<(Bytes, &str)>,
     ) -> Result<Bytes, ClientError> {
         let resp = self.send(method, path, body).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        check(status, &bytes)?;
+        Ok(bytes)
+    }
+
+    /// Sends the file at `file` as the body of a request to `path`, read while it is sent
+    /// (a snapshot pack may be larger than memory) with its length announced up front;
+    /// `on_bytes` gets the running total. Reads the whole answer like [`Client::raw`].
+    pub async fn upload(
+        &self,
+        method: Method,
+        path: &str,
+        file: &Path,
+        ctype: &str,
+        on_bytes: impl FnMut(u64) + Send + 'static,
+    ) -> Result<Bytes, ClientError> {
+        use futures_util::StreamExt;
+        use tokio::io::AsyncReadExt;
+        let shown = file.display().to_string();
+        let read_err = |source| ClientError::Read {
+            path: shown.clone(),
+            source,
+        };
+        let f = tokio::fs::File::open(file).await.map_err(read_err)?;
+        let len = f.metadata().await.map_err(read_err)?.len();
+        // One chunk at a time; an error ends the body (the daemon then sees it short).
+        let chunks = futures_util::stream::unfold(Some((f, 0u64, on_bytes)), |state| async move {
+            let (mut f, total, mut on_bytes) = state?;
+            let mut buf = vec![0u8; 256 << 10];
+            match f.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    let total = total + n as u64;
+                    on_bytes(total);
+                    let frame = hyper::body::Frame::data(Bytes::from(buf));
+                    Some((Ok(frame), Some((f, total, on_bytes))))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed();
+        let mut sender = self.open().await?;
+        let req = self
+            .request(method, path)
+            .header(hyper::header::CONTENT_TYPE, ctype)
+            .header(hyper::header::CONTENT_LENGTH, len)
+            .body(http_body_util::StreamBody::new(chunks))
+            .map_err(|e| ClientError::Decode(e.to_string()))?;
+        let resp = sender.send_request(req).await?;
         let status = resp.status();
         let bytes = resp.into_body().collect().await?.to_bytes();
         check(status, &bytes)?;

@@ -112,8 +112,6 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
             api,
         } => {
             let client = api.client()?;
-            let bytes =
-                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let mut path = "/v1/snapshots/import".to_string();
             if let Some(n) = &name {
                 path.push_str(&format!(
@@ -121,11 +119,9 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
                     form_urlencoded::byte_serialize(n.as_bytes()).collect::<String>()
                 ));
             }
-            let answer = block_on(client.raw(
-                Method::POST,
-                &path,
-                Some((bytes.into(), "application/x-tar")),
-            ))?;
+            // Streamed from the file: a pack can be larger than this machine's memory.
+            let answer =
+                block_on(client.upload(Method::POST, &path, &file, "application/x-tar", |_| {}))?;
             let snap: Snapshot = serde_json::from_slice(&answer)?;
             report(&snap, json)
         }
