@@ -252,45 +252,36 @@ impl Client {
         path: &str,
         body: Option<(Bytes, &str)>,
     ) -> Result<Bytes, ClientError> {
-        let resp = self.send(method, path, body).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        check(status, &bytes)?;
-        Ok(bytes)
+        whole_answer(self.send(method, path, body).await?).await
     }
 
     /// Sends the file at `file` as the body of a request to `path`, read while it is sent
-    /// (a snapshot pack may be larger than memory) with its length announced up front;
-    /// `on_bytes` gets the running total. Reads the whole answer like [`Client::raw`].
+    /// (a snapshot pack may be larger than memory) with its length announced up front.
+    /// Reads the whole answer like [`Client::raw`].
     pub async fn upload(
         &self,
         method: Method,
         path: &str,
         file: &Path,
         ctype: &str,
-        on_bytes: impl FnMut(u64) + Send + 'static,
     ) -> Result<Bytes, ClientError> {
         use futures_util::StreamExt;
         use tokio::io::AsyncReadExt;
-        let shown = file.display().to_string();
         let read_err = |source| ClientError::Read {
-            path: shown.clone(),
+            path: file.display().to_string(),
             source,
         };
         let f = tokio::fs::File::open(file).await.map_err(read_err)?;
         let len = f.metadata().await.map_err(read_err)?.len();
         // One chunk at a time; an error ends the body (the daemon then sees it short).
-        let chunks = futures_util::stream::unfold(Some((f, 0u64, on_bytes)), |state| async move {
-            let (mut f, total, mut on_bytes) = state?;
+        let chunks = futures_util::stream::unfold(Some(f), |f| async move {
+            let mut f = f?;
             let mut buf = vec![0u8; 256 << 10];
             match f.read(&mut buf).await {
                 Ok(0) => None,
                 Ok(n) => {
                     buf.truncate(n);
-                    let total = total + n as u64;
-                    on_bytes(total);
-                    let frame = hyper::body::Frame::data(Bytes::from(buf));
-                    Some((Ok(frame), Some((f, total, on_bytes))))
+                    Some((Ok(hyper::body::Frame::data(Bytes::from(buf))), Some(f)))
                 }
                 Err(e) => Some((Err(e), None)),
             }
@@ -303,11 +294,7 @@ impl Client {
             .header(hyper::header::CONTENT_LENGTH, len)
             .body(http_body_util::StreamBody::new(chunks))
             .map_err(|e| ClientError::Decode(e.to_string()))?;
-        let resp = sender.send_request(req).await?;
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        check(status, &bytes)?;
-        Ok(bytes)
+        whole_answer(sender.send_request(req).await?).await
     }
 
     /// A GET whose body goes to `out` as it arrives (a snapshot pack); `on_bytes` gets
@@ -398,6 +385,14 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// The whole body of `resp`; an error status becomes its [`ClientError::Api`].
+async fn whole_answer(resp: Response<Incoming>) -> Result<Bytes, ClientError> {
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await?.to_bytes();
+    check(status, &bytes)?;
+    Ok(bytes)
 }
 
 fn check(status: StatusCode, bytes: &[u8]) -> Result<(), ClientError> {

@@ -120,8 +120,7 @@ pub fn run(cmd: PackCommand) -> anyhow::Result<i32> {
                 ));
             }
             // Streamed from the file: a pack can be larger than this machine's memory.
-            let answer =
-                block_on(client.upload(Method::POST, &path, &file, "application/x-tar", |_| {}))?;
+            let answer = block_on(client.upload(Method::POST, &path, &file, "application/x-tar"))?;
             let snap: Snapshot = serde_json::from_slice(&answer)?;
             report(&snap, json)
         }
