@@ -331,9 +331,5 @@ pub fn mount_tmpfs(dir: &Path, size_mib: u64) -> Result<Mounted, String> {
 
 /// Free bytes for unprivileged writers on the filesystem holding `dir`.
 pub fn free_bytes(dir: &Path) -> u64 {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    assert_eq!(unsafe { libc::statvfs(c.as_ptr(), &mut st) }, 0);
-    st.f_bavail as u64 * st.f_frsize as u64
+    zygote_images::space::free_bytes(dir).expect("statvfs of a test directory")
 }
