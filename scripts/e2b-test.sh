@@ -11,6 +11,7 @@
 #
 #   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
 #   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (python)
+#   extra arguments               go to pytest (default: every sdk/e2b-compat/test_e2b_*.py)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -69,5 +70,5 @@ grep -q '"error"' "$STATE/build.ndjson" && die "building image $TEMPLATE: $(grep
 
 export E2B_API_URL="$URL/e2b" E2B_API_KEY="$TOKEN" E2B_SANDBOX_URL="$PROXY" E2B_TEST_TEMPLATE="$TEMPLATE"
 say "E2B Python SDK $("$PY" -c 'import importlib.metadata as m; print(m.version("e2b"))'): $E2B_API_URL, $E2B_SANDBOX_URL"
-timeout --kill-after=10 900 "$PY" -m pytest -q -rs -p no:cacheprovider --durations=5 \
-    "$ROOT/sdk/e2b-compat/test_e2b_python.py"
+[ $# -gt 0 ] || set -- "$ROOT"/sdk/e2b-compat/test_e2b_*.py
+timeout --kill-after=10 1800 "$PY" -m pytest -q -rs -p no:cacheprovider --durations=5 "$@"
