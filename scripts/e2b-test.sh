@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# E2B compatibility (issue 35): E2B's UNCHANGED Python SDK (e2b==2.63.0, in a venv made by
-# scripts/e2b-venv.sh) against a private zygoted on loopback, through the three variables
+# E2B compatibility (issue 35): E2B's UNCHANGED SDKs — Python e2b==2.63.0 (a venv made by
+# scripts/e2b-venv.sh) and npm e2b@2.51.0 (sdk/e2b-compat/js, node from
+# scripts/e2b-node.sh) — against a private zygoted on loopback, through the three variables
 # a user sets:
 #   E2B_API_URL=http://127.0.0.1:<api port>/e2b  E2B_API_KEY=<daemon token>
 #   E2B_SANDBOX_URL=http://127.0.0.1:<proxy port>
@@ -11,7 +12,8 @@
 #
 #   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
 #   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (python)
-#   extra arguments               go to pytest (default: every sdk/e2b-compat/test_e2b_*.py)
+#   extra arguments               go to pytest, and only pytest runs (default: every
+#                                 sdk/e2b-compat/test_e2b_*.py, then the JS suite)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +30,10 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
 fi
 
 PY=$(bash "$ROOT/scripts/e2b-venv.sh") || die "setting up the E2B SDK venv failed"
+NODE=""
+if [ $# -eq 0 ]; then
+    NODE=$(bash "$ROOT/scripts/e2b-node.sh") || die "setting up E2B's JS SDK failed"
+fi
 TEMPLATE=${E2B_TEST_TEMPLATE:-python}
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-e2b-test.XXXXXX")
@@ -71,4 +77,12 @@ grep -q '"error"' "$STATE/build.ndjson" && die "building image $TEMPLATE: $(grep
 export E2B_API_URL="$URL/e2b" E2B_API_KEY="$TOKEN" E2B_SANDBOX_URL="$PROXY" E2B_TEST_TEMPLATE="$TEMPLATE"
 say "E2B Python SDK $("$PY" -c 'import importlib.metadata as m; print(m.version("e2b"))'): $E2B_API_URL, $E2B_SANDBOX_URL"
 [ $# -gt 0 ] || set -- "$ROOT"/sdk/e2b-compat/test_e2b_*.py
-timeout --kill-after=10 1800 "$PY" -m pytest -q -rs -p no:cacheprovider --durations=5 "$@"
+FAILED=0
+timeout --kill-after=10 1800 "$PY" -m pytest -q -rs -p no:cacheprovider --durations=5 "$@" || FAILED=1
+if [ -n "$NODE" ]; then
+    JS="$ROOT/sdk/e2b-compat/js"
+    say "E2B JS SDK $("$NODE" -p "require('$JS/node_modules/e2b/package.json').version") on node $("$NODE" --version)"
+    (cd "$JS" && timeout --kill-after=10 900 "$NODE" --test --test-reporter=spec --test-concurrency=1 ./*.test.mjs) \
+        || FAILED=1
+fi
+exit "$FAILED"

@@ -33,6 +33,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   log "Debian packages present"
 fi
+# node + npm for the TypeScript SDK and E2B's JS SDK tests. A host that has them (e.g.
+# a newer node from elsewhere) keeps its own; scripts/e2b-node.sh fetches a node new
+# enough for E2B's SDK when this one (Debian 12: 18) is older.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  log "installing Debian packages: nodejs npm"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends nodejs npm
+fi
 
 if ! command -v rustup >/dev/null 2>&1; then
   echo "rustup not found: install Rust with rustup first" >&2

@@ -10,6 +10,7 @@
 //!
 //! `<cache>` is `$ZYGOTE_CACHE_DIR` or `~/.cache/zygote`. Progress is reported
 //! as human-readable lines through a caller-supplied callback.
+pub mod accounts;
 mod agent;
 mod debootstrap;
 mod error;

@@ -14,6 +14,7 @@
 //! SIZE_MIB=1024               # ext4 size (sparse file)
 //! HOSTNAME=zygote             # optional
 //! FILES="files/motd:/etc/motd"  # extra files, src (relative to the recipe) : guest path
+//! USERS="user"                # login accounts (uid 1000, 1001, ...; see accounts.rs)
 //! ```
 //!
 //! Values are either bare words or quoted with `"` or `'`; `$`, backquotes and
@@ -22,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::accounts::{valid_user_name, MAX_USERS};
 use crate::error::{ImageError, IoContext, Result};
 use crate::paths::recipe_dirs;
 
@@ -58,6 +60,8 @@ pub struct Recipe {
     pub base: Base,
     pub size_mib: u64,
     pub hostname: String,
+    /// Login accounts to add (`USERS`), in uid order.
+    pub users: Vec<String>,
     pub files: Vec<ExtraFile>,
 }
 
@@ -71,6 +75,7 @@ const KEYS: &[&str] = &[
     "SIZE_MIB",
     "HOSTNAME",
     "FILES",
+    "USERS",
 ];
 
 /// Image names double as file-name prefixes: keep them boring.
@@ -243,6 +248,23 @@ pub fn parse_recipe(name: &str, path: &Path, text: &str) -> Result<Recipe> {
             dest: dest.to_string(),
         });
     }
+    let users: Vec<String> = take("USERS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if users.len() > MAX_USERS {
+        return Err(invalid(format!(
+            "USERS names more than {MAX_USERS} accounts"
+        )));
+    }
+    for (i, user) in users.iter().enumerate() {
+        if !valid_user_name(user) || users[..i].contains(user) || user == "root" {
+            return Err(invalid(format!(
+                "USERS entry {user:?} must be a new lowercase account name, each once"
+            )));
+        }
+    }
     Ok(Recipe {
         name: name.to_string(),
         path: path.to_path_buf(),
@@ -251,6 +273,7 @@ pub fn parse_recipe(name: &str, path: &Path, text: &str) -> Result<Recipe> {
         base,
         size_mib,
         hostname,
+        users,
         files,
     })
 }
@@ -404,6 +427,10 @@ mod tests {
             ("BASE=busybox\nSIZE_MIB=64\nFILES=a:/etc/../x\n", "absolute"),
             ("BASE=busybox\nSIZE_MIB=64\nFILES=a\n", "SRC:DEST"),
             ("BASE=busybox\nSIZE_MIB=64\nHOSTNAME=a.b\n", "HOSTNAME"),
+            ("BASE=busybox\nSIZE_MIB=64\nUSERS=\"Bob\"\n", "USERS entry"),
+            ("BASE=busybox\nSIZE_MIB=64\nUSERS=\"a a\"\n", "USERS entry"),
+            ("BASE=busybox\nSIZE_MIB=64\nUSERS=root\n", "USERS entry"),
+            ("BASE=busybox\nSIZE_MIB=64\nUSERS=\"a:0\"\n", "USERS entry"),
         ];
         for (text, want) in cases {
             match parse(text) {

@@ -138,6 +138,7 @@ fn add_recipe_files(root: &Path, recipe: &Recipe) -> Result<()> {
         let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
         put_file(root, &file.dest, &data, mode)?;
     }
+    crate::accounts::add_users(root, &recipe.users)?;
     Ok(())
 }
 
