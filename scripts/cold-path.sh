@@ -7,7 +7,8 @@
 #
 # Steps: `zygote image build minimal`, `zygote run -- true`, then a daemon on its
 # default state directory: create, exec, branch, snapshot, pack export and import, a
-# sandbox from the imported snapshot, rm. About half a minute.
+# sandbox from the imported snapshot, a sandbox from a user recipe the daemon builds on
+# first use, rm. About half a minute.
 #
 # Needs `make build` (target/release/zygote) and a built guest kernel (make guest).
 set -euo pipefail
@@ -89,5 +90,12 @@ restored=$("$ZYGOTE" create --snapshot "$imported" --json | field 'd["sandboxes"
     die "zygote create --snapshot failed"
 [ "$("$ZYGOTE" exec "$restored" -- cat /root/mark)" = "cold-42" ] ||
     die "the sandbox from the imported snapshot lacks the snapshot's file"
-"$ZYGOTE" rm "$id" "$child" "$restored" >/dev/null || die "zygote rm failed"
+say "create --image <a recipe not built yet>: the daemon builds it on first use"
+mkdir -p "$HOME/.config/zygote/recipes"
+printf 'DESCRIPTION="cold-path: built by the first create that names it"\nBASE=busybox\nSIZE_MIB=64\n' \
+    >"$HOME/.config/zygote/recipes/firstuse.recipe"
+fresh=$("$ZYGOTE" create --image firstuse --json | field 'd["sandboxes"][0]["id"]') ||
+    die "zygote create --image firstuse did not build the recipe on first use"
+[ "$("$ZYGOTE" exec "$fresh" -- echo built)" = "built" ] || die "the first-use image does not run"
+"$ZYGOTE" rm "$id" "$child" "$restored" "$fresh" >/dev/null || die "zygote rm failed"
 say "ok: image build, run, and a daemon's create/exec/branch/snapshot/pack/rm work from an empty HOME"

@@ -5,13 +5,13 @@
 # a user sets:
 #   E2B_API_URL=http://127.0.0.1:<api port>/e2b  E2B_API_KEY=<daemon token>
 #   E2B_SANDBOX_URL=http://127.0.0.1:<proxy port>
-# The SDK runs commands as `/bin/bash -l -c`, so the sandboxes use the `python` image
-# (Debian minbase: bash), built on first use from its recipe (seconds when the
+# The sandboxes use E2B's default template `base` (guest/rootfs/recipes/base.recipe: bash,
+# python3, node, git, curl, user `user`), built first from its recipe (seconds when the
 # debootstrap tree is cached in ~/.cache/zygote/debootstrap). Needs target/release/zygoted
 # and the guest kernel; skips (exit 0, with the reason) without qemu-system-x86_64.
 #
 #   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
-#   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (python)
+#   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (base, E2B's default)
 #   extra arguments               go to pytest, and only pytest runs (default: every
 #                                 sdk/e2b-compat/test_e2b_*.py, then the JS suite)
 set -uo pipefail
@@ -34,7 +34,7 @@ NODE=""
 if [ $# -eq 0 ]; then
     NODE=$(bash "$ROOT/scripts/e2b-node.sh") || die "setting up E2B's JS SDK failed"
 fi
-TEMPLATE=${E2B_TEST_TEMPLATE:-python}
+TEMPLATE=${E2B_TEST_TEMPLATE:-base}
 
 STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-e2b-test.XXXXXX")
 DAEMON_PID=""

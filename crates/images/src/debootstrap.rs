@@ -2,7 +2,12 @@
 //! the tree is kept under `<cache>/debootstrap/<key>/rootfs` so rebuilding an
 //! image (new agent, new extra files) only repacks it.
 //!
-//! The key covers suite, variant, package list, mirror and architecture. It
+//! Packages that debootstrap's own dependency resolver cannot install (it follows
+//! neither virtual packages nor alternatives: Debian's `npm` is one) are installed
+//! afterwards by the tree's own apt-get in a chroot, the way debootstrap's second stage
+//! runs the tree's maintainer scripts: Debian's signed packages, on the build host.
+//!
+//! The key covers suite, variant, package lists, mirror and architecture. It
 //! does not cover the mirror's contents changing over time: delete the
 //! directory (or pass `refresh_base`) to pick up newer packages.
 use std::path::{Path, PathBuf};
@@ -20,24 +25,31 @@ pub(crate) struct TreeSpec<'a> {
     pub suite: &'a str,
     pub variant: &'a str,
     pub packages: &'a [String],
+    /// Installed by apt-get in the tree after debootstrap.
+    pub apt_packages: &'a [String],
     pub mirror: &'a str,
 }
 
 impl TreeSpec<'_> {
     pub fn key(&self) -> String {
-        let mut packages = self.packages.to_vec();
-        packages.sort();
-        packages.dedup();
-        crate::sha256_hex(
-            format!(
-                "{TREE_FORMAT}\nsuite={}\nvariant={}\npackages={}\nmirror={}\narch=amd64\n",
-                self.suite,
-                self.variant,
-                packages.join(","),
-                self.mirror
-            )
-            .as_bytes(),
-        )
+        let sorted = |list: &[String]| {
+            let mut list = list.to_vec();
+            list.sort();
+            list.dedup();
+            list.join(",")
+        };
+        let mut text = format!(
+            "{TREE_FORMAT}\nsuite={}\nvariant={}\npackages={}\nmirror={}\narch=amd64\n",
+            self.suite,
+            self.variant,
+            sorted(self.packages),
+            self.mirror
+        );
+        // Only when present, so the trees of recipes without it keep their keys.
+        if !self.apt_packages.is_empty() {
+            text.push_str(&format!("apt-packages={}\n", sorted(self.apt_packages)));
+        }
+        crate::sha256_hex(text.as_bytes())
     }
 }
 
@@ -82,7 +94,8 @@ pub(crate) fn ensure_tree(spec: &TreeSpec, refresh: bool, progress: Progress) ->
             spec.packages.join(" ")
         }
     ));
-    let result = run_streaming(&mut cmd, "debootstrap", false, progress);
+    let result = run_streaming(&mut cmd, "debootstrap", false, progress)
+        .and_then(|_| apt_install(&tmp.join("rootfs"), spec.apt_packages, progress));
     if let Err(e) = result {
         let _ = remove_tree(&tmp);
         return Err(e);
@@ -93,6 +106,48 @@ pub(crate) fn ensure_tree(spec: &TreeSpec, refresh: bool, progress: Progress) ->
     remove_tree(&dir)?;
     std::fs::rename(&tmp, &dir).ctx(|| format!("moving the tree to {}", dir.display()))?;
     Ok(tree)
+}
+
+/// Installs `packages` with the tree's own apt-get, in a chroot (see the module doc).
+/// The tree's `/etc/resolv.conf` is debootstrap's copy of the host's, so apt resolves
+/// the mirror as the host does.
+fn apt_install(root: &Path, packages: &[String], progress: Progress) -> Result<()> {
+    if packages.is_empty() {
+        return Ok(());
+    }
+    progress(&format!(
+        "apt-get install in the tree: {}",
+        packages.join(" ")
+    ));
+    let apt = |args: &[&str]| {
+        let mut cmd = Command::new("chroot");
+        cmd.arg(root)
+            .args(["env", "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"])
+            .args(["apt-get", "-q", "-y", "-o", "Dpkg::Use-Pty=0"])
+            .args(args);
+        cmd
+    };
+    run_streaming(
+        &mut apt(&["update"]),
+        "apt-get update (in the tree)",
+        false,
+        progress,
+    )?;
+    let mut install = apt(&["install", "--no-install-recommends"]);
+    install.args(packages);
+    run_streaming(
+        &mut install,
+        "apt-get install (in the tree)",
+        false,
+        progress,
+    )?;
+    run_streaming(
+        &mut apt(&["clean"]),
+        "apt-get clean (in the tree)",
+        false,
+        progress,
+    )?;
+    Ok(())
 }
 
 /// Drops what an image does not need: downloaded .debs and apt lists are
@@ -234,6 +289,7 @@ mod tests {
                 suite: "bookworm",
                 variant: "minbase",
                 packages,
+                apt_packages: &[],
                 mirror,
             }
             .key()
@@ -246,5 +302,28 @@ mod tests {
         assert_eq!(spec(&a, "http://m"), spec(&b, "http://m"));
         assert_ne!(spec(&a, "http://m"), spec(&c, "http://m"));
         assert_ne!(spec(&a, "http://m"), spec(&a, "http://n"));
+    }
+
+    #[test]
+    fn apt_packages_change_the_key_and_their_absence_keeps_old_keys() {
+        let packages = vec!["python3".to_string()];
+        let npm = vec!["npm".to_string()];
+        let spec = |apt_packages| TreeSpec {
+            suite: "bookworm",
+            variant: "minbase",
+            packages: &packages,
+            apt_packages,
+            mirror: "http://m",
+        };
+        // The key a tree without APT_PACKAGES had before the field existed.
+        let old = crate::sha256_hex(
+            format!(
+                "{TREE_FORMAT}\nsuite=bookworm\nvariant=minbase\npackages=python3\n\
+                 mirror=http://m\narch=amd64\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(spec(&[]).key(), old);
+        assert_ne!(spec(&npm).key(), old);
     }
 }

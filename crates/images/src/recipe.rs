@@ -10,6 +10,7 @@
 //! SUITE=bookworm              # debootstrap only
 //! VARIANT=minbase             # debootstrap only (default minbase)
 //! PACKAGES="python3 python3-numpy"
+//! APT_PACKAGES="npm"          # debootstrap only: installed by apt-get in the tree afterwards
 //! MIRROR=http://deb.debian.org/debian   # optional: default from apt sources
 //! SIZE_MIB=1024               # ext4 size (sparse file)
 //! HOSTNAME=zygote             # optional
@@ -37,6 +38,10 @@ pub enum Base {
         suite: String,
         variant: String,
         packages: Vec<String>,
+        /// Installed by apt-get inside the tree after debootstrap: for packages whose
+        /// dependencies debootstrap's own resolver cannot follow (virtual packages and
+        /// alternatives, e.g. Debian's `npm`).
+        apt_packages: Vec<String>,
         mirror: Option<String>,
     },
 }
@@ -71,6 +76,7 @@ const KEYS: &[&str] = &[
     "SUITE",
     "VARIANT",
     "PACKAGES",
+    "APT_PACKAGES",
     "MIRROR",
     "SIZE_MIB",
     "HOSTNAME",
@@ -171,12 +177,20 @@ pub fn parse_recipe(name: &str, path: &Path, text: &str) -> Result<Recipe> {
     let suite = take("SUITE");
     let variant = take("VARIANT");
     let packages = take("PACKAGES");
+    let apt_packages = take("APT_PACKAGES");
     let mirror = take("MIRROR");
     let base = match base_kind.as_str() {
         "busybox" => {
-            if suite.is_some() || variant.is_some() || packages.is_some() || mirror.is_some() {
+            if suite.is_some()
+                || variant.is_some()
+                || packages.is_some()
+                || apt_packages.is_some()
+                || mirror.is_some()
+            {
                 return Err(invalid(
-                    "SUITE, VARIANT, PACKAGES and MIRROR only apply to BASE=debootstrap".into(),
+                    "SUITE, VARIANT, PACKAGES, APT_PACKAGES and MIRROR only apply to \
+                     BASE=debootstrap"
+                        .into(),
                 ));
             }
             Base::Busybox
@@ -184,17 +198,26 @@ pub fn parse_recipe(name: &str, path: &Path, text: &str) -> Result<Recipe> {
         "debootstrap" => {
             let suite = suite.ok_or_else(|| invalid("BASE=debootstrap needs SUITE=".into()))?;
             let variant = variant.unwrap_or_else(|| "minbase".into());
-            let packages: Vec<String> = packages
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
+            let words = |list: Option<String>| -> Vec<String> {
+                list.unwrap_or_default()
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect()
+            };
+            let packages = words(packages);
+            let apt_packages = words(apt_packages);
+            // Led by a letter or digit: a word is never taken for an option of
+            // debootstrap or apt-get.
             let word_ok = |w: &str| {
-                !w.is_empty()
+                w.starts_with(|c: char| c.is_ascii_alphanumeric())
                     && w.chars()
                         .all(|c| c.is_ascii_alphanumeric() || "+-.:_".contains(c))
             };
-            for word in packages.iter().chain([&suite, &variant]) {
+            for word in packages
+                .iter()
+                .chain(&apt_packages)
+                .chain([&suite, &variant])
+            {
                 if !word_ok(word) {
                     return Err(invalid(format!("invalid suite/variant/package {word:?}")));
                 }
@@ -208,6 +231,7 @@ pub fn parse_recipe(name: &str, path: &Path, text: &str) -> Result<Recipe> {
                 suite,
                 variant,
                 packages,
+                apt_packages,
                 mirror,
             }
         }
@@ -363,6 +387,7 @@ mod tests {
                 suite: "bookworm".into(),
                 variant: "minbase".into(),
                 packages: vec!["python3".into(), "python3-numpy".into()],
+                apt_packages: vec![],
                 mirror: None,
             }
         );
@@ -414,6 +439,18 @@ mod tests {
             ("BASE=busybox\nSIZE_MIB=8\n", "SIZE_MIB must be"),
             ("BASE=busybox\nSIZE_MIB=lots\n", "SIZE_MIB must be"),
             ("BASE=busybox\nSUITE=bookworm\nSIZE_MIB=64\n", "only apply"),
+            (
+                "BASE=busybox\nAPT_PACKAGES=npm\nSIZE_MIB=64\n",
+                "only apply",
+            ),
+            (
+                "BASE=debootstrap\nSUITE=b\nAPT_PACKAGES=\"n;rm\"\nSIZE_MIB=64\n",
+                "package",
+            ),
+            (
+                "BASE=debootstrap\nSUITE=b\nAPT_PACKAGES=\"-oDir=/x\"\nSIZE_MIB=64\n",
+                "package",
+            ),
             ("BASE=debootstrap\nSIZE_MIB=64\n", "needs SUITE"),
             (
                 "BASE=debootstrap\nSUITE=bookworm\nPACKAGES=\"a,b\"\nSIZE_MIB=64\n",

@@ -158,6 +158,7 @@ struct OwnedSpec {
     suite: String,
     variant: String,
     packages: Vec<String>,
+    apt_packages: Vec<String>,
     mirror: String,
 }
 
@@ -167,6 +168,7 @@ impl OwnedSpec {
             suite: &self.suite,
             variant: &self.variant,
             packages: &self.packages,
+            apt_packages: &self.apt_packages,
             mirror: &self.mirror,
         }
     }
@@ -190,6 +192,7 @@ fn resolve_base(recipe: &Recipe) -> Result<ResolvedBase> {
             suite,
             variant,
             packages,
+            apt_packages,
             mirror,
         } => {
             let mirror = match mirror {
@@ -200,6 +203,7 @@ fn resolve_base(recipe: &Recipe) -> Result<ResolvedBase> {
                 suite: suite.clone(),
                 variant: variant.clone(),
                 packages: packages.clone(),
+                apt_packages: apt_packages.clone(),
                 mirror,
             };
             let tree_key = spec.as_spec().key();
