@@ -4,7 +4,8 @@
 # prints the venv's python. Lives under ${ZYGOTE_CACHE_DIR:-~/.cache/zygote}/venv/e2b so
 # it is shared across worktrees and never inside the repository.
 set -euo pipefail
-PINS="e2b==2.63.0 pytest==8.3.5"
+# websockets: zygote's own SDK imports it; bench/e2b_sdk.py runs both SDKs from this venv.
+PINS="e2b==2.63.0 pytest==8.3.5 websockets==15.0.1"
 CACHE=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}
 VENV="$CACHE/venv/e2b"
 stamp=$(printf '%s' "$PINS" | sha256sum | cut -c1-16)
