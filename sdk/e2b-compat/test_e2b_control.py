@@ -150,7 +150,7 @@ def test_fork_children_carry_processes_and_memory_then_diverge():
         assert len(ids) == 2 and parent.sandbox_id not in ids
         for c in children:
             assert c.files.read("/tmp/before-fork.txt") == "from the parent"
-            procs = c.commands.run("grep -l "[c]ounter.py" /proc/[0-9]*/cmdline || true").stdout
+            procs = c.commands.run("grep -l '[c]ounter.py' /proc/[0-9]*/cmdline || true").stdout
             assert procs.strip() != "", "the counter process runs in the child"
             assert bump(c) == 4, "the same process, with the parent's count in memory"
         # Each goes its own way: two more in the first child, none in the second.
