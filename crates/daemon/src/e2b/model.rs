@@ -1,4 +1,4 @@
-//! The JSON bodies of E2B's control plane that slice 1 serves, with the field names of
+//! The JSON bodies of E2B's control plane, with the field names of
 //! E2B's generated clients (their mixed casing included). Unknown fields are ignored, as
 //! E2B's API does: newer SDKs send more than is read here.
 use std::collections::BTreeMap;
@@ -19,6 +19,58 @@ pub struct NewSandbox {
     pub env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// `false`: no outbound traffic (E2B: `denyOut: ["0.0.0.0/0"]`). Snake case on the
+    /// wire, unlike its neighbours.
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+}
+
+/// The egress part of E2B's `SandboxNetworkConfig` (its other fields are not served).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// Reachable even when `denyOut` covers them (E2B: allow wins).
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+}
+
+/// `POST /sandboxes/{id}/timeout`.
+#[derive(Debug, Deserialize)]
+pub struct SetTimeout {
+    pub timeout: i64,
+}
+
+/// `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkSandbox {
+    pub timeout: Option<i64>,
+    pub count: Option<i64>,
+}
+
+/// One entry of the fork answer: the child, or why it did not start.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ForkResult {
+    Sandbox(SandboxAnswer),
+    Error(ErrorBody),
+}
+
+/// `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Default, Deserialize)]
+pub struct NewSnapshot {
+    pub name: Option<String>,
+}
+
+/// E2B's `SnapshotInfo`: the answer of create_snapshot and the items of list_snapshots.
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
 }
 
 /// `POST /v2/sandboxes/{id}/connect`.
@@ -44,10 +96,10 @@ pub struct SandboxAnswer {
     pub domain: Option<String>,
 }
 
-/// `GET /sandboxes/{id}` (E2B's `SandboxDetail`).
+/// A sandbox in `GET /v2/sandboxes` (E2B's `ListedSandbox`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SandboxDetail {
+pub struct ListedSandbox {
     #[serde(rename = "templateID")]
     pub template_id: String,
     #[serde(rename = "sandboxID")]
@@ -57,7 +109,6 @@ pub struct SandboxDetail {
     pub started_at: String,
     pub end_at: String,
     pub envd_version: &'static str,
-    pub envd_access_token: String,
     pub cpu_count: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u32,
@@ -66,11 +117,21 @@ pub struct SandboxDetail {
     /// `running` or `paused`: the only states E2B's SDKs parse.
     pub state: &'static str,
     pub metadata: BTreeMap<String, String>,
+}
+
+/// `GET /sandboxes/{id}` (E2B's `SandboxDetail`): the listed fields and the sandbox's
+/// envd token and domain.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(flatten)]
+    pub listed: ListedSandbox,
+    pub envd_access_token: String,
     pub domain: Option<String>,
 }
 
 /// E2B's error body: `code` is the HTTP status; both fields are required by the SDKs.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ErrorBody {
     pub code: u16,
     pub message: String,

@@ -24,14 +24,15 @@ impl Answer {
     }
 
     pub fn content_type(&self) -> String {
-        self.head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-type")
-                    .then(|| v.trim().to_string())
-            })
-            .unwrap_or_default()
+        self.header("content-type").unwrap_or_default()
+    }
+
+    /// The value of header `name` (any case), if the answer has it.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
     }
 
     /// The Connect envelopes of a streamed answer: (flags, JSON).

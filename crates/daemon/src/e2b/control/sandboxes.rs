@@ -1,0 +1,296 @@
+//! One sandbox's lifecycle the E2B way: create, get_info, kill, connect (resuming a
+//! paused sandbox), set_timeout, pause, update_network.
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ipnet::Ipv4Net;
+
+use super::{answer, domain, e2b_state, json_body, listed, timeout_secs, ControlError};
+use crate::api::AppState;
+use crate::e2b::model::{ConnectSandbox, NetworkConfig, NewSandbox, SandboxDetail, SetTimeout};
+use crate::e2b::EnvdKeys;
+use crate::error::Error;
+use crate::model::{CreateSandboxRequest, SetTtlRequest, TtlAction, MAX_TTL_SECS};
+
+/// `POST /v2/sandboxes`: a sandbox from the image (or snapshot) `templateID` names.
+pub(super) async fn create(
+    State(st): State<AppState>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    let body: NewSandbox = json_body(req).await?;
+    let template = body.template_id.clone();
+    let ttl = timeout_secs(body.timeout)?;
+    let (allow_out, deny_out) = egress(body.allow_internet_access, body.network.as_ref())?;
+    let is_snapshot = st.manager.snapshot_get(&template).is_ok();
+    let request = CreateSandboxRequest {
+        image: (!is_snapshot).then(|| template.clone()),
+        snapshot: is_snapshot.then(|| template.clone()),
+        ttl_secs: Some(ttl),
+        ttl_action: body.auto_pause.unwrap_or(false).then_some(TtlAction::Pause),
+        envs: body.env_vars.filter(|e| !e.is_empty()),
+        metadata: body.metadata.filter(|m| !m.is_empty()),
+        allow_out,
+        deny_out,
+        ..Default::default()
+    };
+    // In tasks of their own, as the REST API's create: a client that goes away does not
+    // cut a create short between its records.
+    let manager = st.manager.clone();
+    let job = tokio::spawn(async move { manager.begin_create(request).await })
+        .await
+        .map_err(|e| Error::Internal(format!("create task failed: {e}")))?
+        .map_err(|e| match e.status_code() {
+            (StatusCode::NOT_FOUND, _) => ControlError::TemplateNotFound(template.clone()),
+            _ => ControlError::Zygote(e),
+        })?;
+    let manager = st.manager.clone();
+    let made = tokio::spawn(manager.finish_create(job, None))
+        .await
+        .map_err(|e| Error::Internal(format!("create task failed: {e}")))??;
+    let sandbox = made
+        .first()
+        .ok_or_else(|| Error::Internal("create made no sandbox".into()))?;
+    Ok((StatusCode::CREATED, Json(answer(&st, sandbox))).into_response())
+}
+
+/// E2B's egress rules as zygote's policy. E2B lets through whatever `allowOut` names
+/// and whatever `denyOut` does not (`allow_internet_access: false` denies
+/// `0.0.0.0/0`); zygote's `allow_out` is a list of the only reachable destinations and
+/// its `deny_out` wins over it. So: everything denied → `allow_out` = E2B's allowOut
+/// (or `deny_out` = everything when there is none);
+/// otherwise `deny_out` = denyOut minus allowOut (split into the CIDRs that remain).
+/// zygote filters by address: a domain name is refused (400), not ignored.
+fn egress(
+    internet: Option<bool>,
+    net: Option<&NetworkConfig>,
+) -> Result<(Option<Vec<String>>, Option<Vec<String>>), ControlError> {
+    let parse = |field: &str, list: Option<&Vec<String>>| -> Result<Vec<Ipv4Net>, ControlError> {
+        list.into_iter()
+            .flatten()
+            .map(|s| {
+                s.parse::<Ipv4Net>()
+                    .or_else(|_| s.parse::<std::net::Ipv4Addr>().map(Ipv4Net::from))
+                    .map_err(|_| {
+                        ControlError::BadRequest(format!(
+                            "{field} entry {s:?} is not an IPv4 address or CIDR: zygote \
+                             filters egress by address, not by domain name"
+                        ))
+                    })
+            })
+            .collect()
+    };
+    let allow = parse("allowOut", net.and_then(|n| n.allow_out.as_ref()))?;
+    let mut deny = parse("denyOut", net.and_then(|n| n.deny_out.as_ref()))?;
+    if internet == Some(false) {
+        deny.push(Ipv4Net::default());
+    }
+    let strings = |v: Vec<Ipv4Net>| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    if deny.iter().any(|d| d.prefix_len() == 0) {
+        return Ok(match allow.is_empty() {
+            true => (None, Some(vec![Ipv4Net::default().to_string()])),
+            false => (Some(strings(allow)), None),
+        });
+    }
+    let mut left = Vec::new();
+    for d in deny {
+        subtract(d, &allow, &mut left);
+    }
+    Ok((None, (!left.is_empty()).then(|| strings(left))))
+}
+
+/// Adds to `out` the parts of `net` that no net of `allow` covers.
+fn subtract(net: Ipv4Net, allow: &[Ipv4Net], out: &mut Vec<Ipv4Net>) {
+    if allow.iter().any(|a| a.contains(&net)) {
+        return;
+    }
+    if !allow.iter().any(|a| net.contains(a)) {
+        out.push(net);
+        return;
+    }
+    // An allowed net lies inside: split in halves (a covered /32 returned above).
+    if let Ok(halves) = net.subnets(net.prefix_len() + 1) {
+        for half in halves {
+            subtract(half, allow, out);
+        }
+    }
+}
+
+/// `GET /sandboxes/{id}` (`Sandbox.get_info`).
+pub(super) async fn get_info(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<SandboxDetail>, ControlError> {
+    let s = st
+        .manager
+        .get(&id)
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    let listed = listed(&s).ok_or_else(|| ControlError::SandboxNotFound(id.clone()))?;
+    Ok(Json(SandboxDetail {
+        listed,
+        envd_access_token: EnvdKeys::new(st.token.clone()).access_token(&s.id),
+        domain: domain(&st),
+    }))
+}
+
+/// `DELETE /sandboxes/{id}` (`Sandbox.kill`): 204, or 404 (the SDK returns False).
+pub(super) async fn kill(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ControlError> {
+    st.manager
+        .delete(&id)
+        .await
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v2/sandboxes/{id}/connect`: 200 for a running sandbox, 201 after resuming a
+/// paused one; a `timeout` only ever extends its deadline (E2B: "TTL is only
+/// extended").
+pub(super) async fn connect(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Response, ControlError> {
+    let body: ConnectSandbox = json_body(req).await?;
+    let wanted = body.timeout.map(|t| timeout_secs(Some(t))).transpose()?;
+    let about = |e| ControlError::about_sandbox(&id, e);
+    let mut s = st.manager.get(&id).map_err(about)?;
+    let mut status = StatusCode::OK;
+    if s.paused_at.is_some() {
+        s = st.manager.resume(&id).await.map_err(about)?;
+        status = StatusCode::CREATED;
+    }
+    if let Some(wanted) = wanted {
+        let left = s
+            .expires_at
+            .map(|e| e.saturating_sub(crate::manager::now()));
+        if left.is_some_and(|l| l < wanted) {
+            let ttl = SetTtlRequest {
+                ttl_secs: Some(wanted),
+                ttl_action: None,
+            };
+            s = st.manager.set_ttl(&id, ttl).await.map_err(about)?;
+        }
+    }
+    Ok((status, Json(answer(&st, &s))).into_response())
+}
+
+/// `POST /sandboxes/{id}/timeout` (`set_timeout`): the deadline becomes now +
+/// `timeout`, shorter or longer than before. As E2B's, a timeout of 0 or less ends the
+/// sandbox now (here: in a second, zygote's shortest TTL) and a longer one than the
+/// longest is cut to it; a paused sandbox is not among the running ones (404).
+pub(super) async fn set_timeout(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<StatusCode, ControlError> {
+    let body: SetTimeout = json_body(req).await?;
+    let about = |e| ControlError::about_sandbox(&id, e);
+    let s = st.manager.get(&id).map_err(about)?;
+    if e2b_state(&s) != Some("running") {
+        return Err(ControlError::SandboxNotFound(id));
+    }
+    let ttl = SetTtlRequest {
+        ttl_secs: Some(body.timeout.clamp(1, MAX_TTL_SECS as i64) as u64),
+        ttl_action: None,
+    };
+    st.manager.set_ttl(&id, ttl).await.map_err(about)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/pause`: 204; 409 when it is paused already (the SDK then
+/// returns False). E2B's `memory: false` (files only) is served as a full pause.
+pub(super) async fn pause(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<StatusCode, ControlError> {
+    let _: serde_json::Map<String, serde_json::Value> = json_body(req).await?;
+    let already =
+        || ControlError::Conflict(format!("Error pausing sandbox - sandbox '{id}' is already paused"));
+    let s = st
+        .manager
+        .get(&id)
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    match e2b_state(&s) {
+        Some("paused") => return Err(already()),
+        None => return Err(ControlError::SandboxNotFound(id)),
+        _ => {}
+    }
+    match st.manager.pause(&id).await {
+        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Err(Error::Paused(_)) => Err(already()),
+        Err(Error::WrongState { state, .. } | Error::NotRunning { state, .. }) => Err(
+            ControlError::Conflict(format!("Sandbox '{id}' cannot be paused while in '{state}' state")),
+        ),
+        Err(e) => Err(ControlError::about_sandbox(&id, e)),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network` (`update_network`): zygote's network policy is fixed
+/// when the sandbox's namespace is made, so a live change is refused (501) rather
+/// than faked; the rules are given at create.
+pub(super) async fn update_network(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<StatusCode, ControlError> {
+    let _: serde_json::Map<String, serde_json::Value> = json_body(req).await?;
+    let s = st
+        .manager
+        .get(&id)
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    if e2b_state(&s).is_none() {
+        return Err(ControlError::SandboxNotFound(id));
+    }
+    Err(ControlError::NotImplemented(
+        "Updating the network rules of a running sandbox is not supported by zygote: \
+         give allowOut/denyOut (or allow_internet_access) when creating it"
+            .into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(allow: &[&str], deny: &[&str]) -> NetworkConfig {
+        let v = |l: &[&str]| Some(l.iter().map(|s| s.to_string()).collect());
+        NetworkConfig {
+            allow_out: v(allow),
+            deny_out: v(deny),
+        }
+    }
+
+    #[test]
+    fn e2b_egress_becomes_zygote_policy() {
+        assert_eq!(egress(None, None).unwrap(), (None, None));
+        let all = Some(vec!["0.0.0.0/0".to_string()]);
+        assert_eq!(egress(Some(false), None).unwrap(), (None, all.clone()));
+        assert_eq!(
+            egress(None, Some(&cfg(&["1.1.1.1"], &["0.0.0.0/0"]))).unwrap(),
+            (Some(vec!["1.1.1.1/32".to_string()]), None)
+        );
+        assert_eq!(
+            egress(None, Some(&cfg(&[], &["0.0.0.0/0"]))).unwrap(),
+            (None, all)
+        );
+        // Allow wins: 10.0.0.0/8 minus 10.1.0.0/16 is seven CIDRs and a /16 less.
+        let (allow, deny) = egress(None, Some(&cfg(&["10.1.0.0/16"], &["10.0.0.0/8"]))).unwrap();
+        assert_eq!(allow, None);
+        let deny: Vec<Ipv4Net> = deny.unwrap().iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(deny.len(), 8);
+        let inside: Ipv4Net = "10.1.2.0/24".parse().unwrap();
+        assert!(!deny.iter().any(|d| d.contains(&inside)));
+        assert!(deny.iter().any(|d| d.contains(&"10.2.0.0/16".parse::<Ipv4Net>().unwrap())));
+        // A deny the allow list covers whole is gone.
+        assert_eq!(
+            egress(None, Some(&cfg(&["8.8.0.0/16"], &["8.8.8.8"]))).unwrap(),
+            (None, None)
+        );
+        let e = egress(None, Some(&cfg(&["example.com"], &[]))).unwrap_err();
+        assert!(e.to_string().contains("\"example.com\""), "{e}");
+    }
+}
