@@ -61,7 +61,7 @@ test-sdk: build guest
 	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
 
-# E2B's unchanged Python SDK (e2b==2.63.0, venv under ~/.cache/zygote/venv/e2b) against a
+# E2B's unchanged Python SDK (e2b==2.63.0, venv under ~/.cache/zygote/venv/e2b-<pins>) against a
 # live zygoted on the qemu runtime (issue 35; not in `make test` yet).
 test-e2b: build guest
 	$(PHASE) test-e2b
