@@ -233,3 +233,13 @@ def test_network_rules_at_create_and_live_update_refused():
 def test_unknown_template_is_e2bs_404():
     with pytest.raises(SandboxException, match="404: template 'no-such-template' not found"):
         Sandbox.create(template="no-such-template")
+
+
+def test_create_takes_an_idempotency_key():
+    # The SDK sends it as a header; E2B's open API (infra 54693ff35) does not read it,
+    # and neither does zygote yet: the create must simply not fail over it.
+    s = Sandbox.create(template=TEMPLATE, timeout=600, idempotency_key="ctl-key-1")
+    try:
+        assert s.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        s.kill()

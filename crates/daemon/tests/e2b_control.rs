@@ -15,7 +15,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use common::{qemu_guest_ready, start_daemon, step, Scratch};
-use wire::{hostport, http, Answer};
+use wire::{daemon_without_vms, hostport, http, Answer};
 
 const INVALID_KEY: &str =
     "Invalid API key, please visit https://e2b.dev/docs/api-key for more information.";
@@ -23,7 +23,11 @@ const INVALID_KEY: &str =
 /// Every route this slice adds, with a body it would take.
 const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/e2b/v2/sandboxes", ""),
-    ("POST", "/e2b/sandboxes/sb-none/timeout", r#"{"timeout": 30}"#),
+    (
+        "POST",
+        "/e2b/sandboxes/sb-none/timeout",
+        r#"{"timeout": 30}"#,
+    ),
     ("POST", "/e2b/sandboxes/sb-none/pause", "{}"),
     ("PUT", "/e2b/sandboxes/sb-none/network", "{}"),
     ("POST", "/e2b/sandboxes/sb-none/fork", "{}"),
@@ -43,20 +47,16 @@ fn assert_400(a: &Answer, says: &str) {
     assert_eq!(v["code"], 400);
     let msg = v["message"].as_str().unwrap();
     assert!(msg.contains(says), "{msg:?} does not say {says:?}");
-    assert!(!msg.contains("/tmp") && !msg.contains("/var"), "a host path: {msg}");
+    assert!(
+        !msg.contains("/tmp") && !msg.contains("/var"),
+        "a host path: {msg}"
+    );
 }
 
 #[test]
 fn e2b_control_refuses_bad_input_without_a_vm() {
     let tmp = tempfile::tempdir().unwrap();
-    let cg = tmp.path().join("cg");
-    std::fs::create_dir_all(&cg).unwrap();
-    std::fs::write(cg.join("cgroup.controllers"), "").unwrap();
-    let cg = cg.display().to_string();
-    let d = start_daemon(
-        &tmp.path().join("state"),
-        &["--listen", "127.0.0.1:0", "--cgroup-root", &cg],
-    );
+    let d = daemon_without_vms(tmp.path());
     let (api, token) = (hostport(&d.url), d.token());
     let bearer = format!("Bearer {token}");
 
@@ -90,7 +90,11 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
     // Malformed and incomplete bodies.
     for path in ["timeout", "pause", "fork", "snapshots", "network"] {
         let method = if path == "network" { "PUT" } else { "POST" };
-        let a = call(method, &format!("/e2b/sandboxes/sb-none/{path}"), "{\"x\": ");
+        let a = call(
+            method,
+            &format!("/e2b/sandboxes/sb-none/{path}"),
+            "{\"x\": ",
+        );
         assert_400(&a, "Error when parsing request: ");
     }
     assert_400(
@@ -108,7 +112,10 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
         (r#"{"count": -3}"#, "Count must be at least 1"),
         (r#"{"count": 101}"#, "Count cannot be greater than 100"),
         (r#"{"timeout": 0}"#, "Timeout must be greater than 0"),
-        (r#"{"timeout": 99999999}"#, "Timeout cannot be greater than 168 hours"),
+        (
+            r#"{"timeout": 99999999}"#,
+            "Timeout cannot be greater than 168 hours",
+        ),
     ] {
         assert_400(&call("POST", "/e2b/sandboxes/sb-none/fork", body), says);
     }
@@ -117,7 +124,11 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
     let a = call("GET", "/e2b/v2/sandboxes", "");
     assert_eq!((a.status, a.json()), (200, json!([])), "{}", a.text());
     assert_eq!(a.header("x-next-token"), None, "the last page has no token");
-    let a = call("GET", "/e2b/v2/sandboxes?limit=100&state=running,paused&order=asc", "");
+    let a = call(
+        "GET",
+        "/e2b/v2/sandboxes?limit=100&state=running,paused&order=asc",
+        "",
+    );
     assert_eq!(a.status, 200, "{}", a.text());
     for (query, says) in [
         ("limit=0", "number must be at least 1"),
@@ -135,19 +146,34 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
         ("startedAfter=yesterday", "startedAfter"),
         ("template=python:3", "tags are not supported"),
     ] {
-        assert_400(&call("GET", &format!("/e2b/v2/sandboxes?{query}"), ""), says);
+        assert_400(
+            &call("GET", &format!("/e2b/v2/sandboxes?{query}"), ""),
+            says,
+        );
     }
     let a = call("GET", "/e2b/snapshots?sandboxID=sb-none&name=x", "");
     assert_eq!((a.status, a.json()), (200, json!([])), "{}", a.text());
     assert_400(&call("GET", "/e2b/snapshots?limit=0", ""), "at least 1");
-    assert_400(&call("GET", "/e2b/snapshots?nextToken=xx", ""), "Invalid next token");
+    assert_400(
+        &call("GET", "/e2b/snapshots?nextToken=xx", ""),
+        "Invalid next token",
+    );
 
     // Egress rules zygote cannot hold are refused at create, before any template lookup.
     let body = r#"{"templateID": "minimal", "network": {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}}"#;
-    assert_400(&call("POST", "/e2b/v2/sandboxes", body), "not an IPv4 address or CIDR");
+    assert_400(
+        &call("POST", "/e2b/v2/sandboxes", body),
+        "not an IPv4 address or CIDR",
+    );
 
     // The daemon serves on, both APIs.
-    let a = http(&api, "GET", "/v1/sandboxes", &[("Authorization", &bearer)], b"");
+    let a = http(
+        &api,
+        "GET",
+        "/v1/sandboxes",
+        &[("Authorization", &bearer)],
+        b"",
+    );
     assert_eq!(a.status, 200);
     assert_eq!(call("GET", "/e2b/v2/sandboxes", "").status, 200);
 }
@@ -189,7 +215,10 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
             assert_eq!(page.len(), 1);
             assert_eq!(page[0]["state"], "running");
             assert_eq!(page[0]["metadata"]["suite"], "ctl");
-            assert!(page[0].get("envdAccessToken").is_none(), "not in a listed sandbox");
+            assert!(
+                page[0].get("envdAccessToken").is_none(),
+                "not in a listed sandbox"
+            );
             seen.push(page[0]["sandboxID"].as_str().unwrap().to_string());
             token = a.header("x-next-token");
             if token.is_none() {
@@ -209,17 +238,29 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     step(t0, "paged both ways");
 
     // Fork: one entry per child, each a Sandbox with its own id and token.
-    let a = call("POST", &format!("/e2b/sandboxes/{}/fork", ids[0]), r#"{"count": 2, "timeout": 600}"#);
+    let a = call(
+        "POST",
+        &format!("/e2b/sandboxes/{}/fork", ids[0]),
+        r#"{"count": 2, "timeout": 600}"#,
+    );
     assert_eq!(a.status, 201, "{}", a.text());
     let forks: Vec<Value> = serde_json::from_value(a.json()).unwrap();
     assert_eq!(forks.len(), 2, "{forks:?}");
     let children: Vec<String> = forks
         .iter()
-        .map(|f| f["sandbox"]["sandboxID"].as_str().expect("a started fork").to_string())
+        .map(|f| {
+            f["sandbox"]["sandboxID"]
+                .as_str()
+                .expect("a started fork")
+                .to_string()
+        })
         .collect();
     assert_ne!(children[0], children[1]);
     assert!(!ids.contains(&children[0]));
-    assert_ne!(forks[0]["sandbox"]["envdAccessToken"], forks[1]["sandbox"]["envdAccessToken"]);
+    assert_ne!(
+        forks[0]["sandbox"]["envdAccessToken"],
+        forks[1]["sandbox"]["envdAccessToken"]
+    );
     step(t0, "forked two children");
 
     // Pause: 204, then E2B's 409; a paused sandbox is not forked, snapshotted or
@@ -230,51 +271,91 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     assert_eq!(a.status, 409, "{}", a.text());
     assert_eq!(
         a.json()["message"],
-        format!("Error pausing sandbox - sandbox '{}' is already paused", ids[1])
+        format!(
+            "Error pausing sandbox - sandbox '{}' is already paused",
+            ids[1]
+        )
     );
     let a = call("POST", &format!("/e2b/sandboxes/{}/fork", ids[1]), "{}");
     assert_eq!(a.status, 409, "{}", a.text());
-    let a = call("POST", &format!("/e2b/sandboxes/{}/snapshots", ids[1]), "{}");
+    let a = call(
+        "POST",
+        &format!("/e2b/sandboxes/{}/snapshots", ids[1]),
+        "{}",
+    );
     assert_eq!(a.status, 409, "{}", a.text());
-    let a = call("POST", &format!("/e2b/sandboxes/{}/timeout", ids[1]), r#"{"timeout": 60}"#);
+    let a = call(
+        "POST",
+        &format!("/e2b/sandboxes/{}/timeout", ids[1]),
+        r#"{"timeout": 60}"#,
+    );
     assert_eq!(a.status, 404, "{}", a.text());
     let a = call("GET", "/e2b/v2/sandboxes?state=paused", "");
     let paused: Vec<Value> = serde_json::from_value(a.json()).unwrap();
     assert_eq!(paused.len(), 1);
     assert_eq!(paused[0]["sandboxID"], ids[1].as_str());
-    let a = call("POST", &format!("/e2b/v2/sandboxes/{}/connect", ids[1]), "{}");
+    let a = call(
+        "POST",
+        &format!("/e2b/v2/sandboxes/{}/connect", ids[1]),
+        "{}",
+    );
     assert_eq!(a.status, 201, "{}", a.text());
     step(t0, "paused, refused while paused, resumed");
 
     // set_timeout shortens; update_network is refused as not implemented.
-    let a = call("POST", &format!("/e2b/sandboxes/{}/timeout", ids[2]), r#"{"timeout": 40}"#);
+    let a = call(
+        "POST",
+        &format!("/e2b/sandboxes/{}/timeout", ids[2]),
+        r#"{"timeout": 40}"#,
+    );
     assert_eq!(a.status, 204, "{}", a.text());
     let end = call("GET", &format!("/e2b/sandboxes/{}", ids[2]), "").json()["endAt"].clone();
-    let a = call("PUT", &format!("/e2b/sandboxes/{}/network", ids[2]), r#"{"denyOut": []}"#);
+    let a = call(
+        "PUT",
+        &format!("/e2b/sandboxes/{}/network", ids[2]),
+        r#"{"denyOut": []}"#,
+    );
     assert_eq!(a.status, 501, "{}", a.text());
     assert_eq!(a.json()["code"], 501);
     assert!(end.as_str().unwrap() < "9999", "a deadline: {end}");
 
     // Snapshots: 201, listed by sandbox, in use while its sandbox runs, then deleted.
-    let a = call("POST", &format!("/e2b/sandboxes/{}/snapshots", ids[2]), r#"{"name": "ctl-snap"}"#);
+    let a = call(
+        "POST",
+        &format!("/e2b/sandboxes/{}/snapshots", ids[2]),
+        r#"{"name": "ctl-snap"}"#,
+    );
     assert_eq!(a.status, 201, "{}", a.text());
     let snap = a.json();
     assert_eq!(snap["names"], json!(["ctl-snap"]));
     let snap_id = snap["snapshotID"].as_str().unwrap().to_string();
     let a = call("GET", &format!("/e2b/snapshots?sandboxID={}", ids[2]), "");
-    assert_eq!(a.json(), json!([{"snapshotID": snap_id, "names": ["ctl-snap"]}]));
+    assert_eq!(
+        a.json(),
+        json!([{"snapshotID": snap_id, "names": ["ctl-snap"]}])
+    );
     let a = call("GET", "/e2b/snapshots", "");
     let all: Vec<Value> = serde_json::from_value(a.json()).unwrap();
-    assert_eq!(all.len(), 1, "the fork's branch point is not listed: {all:?}");
+    assert_eq!(
+        all.len(),
+        1,
+        "the fork's branch point is not listed: {all:?}"
+    );
     let delete = format!("/e2b/templates/{snap_id}");
     assert_400(&call("DELETE", &delete, ""), "running sandboxes using it");
-    assert_eq!(call("DELETE", &format!("/e2b/sandboxes/{}", ids[2]), "").status, 204);
+    assert_eq!(
+        call("DELETE", &format!("/e2b/sandboxes/{}", ids[2]), "").status,
+        204
+    );
     assert_eq!(call("DELETE", &delete, "").status, 204);
     assert_eq!(call("DELETE", &delete, "").status, 404);
     step(t0, "snapshot made, listed, refused in use, deleted");
 
     for id in ids[..2].iter().chain(&children) {
-        assert_eq!(call("DELETE", &format!("/e2b/sandboxes/{id}"), "").status, 204);
+        assert_eq!(
+            call("DELETE", &format!("/e2b/sandboxes/{id}"), "").status,
+            204
+        );
     }
     let a = call("GET", "/e2b/v2/sandboxes", "");
     assert_eq!(a.json(), json!([]), "killed sandboxes are not listed");

@@ -14,7 +14,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use common::{qemu_guest_ready, start_daemon, step, Scratch};
-use wire::{envelope, hostport, http, proxy_addr};
+use wire::{daemon_without_vms, envelope, hostport, http, proxy_addr};
 
 const INVALID_KEY: &str =
     "Invalid API key, please visit https://e2b.dev/docs/api-key for more information.";
@@ -24,15 +24,7 @@ const ENVD_UNAUTHORIZED: &str =
 #[test]
 fn e2b_credentials_and_routing_errors_need_no_vm() {
     let tmp = tempfile::tempdir().unwrap();
-    // A cgroup root without controllers: nothing here starts a VM.
-    let cg = tmp.path().join("cg");
-    std::fs::create_dir_all(&cg).unwrap();
-    std::fs::write(cg.join("cgroup.controllers"), "").unwrap();
-    let cg = cg.display().to_string();
-    let d = start_daemon(
-        &tmp.path().join("state"),
-        &["--listen", "127.0.0.1:0", "--cgroup-root", &cg],
-    );
+    let d = daemon_without_vms(tmp.path());
     let (api, proxy, token) = (hostport(&d.url), proxy_addr(&d), d.token());
     let bearer = format!("Bearer {token}");
 

@@ -50,6 +50,19 @@ impl Answer {
     }
 }
 
+/// A daemon on loopback that starts no VM (a cgroup root without controllers), for
+/// the tests of answers to bad input; `dir` holds its state.
+pub fn daemon_without_vms(dir: &std::path::Path) -> Daemon {
+    let cg = dir.join("cg");
+    std::fs::create_dir_all(&cg).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "").unwrap();
+    let cg = cg.display().to_string();
+    crate::common::start_daemon(
+        &dir.join("state"),
+        &["--listen", "127.0.0.1:0", "--cgroup-root", &cg],
+    )
+}
+
 /// One request on a fresh connection (`Connection: close`), chunked answers decoded.
 pub fn http(addr: &str, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
     let mut s = std::net::TcpStream::connect(addr).unwrap();

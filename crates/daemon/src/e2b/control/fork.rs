@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::{answer, e2b_state, json_body, timeout_secs, ControlError};
+use super::{answer, json_body, timeout_secs, visible, ControlError};
 use crate::api::AppState;
 use crate::e2b::model::{ErrorBody, ForkResult, ForkSandbox};
 use crate::error::Error;
@@ -43,18 +43,8 @@ pub(super) async fn fork(
             "Count cannot be greater than {MAX_FORK_COUNT}"
         )));
     }
-    let s = st
-        .manager
-        .get(&id)
-        .map_err(|e| ControlError::about_sandbox(&id, e))?;
-    match e2b_state(&s) {
-        Some("paused") => {
-            return Err(ControlError::Conflict(format!(
-                "Sandbox '{id}' is paused and cannot be forked; resume it first"
-            )))
-        }
-        None => return Err(ControlError::SandboxNotFound(id)),
-        _ => {}
+    if visible(&st, &id)?.1 == "paused" {
+        return Err(refused(&id, Error::Paused(id.clone())));
     }
     let request = BranchRequest {
         count: Some(count as u32),
@@ -107,9 +97,11 @@ fn refused(id: &str, e: Error) -> ControlError {
         Error::Paused(_) => ControlError::Conflict(format!(
             "Sandbox '{id}' is paused and cannot be forked; resume it first"
         )),
-        Error::NotRunning { state, .. } | Error::WrongState { state, .. } => ControlError::Conflict(
-            format!("Sandbox '{id}' cannot be forked while in '{state}' state"),
-        ),
+        Error::NotRunning { state, .. } | Error::WrongState { state, .. } => {
+            ControlError::Conflict(format!(
+                "Sandbox '{id}' cannot be forked while in '{state}' state"
+            ))
+        }
         e => ControlError::about_sandbox(id, e),
     }
 }

@@ -94,10 +94,12 @@ fn metadata_filters(raw: &str) -> Option<Vec<(String, String)>> {
     let whole = query_unescape(raw)?;
     whole
         .split('&')
-        .map(|pair| match pair.split('=').collect::<Vec<_>>().as_slice() {
-            [k, v] => Some((query_unescape(k)?, query_unescape(v)?)),
-            _ => None,
-        })
+        .map(
+            |pair| match pair.split('=').collect::<Vec<_>>().as_slice() {
+                [k, v] => Some((query_unescape(k)?, query_unescape(v)?)),
+                _ => None,
+            },
+        )
         .collect()
 }
 

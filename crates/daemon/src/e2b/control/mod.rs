@@ -207,6 +207,17 @@ fn e2b_state(s: &Sandbox) -> Option<&'static str> {
     }
 }
 
+/// Sandbox `id` and the state E2B shows for it; E2B's 404 when there is no such
+/// sandbox or E2B would not know of it ([`e2b_state`]).
+fn visible(st: &AppState, id: &str) -> Result<(Sandbox, &'static str), ControlError> {
+    let s = st
+        .manager
+        .get(id)
+        .map_err(|e| ControlError::about_sandbox(id, e))?;
+    let state = e2b_state(&s).ok_or_else(|| ControlError::SandboxNotFound(id.to_string()))?;
+    Ok((s, state))
+}
+
 /// A sandbox as E2B's list shows it (also the core of `get_info`'s answer).
 fn listed(s: &Sandbox) -> Option<ListedSandbox> {
     let state = e2b_state(s)?;

@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use ipnet::Ipv4Net;
 
-use super::{answer, domain, e2b_state, json_body, listed, timeout_secs, ControlError};
+use super::{answer, domain, json_body, listed, timeout_secs, visible, ControlError};
 use crate::api::AppState;
 use crate::e2b::model::{ConnectSandbox, NetworkConfig, NewSandbox, SandboxDetail, SetTimeout};
 use crate::e2b::EnvdKeys;
@@ -61,10 +61,7 @@ pub(super) async fn create(
 /// (or `deny_out` = everything when there is none);
 /// otherwise `deny_out` = denyOut minus allowOut (split into the CIDRs that remain).
 /// zygote filters by address: a domain name is refused (400), not ignored.
-fn egress(
-    internet: Option<bool>,
-    net: Option<&NetworkConfig>,
-) -> Result<(Option<Vec<String>>, Option<Vec<String>>), ControlError> {
+fn egress(internet: Option<bool>, net: Option<&NetworkConfig>) -> Result<Egress, ControlError> {
     let parse = |field: &str, list: Option<&Vec<String>>| -> Result<Vec<Ipv4Net>, ControlError> {
         list.into_iter()
             .flatten()
@@ -99,6 +96,9 @@ fn egress(
     Ok((None, (!left.is_empty()).then(|| strings(left))))
 }
 
+/// `allow_out` and `deny_out` of a [`CreateSandboxRequest`].
+type Egress = (Option<Vec<String>>, Option<Vec<String>>);
+
 /// Adds to `out` the parts of `net` that no net of `allow` covers.
 fn subtract(net: Ipv4Net, allow: &[Ipv4Net], out: &mut Vec<Ipv4Net>) {
     if allow.iter().any(|a| a.contains(&net)) {
@@ -121,10 +121,7 @@ pub(super) async fn get_info(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, ControlError> {
-    let s = st
-        .manager
-        .get(&id)
-        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    let (s, _) = visible(&st, &id)?;
     let listed = listed(&s).ok_or_else(|| ControlError::SandboxNotFound(id.clone()))?;
     Ok(Json(SandboxDetail {
         listed,
@@ -187,16 +184,17 @@ pub(super) async fn set_timeout(
     req: Request,
 ) -> Result<StatusCode, ControlError> {
     let body: SetTimeout = json_body(req).await?;
-    let about = |e| ControlError::about_sandbox(&id, e);
-    let s = st.manager.get(&id).map_err(about)?;
-    if e2b_state(&s) != Some("running") {
+    if visible(&st, &id)?.1 != "running" {
         return Err(ControlError::SandboxNotFound(id));
     }
     let ttl = SetTtlRequest {
         ttl_secs: Some(body.timeout.clamp(1, MAX_TTL_SECS as i64) as u64),
         ttl_action: None,
     };
-    st.manager.set_ttl(&id, ttl).await.map_err(about)?;
+    st.manager
+        .set_ttl(&id, ttl)
+        .await
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -208,23 +206,22 @@ pub(super) async fn pause(
     req: Request,
 ) -> Result<StatusCode, ControlError> {
     let _: serde_json::Map<String, serde_json::Value> = json_body(req).await?;
-    let already =
-        || ControlError::Conflict(format!("Error pausing sandbox - sandbox '{id}' is already paused"));
-    let s = st
-        .manager
-        .get(&id)
-        .map_err(|e| ControlError::about_sandbox(&id, e))?;
-    match e2b_state(&s) {
-        Some("paused") => return Err(already()),
-        None => return Err(ControlError::SandboxNotFound(id)),
-        _ => {}
+    let already = || {
+        ControlError::Conflict(format!(
+            "Error pausing sandbox - sandbox '{id}' is already paused"
+        ))
+    };
+    if visible(&st, &id)?.1 == "paused" {
+        return Err(already());
     }
     match st.manager.pause(&id).await {
         Ok(_) => Ok(StatusCode::NO_CONTENT),
         Err(Error::Paused(_)) => Err(already()),
-        Err(Error::WrongState { state, .. } | Error::NotRunning { state, .. }) => Err(
-            ControlError::Conflict(format!("Sandbox '{id}' cannot be paused while in '{state}' state")),
-        ),
+        Err(Error::WrongState { state, .. } | Error::NotRunning { state, .. }) => {
+            Err(ControlError::Conflict(format!(
+                "Sandbox '{id}' cannot be paused while in '{state}' state"
+            )))
+        }
         Err(e) => Err(ControlError::about_sandbox(&id, e)),
     }
 }
@@ -238,13 +235,7 @@ pub(super) async fn update_network(
     req: Request,
 ) -> Result<StatusCode, ControlError> {
     let _: serde_json::Map<String, serde_json::Value> = json_body(req).await?;
-    let s = st
-        .manager
-        .get(&id)
-        .map_err(|e| ControlError::about_sandbox(&id, e))?;
-    if e2b_state(&s).is_none() {
-        return Err(ControlError::SandboxNotFound(id));
-    }
+    visible(&st, &id)?;
     Err(ControlError::NotImplemented(
         "Updating the network rules of a running sandbox is not supported by zygote: \
          give allowOut/denyOut (or allow_internet_access) when creating it"
@@ -284,7 +275,9 @@ mod tests {
         assert_eq!(deny.len(), 8);
         let inside: Ipv4Net = "10.1.2.0/24".parse().unwrap();
         assert!(!deny.iter().any(|d| d.contains(&inside)));
-        assert!(deny.iter().any(|d| d.contains(&"10.2.0.0/16".parse::<Ipv4Net>().unwrap())));
+        assert!(deny
+            .iter()
+            .any(|d| d.contains(&"10.2.0.0/16".parse::<Ipv4Net>().unwrap())));
         // A deny the allow list covers whole is gone.
         assert_eq!(
             egress(None, Some(&cfg(&["8.8.0.0/16"], &["8.8.8.8"]))).unwrap(),

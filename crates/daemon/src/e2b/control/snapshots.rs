@@ -13,7 +13,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::page::{self, Page};
-use super::{e2b_state, json_body, ControlError};
+use super::{json_body, visible, ControlError};
 use crate::api::AppState;
 use crate::e2b::model::{NewSnapshot, SnapshotInfo};
 use crate::error::Error;
@@ -33,11 +33,7 @@ pub(super) async fn create(
     req: Request,
 ) -> Result<Response, ControlError> {
     let body: NewSnapshot = json_body(req).await?;
-    let s = st
-        .manager
-        .get(&id)
-        .map_err(|e| ControlError::about_sandbox(&id, e))?;
-    let state = e2b_state(&s).ok_or_else(|| ControlError::SandboxNotFound(id.clone()))?;
+    let (_, state) = visible(&st, &id)?;
     let cannot = |state: &str| {
         ControlError::Conflict(format!(
             "Sandbox '{id}' cannot be snapshotted while in '{state}' state"
@@ -92,8 +88,16 @@ pub(super) async fn list(
         .snapshots()?
         .into_iter()
         .filter(|s| !s.implicit)
-        .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| *id == s.source_sandbox))
-        .filter(|s| q.name.as_ref().is_none_or(|n| s.name.as_ref() == Some(n) || s.id == *n))
+        .filter(|s| {
+            q.sandbox_id
+                .as_ref()
+                .is_none_or(|id| *id == s.source_sandbox)
+        })
+        .filter(|s| {
+            q.name
+                .as_ref()
+                .is_none_or(|n| s.name.as_ref() == Some(n) || s.id == *n)
+        })
         .collect();
     let (items, next) = page.take(shown, |s| (s.created_at, s.id.as_str()));
     Ok(page::answer(items.iter().map(info).collect(), next))
