@@ -61,8 +61,8 @@ test-sdk: build guest
 	$(PHASE) test-sdk
 	bash scripts/sdk-test.sh
 
-# E2B's unchanged Python SDK (e2b==2.63.0, venv under ~/.cache/zygote/venv/e2b-<pins>) against a
-# live zygoted on the qemu runtime (issue 35; not in `make test` yet).
+# E2B's unchanged SDKs (Python e2b==2.63.0, npm e2b@2.51.0) against a live zygoted on the qemu
+# runtime, sandboxes from the `base` template (issue 35; built on first run, ~5 min cold).
 test-e2b: build guest
 	$(PHASE) test-e2b
 	bash scripts/e2b-test.sh
