@@ -78,15 +78,11 @@ pub struct FilesystemEvent {
     kind: &'static str,
 }
 
-/// `WatchDirResponse`: `{"event": {"start"|"filesystem"|"keepalive": ...}}`.
-#[derive(Debug, Serialize)]
-struct WatchDirResponse {
-    event: WatchDirEvent,
-}
-
+/// `WatchDirResponse`: its oneof `event` is the message's own field, so the JSON is
+/// `{"start": {}}`, `{"filesystem": FilesystemEvent}` or `{"keepalive": {}}`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
-enum WatchDirEvent {
+enum WatchDirResponse {
     Start {},
     Filesystem(FilesystemEvent),
     Keepalive {},
@@ -209,8 +205,8 @@ async fn pump_stream(
     keepalive: Duration,
     deadline: Option<Instant>,
 ) {
-    let message = |event| connect::message(&WatchDirResponse { event });
-    if tx.send(message(WatchDirEvent::Start {})).await.is_err() {
+    let message = |event: WatchDirResponse| connect::message(&event);
+    if tx.send(message(WatchDirResponse::Start {})).await.is_err() {
         return;
     }
     let past_deadline = async move {
@@ -234,7 +230,7 @@ async fn pump_stream(
                     return;
                 }
                 Some(ev) => match envd_event(&ev) {
-                    Some(fs) => message(WatchDirEvent::Filesystem(fs)),
+                    Some(fs) => message(WatchDirResponse::Filesystem(fs)),
                     None => continue,
                 },
             },
@@ -243,7 +239,7 @@ async fn pump_stream(
                 let _ = tx.send(late.end_stream()).await;
                 return;
             }
-            _ = tokio::time::sleep(keepalive) => message(WatchDirEvent::Keepalive {}),
+            _ = tokio::time::sleep(keepalive) => message(WatchDirResponse::Keepalive {}),
             _ = tx.closed() => return,
         };
         if tx.send(out).await.is_err() {
@@ -482,20 +478,13 @@ mod tests {
             kind: kind.into(),
         };
         let fs = envd_event(&ev("a/b", "chmod")).unwrap();
-        let msg = WatchDirResponse {
-            event: WatchDirEvent::Filesystem(fs),
-        };
+        let msg = WatchDirResponse::Filesystem(fs);
         assert_eq!(
             serde_json::to_string(&msg).unwrap(),
-            r#"{"event":{"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD"}}}"#
+            r#"{"filesystem":{"name":"a/b","type":"EVENT_TYPE_CHMOD"}}"#
         );
-        let start = WatchDirResponse {
-            event: WatchDirEvent::Start {},
-        };
-        assert_eq!(
-            serde_json::to_string(&start).unwrap(),
-            r#"{"event":{"start":{}}}"#
-        );
+        let start = WatchDirResponse::Start {};
+        assert_eq!(serde_json::to_string(&start).unwrap(), r#"{"start":{}}"#);
         assert_eq!(envd_event(&ev("", "remove")).unwrap().name, ".");
         assert_eq!(
             envd_event(&ev("", "overflow")).unwrap().kind,
