@@ -13,7 +13,7 @@
 //! watcher and per agent, and the descriptor reserve (`fds::admit`) all answer
 //! `limit_reached` at the start; a new subdirectory the limits leave unwatched is
 //! reported as an `overflow` event naming it.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -91,6 +91,12 @@ struct Tree {
     /// Watched directories moved away in the batch being translated (rename cookie,
     /// old name): a matching move-in renames their watches, else they are dropped.
     moved_away: Vec<(u32, PathBuf)>,
+    /// Entries reported as created by walking a new directory in this batch, and in the
+    /// one before. The kernel may report one of them itself too (it appeared after the
+    /// directory was watched but before the walk read it): that report is in the next
+    /// batch, and is skipped, so each entry is created once.
+    walked_now: HashSet<PathBuf>,
+    walked_before: HashSet<PathBuf>,
     /// The agent's count of watched directories, which this tree's are part of.
     total: Arc<AtomicUsize>,
 }
@@ -153,9 +159,10 @@ impl Tree {
                     "a subdirectory"
                 };
                 Err(match e.raw_os_error() {
-                    Some(libc::ENOSPC) | Some(libc::EMFILE) => limit(format!(
+                    Some(libc::ENOSPC) | Some(libc::EMFILE) => limit(
                         "the guest kernel's inotify limit is reached (fs.inotify.max_user_watches)"
-                    )),
+                            .into(),
+                    ),
                     Some(libc::ENOTDIR) => {
                         let mut b = ErrorBody::from_io(&format!("watch {shown}"), &e);
                         b.code = ErrorCode::BadRequest;
@@ -197,6 +204,7 @@ impl Tree {
                     }
                     if reported < MAX_CREATES_PER_NEW_DIR {
                         out.push(event(&child, WatchEventKind::Create));
+                        self.walked_now.insert(child.clone());
                     }
                     reported += 1;
                 }
@@ -217,11 +225,13 @@ impl Tree {
     }
 
     /// After a batch: directories moved out of the tree are no longer watched (their
-    /// watches would report under the old name).
-    fn settle_moves(&mut self) {
+    /// watches would report under the old name); this batch's walked entries are the
+    /// ones the next batch may see again.
+    fn end_batch(&mut self) {
         for (_, rel) in std::mem::take(&mut self.moved_away) {
             self.remove_subtree(&rel);
         }
+        self.walked_before = std::mem::take(&mut self.walked_now);
     }
 
     /// Stop watching `rel` and everything below it.
@@ -272,6 +282,9 @@ impl Tree {
         let rel = base.join(OsStr::from_bytes(&ev.name));
         let is_dir = ev.mask & libc::IN_ISDIR != 0;
         let m = ev.mask;
+        if m & libc::IN_CREATE != 0 && self.walked_before.remove(&rel) {
+            return Flow::Go; // reported (and, a directory, watched) by the walk
+        }
         let kind = if m & (libc::IN_CREATE | libc::IN_MOVED_TO) != 0 {
             WatchEventKind::Create
         } else if m & libc::IN_MODIFY != 0 {
@@ -337,6 +350,8 @@ fn start(reply: &Reply, req: &WatchRequest) -> Result<(WatcherSlot, Tree), Error
         recursive: req.recursive,
         dirs: HashMap::new(),
         moved_away: Vec::new(),
+        walked_now: HashSet::new(),
+        walked_before: HashSet::new(),
         total: counts.watches.clone(),
     };
     tree.root_wd = tree.add(Path::new(""))?;
@@ -398,7 +413,7 @@ pub(crate) fn run(reply: Reply, req: WatchRequest) {
                 flow = Flow::RootGone;
             }
         }
-        tree.settle_moves();
+        tree.end_batch();
         for chunk in out.chunks(MAX_EVENTS_PER_FRAME) {
             let events = chunk.to_vec();
             if !reply.event(Response::WatchEvents { events }) {
@@ -420,4 +435,94 @@ pub(crate) fn run(reply: Reply, req: WatchRequest) {
 /// `unwatch`: end a watch of this connection.
 pub(crate) fn unwatch(reply: &Reply, req: &UnwatchRequest) -> Result<Response, ErrorBody> {
     reply.stop_watch(req.watch_id).map(|()| Response::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tree(root: &Path) -> Tree {
+        let mut t = Tree {
+            ino: Inotify::new().unwrap(),
+            root: root.to_path_buf(),
+            root_wd: -1,
+            recursive: true,
+            dirs: HashMap::new(),
+            moved_away: Vec::new(),
+            walked_now: HashSet::new(),
+            walked_before: HashSet::new(),
+            total: Arc::new(AtomicUsize::new(0)),
+        };
+        t.root_wd = t.add(Path::new("")).unwrap();
+        t
+    }
+
+    fn raw(wd: i32, mask: u32, name: &str) -> RawEvent {
+        RawEvent {
+            wd,
+            mask,
+            cookie: 0,
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn an_entry_both_walked_and_reported_by_the_kernel_is_created_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = tree(dir.path());
+        std::fs::create_dir(dir.path().join("d")).unwrap();
+        std::fs::write(dir.path().join("d/f"), b"").unwrap();
+        let mut out = Vec::new();
+        let root = t.root_wd;
+        t.translate(raw(root, libc::IN_CREATE | libc::IN_ISDIR, "d"), &mut out);
+        t.end_batch();
+        let names: Vec<&str> = out.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["d", "d/f"]);
+        // The kernel's own report of d/f (it appeared after d was watched, before the
+        // walk read d) comes in the next batch: skipped. A later one is not.
+        let d = *t.dirs.iter().find(|(_, p)| p.as_os_str() == "d").unwrap().0;
+        let mut next = Vec::new();
+        t.translate(raw(d, libc::IN_CREATE, "f"), &mut next);
+        t.translate(raw(d, libc::IN_MODIFY, "f"), &mut next);
+        t.end_batch();
+        t.translate(raw(d, libc::IN_CREATE, "f"), &mut next);
+        let kinds: Vec<_> = next.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("d/f", WatchEventKind::Write),
+                ("d/f", WatchEventKind::Create)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_directory_moved_within_the_tree_reports_under_its_new_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/in")).unwrap();
+        let mut t = tree(dir.path());
+        let mut out = Vec::new();
+        t.add_subtree(Path::new("a"), false, &mut out);
+        let inner = *t
+            .dirs
+            .iter()
+            .find(|(_, p)| p.as_os_str() == "a/in")
+            .unwrap()
+            .0;
+        let root = t.root_wd;
+        let moved = |mask, name: &str| RawEvent {
+            cookie: 7,
+            ..raw(root, mask | libc::IN_ISDIR, name)
+        };
+        t.translate(moved(libc::IN_MOVED_FROM, "a"), &mut out);
+        t.translate(moved(libc::IN_MOVED_TO, "b"), &mut out);
+        t.translate(raw(inner, libc::IN_CREATE, "x"), &mut out);
+        t.end_batch();
+        let names: Vec<&str> = out.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "b/in/x"]);
+        // Moved out of the tree (no move-in pairs it): no longer watched.
+        t.translate(moved(libc::IN_MOVED_FROM, "b"), &mut out);
+        t.end_batch();
+        assert_eq!(t.dirs.len(), 1, "only the root is left: {:?}", t.dirs);
+    }
 }

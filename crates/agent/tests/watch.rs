@@ -110,6 +110,24 @@ fn a_recursive_watch_follows_new_and_moved_directories() {
     expect_events(&mut h, &[("new", Create), ("new/a/b", Create)]);
     fs::write(format!("{dir}/new/a/b/f"), b"1").unwrap();
     expect_events(&mut h, &[("new/a/b/f", Create), ("new/a/b/f", Write)]);
+    // A new directory's entries are created once, whether the walk of the new
+    // directory or the kernel (or both, for one that appeared in between) saw them.
+    fs::create_dir(format!("{dir}/burst")).unwrap();
+    for i in 0..50 {
+        fs::write(format!("{dir}/burst/{i}"), b"").unwrap();
+    }
+    let seen = expect_events(&mut h, &[("burst/49", Create)]);
+    fs::write(format!("{dir}/end"), b"").unwrap();
+    let rest = expect_events(&mut h, &[("end", Create)]);
+    for i in 0..50 {
+        let name = format!("burst/{i}");
+        let creates = seen
+            .iter()
+            .chain(&rest)
+            .filter(|e| e.name == name && e.kind == Create)
+            .count();
+        assert_eq!(creates, 1, "{name}: {seen:?} {rest:?}");
+    }
     // A moved directory reports under its new name.
     fs::rename(format!("{dir}/old"), format!("{dir}/moved")).unwrap();
     fs::write(format!("{dir}/moved/inner/y"), b"1").unwrap();

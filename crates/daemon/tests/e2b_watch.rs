@@ -4,6 +4,8 @@
 //! id, and zygote's per-sandbox watcher cap (resource_exhausted). The unchanged SDK is
 //! exercised by sdk/e2b-compat/test_e2b_watch.py.
 mod common;
+// Shared with e2b_envd.rs, which uses all of it.
+#[allow(dead_code)]
 #[path = "e2b_envd/wire.rs"]
 mod wire;
 
@@ -102,14 +104,20 @@ fn e2b_watchers_stream_poll_and_refuse_bad_input_as_envd() {
     a.sh("mkdir /w/d && echo 1 > /w/d/f");
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !seen.contains(&json!({"name": "d/f", "type": "EVENT_TYPE_CREATE"})) {
-        assert!(Instant::now() < deadline, "no d/f create in {seen:?}");
+    while !seen.contains(&json!({"name": "d/f", "type": "EVENT_TYPE_WRITE"})) {
+        assert!(Instant::now() < deadline, "no d/f write in {seen:?}");
         let got = a.unary("GetWatcherEvents", &json!({"watcherId": wid}));
         assert_eq!(got.status, 200, "{}", got.text());
         seen.extend(got.json()["events"].as_array().unwrap().iter().cloned());
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(seen[0], json!({"name": "d", "type": "EVENT_TYPE_CREATE"}));
+    let f_created = json!({"name": "d/f", "type": "EVENT_TYPE_CREATE"});
+    assert_eq!(
+        seen.iter().filter(|e| **e == f_created).count(),
+        1,
+        "{seen:?}"
+    );
     let again = a.unary("GetWatcherEvents", &json!({"watcherId": wid}));
     assert_eq!(again.json(), json!({"events": []}));
     // Another sandbox cannot reach it, even with the right id.

@@ -8,30 +8,40 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tokio::sync::mpsc;
-use zygote_api::client::{Client, ClientError};
+use zygote_api::client::{block_on, Client, ClientError};
 use zygote_daemon::model::FileWatchEvent;
 use zygote_proto::watch::MAX_WATCHERS;
 
 use common::{create, qemu_guest_ready, sh, start_daemon, step, Scratch};
 
-/// A watch running in a task: its lines arrive on the receiver; dropping the receiver
-/// ends the watch (the callback answers false on the next line).
+/// Starts a watch on a thread of its own (the client's streaming future is not
+/// `Send`): its lines arrive on the receiver (an HTTP error as an `Error` line);
+/// dropping the receiver ends the watch (the callback answers false on the next line).
+fn start_watch(
+    c: &Client,
+    id: &str,
+    path: &str,
+    recursive: bool,
+) -> mpsc::Receiver<FileWatchEvent> {
+    let (tx, rx) = mpsc::channel(4096);
+    let (c, id, path) = (c.clone(), id.to_string(), path.to_string());
+    std::thread::spawn(move || {
+        let watching = c.watch_dir(&id, &path, recursive, |ev| tx.try_send(ev).is_ok());
+        if let Err(ClientError::Api { code, message, .. }) = block_on(watching) {
+            let _ = tx.try_send(FileWatchEvent::Error { code, message });
+        }
+    });
+    rx
+}
+
+/// [`start_watch`], once the daemon said `started`.
 async fn watch(
     c: &Client,
     id: &str,
     path: &str,
     recursive: bool,
 ) -> mpsc::Receiver<FileWatchEvent> {
-    let (tx, mut rx) = mpsc::channel(4096);
-    let (c, id, path) = (c.clone(), id.to_string(), path.to_string());
-    tokio::spawn(async move {
-        let result = c
-            .watch_dir(&id, &path, recursive, |ev| tx.try_send(ev).is_ok())
-            .await;
-        if let Err(ClientError::Api { code, message, .. }) = result {
-            let _ = tx.try_send(FileWatchEvent::Error { code, message });
-        }
-    });
+    let mut rx = start_watch(c, id, path, recursive);
     match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
         Ok(Some(FileWatchEvent::Started)) => rx,
         other => panic!("watch {path}: {other:?}"),
@@ -166,20 +176,8 @@ async fn a_watch_streams_changes_and_ends_with_its_client() {
     sh(&c, &id, "touch /w/wake2").await.unwrap();
     let mut again = None;
     for _ in 0..50 {
-        if let Ok(w) = tokio::time::timeout(Duration::from_secs(5), async {
-            let (tx, mut rx) = mpsc::channel(64);
-            let c2 = c.clone();
-            let id2 = id.clone();
-            tokio::spawn(async move {
-                let r = c2
-                    .watch_dir(&id2, "/w", false, |ev| tx.try_send(ev).is_ok())
-                    .await;
-                drop(r);
-            });
-            rx.recv().await
-        })
-        .await
-        {
+        let mut rx = start_watch(&c, &id, "/w", false);
+        if let Ok(w) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
             if w == Some(FileWatchEvent::Started) {
                 again = w;
                 break;
