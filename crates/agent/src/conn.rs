@@ -39,6 +39,8 @@ struct State {
     execs: HashMap<u64, libc::pid_t>,
     /// Open ptys of this connection (also in `execs`): request id → its terminal.
     ptys: HashMap<u64, Arc<crate::pty::Terminal>>,
+    /// Running watches of this connection: request id → its stop flag.
+    watches: HashMap<u64, Arc<AtomicBool>>,
     closed: bool,
     /// A `hello` with the right token opened the current session.
     authenticated: bool,
@@ -54,6 +56,15 @@ pub(crate) struct Conn {
     sock: OwnedFd,
     broken: AtomicBool,
     state: Mutex<State>,
+}
+
+impl State {
+    /// End every watch of the connection (its client is gone, or a new session began).
+    fn stop_watches(&mut self) {
+        for (_, stop) in self.watches.drain() {
+            stop.store(true, Ordering::SeqCst);
+        }
+    }
 }
 
 impl Conn {
@@ -112,6 +123,7 @@ impl Conn {
             }
             st.execs.clear();
             st.ptys.clear();
+            st.stop_watches();
             st.inflight.clear();
             st.session += 1;
             st.authenticated = true;
@@ -125,6 +137,7 @@ impl Conn {
     fn hang_up(&self) {
         let mut st = self.state();
         st.closed = true;
+        st.stop_watches();
         for &pgid in st.execs.values() {
             unsafe { libc::kill(-pgid, libc::SIGKILL) };
         }
@@ -217,6 +230,36 @@ impl Reply {
                 format!("no open pty with id {pty_id} on this connection"),
             )
         })
+    }
+
+    /// Make this request's watch reachable by `unwatch`; a client already gone stops it.
+    pub(crate) fn register_watch(&self, stop: Arc<AtomicBool>) {
+        let mut st = self.conn.state();
+        if st.closed || st.session != self.session {
+            stop.store(true, Ordering::SeqCst);
+            return;
+        }
+        st.watches.insert(self.id, stop);
+    }
+
+    pub(crate) fn unregister_watch(&self) {
+        let mut st = self.conn.state();
+        if st.session == self.session {
+            st.watches.remove(&self.id);
+        }
+    }
+
+    /// End the watch `watch_id` of this connection (it answers `ok` when it has).
+    pub(crate) fn stop_watch(&self, watch_id: u64) -> Result<(), ErrorBody> {
+        let st = self.conn.state();
+        let Some(stop) = st.watches.get(&watch_id) else {
+            return Err(ErrorBody::new(
+                ErrorCode::NotFound,
+                format!("no running watch with id {watch_id} on this connection"),
+            ));
+        };
+        stop.store(true, Ordering::SeqCst);
+        Ok(())
     }
 
     /// Signal another exec of the same connection.

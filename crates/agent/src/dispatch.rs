@@ -3,7 +3,7 @@
 use zygote_proto::{ErrorBody, ErrorCode, HealthInfo, Request, Response, PROTOCOL_VERSION};
 
 use crate::conn::Reply;
-use crate::{exec, files, log, pty, system, ShutdownAction};
+use crate::{exec, files, log, pty, system, watch, ShutdownAction};
 
 /// Requests cheap enough to answer on the connection's reader thread.
 pub(crate) fn is_quick(r: &Request) -> bool {
@@ -16,6 +16,7 @@ pub(crate) fn is_quick(r: &Request) -> bool {
             | Request::ProcessSignal(_)
             | Request::PtyInput(_)
             | Request::PtyResize(_)
+            | Request::Unwatch(_)
     )
 }
 
@@ -23,6 +24,8 @@ pub(crate) fn handle(reply: Reply, request: Request) {
     let response = match request {
         Request::Exec(req) => return exec::run(reply, req),
         Request::PtyOpen(req) => return pty::run(reply, req),
+        Request::Watch(req) => return watch::run(reply, req),
+        Request::Unwatch(req) => watch::unwatch(&reply, &req),
         Request::PtyInput(req) => pty::input(&reply, &req).map(|()| Response::Ok),
         Request::PtyResize(req) => pty::resize(&reply, &req).map(|()| Response::Ok),
         Request::Health => Ok(health(&reply)),

@@ -33,6 +33,7 @@ mod exec;
 pub mod fds;
 mod files;
 mod forked;
+mod inotify;
 mod netconf;
 mod port;
 mod procs;
@@ -42,6 +43,7 @@ pub mod reaper;
 pub mod system;
 mod vsock;
 mod walk;
+mod watch;
 
 pub use reaper::ReapMode;
 pub use vsock::VsockListener;
@@ -98,6 +100,8 @@ pub(crate) struct AgentState {
     pub(crate) processes: procs::ProcessTable,
     /// Open ptys, over every connection.
     pub(crate) ptys: pty::PtyCount,
+    /// Directory watchers and their watches, over every connection.
+    pub(crate) watches: watch::WatchCounts,
 }
 
 /// A socket the agent accepts connections on.
@@ -176,6 +180,7 @@ impl Agent {
             token: auth::Token::default(),
             processes: procs::ProcessTable::default(),
             ptys: pty::PtyCount::default(),
+            watches: watch::WatchCounts::default(),
         })))
     }
 

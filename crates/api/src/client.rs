@@ -387,6 +387,43 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Watch the guest directory `path` of sandbox `id`: each line of
+    /// `GET /v1/sandboxes/{id}/files/watch` goes to `on_event` as it arrives, until the
+    /// stream ends or `on_event` answers false (which ends the watch: the connection is
+    /// closed).
+    pub async fn watch_dir(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        mut on_event: impl FnMut(crate::model::FileWatchEvent) -> bool,
+    ) -> Result<(), ClientError> {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        q.append_pair("path", path);
+        if recursive {
+            q.append_pair("recursive", "true");
+        }
+        let route = format!("/v1/sandboxes/{id}/files/watch?{}", q.finish());
+        let go_on = std::cell::Cell::new(true);
+        let watch = self.ndjson(Method::GET, &route, None::<&()>, |ev| {
+            if go_on.get() && !on_event(ev) {
+                go_on.set(false);
+            }
+        });
+        tokio::pin!(watch);
+        // Polled until the callback says stop; dropping the future closes the connection.
+        std::future::poll_fn(|cx| {
+            let polled = std::future::Future::poll(watch.as_mut(), cx);
+            if !go_on.get() {
+                return std::task::Poll::Ready(Ok(()));
+            }
+            polled
+        })
+        .await
+    }
+}
+
 /// The whole body of `resp`; an error status becomes its [`ClientError::Api`].
 async fn whole_answer(resp: Response<Incoming>) -> Result<Bytes, ClientError> {
     let status = resp.status();

@@ -42,6 +42,8 @@ enum Command {
     Process(commands::process::ProcessCommand),
     /// An interactive terminal in a sandbox, like `docker exec -it` (daemon).
     Shell(commands::shell::ShellArgs),
+    /// Print a sandbox directory's changes as they happen: `watch ID /path [-r]` (daemon).
+    Watch(commands::watch::WatchArgs),
     /// Copy a file into or out of a sandbox: `cp FILE ID:/path`, `cp ID:/path FILE` (daemon).
     Cp(commands::cp::CpArgs),
     /// Branch a running sandbox into copy-on-write children (daemon).
@@ -99,6 +101,7 @@ fn main() {
         Command::Exec(args) => commands::exec::run(args),
         Command::Process(cmd) => commands::process::run(cmd),
         Command::Shell(args) => commands::shell::run(args),
+        Command::Watch(args) => commands::watch::run(args),
         Command::Cp(args) => commands::cp::run(args),
         Command::Branch(args) => commands::branch::run(args),
         Command::Tree(args) => commands::tree::run_tree(args),

@@ -26,7 +26,7 @@
 //! unfinished requests (keep it below 2^53 for JavaScript clients). Requests
 //! run concurrently; every agent → host frame is a [`ResponseFrame`] carrying
 //! the id it answers. A request ends with exactly one *terminal* frame; only
-//! `exec` and `pty_open` have non-terminal events before it:
+//! `exec`, `pty_open` and `watch` have non-terminal events before it:
 //!
 //! | request `type` | fields | terminal response `type` |
 //! |---|---|---|
@@ -48,6 +48,8 @@
 //! | `process_output` | [`process::ProcessOutputRequest`] | `process_output` ([`process::ProcessOutput`]) |
 //! | `process_stdin` | [`process::ProcessStdinRequest`] | `ok` |
 //! | `process_signal` | [`process::ProcessSignalRequest`] | `ok` |
+//! | `watch` | [`watch::WatchRequest`] | `watch_started`, `watch_events`*, then `ok` (after `unwatch`) |
+//! | `unwatch` | [`watch::UnwatchRequest`] | `ok` |
 //! | `shutdown` | — | `ok`, then the VM powers off |
 //!
 //! Any request may instead end with `{"id": N, "type": "error", "code": ...,
@@ -67,6 +69,7 @@ mod error;
 pub mod frame;
 pub mod process;
 mod types;
+pub mod watch;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use frame::MAX_FRAME_LEN;

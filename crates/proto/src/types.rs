@@ -47,6 +47,9 @@ pub enum Request {
     PtyOpen(PtyOpenRequest),
     PtyInput(PtyInputRequest),
     PtyResize(PtyResizeRequest),
+    /// Stream the changes under a directory (see [`crate::watch`]).
+    Watch(crate::watch::WatchRequest),
+    Unwatch(crate::watch::UnwatchRequest),
 }
 
 impl Request {
@@ -75,6 +78,8 @@ impl Request {
         "pty_open",
         "pty_input",
         "pty_resize",
+        "watch",
+        "unwatch",
     ];
 }
 
@@ -483,6 +488,12 @@ pub enum Response {
         processes: Vec<ProcessInfo>,
     },
     ProcessOutput(ProcessOutput),
+    /// A `watch` is in place: its events follow.
+    WatchStarted,
+    /// Changes under a watched directory, in the order the kernel reported them.
+    WatchEvents {
+        events: Vec<crate::watch::WatchEvent>,
+    },
     /// Success without a payload (kill, rename, remove, shutdown).
     Ok,
     Error(ErrorBody),
@@ -492,11 +503,16 @@ pub enum Response {
 }
 
 impl Response {
-    /// Whether this ends its request: everything except exec and pty progress events.
+    /// Whether this ends its request: everything except exec, pty and watch progress
+    /// events.
     pub fn is_terminal(&self) -> bool {
         !matches!(
             self,
-            Response::ExecStarted { .. } | Response::PtyStarted { .. } | Response::Output { .. }
+            Response::ExecStarted { .. }
+                | Response::PtyStarted { .. }
+                | Response::Output { .. }
+                | Response::WatchStarted
+                | Response::WatchEvents { .. }
         )
     }
 }

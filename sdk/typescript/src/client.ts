@@ -87,6 +87,8 @@ export interface RequestSpec {
   /** The body's type (default `application/octet-stream`). */
   contentType?: string;
   headers?: Record<string, string>;
+  /** Aborts the request (and a streamed answer) when it fires. */
+  signal?: AbortSignal;
 }
 
 /** Options of {@link Client.pullSnapshot}. */
@@ -170,7 +172,7 @@ export class Client {
       method,
       headers: this.headers(extra),
       body,
-      signal: timeoutMs === null ? null : AbortSignal.timeout(timeoutMs),
+      signal: anySignal(spec.signal, timeoutMs === null ? undefined : AbortSignal.timeout(timeoutMs)),
     };
     // A streamed body goes out while the answer may already come back.
     if (body instanceof ReadableStream) init.duplex = "half";
@@ -496,6 +498,13 @@ export function metadataFilters(metadata: Readonly<Record<string, string>> | und
 }
 
 /** One path segment (ids come from callers; keep `/` and `?` out of paths). */
+/** The signal that fires when any of `signals` does (none: null). */
+function anySignal(...signals: (AbortSignal | undefined)[]): AbortSignal | null {
+  const given = signals.filter((s): s is AbortSignal => s !== undefined);
+  if (given.length <= 1) return given[0] ?? null;
+  return AbortSignal.any(given);
+}
+
 export function seg(s: string): string {
   return encodeURIComponent(s);
 }

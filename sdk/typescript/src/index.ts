@@ -38,6 +38,7 @@ export {
 } from "./transfer.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
 export * from "./errors.js";
+export { type WatchEvent, WatchHandle, type WatchOptions } from "./watch.js";
 export { PTY_PROTOCOL, Pty, PtyHandle, type PtyCreateOptions, type PtyExit, parseControl, ptyQuery } from "./pty.js";
 export type {
   BranchFailure,

@@ -1,5 +1,6 @@
 /** The sandbox API: `Sandbox`, `sb.commands`, `sb.files`. */
 import { BranchCollector, type ProgressCallback, branchStreamed } from "./branch.js";
+import { type WatchHandle, type WatchOptions, watchDir } from "./watch.js";
 import { Client, type ClientOptions, type Command, type ListOptions, type RunOptions, seg } from "./client.js";
 import { type BackgroundRunOptions, type CommandHandle, ProcessCommands } from "./commands.js";
 import {
@@ -238,6 +239,16 @@ export class Files {
   async list(path = "/"): Promise<FileEntry[]> {
     const d = await this.sb.client.json<{ entries: Json[] }>("GET", this.path("/list"), { query: { path } });
     return d.entries.map(fileEntryFromJson);
+  }
+
+  /**
+   * Watches the directory `path`: `onEvent` gets each change as it happens
+   * (`recursive`: in every directory below it too). Resolves once the watch is in
+   * place; `stop()` the handle to end it. Throws {@link FileNotFound} for a missing
+   * directory.
+   */
+  async watch(path: string, opts: WatchOptions): Promise<WatchHandle> {
+    return watchDir(this.sb.client, this.sb.id, path, opts);
   }
 }
 

@@ -30,3 +30,4 @@ pub mod tree;
 pub mod ttl;
 pub mod vm;
 pub mod vm_serve;
+pub mod watch;

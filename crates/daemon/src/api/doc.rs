@@ -7,7 +7,7 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, PUBLIC,
+    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -117,6 +117,7 @@ impl utoipa::Modify for CommonResponses {
         pause::pause, pause::resume,
         ports::expose, ports::list, ports::unexpose,
         guest::exec, guest::exec_stream, pty::pty, guest::read_file, guest::write_file, guest::list_dir,
+        watch::watch,
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
         packs::export, packs::import, packs::push, packs::pull,

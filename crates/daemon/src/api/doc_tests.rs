@@ -124,6 +124,8 @@ fn parameters_are_where_the_router_reads_them() {
                 ("env", false),
                 ("cwd", false),
             ]
+        } else if path.ends_with("/files/watch") {
+            &[("path", true), ("recursive", false)]
         } else if path.contains("/files") {
             &[("path", true), ("mode", false), ("special", false)]
         } else if path.ends_with("/logs") {
@@ -157,7 +159,7 @@ fn parameters_are_where_the_router_reads_them() {
                 assert_eq!(p["required"], false, "{method} {path}: {name}");
             }
         }
-        if path.contains("/files") {
+        if path.contains("/files") && !path.ends_with("/files/watch") {
             for (name, required) in [("path", true), ("mode", false), ("special", false)] {
                 let p = params
                     .iter()
@@ -169,8 +171,8 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 23,
-        "path, mode, special on three file routes; against, path, content on diff; \
+        query_seen, 25,
+        "path, mode, special on three file routes; path, recursive on the watch; against, path, content on diff; \
          the list's metadata filter; offset, wait_ms, follow on process output; \
          cols, rows, cmd, env, cwd on pty; name on snapshot import; tail_bytes on logs"
     );

@@ -18,6 +18,7 @@ mod pty;
 mod sandboxes;
 mod snapshots;
 mod system;
+mod watch;
 
 use std::sync::Arc;
 
@@ -143,6 +144,7 @@ pub fn routes() -> Routes {
             "/v1/sandboxes/{id}/files/list",
             guest::list_dir,
         )
+        .add(Method::GET, "/v1/sandboxes/{id}/files/watch", watch::watch)
         .add(Method::GET, "/v1/snapshots", snapshots::list)
         .add(Method::POST, "/v1/snapshots", snapshots::create)
         .add(Method::GET, "/v1/snapshots/{id}", snapshots::get)

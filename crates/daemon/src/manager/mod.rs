@@ -13,6 +13,7 @@ mod create;
 mod diff;
 mod events;
 mod exec_cancel;
+mod file_watch;
 mod guest;
 mod images;
 mod intent;

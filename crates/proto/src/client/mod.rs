@@ -20,6 +20,7 @@ mod process;
 mod pty;
 mod transport;
 mod wait;
+mod watch;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -36,6 +37,7 @@ pub use inbound::{read_response, InboundError};
 pub use pty::{PtyControl, PtyHandle};
 pub use transport::ReadWrite;
 pub use wait::{Liveness, EXEC_GRACE, LIVENESS_INTERVAL, PROBE_TIMEOUT};
+pub use watch::{WatchHandle, WatchNext};
 
 use crate::frame::{self, MAX_FRAME_LEN};
 use crate::{

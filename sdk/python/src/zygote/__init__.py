@@ -77,6 +77,7 @@ from .models import (
 )
 from .pty import Pty, PtyExit, PtyHandle
 from .sandbox import Commands, Files, Sandbox
+from ._watch import AsyncWatchHandle, WatchEvent, WatchHandle
 
 __all__ = [
     "__version__",
@@ -100,6 +101,9 @@ __all__ = [
     "ProcessOutput",
     "FileEntry",
     "WriteResult",
+    "WatchEvent",
+    "WatchHandle",
+    "AsyncWatchHandle",
     "SandboxInfo",
     "ForkHook",
     "NetworkInfo",

@@ -13,6 +13,7 @@ from ._branch import BranchCollector, ProgressCallback
 from ._client import AsyncClient
 from ._process import AsyncCommandHandle, AsyncProcessCommands
 from .aio_pty import AsyncPty
+from ._watch import AsyncWatchHandle
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .sandbox import DEFAULT_IMAGE
@@ -140,6 +141,10 @@ class AsyncFiles:
 
     async def list(self, path: str = "/") -> List[FileEntry]:
         return await self._sb.client.call(_api.list_dir(self._sb.id, path))
+
+    async def watch(self, path: str, *, recursive: bool = False) -> AsyncWatchHandle:
+        """See :meth:`zygote.sandbox.Files.watch`; ``async for`` the handle."""
+        return await AsyncWatchHandle(self._sb.client, self._sb.id, path, recursive)._open()
 
 
 class AsyncSandbox:

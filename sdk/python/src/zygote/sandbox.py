@@ -13,6 +13,7 @@ from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
 from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
 from .pty import Pty
+from ._watch import WatchHandle
 
 __all__ = ["Sandbox", "Commands", "Files"]
 
@@ -171,6 +172,14 @@ class Files:
     def list(self, path: str = "/") -> List[FileEntry]:
         """Entries of a directory."""
         return self._sb.client.call(_api.list_dir(self._sb.id, path))
+
+    def watch(self, path: str, *, recursive: bool = False) -> WatchHandle:
+        """Watches the directory ``path`` (with ``recursive``, every directory
+        below it, new ones too): iterate the handle for :class:`~zygote.WatchEvent`\\ s
+        as they happen, ``stop()`` it to end the watch. Changes made after this
+        returns are reported. Raises :class:`~zygote.errors.FileNotFound` for a
+        missing directory."""
+        return WatchHandle(self._sb.client, self._sb.id, path, recursive)
 
 
 class Sandbox:

@@ -20,6 +20,7 @@ mod connect;
 mod files;
 mod process;
 mod process_ctl;
+mod watch;
 
 use std::sync::Arc;
 
@@ -42,7 +43,7 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 11] = [
+const NOT_YET: [&str; 7] = [
     "/process.Process/Update",
     "/process.Process/StreamInput",
     "/filesystem.Filesystem/Stat",
@@ -50,10 +51,6 @@ const NOT_YET: [&str; 11] = [
     "/filesystem.Filesystem/Move",
     "/filesystem.Filesystem/ListDir",
     "/filesystem.Filesystem/Remove",
-    "/filesystem.Filesystem/WatchDir",
-    "/filesystem.Filesystem/CreateWatcher",
-    "/filesystem.Filesystem/GetWatcherEvents",
-    "/filesystem.Filesystem/RemoveWatcher",
 ];
 
 /// envd's plain-HTTP answers (everything but Connect errors), as
@@ -157,11 +154,16 @@ impl IntoResponse for EnvdError {
 pub struct Envd {
     manager: Arc<Manager>,
     keys: EnvdKeys,
+    watchers: Arc<watch::Watchers>,
 }
 
 impl Envd {
     pub fn new(manager: Arc<Manager>, keys: EnvdKeys) -> Envd {
-        Envd { manager, keys }
+        Envd {
+            manager,
+            keys,
+            watchers: Arc::default(),
+        }
     }
 
     async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
@@ -224,6 +226,13 @@ impl Envd {
         match procedure {
             Procedure::Start => process::start(&self.manager, id, &headers, &body).await,
             Procedure::Connect => process::connect(&self.manager, id, &headers, &body).await,
+            Procedure::WatchDir => watch::watch_dir(&self.manager, id, &headers, &body).await,
+            Procedure::Watcher(unary) => {
+                match self.watchers.serve(&self.manager, id, unary, &body).await {
+                    Ok(answer) => connect::unary_ok(&answer),
+                    Err(e) => e.unary_response(),
+                }
+            }
             Procedure::Unary(unary) => {
                 match process_ctl::serve(&self.manager, id, unary, &body).await {
                     Ok(answer) => connect::unary_ok(&answer),
@@ -240,11 +249,14 @@ enum Procedure {
     Start,
     Connect,
     Unary(process_ctl::Unary),
+    WatchDir,
+    Watcher(watch::Unary),
 }
 
 impl Procedure {
     fn of(path: &str) -> Option<Procedure> {
         use process_ctl::Unary as U;
+        use watch::Unary as W;
         Some(match path {
             "/process.Process/Start" => Procedure::Start,
             "/process.Process/Connect" => Procedure::Connect,
@@ -252,14 +264,18 @@ impl Procedure {
             "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
             "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
             "/process.Process/CloseStdin" => Procedure::Unary(U::CloseStdin),
+            "/filesystem.Filesystem/WatchDir" => Procedure::WatchDir,
+            "/filesystem.Filesystem/CreateWatcher" => Procedure::Watcher(W::CreateWatcher),
+            "/filesystem.Filesystem/GetWatcherEvents" => Procedure::Watcher(W::GetWatcherEvents),
+            "/filesystem.Filesystem/RemoveWatcher" => Procedure::Watcher(W::RemoveWatcher),
             _ => return None,
         })
     }
 
     fn form(self) -> Form {
         match self {
-            Procedure::Start | Procedure::Connect => Form::Stream,
-            Procedure::Unary(_) => Form::Unary,
+            Procedure::Start | Procedure::Connect | Procedure::WatchDir => Form::Stream,
+            Procedure::Unary(_) | Procedure::Watcher(_) => Form::Unary,
         }
     }
 }
