@@ -20,6 +20,7 @@ mod connect;
 mod files;
 mod process;
 mod process_ctl;
+mod pty;
 
 use std::sync::Arc;
 
@@ -42,8 +43,7 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 11] = [
-    "/process.Process/Update",
+const NOT_YET: [&str; 10] = [
     "/process.Process/StreamInput",
     "/filesystem.Filesystem/Stat",
     "/filesystem.Filesystem/MakeDir",
@@ -157,11 +157,16 @@ impl IntoResponse for EnvdError {
 pub struct Envd {
     manager: Arc<Manager>,
     keys: EnvdKeys,
+    ptys: Arc<pty::Ptys>,
 }
 
 impl Envd {
     pub fn new(manager: Arc<Manager>, keys: EnvdKeys) -> Envd {
-        Envd { manager, keys }
+        Envd {
+            manager,
+            keys,
+            ptys: Default::default(),
+        }
     }
 
     async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
@@ -222,10 +227,14 @@ impl Envd {
             Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
         };
         match procedure {
-            Procedure::Start => process::start(&self.manager, id, &headers, &body).await,
-            Procedure::Connect => process::connect(&self.manager, id, &headers, &body).await,
+            Procedure::Start => {
+                process::start(&self.manager, &self.ptys, id, &headers, &body).await
+            }
+            Procedure::Connect => {
+                process::connect(&self.manager, &self.ptys, id, &headers, &body).await
+            }
             Procedure::Unary(unary) => {
-                match process_ctl::serve(&self.manager, id, unary, &body).await {
+                match process_ctl::serve(&self.manager, &self.ptys, id, unary, &body).await {
                     Ok(answer) => connect::unary_ok(&answer),
                     Err(e) => e.unary_response(),
                 }
@@ -252,6 +261,7 @@ impl Procedure {
             "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
             "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
             "/process.Process/CloseStdin" => Procedure::Unary(U::CloseStdin),
+            "/process.Process/Update" => Procedure::Unary(U::Update),
             _ => return None,
         })
     }

@@ -25,8 +25,9 @@ use tokio::sync::mpsc;
 
 use super::connect::{self, Code, ConnectError};
 use super::process_ctl::{pid_error, ProcessSelector};
+use super::pty::{Details, PtyRequest, Ptys};
 use crate::manager::Manager;
-use crate::model::{ExecEvent, ExecRequest, StdinRequest};
+use crate::model::{ExecEvent, ExecRequest, StdinRequest, Validate};
 
 /// Silence before a keepalive when the client names no interval (envd's default).
 const DEFAULT_KEEPALIVE_SECS: u64 = 90;
@@ -36,7 +37,9 @@ const DEFAULT_KEEPALIVE_SECS: u64 = 90;
 pub struct StartRequest {
     process: ProcessConfig,
     #[serde(default)]
-    pty: Option<serde_json::Value>,
+    pty: Option<PtyRequest>,
+    #[serde(default)]
+    tag: Option<String>,
     #[serde(default)]
     stdin: Option<bool>,
 }
@@ -72,6 +75,7 @@ enum ProcessEvent {
 enum DataEvent {
     Stdout(String),
     Stderr(String),
+    Pty(String),
 }
 
 #[derive(Debug, Serialize)]
@@ -139,8 +143,14 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
 }
 
 /// Serves `Start` for sandbox `id`; `body` is the request's envelope(s).
-pub async fn start(manager: &Arc<Manager>, id: &str, headers: &HeaderMap, body: &[u8]) -> Response {
-    match start_stream(manager, id, headers, body).await {
+pub async fn start(
+    manager: &Arc<Manager>,
+    ptys: &Arc<Ptys>,
+    id: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    match start_stream(manager, ptys, id, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
@@ -148,6 +158,7 @@ pub async fn start(manager: &Arc<Manager>, id: &str, headers: &HeaderMap, body: 
 
 async fn start_stream(
     manager: &Arc<Manager>,
+    ptys: &Arc<Ptys>,
     id: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -155,13 +166,22 @@ async fn start_stream(
     let json = connect::single_message(body)?;
     let req: StartRequest = serde_json::from_slice(json)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("StartRequest: {e}")))?;
-    if req.pty.is_some() {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "zygote's envd does not run programs on a PTY yet",
-        ));
-    }
     let timeout_ms = connect::timeout_ms(headers)?.filter(|&t| t > 0);
+    if let Some(pty) = &req.pty {
+        let size = pty.size()?;
+        let details = Details {
+            cmd: req.process.cmd,
+            args: req.process.args,
+            envs: req.process.envs,
+            cwd: req.process.cwd,
+            tag: req.tag,
+        };
+        check_program(&details)?;
+        let deadline = timeout_ms.map(|t| Instant::now() + Duration::from_millis(t));
+        let (pid, events) = ptys.open(manager, id, details, size, deadline).await?;
+        // The pump bounds the program by the timeout; the stream ends with its end.
+        return Ok(event_stream(pid, events, keepalive_interval(headers), None));
+    }
     let mut argv = vec![req.process.cmd];
     argv.extend(req.process.args);
     let exec = ExecRequest {
@@ -195,6 +215,31 @@ async fn start_stream(
     Ok(event_stream(pid, events, keepalive_interval(headers), None))
 }
 
+/// Longest tag Start takes (envd sets none; zygote keeps tags in memory).
+pub const MAX_TAG_BYTES: usize = 256;
+
+/// The checks zygote's exec applies to a program (argv, environment, cwd), and the
+/// tag's length.
+fn check_program(details: &Details) -> Result<(), ConnectError> {
+    let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
+    if details
+        .tag
+        .as_ref()
+        .is_some_and(|t| t.len() > MAX_TAG_BYTES)
+    {
+        return Err(bad(format!("tag: longer than {MAX_TAG_BYTES} bytes")));
+    }
+    let mut argv = vec![details.cmd.clone()];
+    argv.extend(details.args.iter().cloned());
+    let exec = ExecRequest {
+        argv,
+        env: details.envs.clone(),
+        cwd: details.cwd.clone(),
+        ..Default::default()
+    };
+    exec.validate().map_err(|e| bad(format!("process: {e}")))
+}
+
 /// `ConnectRequest`: `{"process": ProcessSelector}`.
 #[derive(Debug, Deserialize)]
 struct ConnectRequest {
@@ -205,11 +250,12 @@ struct ConnectRequest {
 /// the end. `connect-timeout-ms` bounds the stream only; the process keeps running.
 pub async fn connect(
     manager: &Arc<Manager>,
+    ptys: &Ptys,
     id: &str,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Response {
-    match connect_stream(manager, id, headers, body).await {
+    match connect_stream(manager, ptys, id, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
@@ -217,6 +263,7 @@ pub async fn connect(
 
 async fn connect_stream(
     manager: &Arc<Manager>,
+    ptys: &Ptys,
     id: &str,
     headers: &HeaderMap,
     body: &[u8],
@@ -228,6 +275,10 @@ async fn connect_stream(
     let deadline = connect::timeout_ms(headers)?
         .filter(|&t| t > 0)
         .map(|t| Instant::now() + Duration::from_millis(t));
+    let keepalive = keepalive_interval(headers);
+    if let Some(follower) = ptys.follow(id, pid) {
+        return Ok(event_stream(pid, follower?, keepalive, deadline));
+    }
     let process = manager
         .process(id, pid)
         .await
@@ -236,12 +287,7 @@ async fn connect_stream(
         .follow_process(id, pid, process.output_bytes)
         .await
         .map_err(|e| pid_error(pid, &e))?;
-    Ok(event_stream(
-        pid,
-        events,
-        keepalive_interval(headers),
-        deadline,
-    ))
+    Ok(event_stream(pid, events, keepalive, deadline))
 }
 
 /// The streamed answer: `start`, then the follower's events.
@@ -298,10 +344,10 @@ fn envelopes(
             };
             let last = match event {
                 Some(ExecEvent::Output { stream, data }) => {
-                    let data = if stream == "stderr" {
-                        DataEvent::Stderr(data)
-                    } else {
-                        DataEvent::Stdout(data)
+                    let data = match stream.as_str() {
+                        "stderr" => DataEvent::Stderr(data),
+                        "pty" => DataEvent::Pty(data),
+                        _ => DataEvent::Stdout(data),
                     };
                     let msg = StartResponse {
                         event: ProcessEvent::Data(data),

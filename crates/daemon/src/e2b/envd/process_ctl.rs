@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::connect::{Code, ConnectError};
+use super::pty::{Details, PtyRequest, Ptys};
 use crate::error::Error;
-use crate::manager::Manager;
+use crate::manager::{Manager, PtyInput};
 use crate::model::{SignalRequest, SignalSpec, StdinRequest};
 
 /// A unary procedure of the process service.
@@ -24,6 +25,7 @@ pub enum Unary {
     SendInput,
     SendSignal,
     CloseStdin,
+    Update,
 }
 
 /// `ProcessSelector`: `{"pid": N}` or `{"tag": "t"}` (a oneof).
@@ -77,6 +79,14 @@ struct ProcessInput {
     pty: Option<String>,
 }
 
+/// `UpdateRequest`: `{"process": sel, "pty"?: {"size": {...}}}`.
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: ProcessSelector,
+    #[serde(default)]
+    pty: Option<PtyRequest>,
+}
+
 #[derive(Debug, Deserialize)]
 struct SendSignalRequest {
     process: ProcessSelector,
@@ -93,13 +103,49 @@ struct ListResponse {
 struct ProcessInfo {
     config: ProcessConfig,
     pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tag: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 struct ProcessConfig {
     cmd: String,
     args: Vec<String>,
-    envs: serde_json::Map<String, Value>,
+    envs: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cwd: Option<String>,
+}
+
+impl ProcessInfo {
+    fn of(pid: u32, d: Details) -> ProcessInfo {
+        ProcessInfo {
+            config: ProcessConfig {
+                cmd: d.cmd,
+                args: d.args,
+                envs: d.envs,
+                cwd: d.cwd,
+            },
+            pid,
+            tag: d.tag,
+        }
+    }
+}
+
+/// envd's answer to an input or resize meant for the other kind of process.
+fn precondition(message: &str) -> ConnectError {
+    ConnectError::new(Code::FailedPrecondition, message)
+}
+
+/// `pid` is a running process of sandbox `id` (not a terminal: those are asked first).
+async fn running(manager: &Arc<Manager>, id: &str, pid: u32) -> Result<(), ConnectError> {
+    match manager.process(id, pid).await {
+        Ok(p) if p.state == "running" => Ok(()),
+        Ok(_) => Err(ConnectError::new(
+            Code::NotFound,
+            format!("process with pid {pid} not found"),
+        )),
+        Err(e) => Err(pid_error(pid, &e)),
+    }
 }
 
 /// A daemon error about `pid`, as envd names a missing or ended process.
@@ -139,6 +185,7 @@ fn signal_number(signal: &Value) -> Result<i64, ConnectError> {
 /// Serves one unary procedure for sandbox `id`; the answer is the response message.
 pub async fn serve(
     manager: &Arc<Manager>,
+    ptys: &Ptys,
     id: &str,
     procedure: Unary,
     body: &[u8],
@@ -150,35 +197,33 @@ pub async fn serve(
                 .processes(id)
                 .await
                 .map_err(|e| ConnectError::from_zygote(&e))?;
-            let processes = list
+            let mut processes: Vec<ProcessInfo> = list
                 .processes
                 .into_iter()
                 .filter(|p| p.state == "running")
                 .map(|p| {
                     let mut argv = p.argv.into_iter();
-                    ProcessInfo {
-                        config: ProcessConfig {
-                            cmd: argv.next().unwrap_or_default(),
-                            args: argv.collect(),
-                            envs: Default::default(),
-                        },
-                        pid: p.pid,
-                    }
+                    let details = Details {
+                        cmd: argv.next().unwrap_or_default(),
+                        args: argv.collect(),
+                        ..Default::default()
+                    };
+                    ProcessInfo::of(p.pid, details)
                 })
                 .collect();
+            let terminals = ptys.list(id).into_iter();
+            processes.extend(terminals.map(|(pid, d)| ProcessInfo::of(pid, d)));
             Ok(serde_json::to_value(ListResponse { processes }).unwrap_or_default())
         }
         Unary::SendInput => {
             let req: SendInputRequest = decode("SendInputRequest", body)?;
             let pid = req.process.pid()?;
             let data = match (req.input.stdin, req.input.pty) {
+                (Some(_), None) if ptys.has(id, pid) => return Err(precondition(
+                    "tty assigned to process — input should be written to the pty, not the stdin",
+                )),
                 (Some(data), None) => data,
-                (None, Some(_)) => {
-                    return Err(ConnectError::new(
-                        Code::Unimplemented,
-                        "zygote's envd does not run programs on a PTY yet",
-                    ))
-                }
+                (None, Some(data)) => return pty_input(manager, ptys, id, pid, &data).await,
                 _ => {
                     return Err(ConnectError::new(
                         Code::InvalidArgument,
@@ -188,14 +233,9 @@ pub async fn serve(
             };
             if data.is_empty() {
                 // Nothing to write; still, the pid must name a live process.
-                return match manager.process(id, pid).await {
-                    Ok(p) if p.state == "running" => Ok(serde_json::json!({})),
-                    Ok(_) => Err(ConnectError::new(
-                        Code::NotFound,
-                        format!("process with pid {pid} not found"),
-                    )),
-                    Err(e) => Err(pid_error(pid, &e)),
-                };
+                return running(manager, id, pid)
+                    .await
+                    .map(|()| serde_json::json!({}));
             }
             let req = StdinRequest {
                 data_base64: Some(data),
@@ -206,6 +246,11 @@ pub async fn serve(
         Unary::CloseStdin => {
             let req: SelectRequest = decode("CloseStdinRequest", body)?;
             let pid = req.process.pid()?;
+            if ptys.has(id, pid) {
+                return Err(precondition(
+                    "cannot close stdin for PTY process — send Ctrl+D (0x04) instead",
+                ));
+            }
             let req = StdinRequest {
                 eof: true,
                 ..Default::default()
@@ -215,8 +260,12 @@ pub async fn serve(
         Unary::SendSignal => {
             let req: SendSignalRequest = decode("SendSignalRequest", body)?;
             let pid = req.process.pid()?;
+            let number = signal_number(&req.signal)?;
+            if let Some(sent) = ptys.signal(id, pid, number as i32).await {
+                return sent.map(|()| serde_json::json!({}));
+            }
             let signal = SignalRequest {
-                signal: SignalSpec::Number(signal_number(&req.signal)?),
+                signal: SignalSpec::Number(number),
             };
             manager
                 .process_signal(id, pid, &signal)
@@ -224,7 +273,55 @@ pub async fn serve(
                 .map_err(|e| pid_error(pid, &e))?;
             Ok(serde_json::json!({}))
         }
+        Unary::Update => {
+            let req: UpdateRequest = decode("UpdateRequest", body)?;
+            let pid = req.process.pid()?;
+            let Some(pty) = req.pty else {
+                // Nothing to change; still, the pid must name a live process.
+                if ptys.has(id, pid) {
+                    return Ok(serde_json::json!({}));
+                }
+                return running(manager, id, pid)
+                    .await
+                    .map(|()| serde_json::json!({}));
+            };
+            let (cols, rows) = pty.size()?;
+            match ptys.send(id, pid, PtyInput::Resize { cols, rows }).await {
+                Some(sent) => sent.map(|()| serde_json::json!({})),
+                None => {
+                    running(manager, id, pid).await?;
+                    Err(precondition(
+                        "error resizing tty: tty not assigned to process",
+                    ))
+                }
+            }
+        }
     }
+}
+
+/// SendInput's `pty` input: base64 of the keystrokes, for a terminal's pid.
+async fn pty_input(
+    manager: &Arc<Manager>,
+    ptys: &Ptys,
+    id: &str,
+    pid: u32,
+    data: &str,
+) -> Result<Value, ConnectError> {
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("input.pty: {e}")))?;
+    if bytes.is_empty() {
+        if ptys.has(id, pid) {
+            return Ok(serde_json::json!({}));
+        }
+    } else if let Some(sent) = ptys.send(id, pid, PtyInput::Data(bytes)).await {
+        return sent.map(|()| serde_json::json!({}));
+    }
+    running(manager, id, pid).await?;
+    Err(precondition(
+        "tty not assigned to process — input should be written to the stdin, not the tty",
+    ))
 }
 
 async fn write_stdin(
