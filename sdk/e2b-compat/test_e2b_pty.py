@@ -125,3 +125,12 @@ def test_a_terminal_is_killed_at_its_timeout(sbx):
         assert time.monotonic() < deadline, "the terminal outlived its timeout"
         time.sleep(0.2)
     assert sbx.pty.kill(h.pid) is False
+
+
+def test_commands_list_shows_the_envs_and_cwd_a_command_started_with(sbx):
+    h = sbx.commands.run("sleep 60", background=True, envs={"ZY_A": "1"}, cwd="/tmp")
+    listed = {p.pid: p for p in sbx.commands.list()}
+    info = listed[h.pid]
+    assert (info.cmd, info.args) == ("/bin/bash", ["-l", "-c", "sleep 60"])
+    assert (info.envs, info.cwd, info.tag) == ({"ZY_A": "1"}, "/tmp", None)
+    assert h.kill() is True

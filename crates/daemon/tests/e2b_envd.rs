@@ -6,6 +6,8 @@
 mod common;
 #[path = "e2b_envd/process.rs"]
 mod process;
+#[path = "e2b_envd/pty.rs"]
+mod pty;
 #[path = "e2b_envd/wire.rs"]
 mod wire;
 

@@ -16,11 +16,13 @@
 //! The token is this daemon's HMAC of the sandbox id ([`EnvdKeys`]): it never enters
 //! the guest, and [`Gate::guest_secrets`] makes the proxy strip it from whatever it
 //! forwards to the sandbox's other ports.
+mod book;
 mod connect;
 mod files;
 mod process;
 mod process_ctl;
 mod pty;
+mod selector;
 
 use std::sync::Arc;
 
@@ -158,6 +160,7 @@ pub struct Envd {
     manager: Arc<Manager>,
     keys: EnvdKeys,
     ptys: Arc<pty::Ptys>,
+    book: book::ProcessBook,
 }
 
 impl Envd {
@@ -166,6 +169,7 @@ impl Envd {
             manager,
             keys,
             ptys: Default::default(),
+            book: Default::default(),
         }
     }
 
@@ -226,19 +230,19 @@ impl Envd {
             Ok((_, body)) => body,
             Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
         };
+        let procs = selector::Procs {
+            manager: &self.manager,
+            ptys: &self.ptys,
+            book: &self.book,
+            id,
+        };
         match procedure {
-            Procedure::Start => {
-                process::start(&self.manager, &self.ptys, id, &headers, &body).await
-            }
-            Procedure::Connect => {
-                process::connect(&self.manager, &self.ptys, id, &headers, &body).await
-            }
-            Procedure::Unary(unary) => {
-                match process_ctl::serve(&self.manager, &self.ptys, id, unary, &body).await {
-                    Ok(answer) => connect::unary_ok(&answer),
-                    Err(e) => e.unary_response(),
-                }
-            }
+            Procedure::Start => process::start(procs, &headers, &body).await,
+            Procedure::Connect => process::connect(procs, &headers, &body).await,
+            Procedure::Unary(unary) => match process_ctl::serve(procs, unary, &body).await {
+                Ok(answer) => connect::unary_ok(&answer),
+                Err(e) => e.unary_response(),
+            },
         }
     }
 }

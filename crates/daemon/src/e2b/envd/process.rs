@@ -10,7 +10,6 @@
 //! A silent program gets a `keepalive` event every `Keepalive-Ping-Interval` seconds,
 //! so the client's read timeout does not end a long quiet command.
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,9 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::connect::{self, Code, ConnectError};
-use super::process_ctl::{pid_error, ProcessSelector};
-use super::pty::{Details, PtyRequest, Ptys};
-use crate::manager::Manager;
+use super::pty::{Details, PtyRequest};
+use super::selector::{pid_error, ProcessSelector, Procs};
 use crate::model::{ExecEvent, ExecRequest, StdinRequest, Validate};
 
 /// Silence before a keepalive when the client names no interval (envd's default).
@@ -143,51 +141,46 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
 }
 
 /// Serves `Start` for sandbox `id`; `body` is the request's envelope(s).
-pub async fn start(
-    manager: &Arc<Manager>,
-    ptys: &Arc<Ptys>,
-    id: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
-    match start_stream(manager, ptys, id, headers, body).await {
+pub async fn start(procs: Procs<'_>, headers: &HeaderMap, body: &[u8]) -> Response {
+    match start_stream(procs, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
 }
 
 async fn start_stream(
-    manager: &Arc<Manager>,
-    ptys: &Arc<Ptys>,
-    id: &str,
+    procs: Procs<'_>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     let json = connect::single_message(body)?;
     let req: StartRequest = serde_json::from_slice(json)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("StartRequest: {e}")))?;
     let timeout_ms = connect::timeout_ms(headers)?.filter(|&t| t > 0);
+    let details = Details {
+        cmd: req.process.cmd,
+        args: req.process.args,
+        envs: req.process.envs,
+        cwd: req.process.cwd,
+        tag: req.tag,
+    };
+    check_program(&details)?;
     if let Some(pty) = &req.pty {
         let size = pty.size()?;
-        let details = Details {
-            cmd: req.process.cmd,
-            args: req.process.args,
-            envs: req.process.envs,
-            cwd: req.process.cwd,
-            tag: req.tag,
-        };
-        check_program(&details)?;
         let deadline = timeout_ms.map(|t| Instant::now() + Duration::from_millis(t));
         let (pid, events) = ptys.open(manager, id, details, size, deadline).await?;
         // The pump bounds the program by the timeout; the stream ends with its end.
         return Ok(event_stream(pid, events, keepalive_interval(headers), None));
     }
-    let mut argv = vec![req.process.cmd];
-    argv.extend(req.process.args);
+    let mut argv = vec![details.cmd.clone()];
+    argv.extend(details.args.iter().cloned());
     let exec = ExecRequest {
         argv,
-        env: req.process.envs,
-        cwd: req.process.cwd,
+        env: details.envs.clone(),
+        cwd: details.cwd.clone(),
         timeout_ms,
         background: true,
         ..Default::default()
@@ -197,6 +190,14 @@ async fn start_stream(
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
     let pid = started.pid;
+    // Drop what is kept of sandboxes that no longer run, then keep this one's.
+    procs.book.forget_sandboxes(|other| {
+        other != id
+            && !manager
+                .get(other)
+                .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting"))
+    });
+    procs.book.record(id, pid, started.started_at_ms, details);
     if !req.stdin.unwrap_or(false) {
         // The program reads end of file at once, as with envd's `stdin: false`.
         let eof = StdinRequest {
@@ -248,30 +249,25 @@ struct ConnectRequest {
 
 /// Serves `Connect` for sandbox `id`: `start`, then the output printed from now on and
 /// the end. `connect-timeout-ms` bounds the stream only; the process keeps running.
-pub async fn connect(
-    manager: &Arc<Manager>,
-    ptys: &Ptys,
-    id: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
-    match connect_stream(manager, ptys, id, headers, body).await {
+pub async fn connect(procs: Procs<'_>, headers: &HeaderMap, body: &[u8]) -> Response {
+    match connect_stream(procs, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
 }
 
 async fn connect_stream(
-    manager: &Arc<Manager>,
-    ptys: &Ptys,
-    id: &str,
+    procs: Procs<'_>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     let json = connect::single_message(body)?;
     let req: ConnectRequest = serde_json::from_slice(json)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("ConnectRequest: {e}")))?;
-    let pid = req.process.pid()?;
+    let pid = procs.pid(&req.process).await?;
     let deadline = connect::timeout_ms(headers)?
         .filter(|&t| t > 0)
         .map(|t| Instant::now() + Duration::from_millis(t));

@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::connect::{Code, ConnectError};
-use super::pty::{Details, PtyRequest, Ptys};
-use crate::error::Error;
+use super::pty::{Details, PtyRequest};
+use super::selector::{pid_error, ProcessSelector, Procs};
 use crate::manager::{Manager, PtyInput};
 use crate::model::{SignalRequest, SignalSpec, StdinRequest};
 
@@ -26,37 +26,6 @@ pub enum Unary {
     SendSignal,
     CloseStdin,
     Update,
-}
-
-/// `ProcessSelector`: `{"pid": N}` or `{"tag": "t"}` (a oneof).
-#[derive(Debug, Deserialize)]
-pub struct ProcessSelector {
-    #[serde(default)]
-    pid: Option<Value>,
-    #[serde(default)]
-    tag: Option<String>,
-}
-
-impl ProcessSelector {
-    /// The pid it names. proto3 JSON writes a uint32 as a number, and readers take a
-    /// decimal string too.
-    pub fn pid(&self) -> Result<u32, ConnectError> {
-        let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
-        match (&self.pid, &self.tag) {
-            (Some(v), None) => match v {
-                Value::Number(n) => n.as_u64(),
-                Value::String(s) if !s.is_empty() && s.len() <= 10 => s.parse().ok(),
-                _ => None,
-            }
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| bad(format!("process.pid: {v} is not a uint32"))),
-            (None, Some(tag)) => Err(ConnectError::new(
-                Code::NotFound,
-                format!("process with tag {tag} not found (zygote's envd keeps no tags yet)"),
-            )),
-            _ => Err(bad("process: give exactly one of pid and tag".into())),
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -136,34 +105,6 @@ fn precondition(message: &str) -> ConnectError {
     ConnectError::new(Code::FailedPrecondition, message)
 }
 
-/// `pid` is a running process of sandbox `id` (not a terminal: those are asked first).
-async fn running(manager: &Arc<Manager>, id: &str, pid: u32) -> Result<(), ConnectError> {
-    match manager.process(id, pid).await {
-        Ok(p) if p.state == "running" => Ok(()),
-        Ok(_) => Err(ConnectError::new(
-            Code::NotFound,
-            format!("process with pid {pid} not found"),
-        )),
-        Err(e) => Err(pid_error(pid, &e)),
-    }
-}
-
-/// A daemon error about `pid`, as envd names a missing or ended process.
-pub fn pid_error(pid: u32, e: &Error) -> ConnectError {
-    let gone = matches!(
-        e,
-        Error::NotFound {
-            what: "process",
-            ..
-        }
-    ) || matches!(e.status_code().1, "guest_not_found" | "process_exited");
-    if gone {
-        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
-    } else {
-        ConnectError::from_zygote(e)
-    }
-}
-
 fn decode<'a, T: Deserialize<'a>>(what: &str, body: &'a [u8]) -> Result<T, ConnectError> {
     serde_json::from_slice(body)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("{what}: {e}")))
@@ -183,13 +124,10 @@ fn signal_number(signal: &Value) -> Result<i64, ConnectError> {
 }
 
 /// Serves one unary procedure for sandbox `id`; the answer is the response message.
-pub async fn serve(
-    manager: &Arc<Manager>,
-    ptys: &Ptys,
-    id: &str,
-    procedure: Unary,
-    body: &[u8],
-) -> Result<Value, ConnectError> {
+pub async fn serve(procs: Procs<'_>, procedure: Unary, body: &[u8]) -> Result<Value, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     match procedure {
         Unary::List => {
             decode::<serde_json::Map<String, Value>>("ListRequest", body)?;
@@ -197,17 +135,23 @@ pub async fn serve(
                 .processes(id)
                 .await
                 .map_err(|e| ConnectError::from_zygote(&e))?;
-            let mut processes: Vec<ProcessInfo> = list
+            let running: Vec<_> = list
                 .processes
                 .into_iter()
                 .filter(|p| p.state == "running")
+                .collect();
+            let alive: Vec<_> = running.iter().map(|p| (p.pid, p.started_at_ms)).collect();
+            procs.book.keep_only(id, &alive);
+            let mut processes: Vec<ProcessInfo> = running
+                .into_iter()
                 .map(|p| {
+                    let details = procs.book.details(id, p.pid, p.started_at_ms);
                     let mut argv = p.argv.into_iter();
-                    let details = Details {
+                    let details = details.unwrap_or_else(|| Details {
                         cmd: argv.next().unwrap_or_default(),
                         args: argv.collect(),
                         ..Default::default()
-                    };
+                    });
                     ProcessInfo::of(p.pid, details)
                 })
                 .collect();
@@ -217,13 +161,13 @@ pub async fn serve(
         }
         Unary::SendInput => {
             let req: SendInputRequest = decode("SendInputRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
             let data = match (req.input.stdin, req.input.pty) {
                 (Some(_), None) if ptys.has(id, pid) => return Err(precondition(
                     "tty assigned to process — input should be written to the pty, not the stdin",
                 )),
                 (Some(data), None) => data,
-                (None, Some(data)) => return pty_input(manager, ptys, id, pid, &data).await,
+                (None, Some(data)) => return pty_input(procs, pid, &data).await,
                 _ => {
                     return Err(ConnectError::new(
                         Code::InvalidArgument,
@@ -233,9 +177,7 @@ pub async fn serve(
             };
             if data.is_empty() {
                 // Nothing to write; still, the pid must name a live process.
-                return running(manager, id, pid)
-                    .await
-                    .map(|()| serde_json::json!({}));
+                return procs.running(pid).await.map(|()| serde_json::json!({}));
             }
             let req = StdinRequest {
                 data_base64: Some(data),
@@ -245,7 +187,7 @@ pub async fn serve(
         }
         Unary::CloseStdin => {
             let req: SelectRequest = decode("CloseStdinRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
             if ptys.has(id, pid) {
                 return Err(precondition(
                     "cannot close stdin for PTY process — send Ctrl+D (0x04) instead",
@@ -259,7 +201,7 @@ pub async fn serve(
         }
         Unary::SendSignal => {
             let req: SendSignalRequest = decode("SendSignalRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
             let number = signal_number(&req.signal)?;
             if let Some(sent) = ptys.signal(id, pid, number as i32).await {
                 return sent.map(|()| serde_json::json!({}));
@@ -275,21 +217,19 @@ pub async fn serve(
         }
         Unary::Update => {
             let req: UpdateRequest = decode("UpdateRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
             let Some(pty) = req.pty else {
                 // Nothing to change; still, the pid must name a live process.
                 if ptys.has(id, pid) {
                     return Ok(serde_json::json!({}));
                 }
-                return running(manager, id, pid)
-                    .await
-                    .map(|()| serde_json::json!({}));
+                return procs.running(pid).await.map(|()| serde_json::json!({}));
             };
             let (cols, rows) = pty.size()?;
             match ptys.send(id, pid, PtyInput::Resize { cols, rows }).await {
                 Some(sent) => sent.map(|()| serde_json::json!({})),
                 None => {
-                    running(manager, id, pid).await?;
+                    procs.running(pid).await?;
                     Err(precondition(
                         "error resizing tty: tty not assigned to process",
                     ))
@@ -300,13 +240,8 @@ pub async fn serve(
 }
 
 /// SendInput's `pty` input: base64 of the keystrokes, for a terminal's pid.
-async fn pty_input(
-    manager: &Arc<Manager>,
-    ptys: &Ptys,
-    id: &str,
-    pid: u32,
-    data: &str,
-) -> Result<Value, ConnectError> {
+async fn pty_input(procs: Procs<'_>, pid: u32, data: &str) -> Result<Value, ConnectError> {
+    let Procs { ptys, id, .. } = procs;
     use base64::Engine;
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data)
@@ -318,7 +253,7 @@ async fn pty_input(
     } else if let Some(sent) = ptys.send(id, pid, PtyInput::Data(bytes)).await {
         return sent.map(|()| serde_json::json!({}));
     }
-    running(manager, id, pid).await?;
+    procs.running(pid).await?;
     Err(precondition(
         "tty not assigned to process — input should be written to the stdin, not the tty",
     ))
@@ -342,19 +277,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn selectors_and_signals_are_read_as_envd_does() {
-        let sel = |j: &str| serde_json::from_str::<ProcessSelector>(j).unwrap().pid();
-        assert_eq!(sel(r#"{"pid": 42}"#).unwrap(), 42);
-        assert_eq!(sel(r#"{"pid": "42"}"#).unwrap(), 42);
-        for bad in [
-            r#"{"pid": -1}"#,
-            r#"{"pid": 4294967296}"#,
-            r#"{"pid": "x"}"#,
-            "{}",
-        ] {
-            assert_eq!(sel(bad).unwrap_err().code, Code::InvalidArgument, "{bad}");
-        }
-        assert_eq!(sel(r#"{"tag": "t"}"#).unwrap_err().code, Code::NotFound);
+    fn signals_are_read_as_envd_does() {
         assert_eq!(signal_number(&"SIGNAL_SIGKILL".into()).unwrap(), 9);
         assert_eq!(signal_number(&15.into()).unwrap(), 15);
         assert_eq!(
