@@ -134,3 +134,24 @@ def test_commands_list_shows_the_envs_and_cwd_a_command_started_with(sbx):
     assert (info.cmd, info.args) == ("/bin/bash", ["-l", "-c", "sleep 60"])
     assert (info.envs, info.cwd, info.tag) == ({"ZY_A": "1"}, "/tmp", None)
     assert h.kill() is True
+
+
+def test_stream_input_feeds_a_command_and_a_terminal(sbx):
+    h = sbx.commands.run("while read l; do echo got:$l; done", background=True, stdin=True)
+
+    def chunks():
+        yield "one\n"
+        time.sleep(0.3)  # the stream is read as it comes
+        yield b"two\n"
+
+    sbx.commands.stream_input(h.pid, chunks())
+    h.close_stdin()
+    assert h.wait().stdout == "got:one\ngot:two\n"
+    with pytest.raises(NotFoundException):
+        sbx.commands.stream_input(h.pid, ["late\n"])
+
+    t = sbx.pty.create(PtySize(rows=24, cols=80), timeout=60)
+    term = Terminal(t)
+    sbx.pty.stream_input(t.pid, [b"echo streamed-", b"$((3*4))\n"])
+    term.expect("streamed-12\r\n")
+    assert sbx.pty.kill(t.pid) is True

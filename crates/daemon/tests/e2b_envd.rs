@@ -209,7 +209,7 @@ fn e2b_envd_runs_commands_moves_files_and_refuses_bad_input() {
     let a = rpc(
         &a_id,
         &a_tok,
-        "/process.Process/StreamInput",
+        "/filesystem.Filesystem/GetWatcherEvents",
         "application/json",
         b"{}",
     );

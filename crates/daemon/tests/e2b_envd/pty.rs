@@ -265,6 +265,66 @@ fn e2b_envd_terminals_and_tags_refuse_bad_input() {
         assert!(b_list.is_empty(), "{b_list:?}");
         step(t0, "bad input refused");
 
+        // StreamInput: a client stream, start first, then input.
+        let stream_input = |envd: &Envd, messages: &[Value], tail: &[u8]| {
+            let mut body: Vec<u8> = messages.iter().flat_map(envelope).collect();
+            body.extend_from_slice(tail);
+            envd.call("StreamInput", "application/connect+json", &[], &body)
+        };
+        let start = |sel: Value| json!({"start": {"process": sel}});
+        let data = |kind: &str, d: &[u8]| json!({"data": {"input": {kind: b64(d)}}});
+        let a = stream_input(
+            &a_envd,
+            &[
+                start(by_tag("bg")),
+                data("stdin", b"x\n"),
+                json!({"keepalive": {}}),
+            ],
+            b"",
+        );
+        assert_eq!(
+            a.envelopes(),
+            [(0, json!({})), (2, json!({}))],
+            "{}",
+            a.text()
+        );
+        let code = |a: Answer| a.envelopes()[0].1["error"]["code"].clone();
+        let cases: [(&Envd, Vec<Value>, &[u8], &str); 7] = [
+            (&a_envd, vec![data("stdin", b"x")], b"", "invalid_argument"),
+            (&a_envd, vec![start(by_tag("nope"))], b"", "not_found"),
+            (&b_envd, vec![start(json!({"pid": bpid}))], b"", "not_found"),
+            (
+                &a_envd,
+                vec![start(by_tag("bg")), data("pty", b"x")],
+                b"",
+                "failed_precondition",
+            ),
+            (
+                &a_envd,
+                vec![start(by_tag("bg")), start(by_tag("bg"))],
+                b"",
+                "invalid_argument",
+            ),
+            (
+                &a_envd,
+                vec![start(by_tag("bg"))],
+                &[0, 0, 0],
+                "invalid_argument",
+            ),
+            // A message announced past the cap is refused before it is read.
+            (
+                &a_envd,
+                vec![start(by_tag("bg"))],
+                &[0, 0x7f, 0xff, 0xff, 0xff],
+                "resource_exhausted",
+            ),
+        ];
+        for (envd, messages, tail, expected) in cases {
+            let a = stream_input(envd, &messages, tail);
+            assert_eq!(code(a), expected, "{messages:?} {tail:?}");
+        }
+        step(t0, "StreamInput");
+
         // The terminal answered; SIGKILL by tag ends it and its stream.
         ok(a_envd.unary(
             "SendSignal",

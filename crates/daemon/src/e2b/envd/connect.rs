@@ -211,6 +211,19 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
             rest.len()
         )));
     }
+    check_flags(flags)?;
+    if rest.len() > len {
+        return Err(bad(
+            "protocol error: a server-streaming call takes exactly one request message".into(),
+        ));
+    }
+    Ok(&rest[..len])
+}
+
+/// A client's envelope carries no flags: no compression here, and end-of-stream is the
+/// server's.
+fn check_flags(flags: u8) -> Result<(), ConnectError> {
+    let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
     if flags & FLAG_COMPRESSED != 0 {
         return Err(bad(
             "protocol error: sent compressed message without compression support".into(),
@@ -221,12 +234,36 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
             "protocol error: invalid envelope flags {flags}"
         )));
     }
-    if rest.len() > len {
-        return Err(bad(
-            "protocol error: a server-streaming call takes exactly one request message".into(),
+    Ok(())
+}
+
+/// The next whole message of a client stream, taken off the front of `buf`; `None`
+/// until `buf` holds all of it. A message past `max` bytes is `resource_exhausted`.
+pub fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, ConnectError> {
+    if buf.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    check_flags(buf[0])?;
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > max {
+        return Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!("message size {len} is larger than configured max {max}"),
         ));
     }
-    Ok(&rest[..len])
+    if buf.len() < PREFIX_LEN + len {
+        return Ok(None);
+    }
+    let _ = buf.split_to(PREFIX_LEN);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
+/// What is left of a client stream that ended: nothing, or a torn envelope.
+pub fn finished(buf: &[u8]) -> Result<(), ConnectError> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    single_message(buf).map(|_| ())
 }
 
 /// `Connect-Timeout-Ms`: at most 10 ASCII digits (the protocol's bound); None: absent.

@@ -23,6 +23,7 @@ mod process;
 mod process_ctl;
 mod pty;
 mod selector;
+mod stream_input;
 
 use std::sync::Arc;
 
@@ -45,8 +46,7 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 10] = [
-    "/process.Process/StreamInput",
+const NOT_YET: [&str; 9] = [
     "/filesystem.Filesystem/Stat",
     "/filesystem.Filesystem/MakeDir",
     "/filesystem.Filesystem/Move",
@@ -225,20 +225,28 @@ impl Envd {
             return connect::unsupported_media_type();
         }
         let headers: HeaderMap = req.headers().clone();
-        let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await
-        {
-            Ok((_, body)) => body,
-            Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
-        };
         let procs = selector::Procs {
             manager: &self.manager,
             ptys: &self.ptys,
             book: &self.book,
             id,
         };
+        if procedure == Procedure::StreamInput {
+            // A client stream: read as it comes, never whole.
+            return stream_input::serve(procs, &headers, req.into_body()).await;
+        }
+        let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await
+        {
+            Ok((_, body)) => body,
+            Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
+        };
         match procedure {
             Procedure::Start => process::start(procs, &headers, &body).await,
             Procedure::Connect => process::connect(procs, &headers, &body).await,
+            // Read as it comes above; a body already read is served the same way.
+            Procedure::StreamInput => {
+                stream_input::serve(procs, &headers, axum::body::Body::from(body)).await
+            }
             Procedure::Unary(unary) => match process_ctl::serve(procs, unary, &body).await {
                 Ok(answer) => connect::unary_ok(&answer),
                 Err(e) => e.unary_response(),
@@ -252,6 +260,7 @@ impl Envd {
 enum Procedure {
     Start,
     Connect,
+    StreamInput,
     Unary(process_ctl::Unary),
 }
 
@@ -261,6 +270,7 @@ impl Procedure {
         Some(match path {
             "/process.Process/Start" => Procedure::Start,
             "/process.Process/Connect" => Procedure::Connect,
+            "/process.Process/StreamInput" => Procedure::StreamInput,
             "/process.Process/List" => Procedure::Unary(U::List),
             "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
             "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
@@ -272,7 +282,7 @@ impl Procedure {
 
     fn form(self) -> Form {
         match self {
-            Procedure::Start | Procedure::Connect => Form::Stream,
+            Procedure::Start | Procedure::Connect | Procedure::StreamInput => Form::Stream,
             Procedure::Unary(_) => Form::Unary,
         }
     }

@@ -41,7 +41,7 @@ struct SendInputRequest {
 
 /// `ProcessInput`: `{"stdin": b64}` or `{"pty": b64}`.
 #[derive(Debug, Deserialize)]
-struct ProcessInput {
+pub struct ProcessInput {
     #[serde(default)]
     stdin: Option<String>,
     #[serde(default)]
@@ -162,28 +162,8 @@ pub async fn serve(procs: Procs<'_>, procedure: Unary, body: &[u8]) -> Result<Va
         Unary::SendInput => {
             let req: SendInputRequest = decode("SendInputRequest", body)?;
             let pid = procs.pid(&req.process).await?;
-            let data = match (req.input.stdin, req.input.pty) {
-                (Some(_), None) if ptys.has(id, pid) => return Err(precondition(
-                    "tty assigned to process — input should be written to the pty, not the stdin",
-                )),
-                (Some(data), None) => data,
-                (None, Some(data)) => return pty_input(procs, pid, &data).await,
-                _ => {
-                    return Err(ConnectError::new(
-                        Code::InvalidArgument,
-                        "input: give exactly one of stdin and pty",
-                    ))
-                }
-            };
-            if data.is_empty() {
-                // Nothing to write; still, the pid must name a live process.
-                return procs.running(pid).await.map(|()| serde_json::json!({}));
-            }
-            let req = StdinRequest {
-                data_base64: Some(data),
-                ..Default::default()
-            };
-            write_stdin(manager, id, pid, req).await
+            send_input(procs, pid, req.input).await?;
+            Ok(serde_json::json!({}))
         }
         Unary::CloseStdin => {
             let req: SelectRequest = decode("CloseStdinRequest", body)?;
@@ -237,6 +217,42 @@ pub async fn serve(procs: Procs<'_>, procedure: Unary, body: &[u8]) -> Result<Va
             }
         }
     }
+}
+
+/// `input` to process `pid` (SendInput's and StreamInput's): stdin for a program,
+/// keystrokes for a terminal; the other kind is envd's `failed_precondition`.
+pub async fn send_input(
+    procs: Procs<'_>,
+    pid: u32,
+    input: ProcessInput,
+) -> Result<(), ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
+    let data = match (input.stdin, input.pty) {
+        (Some(_), None) if ptys.has(id, pid) => {
+            return Err(precondition(
+                "tty assigned to process — input should be written to the pty, not the stdin",
+            ))
+        }
+        (Some(data), None) => data,
+        (None, Some(data)) => return pty_input(procs, pid, &data).await.map(|_| ()),
+        _ => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "input: give exactly one of stdin and pty",
+            ))
+        }
+    };
+    if data.is_empty() {
+        // Nothing to write; still, the pid must name a live process.
+        return procs.running(pid).await;
+    }
+    let req = StdinRequest {
+        data_base64: Some(data),
+        ..Default::default()
+    };
+    write_stdin(manager, id, pid, req).await.map(|_| ())
 }
 
 /// SendInput's `pty` input: base64 of the keystrokes, for a terminal's pid.
