@@ -284,7 +284,12 @@ async fn write_stdin(
     manager
         .process_stdin(id, pid, req)
         .await
-        .map_err(|e| pid_error(pid, &e))?;
+        .map_err(|e| match e.status_code().1 {
+            // The agent's "stdin of process N is closed": started with `stdin: false`,
+            // or closed since (envd's sentinel and code for both).
+            "guest_bad_request" => precondition("stdin not enabled or closed"),
+            _ => pid_error(pid, &e),
+        })?;
     Ok(serde_json::json!({}))
 }
 
