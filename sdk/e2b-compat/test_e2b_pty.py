@@ -155,3 +155,12 @@ def test_stream_input_feeds_a_command_and_a_terminal(sbx):
     sbx.pty.stream_input(t.pid, [b"echo streamed-", b"$((3*4))\n"])
     term.expect("streamed-12\r\n")
     assert sbx.pty.kill(t.pid) is True
+
+
+def test_a_command_past_its_timeout_raises_and_is_killed(sbx):
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("echo started; sleep 30", timeout=2)
+    deadline = time.monotonic() + 10
+    while any("sleep 30" in " ".join(p.args) for p in sbx.commands.list()):
+        assert time.monotonic() < deadline, "the command outlived its timeout"
+        time.sleep(0.2)
