@@ -306,6 +306,33 @@ mod tests {
     }
 
     #[test]
+    fn client_streams_are_cut_into_messages_as_they_come() {
+        let env = message(&serde_json::json!({"a": 1}));
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&env[..3]);
+        assert_eq!(next_message(&mut buf, 64).unwrap(), None);
+        buf.extend_from_slice(&env[3..]);
+        buf.extend_from_slice(&env[..6]);
+        let first = next_message(&mut buf, 64).unwrap().unwrap();
+        assert_eq!(&first[..], br#"{"a":1}"#);
+        assert_eq!(next_message(&mut buf, 64).unwrap(), None);
+        assert!(finished(&buf)
+            .unwrap_err()
+            .message
+            .contains("promised 7 bytes"));
+        assert_eq!(
+            next_message(&mut buf, 6).unwrap_err().code,
+            Code::ResourceExhausted
+        );
+        let mut flagged = BytesMut::from(&end_stream_ok()[..]);
+        assert_eq!(
+            next_message(&mut flagged, 64).unwrap_err().code,
+            Code::InvalidArgument
+        );
+        assert!(finished(&[]).is_ok());
+    }
+
+    #[test]
     fn content_types_pick_the_form() {
         let mut h = HeaderMap::new();
         assert_eq!(form(&h), None);
