@@ -6,6 +6,8 @@
 mod common;
 #[path = "e2b_envd/process.rs"]
 mod process;
+#[path = "e2b_envd/pty.rs"]
+mod pty;
 #[path = "e2b_envd/wire.rs"]
 mod wire;
 
@@ -199,7 +201,7 @@ fn e2b_envd_runs_commands_moves_files_and_refuses_bad_input() {
     let a = rpc(
         &a_id,
         &a_tok,
-        "/process.Process/Update",
+        "/filesystem.Filesystem/Stat",
         "application/json",
         b"{}",
     );

@@ -29,7 +29,7 @@ mod pause;
 mod ports;
 mod processes;
 mod pty;
-pub use pty::{PtyInput, PtyOutput, PtySession};
+pub use pty::{PtyInput, PtyOutput, PtySession, PtySignaller};
 mod recovery;
 mod space;
 mod startup;

@@ -61,6 +61,33 @@ pub struct PtySession {
     _guard: PtyGuard,
 }
 
+impl PtySession {
+    /// A handle that signals the program while another task owns the session (and
+    /// reads its output): what E2B's `kill` of a terminal needs.
+    pub fn signaller(&self) -> PtySignaller {
+        PtySignaller {
+            control: self._guard.control.clone(),
+        }
+    }
+}
+
+/// Sends signals to one pty's program (see [`PtySession::signaller`]).
+#[derive(Clone)]
+pub struct PtySignaller {
+    control: PtyControl,
+}
+
+impl PtySignaller {
+    /// Sends `signal` to the program; fails once it has ended.
+    pub async fn signal(&self, signal: i32) -> Result<()> {
+        let control = self.control.clone();
+        tokio::task::spawn_blocking(move || control.kill(signal))
+            .await
+            .map_err(|e| Error::Internal(format!("blocking task failed: {e}")))?
+            .map_err(Error::agent)
+    }
+}
+
 /// Kills the program when dropped before it ended.
 struct PtyGuard {
     control: PtyControl,

@@ -211,6 +211,19 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
             rest.len()
         )));
     }
+    check_flags(flags)?;
+    if rest.len() > len {
+        return Err(bad(
+            "protocol error: a server-streaming call takes exactly one request message".into(),
+        ));
+    }
+    Ok(&rest[..len])
+}
+
+/// A client's envelope carries no flags: no compression here, and end-of-stream is the
+/// server's.
+fn check_flags(flags: u8) -> Result<(), ConnectError> {
+    let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
     if flags & FLAG_COMPRESSED != 0 {
         return Err(bad(
             "protocol error: sent compressed message without compression support".into(),
@@ -221,12 +234,36 @@ pub fn single_message(body: &[u8]) -> Result<&[u8], ConnectError> {
             "protocol error: invalid envelope flags {flags}"
         )));
     }
-    if rest.len() > len {
-        return Err(bad(
-            "protocol error: a server-streaming call takes exactly one request message".into(),
+    Ok(())
+}
+
+/// The next whole message of a client stream, taken off the front of `buf`; `None`
+/// until `buf` holds all of it. A message past `max` bytes is `resource_exhausted`.
+pub fn next_message(buf: &mut BytesMut, max: usize) -> Result<Option<Bytes>, ConnectError> {
+    if buf.len() < PREFIX_LEN {
+        return Ok(None);
+    }
+    check_flags(buf[0])?;
+    let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+    if len > max {
+        return Err(ConnectError::new(
+            Code::ResourceExhausted,
+            format!("message size {len} is larger than configured max {max}"),
         ));
     }
-    Ok(&rest[..len])
+    if buf.len() < PREFIX_LEN + len {
+        return Ok(None);
+    }
+    let _ = buf.split_to(PREFIX_LEN);
+    Ok(Some(buf.split_to(len).freeze()))
+}
+
+/// What is left of a client stream that ended: nothing, or a torn envelope.
+pub fn finished(buf: &[u8]) -> Result<(), ConnectError> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    single_message(buf).map(|_| ())
 }
 
 /// `Connect-Timeout-Ms`: at most 10 ASCII digits (the protocol's bound); None: absent.
@@ -266,6 +303,33 @@ mod tests {
         two.extend_from_slice(&env);
         assert!(err(&two).contains("exactly one"));
         assert_eq!(end_stream_ok()[0], FLAG_END_STREAM);
+    }
+
+    #[test]
+    fn client_streams_are_cut_into_messages_as_they_come() {
+        let env = message(&serde_json::json!({"a": 1}));
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&env[..3]);
+        assert_eq!(next_message(&mut buf, 64).unwrap(), None);
+        buf.extend_from_slice(&env[3..]);
+        buf.extend_from_slice(&env[..6]);
+        let first = next_message(&mut buf, 64).unwrap().unwrap();
+        assert_eq!(&first[..], br#"{"a":1}"#);
+        assert_eq!(next_message(&mut buf, 64).unwrap(), None);
+        assert!(finished(&buf)
+            .unwrap_err()
+            .message
+            .contains("promised 7 bytes"));
+        assert_eq!(
+            next_message(&mut buf, 6).unwrap_err().code,
+            Code::ResourceExhausted
+        );
+        let mut flagged = BytesMut::from(&end_stream_ok()[..]);
+        assert_eq!(
+            next_message(&mut flagged, 64).unwrap_err().code,
+            Code::InvalidArgument
+        );
+        assert!(finished(&[]).is_ok());
     }
 
     #[test]

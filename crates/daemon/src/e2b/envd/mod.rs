@@ -16,10 +16,14 @@
 //! The token is this daemon's HMAC of the sandbox id ([`EnvdKeys`]): it never enters
 //! the guest, and [`Gate::guest_secrets`] makes the proxy strip it from whatever it
 //! forwards to the sandbox's other ports.
+mod book;
 mod connect;
 mod files;
 mod process;
 mod process_ctl;
+mod pty;
+mod selector;
+mod stream_input;
 mod watch;
 
 use std::sync::Arc;
@@ -43,9 +47,7 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 7] = [
-    "/process.Process/Update",
-    "/process.Process/StreamInput",
+const NOT_YET: [&str; 5] = [
     "/filesystem.Filesystem/Stat",
     "/filesystem.Filesystem/MakeDir",
     "/filesystem.Filesystem/Move",
@@ -155,6 +157,8 @@ pub struct Envd {
     manager: Arc<Manager>,
     keys: EnvdKeys,
     watchers: Arc<watch::Watchers>,
+    ptys: Arc<pty::Ptys>,
+    book: book::ProcessBook,
 }
 
 impl Envd {
@@ -163,6 +167,8 @@ impl Envd {
             manager,
             keys,
             watchers: Arc::default(),
+            ptys: Default::default(),
+            book: Default::default(),
         }
     }
 
@@ -218,14 +224,28 @@ impl Envd {
             return connect::unsupported_media_type();
         }
         let headers: HeaderMap = req.headers().clone();
+        let procs = selector::Procs {
+            manager: &self.manager,
+            ptys: &self.ptys,
+            book: &self.book,
+            id,
+        };
+        if procedure == Procedure::StreamInput {
+            // A client stream: read as it comes, never whole.
+            return stream_input::serve(procs, &headers, req.into_body()).await;
+        }
         let body = match crate::api::read_body(req, MAX_JSON_BODY_BYTES, "a Connect request").await
         {
             Ok((_, body)) => body,
             Err(e) => return fail(ConnectError::new(Code::ResourceExhausted, e.to_string())),
         };
         match procedure {
-            Procedure::Start => process::start(&self.manager, id, &headers, &body).await,
-            Procedure::Connect => process::connect(&self.manager, id, &headers, &body).await,
+            Procedure::Start => process::start(procs, &headers, &body).await,
+            Procedure::Connect => process::connect(procs, &headers, &body).await,
+            // Read as it comes above; a body already read is served the same way.
+            Procedure::StreamInput => {
+                stream_input::serve(procs, &headers, axum::body::Body::from(body)).await
+            }
             Procedure::WatchDir => watch::watch_dir(&self.manager, id, &headers, &body).await,
             Procedure::Watcher(unary) => {
                 match self.watchers.serve(&self.manager, id, unary, &body).await {
@@ -233,12 +253,10 @@ impl Envd {
                     Err(e) => e.unary_response(),
                 }
             }
-            Procedure::Unary(unary) => {
-                match process_ctl::serve(&self.manager, id, unary, &body).await {
-                    Ok(answer) => connect::unary_ok(&answer),
-                    Err(e) => e.unary_response(),
-                }
-            }
+            Procedure::Unary(unary) => match process_ctl::serve(procs, unary, &body).await {
+                Ok(answer) => connect::unary_ok(&answer),
+                Err(e) => e.unary_response(),
+            },
         }
     }
 }
@@ -248,6 +266,7 @@ impl Envd {
 enum Procedure {
     Start,
     Connect,
+    StreamInput,
     Unary(process_ctl::Unary),
     WatchDir,
     Watcher(watch::Unary),
@@ -260,10 +279,12 @@ impl Procedure {
         Some(match path {
             "/process.Process/Start" => Procedure::Start,
             "/process.Process/Connect" => Procedure::Connect,
+            "/process.Process/StreamInput" => Procedure::StreamInput,
             "/process.Process/List" => Procedure::Unary(U::List),
             "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
             "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
             "/process.Process/CloseStdin" => Procedure::Unary(U::CloseStdin),
+            "/process.Process/Update" => Procedure::Unary(U::Update),
             "/filesystem.Filesystem/WatchDir" => Procedure::WatchDir,
             "/filesystem.Filesystem/CreateWatcher" => Procedure::Watcher(W::CreateWatcher),
             "/filesystem.Filesystem/GetWatcherEvents" => Procedure::Watcher(W::GetWatcherEvents),
@@ -274,7 +295,10 @@ impl Procedure {
 
     fn form(self) -> Form {
         match self {
-            Procedure::Start | Procedure::Connect | Procedure::WatchDir => Form::Stream,
+            Procedure::Start
+            | Procedure::Connect
+            | Procedure::StreamInput
+            | Procedure::WatchDir => Form::Stream,
             Procedure::Unary(_) | Procedure::Watcher(_) => Form::Unary,
         }
     }

@@ -10,7 +10,6 @@
 //! A silent program gets a `keepalive` event every `Keepalive-Ping-Interval` seconds,
 //! so the client's read timeout does not end a long quiet command.
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,9 +23,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use super::connect::{self, Code, ConnectError};
-use super::process_ctl::{pid_error, ProcessSelector};
-use crate::manager::Manager;
-use crate::model::{ExecEvent, ExecRequest, StdinRequest};
+use super::pty::{Details, PtyRequest};
+use super::selector::{pid_error, ProcessSelector, Procs};
+use crate::model::{ExecEvent, ExecRequest, StdinRequest, Validate};
 
 /// Silence before a keepalive when the client names no interval (envd's default).
 const DEFAULT_KEEPALIVE_SECS: u64 = 90;
@@ -36,7 +35,9 @@ const DEFAULT_KEEPALIVE_SECS: u64 = 90;
 pub struct StartRequest {
     process: ProcessConfig,
     #[serde(default)]
-    pty: Option<serde_json::Value>,
+    pty: Option<PtyRequest>,
+    #[serde(default)]
+    tag: Option<String>,
     #[serde(default)]
     stdin: Option<bool>,
 }
@@ -72,6 +73,7 @@ enum ProcessEvent {
 enum DataEvent {
     Stdout(String),
     Stderr(String),
+    Pty(String),
 }
 
 #[derive(Debug, Serialize)]
@@ -139,35 +141,46 @@ fn keepalive_interval(headers: &HeaderMap) -> Duration {
 }
 
 /// Serves `Start` for sandbox `id`; `body` is the request's envelope(s).
-pub async fn start(manager: &Arc<Manager>, id: &str, headers: &HeaderMap, body: &[u8]) -> Response {
-    match start_stream(manager, id, headers, body).await {
+pub async fn start(procs: Procs<'_>, headers: &HeaderMap, body: &[u8]) -> Response {
+    match start_stream(procs, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
 }
 
 async fn start_stream(
-    manager: &Arc<Manager>,
-    id: &str,
+    procs: Procs<'_>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     let json = connect::single_message(body)?;
     let req: StartRequest = serde_json::from_slice(json)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("StartRequest: {e}")))?;
-    if req.pty.is_some() {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "zygote's envd does not run programs on a PTY yet",
-        ));
-    }
     let timeout_ms = connect::timeout_ms(headers)?.filter(|&t| t > 0);
-    let mut argv = vec![req.process.cmd];
-    argv.extend(req.process.args);
+    let details = Details {
+        cmd: req.process.cmd,
+        args: req.process.args,
+        envs: req.process.envs,
+        cwd: req.process.cwd,
+        tag: req.tag,
+    };
+    check_program(&details)?;
+    if let Some(pty) = &req.pty {
+        let size = pty.size()?;
+        let deadline = timeout_ms.map(|t| Instant::now() + Duration::from_millis(t));
+        let (pid, events) = ptys.open(manager, id, details, size, deadline).await?;
+        // The pump bounds the program by the timeout; the stream ends with its end.
+        return Ok(event_stream(pid, events, keepalive_interval(headers), None));
+    }
+    let mut argv = vec![details.cmd.clone()];
+    argv.extend(details.args.iter().cloned());
     let exec = ExecRequest {
         argv,
-        env: req.process.envs,
-        cwd: req.process.cwd,
+        env: details.envs.clone(),
+        cwd: details.cwd.clone(),
         timeout_ms,
         background: true,
         ..Default::default()
@@ -177,6 +190,14 @@ async fn start_stream(
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
     let pid = started.pid;
+    // Drop what is kept of sandboxes that no longer run, then keep this one's.
+    procs.book.forget_sandboxes(|other| {
+        other != id
+            && !manager
+                .get(other)
+                .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting"))
+    });
+    procs.book.record(id, pid, started.started_at_ms, details);
     if !req.stdin.unwrap_or(false) {
         // The program reads end of file at once, as with envd's `stdin: false`.
         let eof = StdinRequest {
@@ -195,6 +216,31 @@ async fn start_stream(
     Ok(event_stream(pid, events, keepalive_interval(headers), None))
 }
 
+/// Longest tag Start takes (envd sets none; zygote keeps tags in memory).
+pub const MAX_TAG_BYTES: usize = 256;
+
+/// The checks zygote's exec applies to a program (argv, environment, cwd), and the
+/// tag's length.
+fn check_program(details: &Details) -> Result<(), ConnectError> {
+    let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
+    if details
+        .tag
+        .as_ref()
+        .is_some_and(|t| t.len() > MAX_TAG_BYTES)
+    {
+        return Err(bad(format!("tag: longer than {MAX_TAG_BYTES} bytes")));
+    }
+    let mut argv = vec![details.cmd.clone()];
+    argv.extend(details.args.iter().cloned());
+    let exec = ExecRequest {
+        argv,
+        env: details.envs.clone(),
+        cwd: details.cwd.clone(),
+        ..Default::default()
+    };
+    exec.validate().map_err(|e| bad(format!("process: {e}")))
+}
+
 /// `ConnectRequest`: `{"process": ProcessSelector}`.
 #[derive(Debug, Deserialize)]
 struct ConnectRequest {
@@ -203,31 +249,32 @@ struct ConnectRequest {
 
 /// Serves `Connect` for sandbox `id`: `start`, then the output printed from now on and
 /// the end. `connect-timeout-ms` bounds the stream only; the process keeps running.
-pub async fn connect(
-    manager: &Arc<Manager>,
-    id: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Response {
-    match connect_stream(manager, id, headers, body).await {
+pub async fn connect(procs: Procs<'_>, headers: &HeaderMap, body: &[u8]) -> Response {
+    match connect_stream(procs, headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.stream_response(),
     }
 }
 
 async fn connect_stream(
-    manager: &Arc<Manager>,
-    id: &str,
+    procs: Procs<'_>,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     let json = connect::single_message(body)?;
     let req: ConnectRequest = serde_json::from_slice(json)
         .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("ConnectRequest: {e}")))?;
-    let pid = req.process.pid()?;
+    let pid = procs.pid(&req.process).await?;
     let deadline = connect::timeout_ms(headers)?
         .filter(|&t| t > 0)
         .map(|t| Instant::now() + Duration::from_millis(t));
+    let keepalive = keepalive_interval(headers);
+    if let Some(follower) = ptys.follow(id, pid) {
+        return Ok(event_stream(pid, follower?, keepalive, deadline));
+    }
     let process = manager
         .process(id, pid)
         .await
@@ -236,12 +283,7 @@ async fn connect_stream(
         .follow_process(id, pid, process.output_bytes)
         .await
         .map_err(|e| pid_error(pid, &e))?;
-    Ok(event_stream(
-        pid,
-        events,
-        keepalive_interval(headers),
-        deadline,
-    ))
+    Ok(event_stream(pid, events, keepalive, deadline))
 }
 
 /// The streamed answer: `start`, then the follower's events.
@@ -298,10 +340,10 @@ fn envelopes(
             };
             let last = match event {
                 Some(ExecEvent::Output { stream, data }) => {
-                    let data = if stream == "stderr" {
-                        DataEvent::Stderr(data)
-                    } else {
-                        DataEvent::Stdout(data)
+                    let data = match stream.as_str() {
+                        "stderr" => DataEvent::Stderr(data),
+                        "pty" => DataEvent::Pty(data),
+                        _ => DataEvent::Stdout(data),
                     };
                     let msg = StartResponse {
                         event: ProcessEvent::Data(data),

@@ -13,8 +13,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::connect::{Code, ConnectError};
-use crate::error::Error;
-use crate::manager::Manager;
+use super::pty::{Details, PtyRequest};
+use super::selector::{pid_error, ProcessSelector, Procs};
+use crate::manager::{Manager, PtyInput};
 use crate::model::{SignalRequest, SignalSpec, StdinRequest};
 
 /// A unary procedure of the process service.
@@ -24,37 +25,7 @@ pub enum Unary {
     SendInput,
     SendSignal,
     CloseStdin,
-}
-
-/// `ProcessSelector`: `{"pid": N}` or `{"tag": "t"}` (a oneof).
-#[derive(Debug, Deserialize)]
-pub struct ProcessSelector {
-    #[serde(default)]
-    pid: Option<Value>,
-    #[serde(default)]
-    tag: Option<String>,
-}
-
-impl ProcessSelector {
-    /// The pid it names. proto3 JSON writes a uint32 as a number, and readers take a
-    /// decimal string too.
-    pub fn pid(&self) -> Result<u32, ConnectError> {
-        let bad = |m: String| ConnectError::new(Code::InvalidArgument, m);
-        match (&self.pid, &self.tag) {
-            (Some(v), None) => match v {
-                Value::Number(n) => n.as_u64(),
-                Value::String(s) if !s.is_empty() && s.len() <= 10 => s.parse().ok(),
-                _ => None,
-            }
-            .and_then(|n| u32::try_from(n).ok())
-            .ok_or_else(|| bad(format!("process.pid: {v} is not a uint32"))),
-            (None, Some(tag)) => Err(ConnectError::new(
-                Code::NotFound,
-                format!("process with tag {tag} not found (zygote's envd keeps no tags yet)"),
-            )),
-            _ => Err(bad("process: give exactly one of pid and tag".into())),
-        }
-    }
+    Update,
 }
 
 #[derive(Debug, Deserialize)]
@@ -70,11 +41,19 @@ struct SendInputRequest {
 
 /// `ProcessInput`: `{"stdin": b64}` or `{"pty": b64}`.
 #[derive(Debug, Deserialize)]
-struct ProcessInput {
+pub struct ProcessInput {
     #[serde(default)]
     stdin: Option<String>,
     #[serde(default)]
     pty: Option<String>,
+}
+
+/// `UpdateRequest`: `{"process": sel, "pty"?: {"size": {...}}}`.
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: ProcessSelector,
+    #[serde(default)]
+    pty: Option<PtyRequest>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,29 +72,37 @@ struct ListResponse {
 struct ProcessInfo {
     config: ProcessConfig,
     pid: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tag: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
 struct ProcessConfig {
     cmd: String,
     args: Vec<String>,
-    envs: serde_json::Map<String, Value>,
+    envs: std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cwd: Option<String>,
 }
 
-/// A daemon error about `pid`, as envd names a missing or ended process.
-pub fn pid_error(pid: u32, e: &Error) -> ConnectError {
-    let gone = matches!(
-        e,
-        Error::NotFound {
-            what: "process",
-            ..
+impl ProcessInfo {
+    fn of(pid: u32, d: Details) -> ProcessInfo {
+        ProcessInfo {
+            config: ProcessConfig {
+                cmd: d.cmd,
+                args: d.args,
+                envs: d.envs,
+                cwd: d.cwd,
+            },
+            pid,
+            tag: d.tag,
         }
-    ) || matches!(e.status_code().1, "guest_not_found" | "process_exited");
-    if gone {
-        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
-    } else {
-        ConnectError::from_zygote(e)
     }
+}
+
+/// envd's answer to an input or resize meant for the other kind of process.
+fn precondition(message: &str) -> ConnectError {
+    ConnectError::new(Code::FailedPrecondition, message)
 }
 
 fn decode<'a, T: Deserialize<'a>>(what: &str, body: &'a [u8]) -> Result<T, ConnectError> {
@@ -137,12 +124,10 @@ fn signal_number(signal: &Value) -> Result<i64, ConnectError> {
 }
 
 /// Serves one unary procedure for sandbox `id`; the answer is the response message.
-pub async fn serve(
-    manager: &Arc<Manager>,
-    id: &str,
-    procedure: Unary,
-    body: &[u8],
-) -> Result<Value, ConnectError> {
+pub async fn serve(procs: Procs<'_>, procedure: Unary, body: &[u8]) -> Result<Value, ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
     match procedure {
         Unary::List => {
             decode::<serde_json::Map<String, Value>>("ListRequest", body)?;
@@ -150,62 +135,44 @@ pub async fn serve(
                 .processes(id)
                 .await
                 .map_err(|e| ConnectError::from_zygote(&e))?;
-            let processes = list
+            let running: Vec<_> = list
                 .processes
                 .into_iter()
                 .filter(|p| p.state == "running")
+                .collect();
+            let alive: Vec<_> = running.iter().map(|p| (p.pid, p.started_at_ms)).collect();
+            procs.book.keep_only(id, &alive);
+            let mut processes: Vec<ProcessInfo> = running
+                .into_iter()
                 .map(|p| {
+                    let details = procs.book.details(id, p.pid, p.started_at_ms);
                     let mut argv = p.argv.into_iter();
-                    ProcessInfo {
-                        config: ProcessConfig {
-                            cmd: argv.next().unwrap_or_default(),
-                            args: argv.collect(),
-                            envs: Default::default(),
-                        },
-                        pid: p.pid,
-                    }
+                    let details = details.unwrap_or_else(|| Details {
+                        cmd: argv.next().unwrap_or_default(),
+                        args: argv.collect(),
+                        ..Default::default()
+                    });
+                    ProcessInfo::of(p.pid, details)
                 })
                 .collect();
+            let terminals = ptys.list(id).into_iter();
+            processes.extend(terminals.map(|(pid, d)| ProcessInfo::of(pid, d)));
             Ok(serde_json::to_value(ListResponse { processes }).unwrap_or_default())
         }
         Unary::SendInput => {
             let req: SendInputRequest = decode("SendInputRequest", body)?;
-            let pid = req.process.pid()?;
-            let data = match (req.input.stdin, req.input.pty) {
-                (Some(data), None) => data,
-                (None, Some(_)) => {
-                    return Err(ConnectError::new(
-                        Code::Unimplemented,
-                        "zygote's envd does not run programs on a PTY yet",
-                    ))
-                }
-                _ => {
-                    return Err(ConnectError::new(
-                        Code::InvalidArgument,
-                        "input: give exactly one of stdin and pty",
-                    ))
-                }
-            };
-            if data.is_empty() {
-                // Nothing to write; still, the pid must name a live process.
-                return match manager.process(id, pid).await {
-                    Ok(p) if p.state == "running" => Ok(serde_json::json!({})),
-                    Ok(_) => Err(ConnectError::new(
-                        Code::NotFound,
-                        format!("process with pid {pid} not found"),
-                    )),
-                    Err(e) => Err(pid_error(pid, &e)),
-                };
-            }
-            let req = StdinRequest {
-                data_base64: Some(data),
-                ..Default::default()
-            };
-            write_stdin(manager, id, pid, req).await
+            let pid = procs.pid(&req.process).await?;
+            send_input(procs, pid, req.input).await?;
+            Ok(serde_json::json!({}))
         }
         Unary::CloseStdin => {
             let req: SelectRequest = decode("CloseStdinRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
+            if ptys.has(id, pid) {
+                return Err(precondition(
+                    "cannot close stdin for PTY process — send Ctrl+D (0x04) instead",
+                ));
+            }
             let req = StdinRequest {
                 eof: true,
                 ..Default::default()
@@ -214,9 +181,13 @@ pub async fn serve(
         }
         Unary::SendSignal => {
             let req: SendSignalRequest = decode("SendSignalRequest", body)?;
-            let pid = req.process.pid()?;
+            let pid = procs.pid(&req.process).await?;
+            let number = signal_number(&req.signal)?;
+            if let Some(sent) = ptys.signal(id, pid, number as i32).await {
+                return sent.map(|()| serde_json::json!({}));
+            }
             let signal = SignalRequest {
-                signal: SignalSpec::Number(signal_number(&req.signal)?),
+                signal: SignalSpec::Number(number),
             };
             manager
                 .process_signal(id, pid, &signal)
@@ -224,7 +195,84 @@ pub async fn serve(
                 .map_err(|e| pid_error(pid, &e))?;
             Ok(serde_json::json!({}))
         }
+        Unary::Update => {
+            let req: UpdateRequest = decode("UpdateRequest", body)?;
+            let pid = procs.pid(&req.process).await?;
+            let Some(pty) = req.pty else {
+                // Nothing to change; still, the pid must name a live process.
+                if ptys.has(id, pid) {
+                    return Ok(serde_json::json!({}));
+                }
+                return procs.running(pid).await.map(|()| serde_json::json!({}));
+            };
+            let (cols, rows) = pty.size()?;
+            match ptys.send(id, pid, PtyInput::Resize { cols, rows }).await {
+                Some(sent) => sent.map(|()| serde_json::json!({})),
+                None => {
+                    procs.running(pid).await?;
+                    Err(precondition(
+                        "error resizing tty: tty not assigned to process",
+                    ))
+                }
+            }
+        }
     }
+}
+
+/// `input` to process `pid` (SendInput's and StreamInput's): stdin for a program,
+/// keystrokes for a terminal; the other kind is envd's `failed_precondition`.
+pub async fn send_input(
+    procs: Procs<'_>,
+    pid: u32,
+    input: ProcessInput,
+) -> Result<(), ConnectError> {
+    let Procs {
+        manager, ptys, id, ..
+    } = procs;
+    let data = match (input.stdin, input.pty) {
+        (Some(_), None) if ptys.has(id, pid) => {
+            return Err(precondition(
+                "tty assigned to process — input should be written to the pty, not the stdin",
+            ))
+        }
+        (Some(data), None) => data,
+        (None, Some(data)) => return pty_input(procs, pid, &data).await.map(|_| ()),
+        _ => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "input: give exactly one of stdin and pty",
+            ))
+        }
+    };
+    if data.is_empty() {
+        // Nothing to write; still, the pid must name a live process.
+        return procs.running(pid).await;
+    }
+    let req = StdinRequest {
+        data_base64: Some(data),
+        ..Default::default()
+    };
+    write_stdin(manager, id, pid, req).await.map(|_| ())
+}
+
+/// SendInput's `pty` input: base64 of the keystrokes, for a terminal's pid.
+async fn pty_input(procs: Procs<'_>, pid: u32, data: &str) -> Result<Value, ConnectError> {
+    let Procs { ptys, id, .. } = procs;
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|e| ConnectError::new(Code::InvalidArgument, format!("input.pty: {e}")))?;
+    if bytes.is_empty() {
+        if ptys.has(id, pid) {
+            return Ok(serde_json::json!({}));
+        }
+    } else if let Some(sent) = ptys.send(id, pid, PtyInput::Data(bytes)).await {
+        return sent.map(|()| serde_json::json!({}));
+    }
+    procs.running(pid).await?;
+    Err(precondition(
+        "tty not assigned to process — input should be written to the stdin, not the tty",
+    ))
 }
 
 async fn write_stdin(
@@ -236,7 +284,12 @@ async fn write_stdin(
     manager
         .process_stdin(id, pid, req)
         .await
-        .map_err(|e| pid_error(pid, &e))?;
+        .map_err(|e| match e.status_code().1 {
+            // The agent's "stdin of process N is closed": started with `stdin: false`,
+            // or closed since (envd's sentinel and code for both).
+            "guest_bad_request" => precondition("stdin not enabled or closed"),
+            _ => pid_error(pid, &e),
+        })?;
     Ok(serde_json::json!({}))
 }
 
@@ -245,19 +298,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn selectors_and_signals_are_read_as_envd_does() {
-        let sel = |j: &str| serde_json::from_str::<ProcessSelector>(j).unwrap().pid();
-        assert_eq!(sel(r#"{"pid": 42}"#).unwrap(), 42);
-        assert_eq!(sel(r#"{"pid": "42"}"#).unwrap(), 42);
-        for bad in [
-            r#"{"pid": -1}"#,
-            r#"{"pid": 4294967296}"#,
-            r#"{"pid": "x"}"#,
-            "{}",
-        ] {
-            assert_eq!(sel(bad).unwrap_err().code, Code::InvalidArgument, "{bad}");
-        }
-        assert_eq!(sel(r#"{"tag": "t"}"#).unwrap_err().code, Code::NotFound);
+    fn signals_are_read_as_envd_does() {
         assert_eq!(signal_number(&"SIGNAL_SIGKILL".into()).unwrap(), 9);
         assert_eq!(signal_number(&15.into()).unwrap(), 15);
         assert_eq!(
