@@ -56,6 +56,7 @@ fn write_modes_append_and_parents() {
             mode: Some(0o600),
             append: false,
             create_parents: true,
+            owner: None,
         })
         .unwrap();
     client
@@ -65,6 +66,7 @@ fn write_modes_append_and_parents() {
             mode: None,
             append: true,
             create_parents: false,
+            owner: None,
         })
         .unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"one\ntwo\n");

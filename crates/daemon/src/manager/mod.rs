@@ -14,6 +14,7 @@ mod diff;
 mod events;
 mod exec_cancel;
 mod guest;
+mod guest_fs;
 mod images;
 mod intent;
 mod merge;

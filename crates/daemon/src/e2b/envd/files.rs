@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::users::{resolve_path, Accounts, User};
 use super::EnvdError;
 use crate::manager::{FileBody, Manager};
 use crate::model::MAX_FILE_BYTES;
@@ -40,28 +41,32 @@ struct WrittenFile {
 }
 
 fn query(req: &Request) -> Result<FilesQuery, EnvdError> {
-    let q = axum::extract::Query::<FilesQuery>::try_from_uri(req.uri())
-        .map_err(|_| EnvdError::BadQuery)?
-        .0;
-    match q.username.as_deref() {
-        None | Some("") | Some("root") => Ok(q),
-        Some(u) => Err(EnvdError::UserUnsupported(u.to_string())),
-    }
+    axum::extract::Query::<FilesQuery>::try_from_uri(req.uri())
+        .map(|q| q.0)
+        .map_err(|_| EnvdError::BadQuery)
 }
 
-/// A path envd would resolve: absolute only, until users' home directories are known.
-fn guest_path(path: Option<&str>) -> Result<String, EnvdError> {
+/// The user a `/files` call acts as (`username`, else the default user).
+async fn user(manager: &Arc<Manager>, id: &str, q: &FilesQuery) -> Result<User, EnvdError> {
+    let accounts = Accounts::load(manager, id, false).await?;
+    Ok(accounts.resolve(q.username.as_deref())?)
+}
+
+/// A path as envd resolves it for `user` (relative ones under its home).
+fn guest_path(path: Option<&str>, user: &User) -> Result<String, EnvdError> {
     match path {
-        Some(p) if p.starts_with('/') => Ok(p.to_string()),
-        Some(p) if !p.is_empty() => Err(EnvdError::RelativePath(p.to_string())),
-        _ => Err(EnvdError::MissingPath),
+        None | Some("") => Err(EnvdError::MissingPath),
+        Some(p) => resolve_path(p, user)
+            .filter(|p| p.len() <= 4096)
+            .ok_or(EnvdError::BadPath),
     }
 }
 
 /// `GET /files?path=`.
 pub async fn read(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Response, EnvdError> {
     let q = query(&req)?;
-    let path = guest_path(q.path.as_deref())?;
+    let user = user(manager, id, &q).await?;
+    let path = guest_path(q.path.as_deref(), &user)?;
     let body = manager
         .read_file(id, path.clone(), false)
         .await
@@ -78,6 +83,7 @@ pub async fn read(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Resp
 /// `POST /files`.
 pub async fn write(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Response, EnvdError> {
     let q = query(&req)?;
+    let user = user(manager, id, &q).await?;
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -93,7 +99,7 @@ pub async fn write(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Res
     let essence = content_type.split(';').next().unwrap_or("").trim();
     let files: Vec<(String, bytes::Bytes)> =
         if essence.eq_ignore_ascii_case("application/octet-stream") {
-            vec![(guest_path(q.path.as_deref())?, body)]
+            vec![(guest_path(q.path.as_deref(), &user)?, body)]
         } else if essence.eq_ignore_ascii_case("multipart/form-data") {
             let boundary = boundary(&content_type).ok_or(EnvdError::BadMultipart("no boundary"))?;
             let parts = multipart(&body, &boundary)?;
@@ -103,8 +109,8 @@ pub async fn write(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Res
                 .map(|(filename, data)| {
                     // With one file, `path` names it (its filename may be a base name).
                     let path = match (&q.path, single) {
-                        (Some(p), true) => guest_path(Some(p))?,
-                        _ => guest_path(filename.as_deref())?,
+                        (Some(p), true) => guest_path(Some(p), &user)?,
+                        _ => guest_path(filename.as_deref(), &user)?,
                     };
                     Ok((path, data))
                 })
@@ -115,7 +121,7 @@ pub async fn write(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Res
     let mut written = Vec::with_capacity(files.len());
     for (path, data) in files {
         manager
-            .write_file(id, path.clone(), None, data.to_vec())
+            .write_file(id, path.clone(), None, Some(user.owner()), data.to_vec())
             .await
             .map_err(|e| EnvdError::file(&path, e))?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();

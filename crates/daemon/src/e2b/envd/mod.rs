@@ -18,8 +18,10 @@
 //! forwards to the sandbox's other ports.
 mod connect;
 mod files;
+mod filesystem;
 mod process;
 mod process_ctl;
+mod users;
 
 use std::sync::Arc;
 
@@ -42,14 +44,9 @@ const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
 /// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 11] = [
+const NOT_YET: [&str; 6] = [
     "/process.Process/Update",
     "/process.Process/StreamInput",
-    "/filesystem.Filesystem/Stat",
-    "/filesystem.Filesystem/MakeDir",
-    "/filesystem.Filesystem/Move",
-    "/filesystem.Filesystem/ListDir",
-    "/filesystem.Filesystem/Remove",
     "/filesystem.Filesystem/WatchDir",
     "/filesystem.Filesystem/CreateWatcher",
     "/filesystem.Filesystem/GetWatcherEvents",
@@ -82,10 +79,10 @@ pub enum EnvdError {
     BadQuery,
     #[error("the path parameter is missing")]
     MissingPath,
-    #[error("path '{0}' is relative: zygote's envd takes absolute paths only (for now)")]
-    RelativePath(String),
-    #[error("zygote's envd runs as the image's user only: user '{0}' is not supported yet")]
-    UserUnsupported(String),
+    #[error("the path is over 4096 bytes or has a NUL byte")]
+    BadPath,
+    #[error(transparent)]
+    User(#[from] users::UserError),
     #[error("{0} is not supported by zygote's envd yet")]
     Unsupported(&'static str),
     #[error("unsupported Content-Type {0:?}: multipart/form-data or application/octet-stream")]
@@ -106,6 +103,8 @@ impl EnvdError {
         match self {
             E::SandboxNotFound(_) => StatusCode::BAD_GATEWAY,
             E::Unauthorized => StatusCode::UNAUTHORIZED,
+            E::User(users::UserError::Accounts { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            E::User(_) => StatusCode::UNAUTHORIZED,
             E::NoRoute | E::FileNotFound(_) => StatusCode::NOT_FOUND,
             E::TooManyFiles(_) => StatusCode::PAYLOAD_TOO_LARGE,
             E::Zygote(status, _) => *status,
@@ -230,6 +229,12 @@ impl Envd {
                     Err(e) => e.unary_response(),
                 }
             }
+            Procedure::Filesystem(unary) => {
+                match filesystem::serve(&self.manager, id, unary, &headers, &body).await {
+                    Ok(answer) => connect::unary_ok(&answer),
+                    Err(e) => e.unary_response(),
+                }
+            }
         }
     }
 }
@@ -240,10 +245,12 @@ enum Procedure {
     Start,
     Connect,
     Unary(process_ctl::Unary),
+    Filesystem(filesystem::Unary),
 }
 
 impl Procedure {
     fn of(path: &str) -> Option<Procedure> {
+        use filesystem::Unary as F;
         use process_ctl::Unary as U;
         Some(match path {
             "/process.Process/Start" => Procedure::Start,
@@ -252,6 +259,11 @@ impl Procedure {
             "/process.Process/SendInput" => Procedure::Unary(U::SendInput),
             "/process.Process/SendSignal" => Procedure::Unary(U::SendSignal),
             "/process.Process/CloseStdin" => Procedure::Unary(U::CloseStdin),
+            "/filesystem.Filesystem/Stat" => Procedure::Filesystem(F::Stat),
+            "/filesystem.Filesystem/ListDir" => Procedure::Filesystem(F::ListDir),
+            "/filesystem.Filesystem/MakeDir" => Procedure::Filesystem(F::MakeDir),
+            "/filesystem.Filesystem/Move" => Procedure::Filesystem(F::Move),
+            "/filesystem.Filesystem/Remove" => Procedure::Filesystem(F::Remove),
             _ => return None,
         })
     }
@@ -259,7 +271,7 @@ impl Procedure {
     fn form(self) -> Form {
         match self {
             Procedure::Start | Procedure::Connect => Form::Stream,
-            Procedure::Unary(_) => Form::Unary,
+            Procedure::Unary(_) | Procedure::Filesystem(_) => Form::Unary,
         }
     }
 }

@@ -164,10 +164,26 @@ async fn start_stream(
     let timeout_ms = connect::timeout_ms(headers)?.filter(|&t| t > 0);
     let mut argv = vec![req.process.cmd];
     argv.extend(req.process.args);
+    let user = super::users::acting_user(manager, id, headers).await?;
+    let mut env = req.process.envs;
+    for (k, v) in [
+        ("HOME", &user.home),
+        ("USER", &user.name),
+        ("LOGNAME", &user.name),
+    ] {
+        env.entry(k.to_string()).or_insert_with(|| v.clone());
+    }
+    let cwd = match req.process.cwd.filter(|c| !c.is_empty()) {
+        None => user.home.clone(),
+        Some(c) => super::users::resolve_path(&c, &user).ok_or_else(|| {
+            ConnectError::new(Code::InvalidArgument, "process.cwd has a NUL byte")
+        })?,
+    };
     let exec = ExecRequest {
         argv,
-        env: req.process.envs,
-        cwd: req.process.cwd,
+        env,
+        cwd: Some(cwd),
+        user: Some(format!("{}:{}", user.uid, user.gid)),
         timeout_ms,
         background: true,
         ..Default::default()
