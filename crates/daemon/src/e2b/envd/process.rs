@@ -174,7 +174,11 @@ async fn start_stream(
         env.entry(k.to_string()).or_insert_with(|| v.clone());
     }
     let cwd = match req.process.cwd.filter(|c| !c.is_empty()) {
-        None => user.home.clone(),
+        // The home, when the image has it (an OCI image's root may have none).
+        None => match manager.stat_path(id, &user.home, true).await {
+            Ok(m) if m.kind == zygote_proto::FileKind::Dir => user.home.clone(),
+            _ => "/".to_string(),
+        },
         Some(c) => super::users::resolve_path(&c, &user).ok_or_else(|| {
             ConnectError::new(Code::InvalidArgument, "process.cwd has a NUL byte")
         })?,
