@@ -119,3 +119,49 @@ def test_make_dir_is_owned_by_the_user(sbx):
     assert [(e.path, e.owner, e.group) for e in entries] == [
         ("/home/bob/proj/src", "bob", "bob")
     ]
+
+
+def test_signed_download_and_upload_urls(sbx):
+    import httpx
+
+    sbx.files.write("/tmp/signed/in.txt", "signed content", user="root")
+    url = sbx.download_url("/tmp/signed/in.txt", user="root")
+    assert "signature=v1_" in url
+    r = httpx.get(url)  # no routing headers, no token: the signature names the sandbox
+    assert (r.status_code, r.text) == (200, "signed content")
+    up = sbx.upload_url("/tmp/signed/out.txt", user="root", use_signature_expiration=60)
+    r = httpx.post(up, files={"file": ("out.txt", b"uploaded")})
+    assert r.status_code == 200, r.text
+    assert sbx.files.read("/tmp/signed/out.txt", user="root") == "uploaded"
+    # A read URL does not write, an expired one is refused, a forged one too.
+    assert httpx.post(url, files={"file": ("x", b"x")}).status_code == 401
+    expired = sbx.download_url("/tmp/signed/in.txt", user="root", use_signature_expiration=-5)
+    r = httpx.get(expired)
+    assert (r.status_code, r.json()["message"]) == (401, "signature is already expired")
+    forged = url.replace("in.txt", "out.txt")
+    r = httpx.get(forged)
+    assert (r.status_code, r.json()["message"]) == (401, "invalid signature")
+
+
+def test_many_files_octet_stream_gzip_and_read_forms(sbx):
+    infos = sbx.files.write_files(
+        [
+            {"path": "/tmp/multi/a.txt", "data": "A"},
+            {"path": "/tmp/multi/sub/b.bin", "data": b"\x00\x01B"},
+        ],
+        user="root",
+    )
+    assert [i.path for i in infos] == ["/tmp/multi/a.txt", "/tmp/multi/sub/b.bin"]
+    assert sbx.files.read("/tmp/multi/sub/b.bin", format="bytes", user="root") == b"\x00\x01B"
+    # A file object, streamed as application/octet-stream, gzipped on the wire.
+    big = os.urandom(3 << 20) + b"tail"
+    info = sbx.files.write("/tmp/multi/big", io.BytesIO(big), user="root", gzip=True)
+    assert info.path == "/tmp/multi/big"
+    plain = sbx.files.write("/tmp/multi/plain", io.BytesIO(b"p" * 1000), user="root", use_octet_stream=True)
+    assert plain.name == "plain"
+    assert sbx.files.read("/tmp/multi/plain", user="root") == "p" * 1000
+    assert sbx.files.read("/tmp/multi/big", format="bytes", user="root", gzip=True) == big
+    streamed = b"".join(sbx.files.read("/tmp/multi/big", format="stream", user="root"))
+    assert streamed == big
+    assert sbx.commands.run("stat -c %s /tmp/multi/big").stdout == f"{len(big)}\n"
+    assert sbx.commands.run("ls -A /tmp/multi").stdout == "a.txt\nbig\nplain\nsub\n", "no staging left"

@@ -21,6 +21,7 @@ mod merge;
 mod merge_apply;
 mod merge_intent;
 mod merge_plan;
+mod upload;
 pub use guest::FileBody;
 mod ops;
 mod pack_import;

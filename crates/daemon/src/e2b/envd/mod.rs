@@ -21,6 +21,7 @@ mod files;
 mod filesystem;
 mod process;
 mod process_ctl;
+mod signature;
 mod users;
 
 use std::sync::Arc;
@@ -83,6 +84,8 @@ pub enum EnvdError {
     BadPath,
     #[error(transparent)]
     User(#[from] users::UserError),
+    #[error(transparent)]
+    Signature(#[from] signature::SignatureError),
     #[error("{0} is not supported by zygote's envd yet")]
     Unsupported(&'static str),
     #[error("unsupported Content-Type {0:?}: multipart/form-data or application/octet-stream")]
@@ -102,7 +105,7 @@ impl EnvdError {
         use EnvdError as E;
         match self {
             E::SandboxNotFound(_) => StatusCode::BAD_GATEWAY,
-            E::Unauthorized => StatusCode::UNAUTHORIZED,
+            E::Unauthorized | E::Signature(_) => StatusCode::UNAUTHORIZED,
             E::User(users::UserError::Accounts { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
             E::User(_) => StatusCode::UNAUTHORIZED,
             E::NoRoute | E::FileNotFound(_) => StatusCode::NOT_FOUND,
@@ -163,13 +166,15 @@ impl Envd {
         Envd { manager, keys }
     }
 
+    fn alive(&self, id: &str) -> bool {
+        self.manager
+            .get(id)
+            .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting" | "creating"))
+    }
+
     async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
         let id = routed_sandbox(req.headers())?;
-        let alive = self
-            .manager
-            .get(&id)
-            .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting" | "creating"));
-        if !alive {
+        if !self.alive(&id) {
             return Err(EnvdError::SandboxNotFound(id));
         }
         let path = req.uri().path().to_string();
@@ -177,10 +182,41 @@ impl Envd {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let expected = self.keys.access_token(&id);
-        let given = req.headers().get(ACCESS_TOKEN_HEADER).map(|v| v.as_bytes());
-        if !given.is_some_and(|g| token_matches(g, expected.as_bytes())) {
-            return Err(EnvdError::Unauthorized);
+        match req.headers().get(ACCESS_TOKEN_HEADER) {
+            Some(given) if token_matches(given.as_bytes(), expected.as_bytes()) => {}
+            // `/files` takes a signed URL instead of the token (envd's rule).
+            None if path == "/files" && signature::Signed::of(req.uri()).is_some() => {
+                let signed = signature::Signed::of(req.uri()).ok_or(EnvdError::Unauthorized)?;
+                signed.check(req.method(), &expected, signature::now_unix())?;
+            }
+            _ => return Err(EnvdError::Unauthorized),
         }
+        self.serve_routed(&id, req).await
+    }
+
+    /// A signed `/files` URL without routing headers: the sandbox is the live one whose
+    /// token makes the signature match.
+    async fn handle_signed(&self, req: Request) -> Result<Response, EnvdError> {
+        let signed = signature::Signed::of(req.uri()).ok_or(EnvdError::Unauthorized)?;
+        let sandboxes = self
+            .manager
+            .list(&[])
+            .map_err(|e| EnvdError::Zygote(e.status_code().0, e.to_string()))?;
+        let now = signature::now_unix();
+        for s in sandboxes.iter().filter(|s| self.alive(&s.id)) {
+            match signed.check(req.method(), &self.keys.access_token(&s.id), now) {
+                Ok(()) => return self.serve_routed(&s.id, req).await,
+                Err(signature::SignatureError::Invalid) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(signature::SignatureError::Invalid.into())
+    }
+
+    /// A request whose sandbox and credentials are settled.
+    async fn serve_routed(&self, id: &str, req: Request) -> Result<Response, EnvdError> {
+        let path = req.uri().path().to_string();
+        let id = id.to_string();
         match (req.method().clone(), path.as_str()) {
             (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
             (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
@@ -276,6 +312,24 @@ impl Procedure {
     }
 }
 
+/// The request's Host is an IP literal or `localhost` (any port): the proxy itself, not
+/// a sandbox's `{port}-{id}.` name (E2B's proxy reads its routing headers only then).
+fn bare_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 /// The sandbox a request with E2B's routing headers names (its port must be envd's).
 fn routed_sandbox(headers: &HeaderMap) -> Result<String, EnvdError> {
     let get = |name: &'static str, shown: &'static str| {
@@ -310,7 +364,18 @@ impl Gate for Envd {
             let ours = req.headers().contains_key(SANDBOX_ID_HEADER)
                 || req.headers().contains_key(SANDBOX_PORT_HEADER);
             if !ours {
-                return Err(req);
+                // Only on the proxy's own address: a `{port}-{id}.` host is a guest's.
+                let signed_files = req.uri().path() == "/files"
+                    && bare_host(req.headers())
+                    && matches!(*req.method(), Method::GET | Method::POST)
+                    && signature::Signed::of(req.uri()).is_some();
+                if !signed_files {
+                    return Err(req);
+                }
+                return Ok(self
+                    .handle_signed(req)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response));
             }
             Ok(self
                 .handle(req)
@@ -346,6 +411,28 @@ mod tests {
         scrub(&keys, "sb-a", &mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-guest"], "kept");
+    }
+
+    #[test]
+    fn signed_urls_are_taken_on_the_proxy_address_only() {
+        let with_host = |h: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::HOST, h.parse().unwrap());
+            m
+        };
+        for ok in [
+            "127.0.0.1:7421",
+            "localhost:1",
+            "LOCALHOST",
+            "[::1]:80",
+            "10.0.0.1",
+        ] {
+            assert!(bare_host(&with_host(ok)), "{ok}");
+        }
+        for guest in ["8080-sb-12.localhost:7421", "example.com", "[zz]:1"] {
+            assert!(!bare_host(&with_host(guest)), "{guest}");
+        }
+        assert!(!bare_host(&HeaderMap::new()));
     }
 
     #[test]
