@@ -4,6 +4,8 @@
 //! envelopes) in E2B's shapes while the daemon keeps serving. The unchanged Python SDK
 //! is exercised by scripts/e2b-test.sh.
 mod common;
+#[path = "e2b_envd/files.rs"]
+mod files;
 #[path = "e2b_envd/filesystem.rs"]
 mod filesystem;
 #[path = "e2b_envd/process.rs"]
