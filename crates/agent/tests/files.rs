@@ -81,6 +81,65 @@ fn write_modes_append_and_parents() {
 }
 
 #[test]
+fn writes_and_new_parents_belong_to_the_owner_given() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "skipping writes_and_new_parents_belong_to_the_owner_given: not root, chown needs it"
+        );
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let agent = TestAgent::start(&[]);
+    let client = agent.client();
+    let owner = Some(zygote_proto::Owner {
+        uid: 4242,
+        gid: 4343,
+    });
+    let ids = |p: &str| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+    for (name, append, size) in [
+        ("new/dir/f", false, 3),
+        ("app/f", true, 3),
+        ("new/dir/big", false, (9 << 20) + 1),
+    ] {
+        client
+            .write_file_with(WriteFileRequest {
+                path: agent.path(name),
+                data: vec![7; size],
+                mode: None,
+                append,
+                create_parents: true,
+                owner,
+            })
+            .unwrap();
+        assert_eq!(ids(&agent.path(name)), (4242, 4343), "{name}");
+    }
+    assert_eq!(ids(&agent.path("new")), (4242, 4343));
+    assert_eq!(ids(&agent.path("new/dir")), (4242, 4343));
+    assert_eq!(
+        ids(agent.dir.path().to_str().unwrap()),
+        (0, 0),
+        "an existing parent keeps its owner"
+    );
+    // The apply op, on a symlink itself.
+    let link = agent.path("link");
+    std::os::unix::fs::symlink("new", &link).unwrap();
+    client
+        .apply(vec![zygote_proto::TreeOp::Chown {
+            path: link.clone(),
+            uid: 7,
+            gid: 8,
+        }])
+        .unwrap();
+    let m = std::fs::symlink_metadata(&link).unwrap();
+    assert_eq!((m.uid(), m.gid()), (7, 8));
+    assert_eq!(ids(&agent.path("new")), (4242, 4343), "not its target");
+}
+
+#[test]
 fn read_ranges_and_special_files() {
     let agent = TestAgent::start(&[]);
     let client = agent.client();

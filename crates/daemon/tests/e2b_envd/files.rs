@@ -43,7 +43,7 @@ fn e2b_envd_signed_urls_open_one_sandbox_and_uploads_stream() {
     );
     let (api, proxy, token) = (hostport(&d.url), proxy_addr(&d), d.token());
     let create = || {
-        let body = br#"{"templateID": "minimal", "timeout": 600}"#;
+        let body = br#"{"templateID": "minimal", "timeout": 600, "envVars": {"E2B_FS": "1"}}"#;
         let a = http(
             &api,
             "POST",
@@ -88,7 +88,27 @@ fn e2b_envd_signed_urls_open_one_sandbox_and_uploads_stream() {
             json!([{"path": "/tmp/s.txt", "name": "s.txt", "type": "file"}])
         );
     }
-    step(t0, "two sandboxes with /tmp/s.txt");
+    let env = |id: &str, tok: &str| {
+        let h = [
+            ("E2b-Sandbox-Id", id),
+            ("E2b-Sandbox-Port", "49983"),
+            ("X-Access-Token", tok),
+        ];
+        http(&proxy, "GET", "/envs", &h, b"")
+    };
+    let a = env(&a_id, &a_tok);
+    assert_eq!(
+        (a.status, a.json()["E2B_FS"].clone()),
+        (200, json!("1")),
+        "{}",
+        a.text()
+    );
+    assert_eq!(
+        env(&b_id, &a_tok).status,
+        401,
+        "A's token reads nothing of B's"
+    );
+    step(t0, "two sandboxes with /tmp/s.txt; /envs");
 
     // Without routing headers: the signature alone names the sandbox, each its own.
     let unrouted = |method: &str, query: &str, body: &[u8]| {

@@ -219,6 +219,7 @@ impl Envd {
         let id = id.to_string();
         match (req.method().clone(), path.as_str()) {
             (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
+            (Method::GET, "/envs") => self.envs(&id),
             (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
             (Method::POST, p) => match Procedure::of(p) {
                 Some(procedure) => Ok(self.rpc(&id, req, Some(procedure)).await),
@@ -227,6 +228,19 @@ impl Envd {
             },
             _ => Err(EnvdError::NoRoute),
         }
+    }
+
+    /// `GET /envs`: the variables every process starts with (the image's, then the
+    /// sandbox's `envVars`); secrets' values are never shown, as everywhere in zygote.
+    fn envs(&self, id: &str) -> Result<Response, EnvdError> {
+        let env = self
+            .manager
+            .sandbox_row(id)
+            .map_err(|e| EnvdError::Zygote(e.status_code().0, e.to_string()))?
+            .env;
+        let mut vars = env.image.env.clone();
+        vars.extend(env.vars);
+        Ok(axum::Json(vars).into_response())
     }
 
     /// A Connect call: the content type is checked, the body read (bounded), then the
