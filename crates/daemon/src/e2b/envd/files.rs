@@ -1,11 +1,15 @@
-//! envd's `/files`: `GET` streams a guest file, `POST` writes one or more (a
-//! `multipart/form-data` body, one part per file whose filename is its path, or an
-//! `application/octet-stream` body for the `path` parameter). Both go through the
-//! manager's file calls (the agent's reads and atomic writes).
+//! envd's `/files`: `GET` streams a guest file (gzipped when the client accepts it),
+//! `POST` writes one or more: a `multipart/form-data` body, one part per file whose
+//! filename is its path, or an `application/octet-stream` body (optionally
+//! `Content-Encoding: gzip`) for the `path` parameter. Paths resolve for the acting
+//! user (`username`, else the default user: [`super::users`]) and what is written is
+//! theirs.
 //!
-//! The whole upload is bounded by [`MAX_FILE_BYTES`] (what the REST API's file upload
-//! takes); the multipart parser works on that buffered body and trusts nothing in it:
-//! part count, header sizes and the boundary are all checked.
+//! An octet-stream body is streamed into the guest as it arrives
+//! ([`Manager::write_file_stream`]: bounded, gunzipped with a bound, staged and
+//! renamed). A multipart body is read whole, bounded by [`MAX_FILE_BYTES`] (what the
+//! REST API's file upload takes), and its parser trusts nothing in it: part count,
+//! header sizes and the boundary are all checked.
 use std::sync::Arc;
 
 use axum::body::Body;
