@@ -49,6 +49,7 @@ fn bad(message: String) -> ErrorBody {
 fn check(op: &TreeOp) -> Result<()> {
     let (paths, mode): (Vec<&str>, Option<u32>) = match op {
         TreeOp::Mkdir { path, mode } | TreeOp::Chmod { path, mode } => (vec![path], Some(*mode)),
+        TreeOp::Chown { path, .. } => (vec![path], None),
         TreeOp::Symlink { path, target } => {
             if target.is_empty() || target.contains('\0') {
                 return Err(bad(format!("{path}: bad symlink target {target:?}")));
@@ -165,6 +166,10 @@ fn run(op: &TreeOp, touched: &mut BTreeSet<PathBuf>) -> Result<()> {
                 )));
             }
             chmod(path, *mode)
+        }
+        TreeOp::Chown { path, uid, gid } => {
+            let path = Path::new(path);
+            std::os::unix::fs::lchown(path, Some(*uid), Some(*gid)).map_err(io_err(path))
         }
     }
 }

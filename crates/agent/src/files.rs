@@ -96,12 +96,12 @@ pub(crate) fn write_file(req: &WriteFileRequest) -> Result<Response> {
         ));
     };
     if req.create_parents {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(DIR_MODE)
-            .create(dir)
-            .map_err(io_err(dir))?;
+        create_parents(dir, req.owner).map_err(io_err(dir))?;
     }
+    let chown = |f: &File| match req.owner {
+        Some(o) => std::os::unix::fs::fchown(f, Some(o.uid), Some(o.gid)),
+        None => Ok(()),
+    };
     if req.append {
         let mut f = OpenOptions::new()
             .append(true)
@@ -109,6 +109,7 @@ pub(crate) fn write_file(req: &WriteFileRequest) -> Result<Response> {
             .mode(req.mode.unwrap_or(DEFAULT_FILE_MODE))
             .open(path)
             .map_err(&err)?;
+        chown(&f).map_err(&err)?;
         f.write_all(&req.data).map_err(&err)?;
         if let Some(mode) = req.mode {
             f.set_permissions(fs::Permissions::from_mode(mode))
@@ -139,6 +140,7 @@ pub(crate) fn write_file(req: &WriteFileRequest) -> Result<Response> {
             .create_new(true)
             .mode(0o600)
             .open(&temp)?;
+        chown(&f)?;
         f.write_all(&req.data)?;
         // Explicit chmod: the open mode is filtered by the umask.
         f.set_permissions(fs::Permissions::from_mode(mode))?;
@@ -153,6 +155,32 @@ pub(crate) fn write_file(req: &WriteFileRequest) -> Result<Response> {
     Ok(Response::Written {
         size: req.data.len() as u64,
     })
+}
+
+/// Creates `dir` and its missing ancestors (mode 0o755), each new one given to `owner`
+/// (existing ones keep theirs), as E2B's envd does for the user it writes as.
+fn create_parents(dir: &Path, owner: Option<zygote_proto::Owner>) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        match fs::symlink_metadata(d) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(d),
+            Err(e) => return Err(e),
+        }
+        at = d.parent();
+    }
+    for d in missing.into_iter().rev() {
+        match fs::DirBuilder::new().mode(DIR_MODE).create(d) {
+            // A concurrent writer made it first: it is theirs, not ours to chown.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            r => r?,
+        }
+        if let Some(o) = owner {
+            std::os::unix::fs::lchown(d, Some(o.uid), Some(o.gid))?;
+        }
+    }
+    Ok(())
 }
 
 /// Make a rename durable: fsync the directory holding the new entry.

@@ -14,6 +14,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -159,6 +160,12 @@ pub(crate) fn run(reply: Reply, req: PtyOpenRequest) {
         Ok(c) => c,
         Err(e) => return reply.finish(Response::Error(e)),
     };
+    if let Some(uid) = req.uid {
+        cmd.uid(uid);
+    }
+    if let Some(gid) = req.gid {
+        cmd.gid(gid);
+    }
     let started = match start(&reply, &mut cmd, &req) {
         Ok(s) => s,
         Err(e) => {

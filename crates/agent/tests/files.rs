@@ -56,6 +56,7 @@ fn write_modes_append_and_parents() {
             mode: Some(0o600),
             append: false,
             create_parents: true,
+            owner: None,
         })
         .unwrap();
     client
@@ -65,6 +66,7 @@ fn write_modes_append_and_parents() {
             mode: None,
             append: true,
             create_parents: false,
+            owner: None,
         })
         .unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), b"one\ntwo\n");
@@ -76,6 +78,65 @@ fn write_modes_append_and_parents() {
     // Empty files work too.
     client.write_file(&path, b"", None).unwrap();
     assert_eq!(client.read_file(&path).unwrap(), b"");
+}
+
+#[test]
+fn writes_and_new_parents_belong_to_the_owner_given() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "skipping writes_and_new_parents_belong_to_the_owner_given: not root, chown needs it"
+        );
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let agent = TestAgent::start(&[]);
+    let client = agent.client();
+    let owner = Some(zygote_proto::Owner {
+        uid: 4242,
+        gid: 4343,
+    });
+    let ids = |p: &str| {
+        let m = std::fs::metadata(p).unwrap();
+        (m.uid(), m.gid())
+    };
+    for (name, append, size) in [
+        ("new/dir/f", false, 3),
+        ("app/f", true, 3),
+        ("new/dir/big", false, (9 << 20) + 1),
+    ] {
+        client
+            .write_file_with(WriteFileRequest {
+                path: agent.path(name),
+                data: vec![7; size],
+                mode: None,
+                append,
+                create_parents: true,
+                owner,
+            })
+            .unwrap();
+        assert_eq!(ids(&agent.path(name)), (4242, 4343), "{name}");
+    }
+    assert_eq!(ids(&agent.path("new")), (4242, 4343));
+    assert_eq!(ids(&agent.path("new/dir")), (4242, 4343));
+    assert_eq!(
+        ids(agent.dir.path().to_str().unwrap()),
+        (0, 0),
+        "an existing parent keeps its owner"
+    );
+    // The apply op, on a symlink itself.
+    let link = agent.path("link");
+    std::os::unix::fs::symlink("new", &link).unwrap();
+    client
+        .apply(vec![zygote_proto::TreeOp::Chown {
+            path: link.clone(),
+            uid: 7,
+            gid: 8,
+        }])
+        .unwrap();
+    let m = std::fs::symlink_metadata(&link).unwrap();
+    assert_eq!((m.uid(), m.gid()), (7, 8));
+    assert_eq!(ids(&agent.path("new")), (4242, 4343), "not its target");
 }
 
 #[test]

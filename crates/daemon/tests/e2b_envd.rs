@@ -4,6 +4,10 @@
 //! envelopes) in E2B's shapes while the daemon keeps serving. The unchanged Python SDK
 //! is exercised by scripts/e2b-test.sh.
 mod common;
+#[path = "e2b_envd/files.rs"]
+mod files;
+#[path = "e2b_envd/filesystem.rs"]
+mod filesystem;
 #[path = "e2b_envd/process.rs"]
 mod process;
 #[path = "e2b_envd/pty.rs"]
@@ -189,7 +193,7 @@ fn e2b_envd_runs_commands_moves_files_and_refuses_bad_input() {
         assert_eq!(a.status, 401, "{id} {tok}: {}", a.text());
         assert_eq!(a.json(), json!({"code": 401, "message": ENVD_UNAUTHORIZED}));
     }
-    // Unknown procedure: envd's mux answer; unimplemented: Connect's; others' codecs: 415.
+    // Unknown procedure: envd's mux answer; others' codecs: 415.
     let a = rpc(
         &a_id,
         &a_tok,
@@ -198,17 +202,6 @@ fn e2b_envd_runs_commands_moves_files_and_refuses_bad_input() {
         b"{}",
     );
     assert_eq!((a.status, a.text().as_str()), (404, "404 page not found\n"));
-    let a = rpc(
-        &a_id,
-        &a_tok,
-        "/filesystem.Filesystem/Stat",
-        "application/json",
-        b"{}",
-    );
-    assert_eq!(
-        (a.status, a.json()["code"].clone()),
-        (501, json!("unimplemented"))
-    );
     let a = rpc(
         &a_id,
         &a_tok,

@@ -203,6 +203,11 @@ pub struct PtyOpenRequest {
     /// Terminal size, each 1..=[`MAX_PTY_DIM`].
     pub cols: u16,
     pub rows: u16,
+    /// Run as this user / group id (the agent must be root to change them), as exec's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
 }
 
 /// Keystrokes (raw bytes) for a running pty.
@@ -252,6 +257,17 @@ pub struct WriteFileRequest {
     /// Create missing parent directories (mode 0o755).
     #[serde(default, skip_serializing_if = "is_false")]
     pub create_parents: bool,
+    /// Owner of the written file and of the parents this write creates (the agent must
+    /// be root to give them away); the agent's own user when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Owner>,
+}
+
+/// A numeric owner: user and group id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// A request naming one absolute path.
@@ -337,6 +353,8 @@ pub enum TreeOp {
     },
     /// Set permission bits (symlinks have none to set).
     Chmod { path: String, mode: u32 },
+    /// Set the owner (of a symlink itself, not its target).
+    Chown { path: String, uid: u32, gid: u32 },
 }
 
 /// Give a freshly branched/restored VM its own identity: fresh entropy, a

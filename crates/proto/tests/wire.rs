@@ -100,6 +100,7 @@ fn every_request_type_is_listed() {
             mode: None,
             append: false,
             create_parents: false,
+            owner: None,
         }),
         Request::ListDir(PathRequest { path: "/".into() }),
         Request::Stat(StatRequest {
@@ -254,6 +255,7 @@ fn max_data_chunk_fits_a_frame() {
             mode: Some(0o7777),
             append: true,
             create_parents: true,
+            owner: None,
         }),
     };
     assert!(serde_json::to_vec(&req).unwrap().len() < MAX_FRAME_LEN);

@@ -93,7 +93,7 @@ impl ExecRequest {
 
 /// `root`, `UID` (with group 0: the daemon does not read the guest's /etc/passwd, so
 /// it does as docker does for a uid it cannot find there) or `UID:GID`.
-fn parse_user(u: &str) -> Result<(u32, u32)> {
+pub fn parse_user(u: &str) -> Result<(u32, u32)> {
     let bad = || RequestError::invalid(format!("user {u:?}: expected root, UID or UID:GID"));
     if u == "root" {
         return Ok((0, 0));

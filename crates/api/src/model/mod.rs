@@ -32,7 +32,7 @@ pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
-pub use exec::{ExecEvent, ExecRequest, ExecResponse};
+pub use exec::{parse_user, ExecEvent, ExecRequest, ExecResponse};
 pub use files::{DirListing, FileEntry, PathQuery, WriteResult};
 pub use fork::ForkHook;
 pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};

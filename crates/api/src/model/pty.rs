@@ -13,7 +13,7 @@ use crate::error::{RequestError, Result};
 /// entry).
 pub const PTY_PROTOCOL: &str = "zygote.pty.v1";
 
-/// The query of a pty request: `?cols=80&rows=24&cmd=bash&cmd=-l&env=K=V&cwd=/root`.
+/// The query of a pty request: `?cols=80&rows=24&cmd=bash&cmd=-l&env=K=V&cwd=/root&user=1000:1000`.
 /// `cmd` and `env` repeat (argv in order; one `KEY=VALUE` each), so they are parsed
 /// from the raw query rather than by serde.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub struct PtyQuery {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// Run as `root`, `UID` or `UID:GID` (as exec's `user`); absent: the agent's user.
+    pub user: Option<String>,
 }
 
 /// Most variables one pty request sets (on top of the sandbox's own).
@@ -80,6 +82,11 @@ impl PtyQuery {
                     validate_guest_path(&value)?;
                     q.cwd = Some(value.into_owned());
                 }
+                "user" => {
+                    once(q.user.is_some())?;
+                    super::exec::parse_user(&value)?;
+                    q.user = Some(value.into_owned());
+                }
                 "cmd" => {
                     if value.contains('\0') || (q.argv.is_empty() && value.is_empty()) {
                         return Err(RequestError::invalid(
@@ -113,7 +120,7 @@ impl PtyQuery {
                 }
                 other => {
                     return Err(RequestError::invalid(format!(
-                        "unknown query parameter {other:?} (cols, rows, cmd, env, cwd)"
+                        "unknown query parameter {other:?} (cols, rows, cmd, env, cwd, user)"
                     )))
                 }
             }

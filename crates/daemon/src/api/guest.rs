@@ -123,7 +123,7 @@ pub async fn write_file(
 ) -> Result<Json<WriteResult>> {
     Ok(Json(
         st.manager
-            .write_file(&id, q.path, q.mode, body.to_vec())
+            .write_file(&id, q.path, q.mode, None, body.to_vec())
             .await?,
     ))
 }

@@ -211,6 +211,7 @@ impl Manager {
         id: &str,
         path: String,
         mode: Option<String>,
+        owner: Option<zygote_proto::Owner>,
         data: Vec<u8>,
     ) -> Result<WriteResult> {
         validate_guest_path(&path)?;
@@ -235,6 +236,7 @@ impl Manager {
                 mode,
                 append: false,
                 create_parents: true,
+                owner,
             })
         })
         .await?;

@@ -194,6 +194,7 @@ fn copy_file(
             mode: Some(0o600),
             append: true,
             create_parents: false,
+            owner: None,
         })?;
         if chunk.eof {
             break;

@@ -118,12 +118,20 @@ impl Manager {
         let sandbox_env = self.sandbox_row(id)?.env;
         let mut env = sandbox_env.exec_env();
         env.extend(q.env);
+        // Checked when the query was parsed; a bad one here is no user change.
+        let (uid, gid) = q
+            .user
+            .as_deref()
+            .and_then(|u| zygote_api::model::parse_user(u).ok())
+            .map_or((None, None), |(u, g)| (Some(u), Some(g)));
         let req = PtyOpenRequest {
             argv: q.argv,
             env,
             cwd: q.cwd.or(sandbox_env.image.cwd),
             cols: q.cols,
             rows: q.rows,
+            uid,
+            gid,
         };
         let client = self.agent(id).await?;
         // If this future is dropped meanwhile, the handle is dropped with the

@@ -81,6 +81,7 @@ impl AgentClient {
             mode,
             append: false,
             create_parents: false,
+            owner: None,
         })
     }
 
@@ -106,6 +107,7 @@ impl AgentClient {
                     mode: req.mode,
                     append: true,
                     create_parents: req.create_parents && i == 0,
+                    owner: req.owner,
                 })?;
             }
             Ok(())

@@ -81,8 +81,12 @@ impl ConnectError {
     pub fn from_zygote(e: &crate::error::Error) -> ConnectError {
         use StatusCode as S;
         let (status, name) = e.status_code();
-        if name == "guest_already_exists" {
-            return ConnectError::new(Code::AlreadyExists, e.to_string());
+        match name {
+            "guest_already_exists" => return ConnectError::new(Code::AlreadyExists, e.to_string()),
+            // The guest answered, with an I/O failure: envd's internal, not unavailable
+            // (which the SDK reads as a sandbox gone).
+            "guest_error" => return ConnectError::new(Code::Internal, e.to_string()),
+            _ => {}
         }
         let code = match status {
             S::BAD_REQUEST | S::UNPROCESSABLE_ENTITY => Code::InvalidArgument,

@@ -1,20 +1,28 @@
-//! envd's `/files`: `GET` streams a guest file, `POST` writes one or more (a
-//! `multipart/form-data` body, one part per file whose filename is its path, or an
-//! `application/octet-stream` body for the `path` parameter). Both go through the
-//! manager's file calls (the agent's reads and atomic writes).
+//! envd's `/files`: `GET` streams a guest file (gzipped when the client accepts it),
+//! `POST` writes one or more: a `multipart/form-data` body, one part per file whose
+//! filename is its path, or an `application/octet-stream` body (optionally
+//! `Content-Encoding: gzip`) for the `path` parameter. Paths resolve for the acting
+//! user (`username`, else the default user: [`super::users`]) and what is written is
+//! theirs.
 //!
-//! The whole upload is bounded by [`MAX_FILE_BYTES`] (what the REST API's file upload
-//! takes); the multipart parser works on that buffered body and trusts nothing in it:
-//! part count, header sizes and the boundary are all checked.
+//! An octet-stream body is streamed into the guest as it arrives
+//! ([`Manager::write_file_stream`]: bounded, gunzipped with a bound, staged and
+//! renamed). A multipart body is read whole, bounded by [`MAX_FILE_BYTES`] (what the
+//! REST API's file upload takes), and its parser trusts nothing in it: part count,
+//! header sizes and the boundary are all checked.
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::users::{resolve_path, Accounts, User};
 use super::EnvdError;
 use crate::manager::{FileBody, Manager};
 use crate::model::MAX_FILE_BYTES;
@@ -40,92 +48,180 @@ struct WrittenFile {
 }
 
 fn query(req: &Request) -> Result<FilesQuery, EnvdError> {
-    let q = axum::extract::Query::<FilesQuery>::try_from_uri(req.uri())
-        .map_err(|_| EnvdError::BadQuery)?
-        .0;
-    match q.username.as_deref() {
-        None | Some("") | Some("root") => Ok(q),
-        Some(u) => Err(EnvdError::UserUnsupported(u.to_string())),
+    axum::extract::Query::<FilesQuery>::try_from_uri(req.uri())
+        .map(|q| q.0)
+        .map_err(|_| EnvdError::BadQuery)
+}
+
+/// The user a `/files` call acts as (`username`, else the default user).
+async fn user(manager: &Arc<Manager>, id: &str, q: &FilesQuery) -> Result<User, EnvdError> {
+    let accounts = Accounts::load(manager, id, false).await?;
+    Ok(accounts.resolve(q.username.as_deref())?)
+}
+
+/// A path as envd resolves it for `user` (relative ones under its home).
+fn guest_path(path: Option<&str>, user: &User) -> Result<String, EnvdError> {
+    match path {
+        None | Some("") => Err(EnvdError::MissingPath),
+        Some(p) => resolve_path(p, user)
+            .filter(|p| p.len() <= 4096)
+            .ok_or(EnvdError::BadPath),
     }
 }
 
-/// A path envd would resolve: absolute only, until users' home directories are known.
-fn guest_path(path: Option<&str>) -> Result<String, EnvdError> {
-    match path {
-        Some(p) if p.starts_with('/') => Ok(p.to_string()),
-        Some(p) if !p.is_empty() => Err(EnvdError::RelativePath(p.to_string())),
-        _ => Err(EnvdError::MissingPath),
-    }
+/// `Accept-Encoding` lists gzip (with a non-zero weight).
+fn accepts_gzip(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|item| {
+            let mut parts = item.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let zero = parts.any(|p| {
+                p.replace(' ', "").starts_with("q=0")
+                    && !p.contains(|c: char| ('1'..='9').contains(&c))
+            });
+            coding.eq_ignore_ascii_case("gzip") && !zero
+        })
 }
 
 /// `GET /files?path=`.
 pub async fn read(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Response, EnvdError> {
     let q = query(&req)?;
-    let path = guest_path(q.path.as_deref())?;
+    let gzip = accepts_gzip(req.headers());
+    let user = user(manager, id, &q).await?;
+    let path = guest_path(q.path.as_deref(), &user)?;
     let body = manager
         .read_file(id, path.clone(), false)
         .await
         .map_err(|e| EnvdError::file(&path, e))?;
-    let octets = [(header::CONTENT_TYPE, "application/octet-stream")];
-    Ok(match body {
-        FileBody::Whole(data) => (octets, data).into_response(),
-        FileBody::Stream { chunks, .. } => {
-            (octets, Body::from_stream(ReceiverStream::new(chunks))).into_response()
+    let chunks = match body {
+        FileBody::Whole(data) => {
+            let (tx, rx) = mpsc::channel(1);
+            let _ = tx.try_send(Ok(Bytes::from(data)));
+            rx
         }
-    })
+        FileBody::Stream { chunks, .. } => chunks,
+    };
+    let octets = (header::CONTENT_TYPE, "application/octet-stream");
+    if !gzip {
+        return Ok(([octets], Body::from_stream(ReceiverStream::new(chunks))).into_response());
+    }
+    let gz = Body::from_stream(ReceiverStream::new(gzip_stream(chunks)));
+    Ok(([octets, (header::CONTENT_ENCODING, "gzip")], gz).into_response())
 }
 
 /// `POST /files`.
 pub async fn write(manager: &Arc<Manager>, id: &str, req: Request) -> Result<Response, EnvdError> {
     let q = query(&req)?;
+    let user = user(manager, id, &q).await?;
     let content_type = req
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    if req.headers().contains_key(header::CONTENT_ENCODING) {
-        return Err(EnvdError::Unsupported("Content-Encoding on uploads (gzip)"));
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    let encoding = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let gzip = match encoding.as_deref() {
+        None | Some("identity") => false,
+        Some("gzip") if essence.eq_ignore_ascii_case("application/octet-stream") => true,
+        Some(_) => {
+            return Err(EnvdError::Unsupported(
+                "this Content-Encoding (gzip on octet-stream only)",
+            ))
+        }
+    };
+    if essence.eq_ignore_ascii_case("application/octet-stream") {
+        let path = guest_path(q.path.as_deref(), &user)?;
+        let body = stream_body(req);
+        manager
+            .write_file_stream(id, &path, Some(user.owner()), body, gzip)
+            .await
+            .map_err(|e| EnvdError::file(&path, e))?;
+        return Ok((StatusCode::OK, axum::Json(vec![written(path)])).into_response());
     }
     let (_, body) = crate::api::read_body(req, MAX_FILE_BYTES, "a file upload")
         .await
         .map_err(|e| EnvdError::Zygote(e.status_code().0, e.to_string()))?;
-    let essence = content_type.split(';').next().unwrap_or("").trim();
-    let files: Vec<(String, bytes::Bytes)> =
-        if essence.eq_ignore_ascii_case("application/octet-stream") {
-            vec![(guest_path(q.path.as_deref())?, body)]
-        } else if essence.eq_ignore_ascii_case("multipart/form-data") {
-            let boundary = boundary(&content_type).ok_or(EnvdError::BadMultipart("no boundary"))?;
-            let parts = multipart(&body, &boundary)?;
-            let single = parts.len() == 1;
-            parts
-                .into_iter()
-                .map(|(filename, data)| {
-                    // With one file, `path` names it (its filename may be a base name).
-                    let path = match (&q.path, single) {
-                        (Some(p), true) => guest_path(Some(p))?,
-                        _ => guest_path(filename.as_deref())?,
-                    };
-                    Ok((path, data))
-                })
-                .collect::<Result<_, EnvdError>>()?
-        } else {
-            return Err(EnvdError::BadContentType(content_type));
-        };
-    let mut written = Vec::with_capacity(files.len());
+    if !essence.eq_ignore_ascii_case("multipart/form-data") {
+        return Err(EnvdError::BadContentType(content_type));
+    }
+    let boundary = boundary(&content_type).ok_or(EnvdError::BadMultipart("no boundary"))?;
+    let parts = multipart(&body, &boundary)?;
+    let single = parts.len() == 1;
+    let files = parts
+        .into_iter()
+        .map(|(filename, data)| {
+            // With one file, `path` names it (its filename may be a base name).
+            let path = match (&q.path, single) {
+                (Some(p), true) => guest_path(Some(p), &user)?,
+                _ => guest_path(filename.as_deref(), &user)?,
+            };
+            Ok((path, data))
+        })
+        .collect::<Result<Vec<_>, EnvdError>>()?;
+    let mut done = Vec::with_capacity(files.len());
     for (path, data) in files {
         manager
-            .write_file(id, path.clone(), None, data.to_vec())
+            .write_file(id, path.clone(), None, Some(user.owner()), data.to_vec())
             .await
             .map_err(|e| EnvdError::file(&path, e))?;
-        let name = path.rsplit('/').next().unwrap_or("").to_string();
-        written.push(WrittenFile {
-            path,
-            name,
-            kind: "file",
-        });
+        done.push(written(path));
     }
-    Ok((StatusCode::OK, axum::Json(written)).into_response())
+    Ok((StatusCode::OK, axum::Json(done)).into_response())
+}
+
+fn written(path: String) -> WrittenFile {
+    WrittenFile {
+        name: path.rsplit('/').next().unwrap_or("").to_string(),
+        path,
+        kind: "file",
+    }
+}
+
+/// The request body as chunks for [`Manager::write_file_stream`], read as the upload
+/// takes them (a channel of two: the client is not read ahead of the guest).
+fn stream_body(req: Request) -> mpsc::Receiver<std::io::Result<Bytes>> {
+    let (tx, rx) = mpsc::channel(2);
+    let mut body = req.into_body().into_data_stream();
+    tokio::spawn(async move {
+        while let Some(chunk) = body.next().await {
+            let failed = chunk.is_err();
+            if tx.send(chunk.map_err(std::io::Error::other)).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// `chunks` gzipped as they come (a blocking thread compresses; the stream ends early,
+/// cut, if the file's does).
+fn gzip_stream(
+    mut chunks: mpsc::Receiver<std::io::Result<Bytes>>,
+) -> mpsc::Receiver<std::io::Result<Bytes>> {
+    use std::io::Write as _;
+    let (tx, rx) = mpsc::channel(2);
+    tokio::task::spawn_blocking(move || {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        while let Some(chunk) = chunks.blocking_recv() {
+            let out = chunk
+                .and_then(|c| gz.write_all(&c))
+                .map(|()| std::mem::take(gz.get_mut()));
+            let failed = out.is_err();
+            if tx.blocking_send(out.map(Bytes::from)).is_err() || failed {
+                return;
+            }
+        }
+        let _ = tx.blocking_send(gz.finish().map(Bytes::from));
+    });
+    rx
 }
 
 /// The `boundary` parameter of a multipart content type (RFC 2046: 1..=70 characters).

@@ -19,11 +19,14 @@
 mod book;
 mod connect;
 mod files;
+mod filesystem;
 mod process;
 mod process_ctl;
 mod pty;
 mod selector;
+mod signature;
 mod stream_input;
+mod users;
 mod watch;
 
 use std::sync::Arc;
@@ -44,16 +47,6 @@ use connect::{Code, ConnectError, Form};
 const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
-
-/// Connect procedures envd has that zygote does not serve yet: `unimplemented`, not
-/// 404, so a client learns the call exists but is missing here.
-const NOT_YET: [&str; 5] = [
-    "/filesystem.Filesystem/Stat",
-    "/filesystem.Filesystem/MakeDir",
-    "/filesystem.Filesystem/Move",
-    "/filesystem.Filesystem/ListDir",
-    "/filesystem.Filesystem/Remove",
-];
 
 /// envd's plain-HTTP answers (everything but Connect errors), as
 /// `{"code": <status>, "message": ...}`.
@@ -81,10 +74,12 @@ pub enum EnvdError {
     BadQuery,
     #[error("the path parameter is missing")]
     MissingPath,
-    #[error("path '{0}' is relative: zygote's envd takes absolute paths only (for now)")]
-    RelativePath(String),
-    #[error("zygote's envd runs as the image's user only: user '{0}' is not supported yet")]
-    UserUnsupported(String),
+    #[error("the path is over 4096 bytes or has a NUL byte")]
+    BadPath,
+    #[error(transparent)]
+    User(#[from] users::UserError),
+    #[error(transparent)]
+    Signature(#[from] signature::SignatureError),
     #[error("{0} is not supported by zygote's envd yet")]
     Unsupported(&'static str),
     #[error("unsupported Content-Type {0:?}: multipart/form-data or application/octet-stream")]
@@ -104,7 +99,9 @@ impl EnvdError {
         use EnvdError as E;
         match self {
             E::SandboxNotFound(_) => StatusCode::BAD_GATEWAY,
-            E::Unauthorized => StatusCode::UNAUTHORIZED,
+            E::Unauthorized | E::Signature(_) => StatusCode::UNAUTHORIZED,
+            E::User(users::UserError::Accounts { .. }) => StatusCode::INTERNAL_SERVER_ERROR,
+            E::User(_) => StatusCode::UNAUTHORIZED,
             E::NoRoute | E::FileNotFound(_) => StatusCode::NOT_FOUND,
             E::TooManyFiles(_) => StatusCode::PAYLOAD_TOO_LARGE,
             E::Zygote(status, _) => *status,
@@ -172,13 +169,15 @@ impl Envd {
         }
     }
 
+    fn alive(&self, id: &str) -> bool {
+        self.manager
+            .get(id)
+            .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting" | "creating"))
+    }
+
     async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
         let id = routed_sandbox(req.headers())?;
-        let alive = self
-            .manager
-            .get(&id)
-            .is_ok_and(|s| !matches!(s.state.as_str(), "dead" | "deleting" | "creating"));
-        if !alive {
+        if !self.alive(&id) {
             return Err(EnvdError::SandboxNotFound(id));
         }
         let path = req.uri().path().to_string();
@@ -186,38 +185,75 @@ impl Envd {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         let expected = self.keys.access_token(&id);
-        let given = req.headers().get(ACCESS_TOKEN_HEADER).map(|v| v.as_bytes());
-        if !given.is_some_and(|g| token_matches(g, expected.as_bytes())) {
-            return Err(EnvdError::Unauthorized);
+        match req.headers().get(ACCESS_TOKEN_HEADER) {
+            Some(given) if token_matches(given.as_bytes(), expected.as_bytes()) => {}
+            // `/files` takes a signed URL instead of the token (envd's rule).
+            None if path == "/files" && signature::Signed::of(req.uri()).is_some() => {
+                let signed = signature::Signed::of(req.uri()).ok_or(EnvdError::Unauthorized)?;
+                signed.check(req.method(), &expected, signature::now_unix())?;
+            }
+            _ => return Err(EnvdError::Unauthorized),
         }
+        self.serve_routed(&id, req).await
+    }
+
+    /// A signed `/files` URL without routing headers: the sandbox is the live one whose
+    /// token makes the signature match.
+    async fn handle_signed(&self, req: Request) -> Result<Response, EnvdError> {
+        let signed = signature::Signed::of(req.uri()).ok_or(EnvdError::Unauthorized)?;
+        let sandboxes = self
+            .manager
+            .list(&[])
+            .map_err(|e| EnvdError::Zygote(e.status_code().0, e.to_string()))?;
+        let now = signature::now_unix();
+        for s in sandboxes.iter().filter(|s| self.alive(&s.id)) {
+            match signed.check(req.method(), &self.keys.access_token(&s.id), now) {
+                Ok(()) => return self.serve_routed(&s.id, req).await,
+                Err(signature::SignatureError::Invalid) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(signature::SignatureError::Invalid.into())
+    }
+
+    /// A request whose sandbox and credentials are settled.
+    async fn serve_routed(&self, id: &str, req: Request) -> Result<Response, EnvdError> {
+        let path = req.uri().path().to_string();
+        let id = id.to_string();
         match (req.method().clone(), path.as_str()) {
             (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
+            (Method::GET, "/envs") => self.envs(&id),
             (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
             (Method::POST, p) => match Procedure::of(p) {
-                Some(procedure) => Ok(self.rpc(&id, req, Some(procedure)).await),
-                None if NOT_YET.contains(&p) => Ok(self.rpc(&id, req, None).await),
+                Some(procedure) => Ok(self.rpc(&id, req, procedure).await),
                 None => Err(EnvdError::NoRoute),
             },
             _ => Err(EnvdError::NoRoute),
         }
     }
 
+    /// `GET /envs`: the variables every process starts with (the image's, then the
+    /// sandbox's `envVars`); secrets' values are never shown, as everywhere in zygote.
+    fn envs(&self, id: &str) -> Result<Response, EnvdError> {
+        let env = self
+            .manager
+            .sandbox_row(id)
+            .map_err(|e| EnvdError::Zygote(e.status_code().0, e.to_string()))?
+            .env;
+        let mut vars = env.image.env.clone();
+        vars.extend(env.vars);
+        Ok(axum::Json(vars).into_response())
+    }
+
     /// A Connect call: the content type is checked, the body read (bounded), then the
-    /// procedure served; one envd has and zygote not yet (`None`) is `unimplemented`.
-    async fn rpc(&self, id: &str, req: Request, procedure: Option<Procedure>) -> Response {
+    /// procedure served (every procedure of envd's process and filesystem services).
+    async fn rpc(&self, id: &str, req: Request, procedure: Procedure) -> Response {
         let Some(form) = connect::form(req.headers()) else {
             return connect::unsupported_media_type();
         };
         let fail = |e: ConnectError| match form {
             Form::Stream => e.stream_response(),
             Form::Unary => e.unary_response(),
-        };
-        let name = req.uri().path().trim_start_matches('/').to_string();
-        let Some(procedure) = procedure else {
-            return fail(ConnectError::new(
-                Code::Unimplemented,
-                format!("zygote's envd does not implement {name} yet"),
-            ));
         };
         if form != procedure.form() {
             // connect-go takes only its procedure's own form (unary or stream): 415.
@@ -257,6 +293,12 @@ impl Envd {
                 Ok(answer) => connect::unary_ok(&answer),
                 Err(e) => e.unary_response(),
             },
+            Procedure::Filesystem(unary) => {
+                match filesystem::serve(&self.manager, id, unary, &headers, &body).await {
+                    Ok(answer) => connect::unary_ok(&answer),
+                    Err(e) => e.unary_response(),
+                }
+            }
         }
     }
 }
@@ -270,10 +312,12 @@ enum Procedure {
     Unary(process_ctl::Unary),
     WatchDir,
     Watcher(watch::Unary),
+    Filesystem(filesystem::Unary),
 }
 
 impl Procedure {
     fn of(path: &str) -> Option<Procedure> {
+        use filesystem::Unary as F;
         use process_ctl::Unary as U;
         use watch::Unary as W;
         Some(match path {
@@ -289,6 +333,11 @@ impl Procedure {
             "/filesystem.Filesystem/CreateWatcher" => Procedure::Watcher(W::CreateWatcher),
             "/filesystem.Filesystem/GetWatcherEvents" => Procedure::Watcher(W::GetWatcherEvents),
             "/filesystem.Filesystem/RemoveWatcher" => Procedure::Watcher(W::RemoveWatcher),
+            "/filesystem.Filesystem/Stat" => Procedure::Filesystem(F::Stat),
+            "/filesystem.Filesystem/ListDir" => Procedure::Filesystem(F::ListDir),
+            "/filesystem.Filesystem/MakeDir" => Procedure::Filesystem(F::MakeDir),
+            "/filesystem.Filesystem/Move" => Procedure::Filesystem(F::Move),
+            "/filesystem.Filesystem/Remove" => Procedure::Filesystem(F::Remove),
             _ => return None,
         })
     }
@@ -299,9 +348,27 @@ impl Procedure {
             | Procedure::Connect
             | Procedure::StreamInput
             | Procedure::WatchDir => Form::Stream,
-            Procedure::Unary(_) | Procedure::Watcher(_) => Form::Unary,
+            Procedure::Unary(_) | Procedure::Watcher(_) | Procedure::Filesystem(_) => Form::Unary,
         }
     }
+}
+
+/// The request's Host is an IP literal or `localhost` (any port): the proxy itself, not
+/// a sandbox's `{port}-{id}.` name (E2B's proxy reads its routing headers only then).
+fn bare_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 /// The sandbox a request with E2B's routing headers names (its port must be envd's).
@@ -338,7 +405,18 @@ impl Gate for Envd {
             let ours = req.headers().contains_key(SANDBOX_ID_HEADER)
                 || req.headers().contains_key(SANDBOX_PORT_HEADER);
             if !ours {
-                return Err(req);
+                // Only on the proxy's own address: a `{port}-{id}.` host is a guest's.
+                let signed_files = req.uri().path() == "/files"
+                    && bare_host(req.headers())
+                    && matches!(*req.method(), Method::GET | Method::POST)
+                    && signature::Signed::of(req.uri()).is_some();
+                if !signed_files {
+                    return Err(req);
+                }
+                return Ok(self
+                    .handle_signed(req)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response));
             }
             Ok(self
                 .handle(req)
@@ -374,6 +452,28 @@ mod tests {
         scrub(&keys, "sb-a", &mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert_eq!(h["x-guest"], "kept");
+    }
+
+    #[test]
+    fn signed_urls_are_taken_on_the_proxy_address_only() {
+        let with_host = |h: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::HOST, h.parse().unwrap());
+            m
+        };
+        for ok in [
+            "127.0.0.1:7421",
+            "localhost:1",
+            "LOCALHOST",
+            "[::1]:80",
+            "10.0.0.1",
+        ] {
+            assert!(bare_host(&with_host(ok)), "{ok}");
+        }
+        for guest in ["8080-sb-12.localhost:7421", "example.com", "[zz]:1"] {
+            assert!(!bare_host(&with_host(guest)), "{guest}");
+        }
+        assert!(!bare_host(&HeaderMap::new()));
     }
 
     #[test]

@@ -168,10 +168,13 @@ async fn start_stream(
         tag: req.tag,
     };
     check_program(&details)?;
+    let launch = Launch::for_user(manager, id, headers, &details).await?;
     if let Some(pty) = &req.pty {
         let size = pty.size()?;
         let deadline = timeout_ms.map(|t| Instant::now() + Duration::from_millis(t));
-        let (pid, events) = ptys.open(manager, id, details, size, deadline).await?;
+        let (pid, events) = ptys
+            .open(manager, id, details, launch, size, deadline)
+            .await?;
         // The pump bounds the program by the timeout; the stream ends with its end.
         return Ok(event_stream(pid, events, keepalive_interval(headers), None));
     }
@@ -179,8 +182,9 @@ async fn start_stream(
     argv.extend(details.args.iter().cloned());
     let exec = ExecRequest {
         argv,
-        env: details.envs.clone(),
-        cwd: details.cwd.clone(),
+        env: launch.env,
+        cwd: Some(launch.cwd),
+        user: Some(launch.user),
         timeout_ms,
         background: true,
         ..Default::default()
@@ -420,5 +424,50 @@ mod tests {
             json(ProcessEvent::Keepalive {}),
             r#"{"event":{"keepalive":{}}}"#
         );
+    }
+}
+
+/// How a program Start runs is launched: as the acting user (the request's, else E2B's
+/// default `user` when the image has it, else root), with that user's `HOME`, `USER`
+/// and `LOGNAME` under the request's own variables, in the request's directory
+/// (relative to the home) or else the home when the image has it.
+pub(super) struct Launch {
+    pub env: std::collections::BTreeMap<String, String>,
+    pub cwd: String,
+    /// `uid:gid`, as zygote's exec and pty requests take it.
+    pub user: String,
+}
+
+impl Launch {
+    async fn for_user(
+        manager: &std::sync::Arc<crate::manager::Manager>,
+        id: &str,
+        headers: &HeaderMap,
+        details: &Details,
+    ) -> Result<Launch, ConnectError> {
+        let user = super::users::acting_user(manager, id, headers).await?;
+        let mut env = details.envs.clone();
+        for (k, v) in [
+            ("HOME", &user.home),
+            ("USER", &user.name),
+            ("LOGNAME", &user.name),
+        ] {
+            env.entry(k.to_string()).or_insert_with(|| v.clone());
+        }
+        let cwd = match details.cwd.as_deref().filter(|c| !c.is_empty()) {
+            // The home, when the image has it (an OCI image's root may have none).
+            None => match manager.stat_path(id, &user.home, true).await {
+                Ok(m) if m.kind == zygote_proto::FileKind::Dir => user.home.clone(),
+                _ => "/".to_string(),
+            },
+            Some(c) => super::users::resolve_path(c, &user).ok_or_else(|| {
+                ConnectError::new(Code::InvalidArgument, "process.cwd has a NUL byte")
+            })?,
+        };
+        Ok(Launch {
+            env,
+            cwd,
+            user: format!("{}:{}", user.uid, user.gid),
+        })
     }
 }

@@ -18,6 +18,7 @@
 //!
 //! Start's `connect-timeout-ms` bounds the program (envd cancels its context): at the
 //! deadline the pump kills it and the followers' streams end `deadline_exceeded`.
+use super::process::Launch;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -119,6 +120,7 @@ impl Ptys {
         manager: &Arc<Manager>,
         id: &str,
         details: Details,
+        launch: Launch,
         (cols, rows): (u16, u16),
         deadline: Option<Instant>,
     ) -> Result<(u32, mpsc::Receiver<ExecEvent>), ConnectError> {
@@ -136,8 +138,9 @@ impl Ptys {
             cols,
             rows,
             argv,
-            env: details.envs.clone(),
-            cwd: details.cwd.clone(),
+            env: launch.env,
+            cwd: Some(launch.cwd),
+            user: Some(launch.user),
         };
         let session = manager
             .pty_open(id, query)
