@@ -231,13 +231,43 @@ fn e2b_envd_signed_urls_open_one_sandbox_and_uploads_stream() {
         routed(&a_id, Some(&a_tok), "POST", "path=/tmp/gz/br", &br, b"x").status,
         400
     );
-    let req = json!({"process": {"cmd": "/bin/sh", "args": ["-c", "ls -A /tmp/gz"]}});
     let h = [
         ("E2b-Sandbox-Id", a_id.as_str()),
         ("E2b-Sandbox-Port", "49983"),
         ("X-Access-Token", a_tok.as_str()),
         ("Content-Type", "application/connect+json"),
     ];
+    // A full guest disk is envd's 507 (the SDK's NotEnoughSpaceException).
+    let req = json!({"process": {"cmd": "/bin/sh", "args": ["-c",
+        "mkdir -p /tmp/gz/small && mount -t tmpfs -o size=64k tmpfs /tmp/gz/small"]}});
+    assert_eq!(
+        http(
+            &proxy,
+            "POST",
+            "/process.Process/Start",
+            &h,
+            &envelope(&req)
+        )
+        .status,
+        200
+    );
+    let full = routed(
+        &a_id,
+        Some(&a_tok),
+        "POST",
+        "path=/tmp/gz/small/f",
+        &octets,
+        &[1; 1 << 20],
+    );
+    assert_eq!(
+        (full.status, full.json()),
+        (
+            507,
+            json!({"code": 507, "message": "not enough disk space available"})
+        )
+    );
+    let req = json!({"process": {"cmd": "/bin/sh", "args": ["-c",
+        "ls -A /tmp/gz/small; umount /tmp/gz/small && rmdir /tmp/gz/small && ls -A /tmp/gz"]}});
     let ls = http(
         &proxy,
         "POST",
@@ -254,7 +284,7 @@ fn e2b_envd_signed_urls_open_one_sandbox_and_uploads_stream() {
     assert_eq!(
         out,
         [b64.encode("z\n")],
-        "only the whole file, no staging left"
+        "only the whole file, no staging left (also not in the full one)"
     );
     step(t0, "gzip uploads and downloads");
 }

@@ -90,6 +90,8 @@ pub enum EnvdError {
     TooManyFiles(usize),
     #[error("path '{0}' does not exist")]
     FileNotFound(String),
+    #[error("not enough disk space available")]
+    NoSpace,
     #[error("{1}")]
     Zygote(StatusCode, String),
 }
@@ -104,13 +106,20 @@ impl EnvdError {
             E::User(_) => StatusCode::UNAUTHORIZED,
             E::NoRoute | E::FileNotFound(_) => StatusCode::NOT_FOUND,
             E::TooManyFiles(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            E::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
             E::Zygote(status, _) => *status,
             _ => StatusCode::BAD_REQUEST,
         }
     }
 
-    /// A failed file call on `path`: a missing file in envd's words.
+    /// A failed file call on `path`: a missing file or a full disk in envd's words.
     fn file(path: &str, e: Error) -> EnvdError {
+        // ENOSPC, EDQUOT: the guest's disk (or quota) is full.
+        if let Error::Guest(zygote_proto::client::ClientError::Agent(body)) = &e {
+            if matches!(body.errno, Some(28 | 122)) {
+                return EnvdError::NoSpace;
+            }
+        }
         match e.status_code() {
             (StatusCode::NOT_FOUND, "guest_not_found") => EnvdError::FileNotFound(path.into()),
             (status, _) => EnvdError::Zygote(status, e.to_string()),
