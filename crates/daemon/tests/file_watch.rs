@@ -4,6 +4,7 @@
 //! stream; a client that leaves ends the guest's watch; the guest's watcher cap is a 429.
 mod common;
 
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -12,7 +13,7 @@ use zygote_api::client::{block_on, Client, ClientError};
 use zygote_daemon::model::FileWatchEvent;
 use zygote_proto::watch::MAX_WATCHERS;
 
-use common::{create, qemu_guest_ready, sh, start_daemon, step, Scratch};
+use common::{create, qemu_guest_ready, sh, start_daemon, step, Daemon, Scratch};
 
 /// Starts a watch on a thread of its own (the client's streaming future is not
 /// `Send`): its lines arrive on the receiver (an HTTP error as an `Error` line);
@@ -32,6 +33,36 @@ fn start_watch(
         }
     });
     rx
+}
+
+/// A watch on a raw connection, as any HTTP client makes one: the status, and the
+/// connection (open once the `started` line arrived). Dropping it is a client leaving.
+fn raw_watch(d: &Daemon, id: &str, path: &str) -> (u16, std::net::TcpStream) {
+    let addr = d.url.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "GET /v1/sandboxes/{id}/files/watch?path={path} HTTP/1.1\r\nHost: {addr}\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        d.token()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got);
+        let status: u16 = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        if (status != 0 && status != 200 && text.contains("\r\n\r\n")) || text.contains("started") {
+            return (status, s);
+        }
+    }
 }
 
 /// [`start_watch`], once the daemon said `started`.
@@ -131,18 +162,25 @@ async fn a_watch_streams_changes_and_ends_with_its_client() {
     assert!(seen.iter().all(|(n, _)| !n.starts_with('/')), "{seen:?}");
     step(t0, "changes streamed with relative names, recursively");
 
-    // The client leaves: the guest's watch ends.
-    assert_eq!(guest_watchers(&c, &id).await, 1);
-    drop(rx);
+    // A client that leaves (its connection closed, as curl killed does) ends the
+    // guest's watch.
+    let before = guest_watchers(&c, &id).await;
+    let (status, conn) = raw_watch(&d, &id, "/w");
+    assert_eq!(status, 200);
+    assert_eq!(guest_watchers(&c, &id).await, before + 1);
+    drop(conn);
     let mut left = usize::MAX;
     for _ in 0..50 {
         left = guest_watchers(&c, &id).await;
-        if left == 0 {
+        if left == before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(left, 0, "the guest still watches after its client left");
+    assert_eq!(
+        left, before,
+        "the guest still watches after its client left"
+    );
     step(t0, "a client that leaves ends the guest's watch");
 
     // Bad input is refused before any stream.
@@ -166,30 +204,27 @@ async fn a_watch_streams_changes_and_ends_with_its_client() {
     step(t0, "missing, file, relative path, unknown sandbox refused");
 
     // The guest's watcher cap is a 429 that names it; one ended makes room.
-    let mut open = Vec::new();
-    for _ in 0..MAX_WATCHERS {
-        open.push(watch(&c, &id, "/w", false).await);
-    }
+    let mut open: Vec<_> = (before..MAX_WATCHERS)
+        .map(|_| {
+            let (status, conn) = raw_watch(&d, &id, "/w");
+            assert_eq!(status, 200);
+            conn
+        })
+        .collect();
     let (status, code) = refused(&c, &id, "/w").await;
     assert_eq!((status, code.as_str()), (429, "guest_limit_reached"));
-    open.pop();
-    sh(&c, &id, "touch /w/wake2").await.unwrap();
-    let mut again = None;
+    drop(open.pop());
+    let mut again = 0;
     for _ in 0..50 {
-        let mut rx = start_watch(&c, &id, "/w", false);
-        if let Ok(w) = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
-            if w == Some(FileWatchEvent::Started) {
-                again = w;
-                break;
-            }
+        sh(&c, &id, "touch /w/.wake").await.unwrap(); // the stream notices its client left
+        again = raw_watch(&d, &id, "/w").0;
+        if again == 200 {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert_eq!(
-        again,
-        Some(FileWatchEvent::Started),
-        "no room after one watch ended"
-    );
+    assert_eq!(again, 200, "no room after one watch ended");
+    drop(rx);
     step(
         t0,
         &format!("{MAX_WATCHERS} watchers, then 429 guest_limit_reached"),

@@ -404,8 +404,9 @@ impl Watchers {
 
     fn remove(&self, id: &str, watcher_id: &str) -> Result<(), ConnectError> {
         let mut map = lock(&self.map);
-        if !map.get(watcher_id).is_some_and(|w| w.sandbox == id) {
-            return Err(unknown(watcher_id));
+        match map.get(watcher_id) {
+            Some(w) if w.sandbox == id => {}
+            _ => return Err(unknown(watcher_id)),
         }
         if let Some(w) = map.remove(watcher_id) {
             // The task holds the watch's receiver: ending it ends the guest's watch.
