@@ -14,7 +14,7 @@ import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
 
-TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
+TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
 
 # A process holding a counter in memory: each /tmp/bump file it sees adds one and
 # publishes the count in /tmp/n. After a fork, the count it publishes next tells that

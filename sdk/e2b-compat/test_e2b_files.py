@@ -13,7 +13,7 @@ from e2b.exceptions import (
     FileNotFoundException,
 )
 
-TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
+TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,10 @@ def add_user(sbx, name, uid):
 
 
 def test_users_run_commands_and_own_their_files(sbx):
-    # The image has no `user`: the default is root, in its home.
-    assert sbx.commands.run("id -un; pwd").stdout == "root\n/root\n"
+    # Without `user` in the image the default is root, in its home (`base` has `user`).
+    has_user = sbx.commands.run("getent passwd user || true", user="root").stdout != ""
+    default = "user\n/home/user\n" if has_user else "root\n/root\n"
+    assert sbx.commands.run("id -un; pwd").stdout == default
     add_user(sbx, "alice", 1001)
     r = sbx.commands.run("id -u; id -g; pwd; echo $HOME $USER", user="alice")
     assert r.stdout == "1001\n1001\n/home/alice\n/home/alice alice\n"
@@ -56,7 +58,8 @@ def test_users_run_commands_and_own_their_files(sbx):
     with pytest.raises(AuthenticationException, match="invalid username"):
         sbx.files.list("/", user="ghost")
     # Once the guest has `user`, it is the default (as on E2B's templates).
-    add_user(sbx, "user", 1000)
+    if not has_user:
+        add_user(sbx, "user", 1000)
     assert sbx.commands.run("id -un; pwd").stdout == "user\n/home/user\n"
     assert sbx.files.write("mine.txt", "m").path == "/home/user/mine.txt"
     assert sbx.commands.run("stat -c %U /home/user/mine.txt").stdout == "user\n"

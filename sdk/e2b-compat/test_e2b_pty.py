@@ -13,7 +13,7 @@ from e2b import Sandbox
 from e2b.exceptions import NotFoundException, TimeoutException
 from e2b.sandbox.commands.command_handle import CommandExitException, PtySize
 
-TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
+TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
 
 
 @pytest.fixture
@@ -164,3 +164,16 @@ def test_a_command_past_its_timeout_raises_and_is_killed(sbx):
     while any("sleep 30" in " ".join(p.args) for p in sbx.commands.list()):
         assert time.monotonic() < deadline, "the command outlived its timeout"
         time.sleep(0.2)
+
+
+def test_a_terminal_runs_as_the_acting_user_in_its_home(sbx):
+    # `base` has E2B's `user`: the default user of terminals as of commands.
+    h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=120)
+    term = Terminal(h)
+    sbx.pty.send_stdin(h.pid, b"echo who=$(id -un):$(id -u) home=$HOME at=$(pwd)\n")
+    term.expect("who=user:1000 home=/home/user at=/home/user\r\n")
+    root = sbx.pty.create(PtySize(rows=24, cols=80), user="root", timeout=120)
+    as_root = Terminal(root)
+    sbx.pty.send_stdin(root.pid, b"echo who=$(id -un)\n")
+    as_root.expect("who=root\r\n")
+    assert sbx.pty.kill(h.pid) and sbx.pty.kill(root.pid)

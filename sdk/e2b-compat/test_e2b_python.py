@@ -12,7 +12,7 @@ from e2b import Sandbox
 from e2b.exceptions import AuthenticationException, FileNotFoundException, NotFoundException
 from e2b.sandbox.commands.command_handle import CommandExitException
 
-TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
+TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from e2b.exceptions import (
 )
 from e2b.sandbox.filesystem.watch_handle import FilesystemEventType as T
 
-TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "python")
+TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
 # zygote's per-sandbox cap on CreateWatcher watchers (crates/daemon/src/e2b/envd/watch.rs).
 MAX_WATCHERS_PER_SANDBOX = 16
 
