@@ -154,6 +154,11 @@ fn every_request_type_is_listed() {
             cols: 80,
             rows: 24,
         }),
+        Request::Watch(zygote_proto::watch::WatchRequest {
+            path: "/tmp".into(),
+            recursive: true,
+        }),
+        Request::Unwatch(zygote_proto::watch::UnwatchRequest { watch_id: 1 }),
     ];
     assert_eq!(samples.len(), Request::TYPES.len());
     for (req, name) in samples.iter().zip(Request::TYPES) {
