@@ -392,41 +392,6 @@ fn envelopes(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn events_have_envds_json_shape() {
-        let json = |e: ProcessEvent| serde_json::to_string(&StartResponse { event: e }).unwrap();
-        assert_eq!(
-            json(ProcessEvent::Start { pid: 7 }),
-            r#"{"event":{"start":{"pid":7}}}"#
-        );
-        assert_eq!(
-            json(ProcessEvent::Data(DataEvent::Stdout("aGkK".into()))),
-            r#"{"event":{"data":{"stdout":"aGkK"}}}"#
-        );
-        assert_eq!(
-            json(ProcessEvent::End(EndEvent::of(Some(0), None))),
-            r#"{"event":{"end":{"exitCode":0,"exited":true,"status":"exit status 0"}}}"#
-        );
-        assert_eq!(
-            json(ProcessEvent::End(EndEvent::of(Some(3), None))),
-            r#"{"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}}}"#
-        );
-        let killed = EndEvent::of(None, Some(9));
-        assert_eq!(
-            (killed.exit_code, killed.status.as_str()),
-            (-1, "signal: killed")
-        );
-        assert_eq!(
-            json(ProcessEvent::Keepalive {}),
-            r#"{"event":{"keepalive":{}}}"#
-        );
-    }
-}
-
 /// How a program Start runs is launched: as the acting user (the request's, else E2B's
 /// default `user` when the image has it, else root), with that user's `HOME`, `USER`
 /// and `LOGNAME` under the request's own variables, in the request's directory
@@ -469,5 +434,40 @@ impl Launch {
             cwd,
             user: format!("{}:{}", user.uid, user.gid),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_have_envds_json_shape() {
+        let json = |e: ProcessEvent| serde_json::to_string(&StartResponse { event: e }).unwrap();
+        assert_eq!(
+            json(ProcessEvent::Start { pid: 7 }),
+            r#"{"event":{"start":{"pid":7}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::Data(DataEvent::Stdout("aGkK".into()))),
+            r#"{"event":{"data":{"stdout":"aGkK"}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::End(EndEvent::of(Some(0), None))),
+            r#"{"event":{"end":{"exitCode":0,"exited":true,"status":"exit status 0"}}}"#
+        );
+        assert_eq!(
+            json(ProcessEvent::End(EndEvent::of(Some(3), None))),
+            r#"{"event":{"end":{"exitCode":3,"exited":true,"status":"exit status 3","error":"exit status 3"}}}"#
+        );
+        let killed = EndEvent::of(None, Some(9));
+        assert_eq!(
+            (killed.exit_code, killed.status.as_str()),
+            (-1, "signal: killed")
+        );
+        assert_eq!(
+            json(ProcessEvent::Keepalive {}),
+            r#"{"event":{"keepalive":{}}}"#
+        );
     }
 }
