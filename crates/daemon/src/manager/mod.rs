@@ -20,6 +20,7 @@ mod merge;
 mod merge_apply;
 mod merge_intent;
 mod merge_plan;
+mod network_policy;
 pub use guest::FileBody;
 mod ops;
 mod pack_import;
