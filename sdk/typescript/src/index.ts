@@ -77,6 +77,7 @@ export {
   Files,
   type MergeOptions,
   type NetworkMode,
+  type NetworkPolicyOptions,
   type OnConflict,
   type RestoreOptions,
   Sandbox,
