@@ -168,8 +168,14 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
 
     // And at update_network, before the id is looked up; `rules` is not served.
     for (body, says) in [
-        (r#"{"allowOut": ["example.com"]}"#, "not an IPv4 address or CIDR"),
-        (r#"{"denyOut": ["10.0.0.0/33"]}"#, "not an IPv4 address or CIDR"),
+        (
+            r#"{"allowOut": ["example.com"]}"#,
+            "not an IPv4 address or CIDR",
+        ),
+        (
+            r#"{"denyOut": ["10.0.0.0/33"]}"#,
+            "not an IPv4 address or CIDR",
+        ),
         (r#"{"denyOut": "10.0.0.0/8"}"#, ""),
         (r#"{"rules": {"example.com": []}}"#, "not supported"),
     ] {
@@ -344,11 +350,7 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
         deny.contains(&"192.0.2.0/30".to_string()) && !deny.iter().any(|d| d.ends_with(".7/32")),
         "E2B's allow wins over its deny: {deny:?}"
     );
-    let a = call(
-        "PUT",
-        &format!("/e2b/sandboxes/{}/network", ids[2]),
-        "{}",
-    );
+    let a = call("PUT", &format!("/e2b/sandboxes/{}/network", ids[2]), "{}");
     assert_eq!(a.status, 204, "{}", a.text());
     assert_eq!(native(&ids[2])["deny_out"], json!([]), "omitted = cleared");
     assert_400(

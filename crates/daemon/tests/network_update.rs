@@ -45,7 +45,9 @@ fn ruleset(id: &str) -> String {
         .find(|n| n.starts_with("zygote-") && n.ends_with(id))
         .expect("the sandbox's namespace");
     let out = Command::new("ip")
-        .args(["netns", "exec", &ns, "nft", "list", "table", "inet", "zygote"])
+        .args([
+            "netns", "exec", &ns, "nft", "list", "table", "inet", "zygote",
+        ])
         .output()
         .expect("nft");
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -111,7 +113,7 @@ async fn qemu_network_policy_changes_while_running() {
     let s = put_network(&c, &sb.id, json!({"deny_out": [remote.a.to_string()]}))
         .await
         .unwrap();
-    assert_eq!(s.network.deny_out, [a.clone()]);
+    assert_eq!(s.network.deny_out, std::slice::from_ref(&a));
     assert_eq!(reach(&c, &sb.id, &targets).await, [false, true]);
     step(t0, "deny_out a: a unreachable, b reachable");
 
@@ -125,7 +127,7 @@ async fn qemu_network_policy_changes_while_running() {
         .await
         .unwrap();
     let child = get(&c, &br.children[0]).await;
-    assert_eq!(child.network.deny_out, [a.clone()]);
+    assert_eq!(child.network.deny_out, std::slice::from_ref(&a));
     assert_eq!(reach(&c, &child.id, &targets).await, [false, true]);
     c.raw(Method::DELETE, &format!("/v1/sandboxes/{}", child.id), None)
         .await
@@ -135,26 +137,42 @@ async fn qemu_network_policy_changes_while_running() {
     let s = put_network(&c, &sb.id, json!({"allow_out": [remote.a.to_string()]}))
         .await
         .unwrap();
-    assert_eq!((s.network.allow_out, s.network.deny_out), (vec![a.clone()], vec![]));
+    assert_eq!(
+        (s.network.allow_out, s.network.deny_out),
+        (vec![a.clone()], vec![])
+    );
     assert_eq!(reach(&c, &sb.id, &targets).await, [true, false]);
-    let s = put_network(&c, &sb.id, json!({"network": "none"})).await.unwrap();
+    let s = put_network(&c, &sb.id, json!({"network": "none"}))
+        .await
+        .unwrap();
     assert_eq!(s.network.mode.as_str(), "none");
     assert_eq!(reach(&c, &sb.id, &targets).await, [false, false]);
     let s = put_network(&c, &sb.id, json!({})).await.unwrap();
     assert!(s.network.allow_out.is_empty() && s.network.deny_out.is_empty());
     assert_eq!(reach(&c, &sb.id, &targets).await, [true, true]);
-    step(t0, "allow_out a, then none, then {} (cleared): each in force at once");
+    step(
+        t0,
+        "allow_out a, then none, then {} (cleared): each in force at once",
+    );
 
     // Paused: the change is recorded and in force at resume.
-    c.raw(Method::POST, &format!("/v1/sandboxes/{}/pause", sb.id), None)
-        .await
-        .unwrap();
+    c.raw(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/pause", sb.id),
+        None,
+    )
+    .await
+    .unwrap();
     put_network(&c, &sb.id, json!({"deny_out": [remote.b.to_string()]}))
         .await
         .unwrap();
-    c.raw(Method::POST, &format!("/v1/sandboxes/{}/resume", sb.id), None)
-        .await
-        .unwrap();
+    c.raw(
+        Method::POST,
+        &format!("/v1/sandboxes/{}/resume", sb.id),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(reach(&c, &sb.id, &targets).await, [true, false]);
     step(t0, "changed while paused: in force after resume");
 
@@ -166,12 +184,17 @@ async fn qemu_network_policy_changes_while_running() {
             .into_iter()
             .find(|n| n.starts_with("zygote-") && n.ends_with(id))
             .unwrap();
-        remote::ip(&["netns", "exec", &ns, "nft", "delete", "table", "inet", "zygote"]);
+        remote::ip(&[
+            "netns", "exec", &ns, "nft", "delete", "table", "inet", "zygote",
+        ]);
     };
     ns_table_gone(&sb.id);
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();
-    assert_eq!(get(&c, &sb.id).await.network.deny_out, [b.clone()]);
+    assert_eq!(
+        get(&c, &sb.id).await.network.deny_out,
+        std::slice::from_ref(&b)
+    );
     assert_eq!(reach(&c, &sb.id, &targets).await, [true, false]);
     step(t0, "daemon restarted: the recorded policy is in force");
     d.kill9();
@@ -201,7 +224,10 @@ async fn qemu_network_policy_changes_while_running() {
         assert!(rules.contains(&remote.b.to_string()), "{fault}: {rules}");
         let d2 = start_daemon(&scratch.state, &args);
         let c2 = d2.client();
-        assert_eq!(get(&c2, &sb.id).await.network.deny_out, [recorded.clone()]);
+        assert_eq!(
+            get(&c2, &sb.id).await.network.deny_out,
+            std::slice::from_ref(recorded)
+        );
         assert_eq!(reach(&c2, &sb.id, &targets).await, reached, "{fault}");
         // Back to deny b for the next round.
         put_network(&c2, &sb.id, json!({"deny_out": [remote.b.to_string()]}))
@@ -209,7 +235,10 @@ async fn qemu_network_policy_changes_while_running() {
             .unwrap();
         d2.kill9();
     }
-    step(t0, "kill -9 mid-change: never more open than the record, then the record");
+    step(
+        t0,
+        "kill -9 mid-change: never more open than the record, then the record",
+    );
 
     let d = start_daemon(&scratch.state, &args);
     d.client()

@@ -153,7 +153,13 @@ fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>
         r.push_str("  }\n");
     };
     // The sets of policy i are `deny_out`, `allow_out` (i = 0), `deny_out_1`...
-    let suffix = |i: usize| if i == 0 { String::new() } else { format!("_{i}") };
+    let suffix = |i: usize| {
+        if i == 0 {
+            String::new()
+        } else {
+            format!("_{i}")
+        }
+    };
     r.push_str("table inet zygote\ndelete table inet zygote\ntable inet zygote {\n");
     let egress = policies.iter().all(|p| p.mode == NetworkMode::Egress);
     for (i, policy) in policies.iter().enumerate() {

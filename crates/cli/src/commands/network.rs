@@ -123,10 +123,7 @@ mod tests {
             body_of(&["--deny-out", "10.0.0.0/8", "--deny-out", "1.2.3.4"]),
             json!({"deny_out": ["10.0.0.0/8", "1.2.3.4"]})
         );
-        assert_eq!(
-            body_of(&["--network", "none"]),
-            json!({"network": "none"})
-        );
+        assert_eq!(body_of(&["--network", "none"]), json!({"network": "none"}));
         assert!(Cli::try_parse_from(["zygote", "set"]).is_err());
     }
 }

@@ -46,4 +46,3 @@ pub async fn reach(c: &Client, id: &str, targets: &[(Ipv4Addr, u16)]) -> Vec<boo
     assert_eq!(got.len(), targets.len(), "{out}");
     got
 }
-
