@@ -12,16 +12,17 @@ mod probe;
 mod remote;
 
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use hyper::Method;
 use serde_json::{json, Value};
 use zygote_daemon::client::{Client, ClientError};
 use zygote_daemon::model::{BranchResponse, Sandbox};
 
-use common::{create, get, start_daemon, start_daemon_with_env, step, Scratch};
+use common::{create, get, sh, start_daemon, start_daemon_with_env, step, Scratch};
 use probe::{reach, unavailable};
-use remote::{Remote, REMOTE_PORT};
+use remote::{Remote, REMOTE_PORT, SINK_PORT};
 
 async fn put_network(c: &Client, id: &str, body: Value) -> Result<Sandbox, (u16, String)> {
     c.json(
@@ -110,12 +111,44 @@ async fn qemu_network_policy_changes_while_running() {
     assert_eq!(ruleset(&sb.id), before);
     step(t0, "bad policies refused (400), unknown sandbox 404");
 
+    // A connection the guest opened before the change: it keeps sending to a's sink.
+    sh(
+        &c,
+        &sb.id,
+        &format!(
+            "(while :; do echo ping; sleep 0.1; done | nc {} {SINK_PORT}) \
+             >/dev/null 2>&1 </dev/null &",
+            remote.a
+        ),
+    )
+    .await
+    .unwrap();
+    let flowing = common::eventually(Duration::from_secs(10), async || {
+        (remote.sunk.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    assert!(
+        flowing.is_some(),
+        "the guest's connection to the sink carries data"
+    );
+
     let s = put_network(&c, &sb.id, json!({"deny_out": [remote.a.to_string()]}))
         .await
         .unwrap();
     assert_eq!(s.network.deny_out, std::slice::from_ref(&a));
     assert_eq!(reach(&c, &sb.id, &targets).await, [false, true]);
-    step(t0, "deny_out a: a unreachable, b reachable");
+    // The open connection is cut too: nothing more of it arrives.
+    let settled = remote.sunk.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        remote.sunk.load(Ordering::SeqCst),
+        settled,
+        "a connection opened before the deny still sends"
+    );
+    step(
+        t0,
+        "deny_out a: a unreachable (also on a connection already open), b reachable",
+    );
 
     // A branch child inherits the policy in force.
     let br: BranchResponse = c

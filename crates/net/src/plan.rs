@@ -185,17 +185,19 @@ fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>
         "  chain input {\n    type filter hook input priority filter; policy drop;\n    \
          iif \"lo\" accept\n    ct state established,related accept\n  }\n",
     );
+    // Every packet the guest sends on a connection it opened (conntrack's `original`
+    // direction) meets the policy, not just the first: a policy changed while the sandbox
+    // runs cuts connections opened before it too. The guest's answers on connections the
+    // host opened (the port proxy: `reply` direction) pass as established.
     let _ = write!(
         r,
         "  chain forward {{\n    type filter hook forward priority filter; policy drop;\n    \
+         iifname \"{TAP}\" oifname \"{NS_LINK}\" ct direction original {verdict}\n    \
          ct state established,related accept\n    \
-         iifname \"{NS_LINK}\" oifname \"{TAP}\" ip saddr {host} ct state new accept\n",
+         iifname \"{NS_LINK}\" oifname \"{TAP}\" ip saddr {host} ct state new accept\n  }}\n",
+        verdict = if egress { "jump egress" } else { "drop" },
         host = p.host_addr,
     );
-    if egress {
-        let _ = writeln!(r, "    iifname \"{TAP}\" oifname \"{NS_LINK}\" jump egress");
-    }
-    r.push_str("  }\n");
     if egress {
         let _ = write!(
             r,
@@ -420,5 +422,18 @@ mod tests {
         assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
         let r = ns_rules_between(&SlotPlan::new(3), &none, &new, Some(resolver));
         assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
+        // Guest-sent packets of open connections meet the policy before `established`
+        // lets anything through, so a change cuts connections opened before it.
+        for (policy, verdict) in [(&new, "jump egress"), (&none, "drop")] {
+            let r = ns_rules(&SlotPlan::new(3), policy, Some(resolver));
+            assert_eq!(
+                chain(&r, "forward")[1..3],
+                [
+                    format!("iifname \"tap0\" oifname \"veth0\" ct direction original {verdict}"),
+                    "ct state established,related accept".to_string(),
+                ],
+                "{r}"
+            );
+        }
     }
 }
