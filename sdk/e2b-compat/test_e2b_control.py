@@ -206,7 +206,7 @@ def test_snapshot_restores_files_and_processes_then_deletes():
     assert Sandbox.list_snapshots(name=name).next_items() == []
 
 
-def test_network_rules_at_create_and_live_update_refused():
+def test_network_rules_at_create_and_updated_live():
     closed = Sandbox.create(template=TEMPLATE, timeout=600, allow_internet_access=False)
     ruled = Sandbox.create(
         template=TEMPLATE,
@@ -221,8 +221,14 @@ def test_network_rules_at_create_and_live_update_refused():
         assert "192.0.2.1/32" in net["deny_out"] and "10.0.0.0/16" in net["deny_out"]
         assert not any(d.startswith("10.1.") for d in net["deny_out"]), "allow wins, as E2B's"
         assert closed.commands.run("echo up").stdout == "up\n"
-        with pytest.raises(SandboxException, match="501"):
-            ruled.update_network({"deny_out": ["0.0.0.0/0"]})
+        # update_network replaces the rules whole (allow_out, left out, is cleared).
+        assert ruled.update_network({"deny_out": ["192.0.2.0/24"]}) is None
+        net = native(f"/v1/sandboxes/{ruled.sandbox_id}")["network"]
+        assert (net["allow_out"], net["deny_out"]) == ([], ["192.0.2.0/24"])
+        closed.update_network({})
+        assert native(f"/v1/sandboxes/{closed.sandbox_id}")["network"]["deny_out"] == []
+        with pytest.raises(SandboxException, match="not an IPv4 address"):
+            ruled.update_network({"allow_out": ["example.com"]})
     finally:
         closed.kill()
         ruled.kill()

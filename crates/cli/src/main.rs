@@ -78,6 +78,9 @@ enum Command {
     /// Expose, list and remove a sandbox's guest ports on the daemon's proxy (daemon).
     #[command(subcommand)]
     Port(commands::port::PortCommand),
+    /// Change a sandbox's network policy while it runs or is paused (daemon).
+    #[command(subcommand)]
+    Network(commands::network::NetworkCommand),
 }
 
 fn main() {
@@ -118,6 +121,7 @@ fn main() {
         Command::Images(args) => commands::images::run(args),
         Command::Logs(args) => commands::logs::run(args),
         Command::Port(cmd) => commands::port::run(cmd),
+        Command::Network(cmd) => commands::network::run(cmd),
     };
     match result {
         Ok(code) => std::process::exit(code),

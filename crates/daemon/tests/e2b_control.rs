@@ -166,6 +166,22 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
         "not an IPv4 address or CIDR",
     );
 
+    // And at update_network, before the id is looked up; `rules` is not served.
+    for (body, says) in [
+        (
+            r#"{"allowOut": ["example.com"]}"#,
+            "not an IPv4 address or CIDR",
+        ),
+        (
+            r#"{"denyOut": ["10.0.0.0/33"]}"#,
+            "not an IPv4 address or CIDR",
+        ),
+        (r#"{"denyOut": "10.0.0.0/8"}"#, ""),
+        (r#"{"rules": {"example.com": []}}"#, "not supported"),
+    ] {
+        assert_400(&call("PUT", "/e2b/sandboxes/sb-none/network", body), says);
+    }
+
     // The daemon serves on, both APIs.
     let a = http(
         &api,
@@ -302,7 +318,7 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     assert_eq!(a.status, 201, "{}", a.text());
     step(t0, "paused, refused while paused, resumed");
 
-    // set_timeout shortens; update_network is refused as not implemented.
+    // set_timeout shortens; update_network replaces the rules (omitted = cleared).
     let a = call(
         "POST",
         &format!("/e2b/sandboxes/{}/timeout", ids[2]),
@@ -313,10 +329,38 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     let a = call(
         "PUT",
         &format!("/e2b/sandboxes/{}/network", ids[2]),
-        r#"{"denyOut": []}"#,
+        r#"{"denyOut": ["192.0.2.0/24"], "allowOut": ["192.0.2.7"]}"#,
     );
-    assert_eq!(a.status, 501, "{}", a.text());
-    assert_eq!(a.json()["code"], 501);
+    assert_eq!(a.status, 204, "{}", a.text());
+    let native = |id: &str| {
+        let bearer = format!("Bearer {token}");
+        let a = http(
+            &api,
+            "GET",
+            &format!("/v1/sandboxes/{id}"),
+            &[("Authorization", &bearer)],
+            b"",
+        );
+        a.json()["network"].clone()
+    };
+    let net = native(&ids[2]);
+    assert_eq!(net["allow_out"], json!([]), "{net}");
+    let deny: Vec<String> = serde_json::from_value(net["deny_out"].clone()).unwrap();
+    assert!(
+        deny.contains(&"192.0.2.0/30".to_string()) && !deny.iter().any(|d| d.ends_with(".7/32")),
+        "E2B's allow wins over its deny: {deny:?}"
+    );
+    let a = call("PUT", &format!("/e2b/sandboxes/{}/network", ids[2]), "{}");
+    assert_eq!(a.status, 204, "{}", a.text());
+    assert_eq!(native(&ids[2])["deny_out"], json!([]), "omitted = cleared");
+    assert_400(
+        &call(
+            "PUT",
+            &format!("/e2b/sandboxes/{}/network", ids[2]),
+            r#"{"allow_internet_access": false, "allowOut": ["example.com"]}"#,
+        ),
+        "not an IPv4 address or CIDR",
+    );
     assert!(end.as_str().unwrap() < "9999", "a deadline: {end}");
 
     // Snapshots: 201, listed by sandbox, in use while its sandbox runs, then deleted.

@@ -9,6 +9,8 @@ mod common;
 mod dns;
 #[path = "network/ports.rs"]
 mod ports;
+#[path = "network/probe.rs"]
+mod probe;
 #[path = "network/remote.rs"]
 mod remote;
 
@@ -24,23 +26,8 @@ use zygote_daemon::model::{BranchResponse, Sandbox};
 
 use common::{create, get, proxy_url, sh, start_daemon, step, Scratch};
 use ports::{exposed_ports, http_get};
+use probe::{reach, unavailable};
 use remote::{ip, serve, Remote, REMOTE_PORT};
-
-/// Why this machine cannot run the suite, if it cannot.
-fn unavailable() -> Option<String> {
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, nftables)".into());
-    }
-    for tool in ["ip", "nft"] {
-        if Command::new(tool).arg("-V").output().is_err() {
-            return Some(format!("`{tool}` is not installed (scripts/setup.sh)"));
-        }
-    }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("/dev/net/tun is missing".into());
-    }
-    None
-}
 
 /// The host's IPv4 addresses (every one must be out of a guest's reach).
 fn host_addresses() -> Vec<Ipv4Addr> {
@@ -56,30 +43,6 @@ fn host_addresses() -> Vec<Ipv4Addr> {
             (w[1] != "lo" && !w[1].starts_with("zyv")).then_some(addr)
         })
         .collect()
-}
-
-/// For each `addr:port`, whether the guest got the server's answer: one exec, the
-/// probes at once, each bounded by nc's 2 s connect timeout.
-async fn reach(c: &Client, id: &str, targets: &[(Ipv4Addr, u16)]) -> Vec<bool> {
-    let mut script: String = targets
-        .iter()
-        .enumerate()
-        .map(|(i, (a, p))| {
-            format!(
-                "(if printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {a} {p} 2>/dev/null \
-                 | grep -q 'remote-\\|host-\\|HTTP/1'; then echo open; else echo closed; fi) \
-                 > /tmp/reach.{i} &\n"
-            )
-        })
-        .collect();
-    script.push_str("wait\n");
-    for i in 0..targets.len() {
-        script.push_str(&format!("cat /tmp/reach.{i}\n"));
-    }
-    let out = sh(c, id, &script).await.unwrap();
-    let got: Vec<bool> = out.lines().map(|l| l == "open").collect();
-    assert_eq!(got.len(), targets.len(), "{out}");
-    got
 }
 
 fn addr_of(sb: &Sandbox) -> Ipv4Addr {

@@ -266,6 +266,26 @@ impl Network {
         )
     }
 
+    /// Loads the rules of a policy change into `att`'s namespace: `new`'s alone, or
+    /// (`old` given) what both `old` and `new` let out. Each load is one nftables
+    /// transaction (the ruleset deletes and rebuilds the table in one `nft -f`), so no
+    /// packet ever meets an empty table or a mix of two rulesets.
+    pub fn load_policy(
+        &self,
+        att: &Attachment,
+        old: Option<&NetworkPolicy>,
+        new: &NetworkPolicy,
+    ) -> Result<(), NetError> {
+        let Backend::Isolated { dns } = &self.backend else {
+            return Ok(());
+        };
+        let rules = match old {
+            Some(old) => plan::ns_rules_between(&att.plan(), old, new, *dns),
+            None => plan::ns_rules(&att.plan(), new, *dns),
+        };
+        host::nft(Some(&att.netns), &rules)
+    }
+
     /// `rec`'s namespace, made unless it has a usable one (a restore reuses the
     /// sandbox's), and what the runtime gives the guest. Blocking.
     pub fn ensure(&self, sandbox: &str, rec: &mut NetRecord) -> Result<GuestNet, NetError> {

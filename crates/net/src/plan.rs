@@ -124,6 +124,25 @@ pub fn ns_link_cmds(p: &SlotPlan) -> String {
 /// does not cover `dns` and `allow_out`, when given, does. Otherwise a sandbox told
 /// "only X" could still tunnel data out through the resolver.
 pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> String {
+    ns_rules_all(p, &[policy], dns)
+}
+
+/// The namespace's ruleset while a sandbox's policy changes from `old` to `new`: a
+/// packet leaves only if both would let it (no DNS unless both are `egress`). Loaded
+/// before the new policy is recorded, so that whichever step a crash interrupts, the
+/// rules in force are never more open than the recorded policy (see
+/// `Network::set_policy`).
+pub fn ns_rules_between(
+    p: &SlotPlan,
+    old: &NetworkPolicy,
+    new: &NetworkPolicy,
+    dns: Option<Ipv4Addr>,
+) -> String {
+    ns_rules_all(p, &[old, new], dns)
+}
+
+/// The ruleset letting out only what every policy of `policies` lets out.
+fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>) -> String {
     let mut r = String::new();
     let set = |r: &mut String, name: &str, nets: &[ipnet::Ipv4Net]| {
         let _ = writeln!(r, "  set {name} {{ type ipv4_addr; flags interval;");
@@ -133,11 +152,21 @@ pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> 
         }
         r.push_str("  }\n");
     };
+    // The sets of policy i are `deny_out`, `allow_out` (i = 0), `deny_out_1`...
+    let suffix = |i: usize| {
+        if i == 0 {
+            String::new()
+        } else {
+            format!("_{i}")
+        }
+    };
     r.push_str("table inet zygote\ndelete table inet zygote\ntable inet zygote {\n");
-    let egress = policy.mode == NetworkMode::Egress;
-    set(&mut r, "deny_out", &policy.deny_out);
-    if let Some(allow) = &policy.allow_out {
-        set(&mut r, "allow_out", allow);
+    let egress = policies.iter().all(|p| p.mode == NetworkMode::Egress);
+    for (i, policy) in policies.iter().enumerate() {
+        set(&mut r, &format!("deny_out{}", suffix(i)), &policy.deny_out);
+        if let Some(allow) = &policy.allow_out {
+            set(&mut r, &format!("allow_out{}", suffix(i)), allow);
+        }
     }
     r.push_str(
         "  chain prerouting {\n    type nat hook prerouting priority dstnat; policy accept;\n",
@@ -156,26 +185,38 @@ pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> 
         "  chain input {\n    type filter hook input priority filter; policy drop;\n    \
          iif \"lo\" accept\n    ct state established,related accept\n  }\n",
     );
+    // Every packet the guest sends on a connection it opened (conntrack's `original`
+    // direction) meets the policy, not just the first: a policy changed while the sandbox
+    // runs cuts connections opened before it too. The guest's answers on connections the
+    // host opened (the port proxy: `reply` direction) pass as established.
     let _ = write!(
         r,
         "  chain forward {{\n    type filter hook forward priority filter; policy drop;\n    \
+         iifname \"{TAP}\" oifname \"{NS_LINK}\" ct direction original {verdict}\n    \
          ct state established,related accept\n    \
-         iifname \"{NS_LINK}\" oifname \"{TAP}\" ip saddr {host} ct state new accept\n",
+         iifname \"{NS_LINK}\" oifname \"{TAP}\" ip saddr {host} ct state new accept\n  }}\n",
+        verdict = if egress { "jump egress" } else { "drop" },
         host = p.host_addr,
     );
-    if egress {
-        let _ = writeln!(r, "    iifname \"{TAP}\" oifname \"{NS_LINK}\" jump egress");
-    }
-    r.push_str("  }\n");
     if egress {
         let _ = write!(
             r,
             "  chain egress {{\n    meta nfproto ipv6 drop\n    ip daddr {LINK_LOCAL} drop\n"
         );
-        r.push_str("    ip daddr @deny_out drop\n");
-        match policy.allow_out {
-            Some(_) => r.push_str("    ip daddr @allow_out accept\n    drop\n"),
-            None => r.push_str("    accept\n"),
+        let last = policies.len() - 1;
+        for (i, policy) in policies.iter().enumerate() {
+            let s = suffix(i);
+            let _ = writeln!(r, "    ip daddr @deny_out{s} drop");
+            match (&policy.allow_out, i == last) {
+                (Some(_), false) => {
+                    let _ = writeln!(r, "    ip daddr != @allow_out{s} drop");
+                }
+                (Some(_), true) => {
+                    let _ = writeln!(r, "    ip daddr @allow_out{s} accept\n    drop");
+                }
+                (None, false) => {}
+                (None, true) => r.push_str("    accept\n"),
+            }
         }
         r.push_str("  }\n");
     }
@@ -341,5 +382,58 @@ mod tests {
             r.contains("ip saddr 10.213.0.0/16 oifname != \"zyv*\" masquerade"),
             "{r}"
         );
+    }
+
+    /// While a policy changes, the rules let out only what both policies let out: an
+    /// address allowed by one and denied (or not allowed) by the other is dropped, and
+    /// DNS is served only when both are `egress`.
+    #[test]
+    fn the_rules_between_two_policies_are_their_intersection() {
+        let old = NetworkPolicy {
+            mode: NetworkMode::Egress,
+            allow_out: Some(vec![parse_cidr("10.77.0.0/24").unwrap()]),
+            deny_out: vec![],
+        };
+        let new = NetworkPolicy {
+            mode: NetworkMode::Egress,
+            allow_out: None,
+            deny_out: vec![parse_cidr("10.77.0.9").unwrap()],
+        };
+        let resolver = Ipv4Addr::new(192, 0, 2, 53);
+        let r = ns_rules_between(&SlotPlan::new(3), &old, &new, Some(resolver));
+        let egress = chain(&r, "egress");
+        assert_eq!(
+            &egress[2..],
+            [
+                "ip daddr @deny_out drop",
+                "ip daddr != @allow_out drop",
+                "ip daddr @deny_out_1 drop",
+                "accept"
+            ],
+            "{r}"
+        );
+        assert!(r.contains("set deny_out_1 {"), "{r}");
+        assert!(r.contains("dnat ip to 192.0.2.53"), "{r}");
+        let none = NetworkPolicy {
+            mode: NetworkMode::None,
+            ..Default::default()
+        };
+        let r = ns_rules_between(&SlotPlan::new(3), &new, &none, Some(resolver));
+        assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
+        let r = ns_rules_between(&SlotPlan::new(3), &none, &new, Some(resolver));
+        assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
+        // Guest-sent packets of open connections meet the policy before `established`
+        // lets anything through, so a change cuts connections opened before it.
+        for (policy, verdict) in [(&new, "jump egress"), (&none, "drop")] {
+            let r = ns_rules(&SlotPlan::new(3), policy, Some(resolver));
+            assert_eq!(
+                chain(&r, "forward")[1..3],
+                [
+                    format!("iifname \"tap0\" oifname \"veth0\" ct direction original {verdict}"),
+                    "ct state established,related accept".to_string(),
+                ],
+                "{r}"
+            );
+        }
     }
 }

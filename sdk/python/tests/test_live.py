@@ -334,6 +334,24 @@ def test_kill(client: Client) -> None:
     assert victim.id not in [s.id for s in client.sandboxes()]
 
 
+def test_network_policy_changes_while_running(client: Client) -> None:
+    sb = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)
+    try:
+        net = sb.info().network
+        if net is None or not net.isolated:
+            pytest.skip("the live daemon runs without the isolated network: lists are refused")
+        info = sb.set_network(deny_out=["192.0.2.0/24"])
+        assert info.network is not None and info.network.deny_out == ("192.0.2.0/24",)
+        assert sb.info().network.deny_out == ("192.0.2.0/24",)
+        assert sb.set_network(network="none").network.mode == "none"
+        cleared = sb.set_network().network
+        assert (cleared.mode, cleared.allow_out, cleared.deny_out) == ("egress", (), ())
+        with pytest.raises(zygote.InvalidArgument, match="10.0.0.0/8"):
+            sb.set_network(deny_out=["10.0.0.1/8"])
+    finally:
+        sb.kill()
+
+
 def test_ttl_set_cleared_and_expiring(client: Client) -> None:
     # Its own sandbox: the last step lets the daemon delete it.
     doomed = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)

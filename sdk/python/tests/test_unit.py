@@ -734,6 +734,21 @@ def test_pause_resume_and_auto_resume(fake: FakeDaemon) -> None:
         assert auto.info().state == "running"
 
 
+def test_set_network_replaces_the_policy_with_what_is_given(fake: FakeDaemon) -> None:
+    fake.load([{"status": 200, "json": SANDBOX}, {"status": 200, "json": SANDBOX}])
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-aaaaaaaaaaaa", client=c)
+        sb.set_network(deny_out=["10.0.0.0/8"], allow_out=[])
+        sb.set_network()
+        with pytest.raises(TypeError, match="not one string"):
+            sb.set_network(deny_out="10.0.0.0/8")
+    assert [(r.method, r.path) for r in fake.requests] == [("PUT", "/v1/sandboxes/sb-aaaaaaaaaaaa/network")] * 2
+    assert [json.loads(r.body) for r in fake.requests] == [
+        {"allow_out": [], "deny_out": ["10.0.0.0/8"]},
+        {},
+    ]
+
+
 def test_ttl_action_is_sent_and_checked_locally(fake: FakeDaemon) -> None:
     fake.load([{"status": 200, "json": SANDBOX}, {"status": 200, "json": SANDBOX}])
     with Client(fake.url, "t") as c:

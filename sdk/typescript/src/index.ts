@@ -78,6 +78,7 @@ export {
   Files,
   type MergeOptions,
   type NetworkMode,
+  type NetworkPolicyOptions,
   type OnConflict,
   type RestoreOptions,
   Sandbox,

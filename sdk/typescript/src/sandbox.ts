@@ -283,9 +283,7 @@ export class Sandbox {
     if (opts.ttlSecs !== undefined) body.ttl_secs = opts.ttlSecs;
     if (opts.ttlAction !== undefined) body.ttl_action = checkTtlAction(opts.ttlAction);
     if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
-    if (opts.network !== undefined) body.network = opts.network;
-    if (opts.allowOut !== undefined) body.allow_out = [...opts.allowOut];
-    if (opts.denyOut !== undefined) body.deny_out = [...opts.denyOut];
+    Object.assign(body, policyBody(opts));
     if (opts.envs !== undefined) body.envs = { ...opts.envs };
     if (opts.secrets !== undefined) {
       body.secrets = Object.fromEntries(
@@ -404,6 +402,18 @@ export class Sandbox {
     const body: Json = { ttl_secs: ttlSecs };
     if (opts.ttlAction !== undefined) body.ttl_action = checkTtlAction(opts.ttlAction);
     const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/ttl`, { json: body });
+    return sandboxFromJson(d);
+  }
+
+  /**
+   * Replaces this sandbox's network policy while it runs or is paused (the
+   * fields as at create; what is left out is the create default). In force for
+   * new connections when this resolves; branch children made later inherit it.
+   */
+  async setNetwork(policy: NetworkPolicyOptions = {}): Promise<SandboxInfo> {
+    const d = await this.client.json("PUT", `/v1/sandboxes/${seg(this.id)}/network`, {
+      json: policyBody(policy),
+    });
     return sandboxFromJson(d);
   }
 
@@ -597,4 +607,16 @@ function checkTtlAction(action: TtlAction): TtlAction {
     throw new TypeError(`ttlAction must be "delete" or "pause", not ${JSON.stringify(action)}`);
   }
   return action;
+}
+
+/** A network policy: `network`, `allowOut` and `denyOut` of {@link CreateOptions}. */
+export type NetworkPolicyOptions = Pick<CreateOptions, "network" | "allowOut" | "denyOut">;
+
+/** The policy fields of a request body: only those given. */
+function policyBody(p: NetworkPolicyOptions): Json {
+  const body: Json = {};
+  if (p.network !== undefined) body.network = p.network;
+  if (p.allowOut !== undefined) body.allow_out = [...p.allowOut];
+  if (p.denyOut !== undefined) body.deny_out = [...p.denyOut];
+  return body;
 }

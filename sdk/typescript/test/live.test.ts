@@ -270,6 +270,24 @@ describe("live zygoted", { skip }, () => {
     await assert.rejects(Sandbox.restore("snap-000000000000", { client }), SnapshotNotFound);
   });
 
+  test("network policy: changed while running", async (t) => {
+    const sb = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });
+    try {
+      if (!(await sb.info()).network?.isolated) {
+        t.skip("the live daemon runs without the isolated network: lists are refused");
+        return;
+      }
+      const denied = await sb.setNetwork({ denyOut: ["192.0.2.0/24"] });
+      assert.deepEqual(denied.network?.denyOut, ["192.0.2.0/24"]);
+      assert.equal((await sb.setNetwork({ network: "none" })).network?.mode, "none");
+      const cleared = (await sb.setNetwork()).network;
+      assert.deepEqual([cleared?.mode, cleared?.allowOut, cleared?.denyOut], ["egress", [], []]);
+      await assert.rejects(sb.setNetwork({ denyOut: ["10.0.0.1/8"] }), InvalidArgument);
+    } finally {
+      await sb.kill();
+    }
+  });
+
   test("TTL: set, cleared, then expiring", async () => {
     // Its own sandbox: the last step lets the daemon delete it.
     const doomed = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });

@@ -680,6 +680,27 @@ describe("sandbox handles", () => {
     assert.deepEqual([info.autoResume, info.ttlAction, info.pausedAt, info.ttlLeftSecs], [false, "delete", null, null]);
   });
 
+  test("setNetwork replaces the policy with what is given", async () => {
+    fake.load([
+      { status: 200, json: SANDBOX },
+      { status: 200, json: SANDBOX },
+    ]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    await sb.setNetwork({ denyOut: ["10.0.0.0/8"], allowOut: [] });
+    await sb.setNetwork();
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path]),
+      [
+        ["PUT", "/v1/sandboxes/sb-aaaaaaaaaaaa/network"],
+        ["PUT", "/v1/sandboxes/sb-aaaaaaaaaaaa/network"],
+      ],
+    );
+    assert.deepEqual(
+      fake.requests.map((r) => JSON.parse(r.body.toString("utf8"))),
+      [{ allow_out: [], deny_out: ["10.0.0.0/8"] }, {}],
+    );
+  });
+
   test("a stream without an exit event is a ServerError", async () => {
     fake.load([{ status: 200, ndjson: [{ type: "started", pid: 1 }] }]);
     const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));

@@ -40,7 +40,8 @@ pub use limits::*;
 pub use logs::{LogsQuery, LOG_CAP};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use network::{
-    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, MAX_NETWORK_RULES,
+    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, SetNetworkRequest,
+    MAX_NETWORK_RULES,
 };
 pub use pack::{ImportQuery, PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};

@@ -71,6 +71,42 @@ impl NetworkRequest {
     }
 }
 
+/// `PUT /v1/sandboxes/{id}/network`: the sandbox's new policy, replacing the whole old
+/// one (a field left out is the create default: `egress`, no list). Checked exactly as
+/// the same fields of a create request.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetNetworkRequest {
+    /// `egress` (default) or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkMode>,
+    /// Only these IPv4 CIDRs (or single addresses) may be reached (DNS too, as at create).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 256)]
+    pub allow_out: Option<Vec<String>>,
+    /// These IPv4 CIDRs are refused, even when `allow_out` contains them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 256)]
+    pub deny_out: Option<Vec<String>>,
+}
+
+impl SetNetworkRequest {
+    pub fn policy(&self) -> Result<NetworkPolicy> {
+        NetworkRequest {
+            network: self.network,
+            allow_out: self.allow_out.clone(),
+            deny_out: self.deny_out.clone(),
+        }
+        .policy()
+    }
+}
+
+impl crate::model::Validate for SetNetworkRequest {
+    fn validate(&self) -> Result<()> {
+        self.policy().map(drop)
+    }
+}
+
 /// `a.b.c.d/len` or `a.b.c.d` (a /32). Host bits must be zero: `10.0.0.1/8` is almost
 /// always a typo for something else, so it is refused rather than silently widened.
 pub fn parse_cidr(s: &str) -> Result<Ipv4Net> {

@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 
 use zygote_api::client::{block_on, Client, Method};
 use zygote_api::model::{
-    CreateEvent, CreateSandboxRequest, Limits, NetworkMode, SandboxList, SecretSpec, TtlAction,
+    CreateEvent, CreateSandboxRequest, Limits, SandboxList, SecretSpec, TtlAction,
 };
 
 use super::daemon_client::{age, expires_in, print_json, print_table, spinner, ApiArgs};
@@ -48,18 +48,8 @@ pub struct CreateArgs {
     /// it they are refused until `zygote resume`).
     #[arg(long)]
     auto_resume: bool,
-    /// Network: egress (the default) or none. Branch children inherit the
-    /// network policy.
-    #[arg(long, value_enum)]
-    network: Option<Network>,
-    /// Allow outbound traffic only to this IPv4 CIDR or address (repeatable). DNS
-    /// too: list the daemon's resolver (`zygote doctor`, network.dns) to resolve names.
-    #[arg(long = "allow-out", value_name = "CIDR")]
-    allow_out: Vec<String>,
-    /// Refuse outbound traffic to this IPv4 CIDR or address, even if allowed
-    /// (repeatable).
-    #[arg(long = "deny-out", value_name = "CIDR")]
-    deny_out: Vec<String>,
+    #[command(flatten)]
+    net: super::network::PolicyArgs,
     /// Environment variable for every command in the sandbox, KEY=VALUE (repeatable;
     /// `-e KEY` takes the value from this shell). Branch children inherit it.
     #[arg(short = 'e', long = "env", value_name = "KEY[=VALUE]")]
@@ -84,23 +74,6 @@ pub struct CreateArgs {
     json: bool,
     #[command(flatten)]
     api: ApiArgs,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-pub enum Network {
-    /// Outbound connections through NAT (narrowed by --allow-out / --deny-out).
-    Egress,
-    /// No network traffic.
-    None,
-}
-
-impl Network {
-    fn mode(self) -> NetworkMode {
-        match self {
-            Network::Egress => NetworkMode::Egress,
-            Network::None => NetworkMode::None,
-        }
-    }
 }
 
 pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
@@ -247,7 +220,6 @@ fn request_body(
                 .ok_or_else(|| anyhow::anyhow!("--metadata {a:?}: want KEY=VALUE"))
         })
         .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
-    let given = |v: &Vec<String>| (!v.is_empty()).then(|| v.clone());
     Ok(CreateSandboxRequest {
         image,
         snapshot,
@@ -263,9 +235,9 @@ fn request_body(
         ttl_secs: args.ttl,
         ttl_action: args.ttl_action.map(TtlActionArg::action),
         auto_resume: args.auto_resume.then_some(true),
-        network: args.network.map(Network::mode),
-        allow_out: given(&args.allow_out),
-        deny_out: given(&args.deny_out),
+        network: args.net.mode(),
+        allow_out: super::network::given(&args.net.allow_out),
+        deny_out: super::network::given(&args.net.deny_out),
         envs: (!envs.is_empty()).then_some(envs),
         secrets: (!secrets.is_empty()).then_some(secrets),
         metadata: (!metadata.is_empty()).then_some(metadata),

@@ -12,6 +12,7 @@ pub mod image_pull;
 pub mod images;
 pub mod logs;
 pub mod merge;
+pub mod network;
 pub mod pause;
 pub mod port;
 pub mod private_daemon;

@@ -112,7 +112,7 @@ impl utoipa::Modify for CommonResponses {
         system::healthz, system::metrics, system::openapi, system::info,
         system::list_images, system::build_image, images::pull,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
-        sandboxes::set_ttl, sandboxes::branch, sandboxes::restore, sandboxes::logs,
+        sandboxes::set_ttl, sandboxes::set_network, sandboxes::branch, sandboxes::restore, sandboxes::logs,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
         pause::pause, pause::resume,
         ports::expose, ports::list, ports::unexpose,

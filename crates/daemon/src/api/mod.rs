@@ -89,6 +89,11 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/v1/sandboxes/{id}", sandboxes::get)
         .add(Method::DELETE, "/v1/sandboxes/{id}", sandboxes::delete)
         .add(Method::PUT, "/v1/sandboxes/{id}/ttl", sandboxes::set_ttl)
+        .add(
+            Method::PUT,
+            "/v1/sandboxes/{id}/network",
+            sandboxes::set_network,
+        )
         .add(Method::POST, "/v1/sandboxes/{id}/branch", sandboxes::branch)
         .add(Method::GET, "/v1/sandboxes/{id}/tree", sandboxes::tree)
         .add(Method::POST, "/v1/sandboxes/{id}/keep", sandboxes::keep)

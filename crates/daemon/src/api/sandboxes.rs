@@ -12,7 +12,7 @@ use crate::model::metadata;
 use crate::model::{
     BranchEvent, BranchRequest, BranchResponse, CreateEvent, CreateSandboxRequest, DiffQuery,
     KeepRequest, KeepResponse, LogsQuery, MergeReport, MergeRequest, RestoreRequest, Sandbox,
-    SandboxDiff, SandboxList, SandboxTree, SetTtlRequest, Validate,
+    SandboxDiff, SandboxList, SandboxTree, SetNetworkRequest, SetTtlRequest, Validate,
 };
 
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
@@ -100,6 +100,25 @@ pub async fn set_ttl(
     ApiJson(req): ApiJson<SetTtlRequest>,
 ) -> Result<Json<Sandbox>> {
     Ok(Json(st.manager.set_ttl(&id, req).await?))
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = SetNetworkRequest,
+    responses((status = 200, description = "The sandbox under its new network policy, which \
+                replaces the old one whole (a field left out is the create default) and is \
+                in force for new connections when this answers; branch children made later \
+                inherit it", body = Sandbox),
+              (status = 400, description = "Invalid CIDRs or lists with network none", body = ErrorBody),
+              (status = 404, description = "No such sandbox", body = ErrorBody),
+              (status = 409, description = "Not running or paused", body = ErrorBody),
+              (status = 422, description = "The daemon's network backend cannot enforce it", body = ErrorBody)))]
+pub async fn set_network(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<SetNetworkRequest>,
+) -> Result<Json<Sandbox>> {
+    Ok(Json(st.manager.set_network(&id, req).await?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes",

@@ -38,6 +38,21 @@ pub struct NetworkConfig {
     pub deny_out: Option<Vec<String>>,
 }
 
+/// `PUT /sandboxes/{id}/network` (SandboxNetworkUpdateConfig): the new egress rules,
+/// replacing the old ones (a field left out is cleared). `dnsServers` matters only for
+/// domain names in `allowOut`, which zygote refuses; `rules` (HTTPS rewriting) is not
+/// served and is refused when given.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdate {
+    #[serde(flatten)]
+    pub egress: NetworkConfig,
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default)]
+    pub rules: Option<serde_json::Value>,
+}
+
 /// `POST /sandboxes/{id}/timeout`.
 #[derive(Debug, Deserialize)]
 pub struct SetTimeout {

@@ -22,6 +22,7 @@ mod merge;
 mod merge_apply;
 mod merge_intent;
 mod merge_plan;
+mod network_policy;
 mod upload;
 pub use guest::FileBody;
 mod ops;

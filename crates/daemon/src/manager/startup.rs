@@ -101,8 +101,16 @@ impl Manager {
                     .map(|a| a.netns.clone())
                     .collect();
                 net.sweep(&keep);
+                // Paused ones too: a policy change while paused loaded rules into the
+                // namespace a resume reuses (one gone is remade with the policy then).
                 rows.iter()
-                    .filter(|r| r.state == STATE_RUNNING)
+                    .filter(|r| {
+                        r.state == STATE_RUNNING
+                            || (r.state == STATE_PAUSED
+                                && r.network.attachment.as_ref().is_some_and(|a| {
+                                    crate::network::host::netns_path(&a.netns).exists()
+                                }))
+                    })
                     .filter_map(|r| net.reattach(&r.network).err().map(|e| (r.id.clone(), e)))
                     .collect::<Vec<_>>()
             })

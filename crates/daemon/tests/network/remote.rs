@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub const REMOTE_PORT: u16 = 8080;
+/// On `a`: a sink that counts the bytes every connection sends it.
+pub const SINK_PORT: u16 = 8081;
 /// The address the remote DNS server gives every name (a documentation address: only
 /// ever read from an answer, never contacted).
 pub const DNS_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 77);
@@ -57,6 +59,8 @@ pub struct Remote {
     pub ll: Ipv4Addr,
     pub host: Ipv4Addr,
     pub dns_queries: Arc<AtomicUsize>,
+    /// Bytes received on `a`:[`SINK_PORT`].
+    pub sunk: Arc<AtomicUsize>,
 }
 
 impl Remote {
@@ -70,6 +74,7 @@ impl Remote {
             ll: Ipv4Addr::new(169, 254, 77, n as u8),
             host: Ipv4Addr::new(10, 77, n as u8, 1),
             dns_queries: Arc::default(),
+            sunk: Arc::default(),
         };
         r.remove();
         ip(&["netns", "add", &r.ns]);
@@ -119,7 +124,7 @@ impl Remote {
         // A thread in the namespace binds the servers; their sockets stay there.
         let ns_file = std::fs::File::open(format!("/run/netns/{}", r.ns)).unwrap();
         let addrs = [r.a, r.b, r.ll];
-        let (dns, queries) = (r.b, r.dns_queries.clone());
+        let (dns, queries, sunk) = (r.b, r.dns_queries.clone(), r.sunk.clone());
         std::thread::spawn(move || {
             // SAFETY: switches only this thread's network namespace.
             assert_eq!(
@@ -131,6 +136,10 @@ impl Remote {
                 serve(l, format!("remote-{a}"));
             }
             serve_dns(UdpSocket::bind((dns, 53)).expect("remote DNS"), queries);
+            sink(
+                TcpListener::bind((addrs[0], SINK_PORT)).expect("sink"),
+                sunk,
+            );
         })
         .join()
         .unwrap();
@@ -152,6 +161,22 @@ impl Drop for Remote {
     fn drop(&mut self) {
         self.remove();
     }
+}
+
+/// Counts into `sunk` every byte any connection on `listener` sends, forever.
+fn sink(listener: TcpListener, sunk: Arc<AtomicUsize>) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let sunk = sunk.clone();
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = conn.read(&mut buf) {
+                    sunk.fetch_add(n, Ordering::SeqCst);
+                }
+            });
+        }
+    });
 }
 
 /// Answers every DNS query on `socket` (an A query with [`DNS_ANSWER`], any other with

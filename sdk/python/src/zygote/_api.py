@@ -284,6 +284,29 @@ def set_ttl(sid: str, ttl_secs: Optional[int], ttl_action: Optional[str] = None)
     )
 
 
+def set_network(
+    sid: str,
+    network: Optional[str] = None,
+    allow_out: Optional[Sequence[str]] = None,
+    deny_out: Optional[Sequence[str]] = None,
+) -> Call[SandboxInfo]:
+    # The whole policy is replaced: what is left out is the create default.
+    body: dict[str, Any] = {}
+    for key, value in (
+        ("network", network),
+        ("allow_out", cidrs("allow_out", allow_out)),
+        ("deny_out", cidrs("deny_out", deny_out)),
+    ):
+        if value is not None:
+            body[key] = value
+    return Call(
+        "PUT",
+        f"/v1/sandboxes/{seg(sid)}/network",
+        lambda r: SandboxInfo.from_json(_json(r)),
+        json=body,
+    )
+
+
 TTL_ACTIONS = ("delete", "pause")
 
 

@@ -291,6 +291,19 @@ class AsyncSandbox:
         sandbox is paused its TTL does not run: it starts whole at resume."""
         return await self.client.call(_api.set_ttl(self.id, ttl_secs, ttl_action))
 
+    async def set_network(
+        self,
+        *,
+        network: Optional[str] = None,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> SandboxInfo:
+        """Replaces this sandbox's network policy while it runs or is paused
+        (``network``: ``"egress"`` or ``"none"``; IPv4 CIDR lists as at create;
+        what is left out is the create default). In force for new connections
+        when this returns; branch children made later inherit it."""
+        return await self.client.call(_api.set_network(self.id, network, allow_out, deny_out))
+
     async def pause(self) -> SandboxInfo:
         """Pauses the sandbox to disk: its memory and devices are saved, its VM
         process ends (its memory returns to the host); it keeps its id, files,

@@ -8,10 +8,14 @@ use ipnet::Ipv4Net;
 
 use super::{answer, domain, json_body, listed, timeout_secs, visible, ControlError};
 use crate::api::AppState;
-use crate::e2b::model::{ConnectSandbox, NetworkConfig, NewSandbox, SandboxDetail, SetTimeout};
+use crate::e2b::model::{
+    ConnectSandbox, NetworkConfig, NetworkUpdate, NewSandbox, SandboxDetail, SetTimeout,
+};
 use crate::e2b::EnvdKeys;
 use crate::error::Error;
-use crate::model::{CreateSandboxRequest, SetTtlRequest, TtlAction, MAX_TTL_SECS};
+use crate::model::{
+    CreateSandboxRequest, SetNetworkRequest, SetTtlRequest, TtlAction, MAX_TTL_SECS,
+};
 
 /// `POST /v2/sandboxes`: a sandbox from the image (or snapshot) `templateID` names.
 pub(super) async fn create(
@@ -226,21 +230,33 @@ pub(super) async fn pause(
     }
 }
 
-/// `PUT /sandboxes/{id}/network` (`update_network`): zygote's network policy is fixed
-/// when the sandbox's namespace is made, so a live change is refused (501) rather
-/// than faked; the rules are given at create.
+/// `PUT /sandboxes/{id}/network` (`update_network`): 204 once the new rules (E2B's,
+/// translated as at create by [`egress`]) replace the old ones
+/// ([`crate::manager::Manager::set_network`]).
 pub(super) async fn update_network(
     State(st): State<AppState>,
     Path(id): Path<String>,
     req: Request,
 ) -> Result<StatusCode, ControlError> {
-    let _: serde_json::Map<String, serde_json::Value> = json_body(req).await?;
+    let body: NetworkUpdate = json_body(req).await?;
+    // Rules zygote cannot hold are refused before the id is looked up, as at create.
+    if body.rules.as_ref().is_some_and(|r| !r.is_null()) {
+        return Err(ControlError::BadRequest(
+            "rules (HTTPS request transforms) are not supported by zygote".into(),
+        ));
+    }
+    let (allow_out, deny_out) = egress(body.allow_internet_access, Some(&body.egress))?;
     visible(&st, &id)?;
-    Err(ControlError::NotImplemented(
-        "Updating the network rules of a running sandbox is not supported by zygote: \
-         give allowOut/denyOut (or allow_internet_access) when creating it"
-            .into(),
-    ))
+    let request = SetNetworkRequest {
+        network: None,
+        allow_out,
+        deny_out,
+    };
+    st.manager
+        .set_network(&id, request)
+        .await
+        .map_err(|e| ControlError::about_sandbox(&id, e))?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[cfg(test)]
