@@ -75,10 +75,6 @@ fn valid_heads(mem: &GuestMemoryMmap, base: u64) -> u16 {
         .count() as u16
 }
 
-fn used_idx(mem: &GuestMemoryMmap, base: u64) -> u16 {
-    mem.read_obj(GuestAddress(base + 0x202)).unwrap_or(0)
-}
-
 fn queues(mem: GuestMemoryMmap, qs: Vec<Queue>) -> DeviceQueues {
     let evts = qs
         .iter()
@@ -142,14 +138,23 @@ pub fn fuzz_vsock(data: &[u8]) -> Option<FuzzReport> {
     // The device's queue order is RX, TX, event: A (TX) and B (RX) trade places.
     qs.swap(0, 1);
     let valid = QUEUE_BASES.map(|b| valid_heads(&mem, b));
+    let offered = QUEUE_BASES.map(|b| offer_area(&mem, b));
     let uds = PathBuf::from("/nonexistent/zygote-fuzz/vsock");
     let mut w = VsockWorker::new(queues(mem.clone(), qs), Muxer::new(3, uds, None));
     w.process_tx();
     w.process_rx();
     w.transport_reset();
+    // As in fuzz_blk: counted by the queues (device order RX, TX, event; A and B traded
+    // places above), asserted only while every queue's offer is as the guest made it.
+    let used = |i: usize| w.q.queues[i].next_used();
+    let returned = [used(1), used(0), used(2)];
+    let intact = QUEUE_BASES
+        .iter()
+        .zip(&offered)
+        .all(|(&b, before)| offer_area(&mem, b) == *before);
     Some(FuzzReport {
-        returned: QUEUE_BASES.map(|b| used_idx(&mem, b)),
-        valid_heads: valid,
+        returned,
+        valid_heads: if intact { valid } else { returned },
     })
 }
 
