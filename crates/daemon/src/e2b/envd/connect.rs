@@ -270,6 +270,21 @@ pub fn finished(buf: &[u8]) -> Result<(), ConnectError> {
     single_message(buf).map(|_| ())
 }
 
+/// Silence before a keepalive when the client names no interval (envd's default).
+const DEFAULT_KEEPALIVE_SECS: u64 = 90;
+
+/// `Keepalive-Ping-Interval` (seconds, 1..=3600), else envd's default: the keepalive
+/// period of every server stream (Start, Connect, WatchDir).
+pub fn keepalive_interval(headers: &HeaderMap) -> std::time::Duration {
+    let secs = headers
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .unwrap_or(DEFAULT_KEEPALIVE_SECS);
+    std::time::Duration::from_secs(secs)
+}
+
 /// `Connect-Timeout-Ms`: at most 10 ASCII digits (the protocol's bound); None: absent.
 pub fn timeout_ms(headers: &HeaderMap) -> Result<Option<u64>, ConnectError> {
     let Some(v) = headers.get("connect-timeout-ms") else {

@@ -27,9 +27,6 @@ use super::pty::{Details, PtyRequest};
 use super::selector::{pid_error, ProcessSelector, Procs};
 use crate::model::{ExecEvent, ExecRequest, StdinRequest, Validate};
 
-/// Silence before a keepalive when the client names no interval (envd's default).
-const DEFAULT_KEEPALIVE_SECS: u64 = 90;
-
 /// `StartRequest` (process.proto), as proto3 JSON.
 #[derive(Debug, Deserialize)]
 pub struct StartRequest {
@@ -129,17 +126,6 @@ fn signal_name(sig: i32) -> String {
     }
 }
 
-/// `Keepalive-Ping-Interval` (seconds, 1..=3600), else the default.
-fn keepalive_interval(headers: &HeaderMap) -> Duration {
-    let secs = headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| (1..=3600).contains(s))
-        .unwrap_or(DEFAULT_KEEPALIVE_SECS);
-    Duration::from_secs(secs)
-}
-
 /// Serves `Start` for sandbox `id`; `body` is the request's envelope(s).
 pub async fn start(procs: Procs<'_>, headers: &HeaderMap, body: &[u8]) -> Response {
     match start_stream(procs, headers, body).await {
@@ -176,7 +162,12 @@ async fn start_stream(
             .open(manager, id, details, launch, size, deadline)
             .await?;
         // The pump bounds the program by the timeout; the stream ends with its end.
-        return Ok(event_stream(pid, events, keepalive_interval(headers), None));
+        return Ok(event_stream(
+            pid,
+            events,
+            connect::keepalive_interval(headers),
+            None,
+        ));
     }
     let mut argv = vec![details.cmd.clone()];
     argv.extend(details.args.iter().cloned());
@@ -217,7 +208,12 @@ async fn start_stream(
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
     // The agent bounds the program by the timeout; the stream ends with its end.
-    Ok(event_stream(pid, events, keepalive_interval(headers), None))
+    Ok(event_stream(
+        pid,
+        events,
+        connect::keepalive_interval(headers),
+        None,
+    ))
 }
 
 /// Longest tag Start takes (envd sets none; zygote keeps tags in memory).
@@ -275,7 +271,7 @@ async fn connect_stream(
     let deadline = connect::timeout_ms(headers)?
         .filter(|&t| t > 0)
         .map(|t| Instant::now() + Duration::from_millis(t));
-    let keepalive = keepalive_interval(headers);
+    let keepalive = connect::keepalive_interval(headers);
     if let Some(follower) = ptys.follow(id, pid) {
         return Ok(event_stream(pid, follower?, keepalive, deadline));
     }

@@ -47,9 +47,6 @@ pub const MAX_WATCHERS_PER_SANDBOX: usize = 16;
 /// Events one watcher keeps until `GetWatcherEvents` takes them.
 pub const WATCHER_BUFFER: usize = 4096;
 
-/// Silence before a keepalive when the client names no interval.
-const DEFAULT_KEEPALIVE_SECS: u64 = 90;
-
 /// `WatchDirRequest` and `CreateWatcherRequest` (the same fields), as proto3 JSON.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -157,17 +154,6 @@ fn watch_error(path: &str, e: &Error) -> ConnectError {
     }
 }
 
-/// `Keepalive-Ping-Interval` (seconds, 1..=3600), else envd's default.
-fn keepalive_interval(headers: &HeaderMap) -> Duration {
-    let secs = headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| (1..=3600).contains(s))
-        .unwrap_or(DEFAULT_KEEPALIVE_SECS);
-    Duration::from_secs(secs)
-}
-
 /// Serves `WatchDir` for sandbox `id`.
 pub async fn watch_dir(
     manager: &Arc<Manager>,
@@ -190,7 +176,7 @@ pub async fn watch_dir(
     tokio::spawn(pump_stream(
         events,
         tx,
-        keepalive_interval(headers),
+        connect::keepalive_interval(headers),
         deadline,
     ));
     let stream =
