@@ -185,10 +185,22 @@ pub(crate) fn lookup_by_recipe_key(dir: &Path, name: &str, recipe_key: &str) -> 
     info.path.is_file().then_some(info)
 }
 
+/// Writes `path` whole or not at all. The temporary file is unique per call, not per
+/// process: threads of one process (tests, a daemon building on first use) record the
+/// same image at once, and a shared name let one rename the other's file away.
 fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, data).ctx(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).ctx(|| format!("renaming to {}", path.display()))
+    use std::io::Write;
+    let dir = path.parent().expect("store paths have a parent");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".write-")
+        .tempfile_in(dir)
+        .ctx(|| format!("creating a temporary file in {}", dir.display()))?;
+    tmp.write_all(data)
+        .ctx(|| format!("writing {}", tmp.path().display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .ctx(|| format!("renaming to {}", path.display()))?;
+    Ok(())
 }
 
 /// Every image in the store whose file still exists, sorted by name and then

@@ -198,3 +198,40 @@ fn a_snapshot_pack_base_is_found_by_its_content_only() {
     assert!(prune_in(d).unwrap().is_empty());
     assert_eq!(list_images_in(d).unwrap().len(), 3);
 }
+
+/// CI failure (crash.rs, three tests calling `build_image("minimal")` at once): the
+/// temporary file was named by process, so one thread renamed another's away and that
+/// thread's rename failed with ENOENT. Every writer must succeed.
+#[test]
+fn threads_recording_the_same_image_at_once_all_succeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = info("minimal", &"ab".repeat(32), "key", 1);
+    std::thread::scope(|s| {
+        let writers: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    (0..200)
+                        .map(|_| mark_current(dir.path(), &image))
+                        .collect::<Result<Vec<()>>>()
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join()
+                .unwrap()
+                .expect("every concurrent mark_current succeeds");
+        }
+    });
+    assert_eq!(
+        current_sha(dir.path(), "minimal"),
+        Some(image.sha256.clone())
+    );
+    let strays: Vec<_> = std::fs::read_dir(dir.path().join("index"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        strays.len(),
+        1,
+        "only the record itself is left: {strays:?}"
+    );
+}
