@@ -9,8 +9,8 @@ use ipnet::Ipv4Net;
 use super::{answer, domain, json_body, listed, timeout_secs, visible, ControlError};
 use crate::api::AppState;
 use crate::e2b::model::{
-    ConnectSandbox, Lifecycle, NetworkConfig, NetworkInfo, NetworkUpdate, NewSandbox, SandboxDetail,
-    SetTimeout,
+    ConnectSandbox, Lifecycle, NetworkConfig, NetworkInfo, NetworkUpdate, NewSandbox,
+    SandboxDetail, SetTimeout,
 };
 use crate::e2b::EnvdKeys;
 use crate::error::Error;
