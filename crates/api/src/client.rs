@@ -449,3 +449,39 @@ fn check(status: StatusCode, bytes: &[u8]) -> Result<(), ClientError> {
         }),
     }
 }
+
+impl Client {
+    /// Sandbox `id`'s event log entries that `q` asks for
+    /// (`GET /v1/sandboxes/{id}/events`).
+    pub async fn events(
+        &self,
+        id: &str,
+        q: &crate::model::EventsQuery,
+    ) -> Result<crate::model::EventList, ClientError> {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        let numbers = [("since_ms", q.since_ms), ("until_ms", q.until_ms)];
+        for (name, value) in numbers {
+            if let Some(v) = value {
+                query.append_pair(name, &v.to_string());
+            }
+        }
+        if let Some(n) = q.limit {
+            query.append_pair("limit", &n.to_string());
+        }
+        if let Some(order) = q.order {
+            let order = match order {
+                crate::model::EventOrder::Asc => "asc",
+                crate::model::EventOrder::Desc => "desc",
+            };
+            query.append_pair("order", order);
+        }
+        if let Some(level) = q.level {
+            query.append_pair("level", level.as_str());
+        }
+        if let Some(search) = &q.search {
+            query.append_pair("search", search);
+        }
+        let route = format!("/v1/sandboxes/{id}/events?{}", query.finish());
+        self.json(Method::GET, &route, None::<&()>).await
+    }
+}

@@ -75,6 +75,9 @@ enum Command {
     Images(commands::images::ImagesArgs),
     /// A sandbox's console output (daemon).
     Logs(commands::logs::LogsArgs),
+    /// What happened to a sandbox and in it: started, branched, paused, commands,
+    /// snapshots, network and timeout changes (daemon).
+    Events(commands::events::EventsArgs),
     /// Expose, list and remove a sandbox's guest ports on the daemon's proxy (daemon).
     #[command(subcommand)]
     Port(commands::port::PortCommand),
@@ -120,6 +123,7 @@ fn main() {
         Command::Ttl(args) => commands::ttl::run(args),
         Command::Images(args) => commands::images::run(args),
         Command::Logs(args) => commands::logs::run(args),
+        Command::Events(args) => commands::events::run(args),
         Command::Port(cmd) => commands::port::run(cmd),
         Command::Network(cmd) => commands::network::run(cmd),
     };

@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod db;
 pub mod e2b;
 pub mod error;
+pub mod event_log;
 pub mod fault;
 pub mod ids;
 pub mod lifecycle;

@@ -355,6 +355,27 @@ def test_network_policy_changes_while_running(client: Client) -> None:
         sb.kill()
 
 
+def test_event_log_shows_commands_and_lifecycle(client: Client) -> None:
+    sb = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)
+    try:
+        sb.commands.run("true")
+        sb.commands.run("exit 4")
+        got = sb.events()
+        assert [e.message for e in got][:5] == [
+            "sandbox started",
+            "command started",
+            "command ended",
+            "command started",
+            "command ended",
+        ]
+        assert got[4].level == "warn" and got[4].fields["exit_code"] == "4"
+        newest = sb.events(newest_first=True, limit=1)
+        assert [e.message for e in newest] == ["command ended"]
+        assert [e.message for e in sb.events(level="warn")] == ["command ended"]
+    finally:
+        sb.kill()
+
+
 def test_ttl_set_cleared_and_expiring(client: Client) -> None:
     # Its own sandbox: the last step lets the daemon delete it.
     doomed = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)

@@ -41,6 +41,7 @@ EXPECTED_TOOLS = {
     "list_processes",
     "pause_sandbox",
     "resume_sandbox",
+    "sandbox_events",
     "pull_image",
     "push_snapshot",
     "pull_snapshot",
@@ -482,6 +483,29 @@ def test_pause_and_resume_tools_against_a_fake_daemon() -> None:
     assert refused["isError"] is True and "[sandbox_paused]" in refused["content"][0]["text"]
     assert again["isError"] is True and "[wrong_state]" in again["content"][0]["text"]
     assert resumed == {"sandbox_id": sid, "state": "running"}
+
+
+def test_events_tool_against_a_fake_daemon() -> None:
+    fake = FakeDaemon().start()
+    newest_first = [
+        {"ts_ms": 2, "level": "warn", "message": "command ended", "fields": {"exit_code": "1"}},
+        {"ts_ms": 1, "level": "info", "message": "sandbox started", "fields": {"image": "minimal"}},
+    ]
+    fake.load([{"status": 200, "json": {"events": newest_first}}])
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        got = structured(session.call("sandbox_events", sandbox_id="sb-aaaaaaaaaaaa", level="info", limit=2))
+        bad = session.call("sandbox_events", sandbox_id="sb-aaaaaaaaaaaa", level="loud")
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert [e["message"] for e in got["events"]] == ["sandbox started", "command ended"], "oldest first"
+    assert got["events"][1]["fields"] == {"exit_code": "1"}
+    assert bad["isError"] is True and "level must be one of" in bad["content"][0]["text"]
+    asked = [r for r in fake.requests if r.path.endswith("/events")]
+    assert len(asked) == 1 and asked[0].query == {"limit": "2", "order": "desc", "level": "info"}
 
 
 def test_image_and_snapshot_pack_tools_against_a_fake_daemon() -> None:

@@ -779,3 +779,32 @@ async def test_async_pause_and_resume(fake: FakeDaemon) -> None:
         assert (await sb.resume()).state == "running"
         with pytest.raises(zygote.WrongState):
             await sb.resume()
+
+
+def test_events_ask_for_their_filters_and_parse_the_log(fake: FakeDaemon) -> None:
+    log = {
+        "events": [
+            {"ts_ms": 1700000000123, "level": "warn", "message": "command ended", "fields": {"exit_code": "3"}},
+            {"ts_ms": 1700000000456, "level": "info", "message": "paused"},
+        ]
+    }
+    fake.load([{"status": 200, "json": log}, {"status": 200, "json": {"events": []}}])
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-aaaaaaaaaaaa", client=c)
+        got = sb.events(since_ms=5, limit=2, newest_first=True, level="warn", search="command")
+        assert [(e.ts_ms, e.level, e.message, dict(e.fields)) for e in got] == [
+            (1700000000123, "warn", "command ended", {"exit_code": "3"}),
+            (1700000000456, "info", "paused", {}),
+        ]
+        assert sb.events() == []
+        with pytest.raises(ValueError, match="level must be one of"):
+            sb.events(level="fatal")
+    assert [(r.method, r.path) for r in fake.requests] == [("GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/events")] * 2
+    assert fake.requests[0].query == {
+        "since_ms": "5",
+        "limit": "2",
+        "order": "desc",
+        "level": "warn",
+        "search": "command",
+    }
+    assert fake.requests[1].query == {}

@@ -280,6 +280,39 @@ export interface SandboxTree {
   snapshots: TreeSnapshot[];
 }
 
+/** The level of a {@link SandboxEvent}, least important first. */
+export type EventLevel = "debug" | "info" | "warn" | "error";
+
+/**
+ * One entry of a sandbox's event log (`sb.events()`): what the daemon did to it
+ * or in it (started, branched, paused, a command and how it ended, a snapshot, a
+ * network or timeout change, its VM stopping).
+ */
+export interface SandboxEvent {
+  /** When, in unix milliseconds. */
+  tsMs: number;
+  level: EventLevel;
+  message: string;
+  /** Details: ids, the command line, its exit code, ... */
+  fields: Record<string, string>;
+}
+
+/** Filters of `sb.events()`. */
+export interface EventsOptions {
+  /** Only events at or after this time (unix milliseconds). */
+  sinceMs?: number;
+  /** Only events at or before this time (unix milliseconds). */
+  untilMs?: number;
+  /** At most this many (1..1000, default 100), the first in the order asked for. */
+  limit?: number;
+  /** Newest first instead of oldest first. */
+  newestFirst?: boolean;
+  /** Only events at this level or above. */
+  level?: EventLevel;
+  /** Only events whose message contains this. */
+  search?: string;
+}
+
 /** What `sb.keep()` did. */
 export interface KeepResult {
   /** The sandbox kept. */
@@ -434,6 +467,10 @@ export function branchFromJson(d: Json): BranchResult {
     durationMs: num(d.duration_ms),
     pauseMs: optNum(d.pause_ms),
   };
+}
+
+export function eventFromJson(d: Json): SandboxEvent {
+  return { tsMs: num(d.ts_ms), level: str(d.level, "info") as EventLevel, message: str(d.message), fields: strMap(d.fields) };
 }
 
 export function treeFromJson(d: Json): SandboxTree {

@@ -14,11 +14,13 @@ import {
 import {
   type BranchResult,
   type CommandResult,
+  type EventsOptions,
   type ExposedPort,
   type FileEntry,
   type KeepResult,
   type MergeReport,
   type SandboxDiff,
+  type SandboxEvent,
   type SandboxInfo,
   type SandboxTree,
   type Snapshot,
@@ -26,6 +28,7 @@ import {
   type WriteResult,
   branchFromJson,
   diffFromJson,
+  eventFromJson,
   exposedPortFromJson,
   fileEntryFromJson,
   keepFromJson,
@@ -438,6 +441,29 @@ export class Sandbox {
    * one's unique memory (what deleting it gives back) and disk layer bytes,
    * plus snapshots/branch points.
    */
+  /**
+   * What happened to this sandbox and in it, oldest first (`newestFirst` turns
+   * that round): started, branched, paused, resumed, commands started and how
+   * they ended, snapshots, network and timeout changes, its VM stopping. A
+   * branch child's log starts at the branch.
+   */
+  async events(opts: EventsOptions = {}): Promise<SandboxEvent[]> {
+    const levels = ["debug", "info", "warn", "error"];
+    if (opts.level !== undefined && !levels.includes(opts.level)) {
+      throw new TypeError(`level must be one of ${levels.join(", ")}, not ${JSON.stringify(opts.level)}`);
+    }
+    const query: Record<string, string> = {};
+    if (opts.sinceMs !== undefined) query.since_ms = String(Math.trunc(opts.sinceMs));
+    if (opts.untilMs !== undefined) query.until_ms = String(Math.trunc(opts.untilMs));
+    if (opts.limit !== undefined) query.limit = String(Math.trunc(opts.limit));
+    if (opts.newestFirst) query.order = "desc";
+    if (opts.level !== undefined) query.level = opts.level;
+    if (opts.search !== undefined) query.search = opts.search;
+    const d = await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/events`, { query });
+    const events = Array.isArray(d.events) ? (d.events as Json[]) : [];
+    return events.map(eventFromJson);
+  }
+
   async tree(): Promise<SandboxTree> {
     return treeFromJson(await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/tree`));
   }

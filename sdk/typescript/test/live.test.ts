@@ -288,6 +288,25 @@ describe("live zygoted", { skip }, () => {
     }
   });
 
+  test("event log: commands and lifecycle", async () => {
+    const sb = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });
+    try {
+      await sb.commands.run("true");
+      await sb.commands.run("exit 4");
+      const got = await sb.events();
+      assert.deepEqual(
+        got.slice(0, 5).map((e) => e.message),
+        ["sandbox started", "command started", "command ended", "command started", "command ended"],
+      );
+      assert.deepEqual([got[4]?.level, got[4]?.fields.exit_code], ["warn", "4"]);
+      const newest = await sb.events({ newestFirst: true, limit: 1 });
+      assert.deepEqual(newest.map((e) => e.message), ["command ended"]);
+      assert.deepEqual((await sb.events({ level: "warn" })).map((e) => e.message), ["command ended"]);
+    } finally {
+      await sb.kill();
+    }
+  });
+
   test("TTL: set, cleared, then expiring", async () => {
     // Its own sandbox: the last step lets the daemon delete it.
     const doomed = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });

@@ -701,6 +701,36 @@ describe("sandbox handles", () => {
     );
   });
 
+  test("events ask for their filters and parse the log", async () => {
+    fake.load([
+      {
+        status: 200,
+        json: {
+          events: [
+            { ts_ms: 1700000000123, level: "warn", message: "command ended", fields: { exit_code: "3" } },
+            { ts_ms: 1700000000456, level: "info", message: "paused" },
+          ],
+        },
+      },
+      { status: 200, json: { events: [] } },
+    ]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    const got = await sb.events({ sinceMs: 5, limit: 2, newestFirst: true, level: "warn", search: "command" });
+    assert.deepEqual(got, [
+      { tsMs: 1700000000123, level: "warn", message: "command ended", fields: { exit_code: "3" } },
+      { tsMs: 1700000000456, level: "info", message: "paused", fields: {} },
+    ]);
+    assert.deepEqual(await sb.events(), []);
+    await assert.rejects(sb.events({ level: "fatal" as "warn" }), /level must be one of/);
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path, r.rawQuery]),
+      [
+        ["GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/events", "since_ms=5&limit=2&order=desc&level=warn&search=command"],
+        ["GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/events", ""],
+      ],
+    );
+  });
+
   test("a stream without an exit event is a ServerError", async () => {
     fake.load([{ status: 200, ndjson: [{ type: "started", pid: 1 }] }]);
     const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));

@@ -7,6 +7,7 @@ mod branch;
 mod create;
 mod diff;
 mod env;
+mod events;
 mod exec;
 mod files;
 mod fork;
@@ -32,6 +33,10 @@ pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
+pub use events::{
+    EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
+    MAX_EVENT_SEARCH,
+};
 pub use exec::{parse_user, ExecEvent, ExecRequest, ExecResponse};
 pub use files::{DirListing, FileEntry, PathQuery, WriteResult};
 pub use fork::ForkHook;

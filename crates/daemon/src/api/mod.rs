@@ -7,6 +7,7 @@
 mod auth;
 mod console;
 mod doc;
+mod events;
 mod guest;
 mod images;
 mod ndjson;
@@ -105,6 +106,7 @@ pub fn routes() -> Routes {
             sandboxes::restore,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
+        .add(Method::GET, "/v1/sandboxes/{id}/events", events::events)
         .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
         .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)
         .add(Method::POST, "/v1/sandboxes/{id}/ports", ports::expose)

@@ -285,6 +285,7 @@ impl Manager {
                 }
                 self.metrics.branch.observe(job.started.elapsed());
                 failed.sort_by_key(|f| f.index);
+                self.record_branch_events(job, &point.id, &children, &failed);
                 Ok(BranchResponse {
                     parent: job.parent.id.clone(),
                     branch_point: point.id,

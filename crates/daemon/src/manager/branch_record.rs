@@ -10,7 +10,7 @@ use super::{now, Manager, STATE_PAUSED, STATE_RUNNING};
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::SnapshotKind;
+use crate::model::{BranchFailure, EventLevel, SnapshotKind};
 use crate::runtime::{BootSource, RuntimeError, SnapshotData, StartSpec, VmRecord};
 
 impl Manager {
@@ -187,5 +187,39 @@ impl Manager {
             })
             .await;
         e.into()
+    }
+}
+
+impl Manager {
+    /// The event logs of a branch that made `children`: the parent's names them, each
+    /// child's starts with where it came from.
+    pub(super) fn record_branch_events(
+        &self,
+        job: &BranchJob,
+        point: &str,
+        children: &[String],
+        failed: &[BranchFailure],
+    ) {
+        let parent = &job.parent.id;
+        let mut fields = vec![
+            ("branch_point", point.to_string()),
+            ("children", children.join(",")),
+        ];
+        if !failed.is_empty() {
+            fields.push(("failed", failed.len().to_string()));
+        }
+        self.event_log
+            .record(parent, EventLevel::Info, "branched", &fields);
+        for child in children {
+            self.event_log.record(
+                child,
+                EventLevel::Info,
+                "sandbox started",
+                &[
+                    ("parent", parent.clone()),
+                    ("branch_point", point.to_string()),
+                ],
+            );
+        }
     }
 }

@@ -12,7 +12,8 @@ use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::lifecycle::Lifecycle;
 use crate::model::{
-    CheckedCreate, CreateEvent, CreateSandboxRequest, ImageRun, Origin, Sandbox, DEFAULT_MEM_MIB,
+    CheckedCreate, CreateEvent, CreateSandboxRequest, EventLevel, ImageRun, Origin, Sandbox,
+    DEFAULT_MEM_MIB,
 };
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
@@ -388,6 +389,18 @@ impl Manager {
                     "sandbox {} running ({:.1}s)",
                     row.id,
                     started.elapsed().as_secs_f64()
+                );
+                let boot_ms = started.elapsed().as_millis().to_string();
+                let (from, what) = match &row.origin {
+                    Origin::Image { name, .. } => ("image", name.clone()),
+                    Origin::Snapshot { id } => ("snapshot", id.clone()),
+                    Origin::Branch { parent, .. } => ("parent", parent.clone()),
+                };
+                self.event_log.record(
+                    &row.id,
+                    EventLevel::Info,
+                    "sandbox started",
+                    &[(from, what), ("boot_ms", boot_ms)],
                 );
                 Ok(self.view(&row))
             }

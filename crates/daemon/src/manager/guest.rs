@@ -8,6 +8,7 @@ use zygote_proto::b64;
 use zygote_proto::client::{AgentClient, ClientError};
 use zygote_proto::{FileKind, Stream, WriteFileRequest};
 
+use super::event_notes::Ended;
 use super::exec_cancel::ExecGuard;
 use super::Manager;
 use crate::error::{Error, Result};
@@ -50,6 +51,7 @@ impl Manager {
         let started = Instant::now();
         let agent_req = self.agent_exec(id, &req)?;
         let client = self.agent(id).await?;
+        self.note_command_started(id, &req, None, "exec");
         // Dropped with this future when the HTTP client goes away: kills the program.
         let guard = ExecGuard::new(client.clone(), id);
         let shared = guard.shared();
@@ -74,6 +76,13 @@ impl Manager {
         guard.finish();
         let (r, out, err) = res?.map_err(Error::agent)?;
         self.metrics.exec.observe(started.elapsed());
+        let end = Ended {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            timed_out: r.timed_out,
+            duration_ms: r.duration_ms,
+        };
+        self.note_command_ended(id, &req, &end);
         Ok(ExecResponse {
             exit_code: r.exit_code,
             signal: r.signal,
@@ -111,7 +120,7 @@ impl Manager {
                 _ = ended_rx => guard.finish(),
             }
         });
-        let this = self.clone();
+        let (this, sandbox) = (self.clone(), id.to_string());
         tokio::task::spawn_blocking(move || {
             let _ended = ended_tx;
             let handle = match client.spawn_exec(agent_req) {
@@ -128,6 +137,7 @@ impl Manager {
             }
             let _ = tx.blocking_send(ExecEvent::Started { pid: handle.pid() });
             let _ = started_tx.send(Ok(()));
+            this.note_command_started(&sandbox, &req, Some(handle.pid()), "stream");
             // A send fails only once the receiver is gone, and then the guard has
             // already killed the program: its exit ends this wait.
             let result = handle.wait(|stream, data| {
@@ -139,6 +149,13 @@ impl Manager {
             let last = match result {
                 Ok(r) => {
                     this.metrics.exec.observe(started.elapsed());
+                    let end = Ended {
+                        exit_code: r.exit_code,
+                        signal: r.signal,
+                        timed_out: r.timed_out,
+                        duration_ms: r.duration_ms,
+                    };
+                    this.note_command_ended(&sandbox, &req, &end);
                     ExecEvent::Exit {
                         exit_code: r.exit_code,
                         signal: r.signal,

@@ -11,6 +11,7 @@ mod branch_record;
 mod capacity;
 mod create;
 mod diff;
+mod event_notes;
 mod events;
 mod exec_cancel;
 mod file_watch;
@@ -51,9 +52,10 @@ use crate::agent_key::AgentKey;
 use crate::cgroup::{self, Cgroups};
 use crate::db::{Db, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
+use crate::event_log::EventLog;
 use crate::fault;
 use crate::metrics::Metrics;
-use crate::model::{ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
+use crate::model::{EventList, EventsQuery, ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
 use crate::network::Network;
 use crate::runtime::{console, Runtime, VmRecord};
 // Re-exported for the manager's modules (`super::now`, `super::new_id`).
@@ -137,6 +139,8 @@ pub struct Manager {
     faults: Mutex<HashMap<String, String>>,
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
+    /// What happened to each sandbox (`GET /v1/sandboxes/{id}/events`).
+    pub(crate) event_log: EventLog,
 }
 
 impl Manager {
@@ -153,7 +157,6 @@ impl Manager {
             runtime,
             runtime_info,
             cgroups,
-            dirs,
             network: Arc::new(network),
             metrics: Metrics::default(),
             locks: Mutex::new(HashMap::new()),
@@ -162,6 +165,8 @@ impl Manager {
             agent_health: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
             registries: zygote_oci::Transport::from_env(),
+            event_log: EventLog::new(dirs.state.join("events")),
+            dirs,
         }
     }
 
@@ -205,6 +210,7 @@ impl Manager {
         self.set_fault(id, None);
         self.forget_agent(id);
         self.forget_agent_health(id);
+        self.event_log.remove(id);
     }
 
     /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.
@@ -424,6 +430,14 @@ impl Manager {
                 },
             }),
         }
+    }
+
+    /// The events of sandbox `id`'s log that `q` asks for.
+    pub fn events(&self, id: &str, q: &EventsQuery) -> Result<EventList> {
+        self.sandbox_row(id)?;
+        Ok(EventList {
+            events: self.event_log.read(id, q),
+        })
     }
 
     /// Where a sandbox's console log is (None: it has none now).

@@ -4,7 +4,7 @@
 //! (which copy their parent's record) inherit it.
 use super::{Manager, STATE_PAUSED, STATE_RUNNING};
 use crate::error::{Error, Result};
-use crate::model::{NetworkMode, Sandbox, SetNetworkRequest};
+use crate::model::{EventLevel, NetworkMode, Sandbox, SetNetworkRequest};
 
 impl Manager {
     /// `PUT /v1/sandboxes/{id}/network`.
@@ -69,6 +69,17 @@ impl Manager {
                 .map_err(|e| Error::Internal(format!("network: {e}")))?;
         }
         tracing::info!(sandbox = %row.id, "network policy changed");
+        let view = &self.view(&row).network;
+        self.event_log.record(
+            &row.id,
+            EventLevel::Info,
+            "network policy changed",
+            &[
+                ("mode", view.mode.as_str().to_string()),
+                ("allow_out", view.allow_out.join(",")),
+                ("deny_out", view.deny_out.join(",")),
+            ],
+        );
         Ok(self.view(&row))
     }
 }

@@ -5,7 +5,7 @@ use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STAT
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
-use crate::model::{Sandbox, Snapshot, SnapshotKind, SnapshotRequest, Validate};
+use crate::model::{EventLevel, Sandbox, Snapshot, SnapshotKind, SnapshotRequest, Validate};
 use crate::runtime::BootSource;
 
 impl Manager {
@@ -94,6 +94,10 @@ impl Manager {
         row.depends_on.push(id);
         row.vm = Some(vm);
         self.db.commit(&[&row], &[&snap])?;
+        let mut fields = vec![("snapshot", snap.id.clone())];
+        fields.extend(snap.name.clone().map(|n| ("name", n)));
+        self.event_log
+            .record(&row.id, EventLevel::Info, "snapshot taken", &fields);
         self.snapshot_view(&snap)
     }
 
@@ -151,6 +155,12 @@ impl Manager {
                 row.state = STATE_RUNNING.into();
                 self.db.put_sandbox(&row)?;
                 self.collect_garbage()?;
+                self.event_log.record(
+                    &row.id,
+                    EventLevel::Info,
+                    "restored",
+                    &[("snapshot", snapshot_id.to_string())],
+                );
                 Ok(self.view(&row))
             }
             Err(e) => {

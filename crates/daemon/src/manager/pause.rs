@@ -22,7 +22,7 @@ use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::lifecycle::Park;
-use crate::model::{Sandbox, SnapshotKind};
+use crate::model::{EventLevel, Sandbox, SnapshotKind};
 use crate::procs::ProcId;
 use crate::runtime::guest_agent::net_identity;
 use crate::runtime::{BootSource, RuntimeError};
@@ -151,10 +151,13 @@ impl Manager {
                     self.collect_garbage()?;
                 }
                 self.metrics.pause.observe(started.elapsed());
-                tracing::info!(
-                    sandbox = %row.id,
-                    ms = started.elapsed().as_millis() as u64,
-                    "paused to disk"
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(sandbox = %row.id, ms, "paused to disk");
+                self.event_log.record(
+                    &row.id,
+                    EventLevel::Info,
+                    "paused",
+                    &[("ms", ms.to_string())],
                 );
                 Ok(())
             }
@@ -220,10 +223,13 @@ impl Manager {
                     remove_park_files(&park, false);
                 }
                 self.metrics.resume.observe(started.elapsed());
-                tracing::info!(
-                    sandbox = %row.id,
-                    ms = started.elapsed().as_millis() as u64,
-                    "resumed"
+                let ms = started.elapsed().as_millis() as u64;
+                tracing::info!(sandbox = %row.id, ms, "resumed");
+                self.event_log.record(
+                    &row.id,
+                    EventLevel::Info,
+                    "resumed",
+                    &[("ms", ms.to_string())],
                 );
                 Ok(())
             }

@@ -33,6 +33,7 @@ impl Manager {
             .await?
             .map_err(Error::agent)?;
         tracing::info!(sandbox = id, pid = info.pid, argv = ?info.argv, "background process started");
+        self.note_command_started(id, &req, Some(info.pid), "background");
         Ok(info.into())
     }
 

@@ -107,6 +107,8 @@ impl Manager {
             }
             keep.insert(self.dirs.vms.join(&s.id));
         }
+        let sandboxes: HashSet<String> = self.db.sandboxes()?.into_iter().map(|s| s.id).collect();
+        self.event_log.remove_orphans(|id| sandboxes.contains(id));
         for s in self.db.snapshots()? {
             keep.insert(s.data.disk_layer);
             keep.insert(s.data.dir);

@@ -9,6 +9,7 @@ use super::{
 use crate::cgroup;
 use crate::db::SandboxRow;
 use crate::error::Result;
+use crate::model::EventLevel;
 use crate::procs::ProcId;
 
 impl Manager {
@@ -123,6 +124,12 @@ impl Manager {
 
     pub(crate) fn mark_dead(&self, row: &mut SandboxRow, reason: String) -> Result<()> {
         tracing::warn!("sandbox {} died: {reason}", row.id);
+        self.event_log.record(
+            &row.id,
+            EventLevel::Error,
+            "sandbox died",
+            &[("reason", reason.clone())],
+        );
         row.state = STATE_DEAD.into();
         row.exit_reason = Some(reason);
         row.exited_at = Some(now());

@@ -9,7 +9,7 @@ use tokio::time::MissedTickBehavior;
 use super::{now, Manager, STATE_RUNNING};
 use crate::db::SandboxRow;
 use crate::error::{Error, Result};
-use crate::model::{Sandbox, SetTtlRequest, TtlAction, Validate};
+use crate::model::{EventLevel, Sandbox, SetTtlRequest, TtlAction, Validate};
 
 /// How often the reaper looks: deadlines are whole seconds, so a sandbox
 /// outlives its deadline by at most about this.
@@ -79,6 +79,16 @@ impl Manager {
             ttl_secs = ?row.ttl_secs,
             expires_at = ?row.expires_at,
             "TTL changed"
+        );
+        let ttl = row.ttl_secs.map_or("none".into(), |s| s.to_string());
+        self.event_log.record(
+            &row.id,
+            EventLevel::Info,
+            "timeout changed",
+            &[
+                ("ttl_secs", ttl),
+                ("on_timeout", row.lifecycle.ttl_action.as_str().into()),
+            ],
         );
         Ok(self.view(&row))
     }
@@ -161,7 +171,11 @@ impl Manager {
             }
         });
         match attempt.await {
-            Ok(Ok(true)) => tracing::info!(sandbox = %row.id, "TTL ran out: sandbox paused"),
+            Ok(Ok(true)) => {
+                tracing::info!(sandbox = %row.id, "TTL ran out: sandbox paused");
+                self.event_log
+                    .record(&row.id, EventLevel::Info, "timeout: paused", &[]);
+            }
             Ok(Ok(false)) | Ok(Err(Error::NotFound { .. })) => {}
             Ok(Err(e)) => tracing::warn!(
                 sandbox = %row.id,

@@ -14,6 +14,7 @@ use zygote_images::space::free_bytes;
 
 use super::{Manager, STATE_RUNNING};
 use crate::error::Result;
+use crate::model::EventLevel;
 use crate::runtime::RunState;
 
 /// How often VM processes are checked for unexpected exits.
@@ -90,6 +91,8 @@ impl Manager {
                     if known.is_some() {
                         tracing::info!("sandbox {}: running again", row.id);
                         self.set_fault(&row.id, None);
+                        self.event_log
+                            .record(&row.id, EventLevel::Info, "running again", &[]);
                     }
                 }
                 Ok(RunState::Faulted { reason, resumable }) => {
@@ -102,6 +105,15 @@ impl Manager {
                         tracing::warn!(
                             "sandbox {}: the VM stopped running its guest: {reason}{then}",
                             row.id
+                        );
+                        self.event_log.record(
+                            &row.id,
+                            EventLevel::Error,
+                            "the VM stopped running its guest",
+                            &[
+                                ("reason", reason.clone()),
+                                ("resumable", resumable.to_string()),
+                            ],
                         );
                         self.set_fault(&row.id, Some(reason));
                     }

@@ -39,6 +39,7 @@ from .models import (
     KeepResult,
     MergeReport,
     SandboxDiff,
+    SandboxEvent,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -336,6 +337,39 @@ def restore_in_place(sid: str, snapshot: str) -> Call[SandboxInfo]:
 
 def tree(sid: str) -> Call[SandboxTree]:
     return Call("GET", f"/v1/sandboxes/{seg(sid)}/tree", lambda r: SandboxTree.from_json(_json(r)))
+
+
+EVENT_LEVELS = ("debug", "info", "warn", "error")
+
+
+def events(
+    sid: str,
+    *,
+    since_ms: Optional[int] = None,
+    until_ms: Optional[int] = None,
+    limit: Optional[int] = None,
+    newest_first: bool = False,
+    level: Optional[str] = None,
+    search: Optional[str] = None,
+) -> Call[list[SandboxEvent]]:
+    if level is not None and level not in EVENT_LEVELS:
+        raise ValueError(f"level must be one of {', '.join(EVENT_LEVELS)}, not {level!r}")
+    params: dict[str, str] = {}
+    for key, value in (("since_ms", since_ms), ("until_ms", until_ms), ("limit", limit)):
+        if value is not None:
+            params[key] = str(int(value))
+    if newest_first:
+        params["order"] = "desc"
+    if level is not None:
+        params["level"] = level
+    if search is not None:
+        params["search"] = search
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{seg(sid)}/events",
+        lambda r: [SandboxEvent.from_json(e) for e in _json(r)["events"]],
+        params=params,
+    )
 
 
 def keep(sid: str, promote: bool = False) -> Call[KeepResult]:

@@ -15,7 +15,19 @@ from ._process import AsyncCommandHandle, AsyncProcessCommands
 from .aio_pty import AsyncPty
 from ._watch import AsyncWatchHandle
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .models import (
+    CommandResult,
+    ExposedPort,
+    FileEntry,
+    KeepResult,
+    MergeReport,
+    SandboxDiff,
+    SandboxEvent,
+    SandboxInfo,
+    SandboxTree,
+    Snapshot,
+    WriteResult,
+)
 from .sandbox import DEFAULT_IMAGE
 
 __all__ = ["AsyncSandbox", "AsyncCommands", "AsyncFiles"]
@@ -316,6 +328,35 @@ class AsyncSandbox:
         """Brings a paused sandbox back where it was: the same processes, files
         and network; its clock is stepped to now."""
         return await self.client.call(_api.resume(self.id))
+
+    async def events(
+        self,
+        *,
+        since_ms: Optional[int] = None,
+        until_ms: Optional[int] = None,
+        limit: Optional[int] = None,
+        newest_first: bool = False,
+        level: Optional[str] = None,
+        search: Optional[str] = None,
+    ) -> List[SandboxEvent]:
+        """What happened to this sandbox and in it, oldest first (``newest_first``
+        turns that round): started, branched, paused, resumed, commands started and
+        how they ended, snapshots, network and timeout changes, its VM stopping.
+        ``since_ms``/``until_ms`` (unix milliseconds) bound the time, ``level``
+        (``debug``/``info``/``warn``/``error``) keeps that level and above,
+        ``search`` keeps messages containing it, ``limit`` (1..1000, default 100)
+        the first that many. A branch child's log starts at the branch."""
+        return await self.client.call(
+            _api.events(
+                self.id,
+                since_ms=since_ms,
+                until_ms=until_ms,
+                limit=limit,
+                newest_first=newest_first,
+                level=level,
+                search=search,
+            )
+        )
 
     async def tree(self) -> SandboxTree:
         """The lineage: topmost existing ancestor and every descendant, with

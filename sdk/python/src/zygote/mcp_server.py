@@ -396,6 +396,30 @@ def build_server(
         return {"sandbox_id": sandbox_id, "state": info.state}
 
     @server.tool()
+    async def sandbox_events(
+        sandbox_id: str, level: Optional[str] = None, search: Optional[str] = None, limit: int = 50
+    ) -> dict[str, Any]:
+        """What happened to a sandbox and in it, oldest first: started, branched, paused,
+        resumed, commands and how they ended (exit codes), snapshots, network and timeout
+        changes, its VM stopping. level (debug, info, warn, error) keeps that level and
+        above; search keeps messages containing it; the newest `limit` (1..1000) events."""
+        try:
+            events = await session.sandbox(sandbox_id).events(
+                level=level, search=search, limit=limit, newest_first=True
+            )
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        except ValueError as e:
+            raise ToolError(str(e)) from e
+        return {
+            "sandbox_id": sandbox_id,
+            "events": [
+                {"ts_ms": e.ts_ms, "level": e.level, "message": e.message, "fields": dict(e.fields)}
+                for e in reversed(events)
+            ],
+        }
+
+    @server.tool()
     async def kill_sandbox(sandbox_id: str) -> dict[str, Any]:
         """Stop and remove a sandbox."""
         try:

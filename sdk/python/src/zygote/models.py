@@ -552,6 +552,30 @@ class KeepResult:
 
 
 @dataclass(frozen=True)
+class SandboxEvent:
+    """One entry of a sandbox's event log (:meth:`zygote.Sandbox.events`): what the
+    daemon did to it or in it (started, branched, paused, a command and how it ended,
+    a snapshot, a network or timeout change, its VM stopping)."""
+
+    ts_ms: int
+    """When, in unix milliseconds."""
+    level: str
+    """``debug``, ``info``, ``warn`` or ``error``."""
+    message: str
+    fields: Mapping[str, str]
+    """Details: ids, the command line, its exit code, ..."""
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "SandboxEvent":
+        return cls(
+            ts_ms=int(d["ts_ms"]),
+            level=str(d["level"]),
+            message=str(d["message"]),
+            fields={str(k): str(v) for k, v in (d.get("fields") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
 class DiffEntry:
     """An entry only on one side of :meth:`zygote.Sandbox.diff`."""
 

@@ -11,7 +11,19 @@ from ._branch import BranchCollector, ProgressCallback
 from ._client import Client
 from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
-from .models import CommandResult, ExposedPort, FileEntry, KeepResult, MergeReport, SandboxDiff, SandboxInfo, SandboxTree, Snapshot, WriteResult
+from .models import (
+    CommandResult,
+    ExposedPort,
+    FileEntry,
+    KeepResult,
+    MergeReport,
+    SandboxDiff,
+    SandboxEvent,
+    SandboxInfo,
+    SandboxTree,
+    Snapshot,
+    WriteResult,
+)
 from .pty import Pty
 from ._watch import WatchHandle
 
@@ -423,6 +435,35 @@ class Sandbox:
         """Brings a paused sandbox back where it was: the same processes, files
         and network; its clock is stepped to now."""
         return self.client.call(_api.resume(self.id))
+
+    def events(
+        self,
+        *,
+        since_ms: Optional[int] = None,
+        until_ms: Optional[int] = None,
+        limit: Optional[int] = None,
+        newest_first: bool = False,
+        level: Optional[str] = None,
+        search: Optional[str] = None,
+    ) -> List[SandboxEvent]:
+        """What happened to this sandbox and in it, oldest first (``newest_first``
+        turns that round): started, branched, paused, resumed, commands started and
+        how they ended, snapshots, network and timeout changes, its VM stopping.
+        ``since_ms``/``until_ms`` (unix milliseconds) bound the time, ``level``
+        (``debug``/``info``/``warn``/``error``) keeps that level and above,
+        ``search`` keeps messages containing it, ``limit`` (1..1000, default 100)
+        the first that many. A branch child's log starts at the branch."""
+        return self.client.call(
+            _api.events(
+                self.id,
+                since_ms=since_ms,
+                until_ms=until_ms,
+                limit=limit,
+                newest_first=newest_first,
+                level=level,
+                search=search,
+            )
+        )
 
     def tree(self) -> SandboxTree:
         """The lineage: topmost existing ancestor and every descendant, with

@@ -1,6 +1,6 @@
 //! E2B's control plane, mounted under `/e2b` on the API listener: the calls of the
 //! SDKs' `Sandbox` class (create, list, get_info, connect, kill, set_timeout, pause,
-//! fork, snapshots, update_network), each mapped onto the
+//! fork, snapshots, update_network, logs), each mapped onto the
 //! [`Manager`](crate::manager::Manager) calls the REST API makes.
 //!
 //! Auth is E2B's `X-API-Key` header, compared in constant time with the daemon token
@@ -10,10 +10,11 @@
 //! E2B's words (infra's `packages/api/internal/handlers`, see `../DESIGN.md`).
 //!
 //! One concern per module: [`sandboxes`] (one sandbox's lifecycle), [`list`] (the
-//! sandbox list), [`fork`], [`snapshots`], and [`page`] (the keyset pagination both
-//! lists share).
+//! sandbox list), [`fork`], [`snapshots`], [`logs`] (a sandbox's event log), and
+//! [`page`] (the keyset pagination both lists share).
 mod fork;
 mod list;
+mod logs;
 mod page;
 mod sandboxes;
 mod snapshots;
@@ -132,6 +133,8 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/network", put(sandboxes::update_network))
         .route("/sandboxes/{id}/fork", post(fork::fork))
+        .route("/sandboxes/{id}/logs", get(logs::logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs::logs_v2))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
