@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
-from e2b import Sandbox, SandboxQuery, SandboxState
+from e2b import CommandExitException, Sandbox, SandboxQuery, SandboxState
 from e2b.exceptions import InvalidArgumentException, NotFoundException, SandboxException
 
 TEMPLATE = os.environ.get("E2B_TEST_TEMPLATE", "base")
@@ -259,3 +259,41 @@ def test_create_takes_an_idempotency_key():
         assert s.commands.run("echo ok").stdout == "ok\n"
     finally:
         s.kill()
+
+
+def test_sandbox_logs_parse_with_e2bs_generated_client():
+    """No SDK method reads sandbox logs (E2B's CLI does), but the SDK ships the generated
+    client for both calls: its models must parse what zygote answers."""
+    from e2b.api.client.api.sandboxes import (
+        get_sandboxes_sandbox_id_logs,
+        get_v_2_sandboxes_sandbox_id_logs,
+    )
+    from e2b.api.client.models import LogLevel, LogsDirection
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+
+    s = make(uuid.uuid4().hex)
+    try:
+        s.commands.run("true")
+        with pytest.raises(CommandExitException):
+            s.commands.run("exit 5")
+        client = get_api_client(ConnectionConfig())
+        v2 = get_v_2_sandboxes_sandbox_id_logs.sync(s.sandbox_id, client=client, limit=100)
+        said = [e.message for e in v2.logs]
+        assert said[0] == "command ended" and said[-1] == "sandbox started", said
+        ended = get_v_2_sandboxes_sandbox_id_logs.sync(
+            s.sandbox_id,
+            client=client,
+            level=LogLevel.WARN,
+            direction=LogsDirection.FORWARD,
+            cursor=0,
+        )
+        assert [e.message for e in ended.logs] == ["command ended"]
+        assert ended.logs[0].fields.additional_properties["exit_code"] == "5"
+        assert ended.logs[0].timestamp.tzinfo is not None
+        v1 = get_sandboxes_sandbox_id_logs.sync(s.sandbox_id, client=client, limit=1)
+        assert v1.logs[0].line.startswith("sandbox started") and len(v1.log_entries) == 1
+    finally:
+        s.kill()
+    gone = get_v_2_sandboxes_sandbox_id_logs.sync_detailed(s.sandbox_id, client=client)
+    assert gone.status_code == 404
