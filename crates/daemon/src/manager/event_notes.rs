@@ -1,8 +1,12 @@
 //! The entries the manager writes to a sandbox's event log ([`crate::event_log`]) for
 //! the commands run in it: what ran, as whom, and how it ended. Never the command's
 //! environment (secrets travel there) and never its output (the guest's words).
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
 use super::Manager;
-use crate::model::{EventLevel, ExecRequest};
+use crate::model::{EventLevel, ExecEvent, ExecRequest};
 
 /// How a command ended, as the agent reported it.
 pub(super) struct Ended {
@@ -58,6 +62,50 @@ impl Manager {
             EventLevel::Warn
         };
         self.event_log.record(id, level, "command ended", &fields);
+    }
+}
+
+impl Manager {
+    /// `events` (a follower of a process started in the background for `req`) passed
+    /// on unchanged, and `command ended` written when it reports the end. Only the
+    /// caller that started the process wraps its follower, so an end is written once;
+    /// a client that goes away before the end takes the relay with it (the end is then
+    /// not written: nothing follows the process any more).
+    pub(crate) fn noting_the_end(
+        self: &Arc<Self>,
+        id: &str,
+        req: &ExecRequest,
+        mut events: mpsc::Receiver<ExecEvent>,
+    ) -> mpsc::Receiver<ExecEvent> {
+        let (tx, rx) = mpsc::channel(16);
+        let (this, id) = (self.clone(), id.to_string());
+        let req = ExecRequest {
+            argv: req.argv.clone(),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if let ExecEvent::Exit {
+                    exit_code,
+                    signal,
+                    timed_out,
+                    duration_ms,
+                } = &event
+                {
+                    let end = Ended {
+                        exit_code: *exit_code,
+                        signal: *signal,
+                        timed_out: *timed_out,
+                        duration_ms: *duration_ms,
+                    };
+                    this.note_command_ended(&id, &req, &end);
+                }
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        });
+        rx
     }
 }
 

@@ -181,7 +181,7 @@ async fn start_stream(
         ..Default::default()
     };
     let started = manager
-        .spawn_process(id, exec)
+        .spawn_process(id, exec.clone())
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
     let pid = started.pid;
@@ -207,6 +207,7 @@ async fn start_stream(
         .follow_process(id, pid, 0)
         .await
         .map_err(|e| ConnectError::from_zygote(&e))?;
+    let events = manager.noting_the_end(id, &exec, events);
     // The agent bounds the program by the timeout; the stream ends with its end.
     Ok(event_stream(
         pid,
