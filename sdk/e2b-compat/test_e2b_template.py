@@ -1,0 +1,155 @@
+"""E2B's Template SDK through its unchanged Python SDK (e2b==2.63.0) against zygote
+(issue 35): Template().from_template("base") + run_cmd + copy + set_envs, built with
+build logs; a sandbox from the template sees the file, the env and the command's effect;
+an identical second build is served from the per-step cache; a failing run_cmd raises
+the SDK's BuildException with its output; exists, tags.
+
+Run by scripts/e2b-test.sh (a private zygoted, qemu runtime). Every template made here
+is deleted (DELETE /templates/<name>): snapshots of `base` sandboxes are large.
+"""
+import json
+import os
+import urllib.request
+import uuid
+
+import pytest
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
+
+BASE = os.environ.get("E2B_TEST_TEMPLATE", "base")
+
+
+def delete_template(name):
+    req = urllib.request.Request(
+        os.environ["E2B_API_URL"] + "/templates/" + name,
+        method="DELETE",
+        headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+    )
+    try:
+        urllib.request.urlopen(req).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 404:
+            raise
+
+
+@pytest.fixture
+def names():
+    made = []
+
+    def new(prefix):
+        n = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        made.append(n)
+        return n
+
+    yield new
+    for n in made:
+        delete_template(n)
+
+
+def context(tmp_path):
+    d = tmp_path / "ctx"
+    (d / "data" / "sub").mkdir(parents=True)
+    (d / "data" / "hello.txt").write_text("hello from the build context\n")
+    (d / "data" / "sub" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    os.chmod(d / "data" / "sub" / "run.sh", 0o755)
+    return d
+
+
+def template(ctx):
+    return (
+        Template(file_context_path=str(ctx))
+        .from_template(BASE)
+        .run_cmd("echo built > /tmp/marker && echo step-output-line")
+        .copy("data", "/home/user/data")
+        .set_envs({"TPL_GREETING": "hi there"})
+        .run_cmd("cat /home/user/data/hello.txt > /home/user/copied.txt", user="user")
+    )
+
+
+def build(t, name, **kw):
+    logs = []
+    Template.build(t, name, on_build_logs=lambda e: logs.append(e.message), **kw)
+    return logs
+
+
+def test_build_create_and_cache(tmp_path, names):
+    ctx = context(tmp_path)
+    name = names("tpl")
+    logs = build(template(ctx), name)
+    text = "\n".join(logs)
+    # The RUN step's output is a log line of its own (the step's echo, not its title).
+    assert "step-output-line" in logs, text
+    assert "CACHED" not in text, text
+    assert Template.exists(name)
+
+    s = Sandbox.create(name)
+    try:
+        assert s.files.read("/home/user/data/hello.txt") == "hello from the build context\n"
+        assert s.files.read("/home/user/data/sub/run.sh").startswith("#!/bin/sh")
+        assert s.commands.run("/home/user/data/sub/run.sh").stdout.strip() == "ran"
+        assert s.commands.run("cat /tmp/marker").stdout.strip() == "built"
+        assert s.commands.run("echo $TPL_GREETING").stdout.strip() == "hi there"
+        assert s.commands.run("cat /home/user/copied.txt").stdout.startswith("hello")
+        owner = s.commands.run("stat -c %U /home/user/copied.txt").stdout.strip()
+        assert owner == "user"
+    finally:
+        s.kill()
+
+    # The same template again: every step from the cache.
+    again_logs = build(template(ctx), name)
+    again = "\n".join(again_logs)
+    assert again.count("CACHED") == 4, again
+    assert "step-output-line" not in again_logs, again
+    assert "Skipping upload" in again, again
+
+    # A changed file: the COPY step and those after it run again.
+    (ctx / "data" / "hello.txt").write_text("changed\n")
+    third = "\n".join(build(template(ctx), name + ":v2"))
+    assert third.count("CACHED") == 1, third
+    s = Sandbox.create(name + ":v2")
+    try:
+        assert s.files.read("/home/user/data/hello.txt") == "changed\n"
+    finally:
+        s.kill()
+
+    # skip_cache: nothing from the cache.
+    forced = "\n".join(build(template(ctx), name, skip_cache=True))
+    assert "CACHED" not in forced, forced
+
+
+def test_failing_step_raises_with_its_output(names):
+    name = names("tpl-fail")
+    t = (
+        Template()
+        .from_template(BASE)
+        .run_cmd("echo this-went-wrong >&2; exit 3")
+    )
+    with pytest.raises(BuildException) as e:
+        build(t, name)
+    msg = str(e.value)
+    assert "this-went-wrong" in msg and "exit status 3" in msg, msg
+    assert not Template.exists(name)
+    # No build sandbox is left behind (this file's tests kill what they create).
+    assert Sandbox.list().next_items() == []
+
+
+def test_tags_and_exists(names):
+    name = names("tpl-tags")
+    assert not Template.exists(name)
+    t = Template().from_template(BASE).set_envs({"A": "1"})
+    build(t, name, tags=["v1"])
+    assert Template.exists(name)
+    tags = {x.tag for x in Template.get_tags(name)}
+    assert tags == {"v1"}, tags
+    info = Template.assign_tags(name + ":v1", ["stable", "latest"])
+    assert sorted(info.tags) == ["latest", "stable"]
+    tags = {x.tag for x in Template.get_tags(name)}
+    assert tags == {"v1", "stable", "latest"}, tags
+    Template.remove_tags(name, ["latest"])
+    tags = {x.tag for x in Template.get_tags(name)}
+    assert tags == {"v1", "stable"}, tags
+    s = Sandbox.create(name + ":stable")
+    try:
+        assert s.commands.run("echo $A").stdout.strip() == "1"
+    finally:
+        s.kill()
