@@ -32,9 +32,22 @@ def delete_template(name):
             raise
 
 
+def native(path):
+    """zygote's own REST API (the daemon token is the E2B key here)."""
+    base = os.environ["E2B_API_URL"].removesuffix("/e2b")
+    req = urllib.request.Request(
+        base + path, headers={"Authorization": "Bearer " + os.environ["E2B_API_KEY"]}
+    )
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+
+
 @pytest.fixture
 def names():
+    """Template names; the templates are deleted after the test, and with them every
+    snapshot their builds and cache made."""
     made = []
+    before = {s["id"] for s in native("/v1/snapshots")["snapshots"]}
 
     def new(prefix):
         n = f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -44,6 +57,9 @@ def names():
     yield new
     for n in made:
         delete_template(n)
+    left = [s["id"] for s in native("/v1/snapshots")["snapshots"] if s["id"] not in before]
+    assert left == [], f"snapshots left behind: {left}"
+    assert native("/v1/sandboxes")["sandboxes"] == []
 
 
 def context(tmp_path):

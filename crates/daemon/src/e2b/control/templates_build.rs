@@ -423,7 +423,9 @@ impl Build {
                 (false, Some(at)) => at.clone(),
                 _ => {
                     self.sandbox(base).await?;
-                    self.snapshot(&n).await?
+                    let snap = self.snapshot(&n).await?;
+                    crate::fault::point("template-build.snapshotted");
+                    snap
                 }
             };
             let row = CacheRow {
