@@ -3,6 +3,9 @@
 //! cache and the uploads COPY steps read. A child module of `db` (for its connection).
 //!
 //! A template is a snapshot (`e2b_builds.snapshot`); a tag (`name:tag`) names a build.
+//! Every snapshot a build takes belongs to its template (`e2b_template_snapshots`), so
+//! that deleting the template deletes them all, also those a later cache entry
+//! replaced.
 //! Every row that names a snapshot is dropped on start when that snapshot is gone, and
 //! a build a crash interrupted (still `waiting` or `building`) is `error` from then on:
 //! nothing runs it any more (its sandbox is removed by its intent record,
@@ -47,6 +50,10 @@ CREATE TABLE IF NOT EXISTS e2b_step_cache (
     defaults TEXT NOT NULL,
     created_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS e2b_template_snapshots (
+    snapshot TEXT PRIMARY KEY,
+    template TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS e2b_uploads (
     hash TEXT PRIMARY KEY,
     token TEXT UNIQUE,
@@ -58,6 +65,7 @@ UPDATE e2b_builds SET status = 'error',
     reason = '{\"message\":\"the build was interrupted: the daemon restarted\"}'
     WHERE status IN ('waiting', 'building');
 DELETE FROM e2b_step_cache WHERE snapshot NOT IN (SELECT id FROM snapshots);
+DELETE FROM e2b_template_snapshots WHERE snapshot NOT IN (SELECT id FROM snapshots);
 UPDATE e2b_builds SET status = 'error', snapshot = NULL,
     reason = '{\"message\":\"the template snapshot was deleted\"}'
     WHERE status = 'ready' AND snapshot NOT IN (SELECT id FROM snapshots);
@@ -305,7 +313,8 @@ impl Db {
         {
             let mut stmt = tx.prepare(
                 "SELECT snapshot FROM e2b_builds WHERE template = ?1 AND snapshot IS NOT NULL
-                 UNION SELECT snapshot FROM e2b_step_cache WHERE template = ?1",
+                 UNION SELECT snapshot FROM e2b_step_cache WHERE template = ?1
+                 UNION SELECT snapshot FROM e2b_template_snapshots WHERE template = ?1",
             )?;
             let rows = stmt.query_map([template], |r| r.get(0))?;
             for s in rows {
@@ -323,8 +332,34 @@ impl Db {
             [template],
         )?;
         tx.execute("DELETE FROM e2b_step_cache WHERE template = ?1", [template])?;
+        tx.execute(
+            "DELETE FROM e2b_template_snapshots WHERE template = ?1",
+            [template],
+        )?;
         tx.commit()?;
         Ok(snaps)
+    }
+
+    /// Records that a build of `template` took `snapshot`.
+    pub fn own_snapshot(&self, template: &str, snapshot: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO e2b_template_snapshots (snapshot, template) VALUES (?1, ?2)",
+            params![snapshot, template],
+        )?;
+        Ok(())
+    }
+
+    /// Whether a template build took `snapshot` (it is the template's, not the user's).
+    pub fn template_owns_snapshot(&self, snapshot: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM e2b_template_snapshots WHERE snapshot = ?1",
+                [snapshot],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
     }
 
     /// Whether any build or cache entry still names `snapshot`.

@@ -89,7 +89,7 @@ pub(super) async fn list(
         .into_iter()
         .filter(|s| !s.implicit)
         // The snapshots of template builds are the templates', not the user's.
-        .filter(|s| !st.manager.db.template_uses_snapshot(&s.id).unwrap_or(false))
+        .filter(|s| !st.manager.db.template_owns_snapshot(&s.id).unwrap_or(false))
         .filter(|s| {
             q.sandbox_id
                 .as_ref()

@@ -381,9 +381,15 @@ pub(super) fn delete_template(st: &AppState, name: &str) -> Result<Option<()>, C
         )));
     }
     let mut snaps = db.forget_template(name)?;
-    // Newest first: a later snapshot of a build depends on its earlier ones.
+    // Descendants first: a later snapshot of a build depends on its earlier ones (and
+    // has a longer chain); snapshots taken in the same second are ordered by it too.
     snaps.sort_by_key(|s| {
-        std::cmp::Reverse(db.snapshot(s).ok().flatten().map_or(0, |r| r.created_at))
+        std::cmp::Reverse(
+            db.snapshot(s)
+                .ok()
+                .flatten()
+                .map_or(0, |r| r.depends_on.len()),
+        )
     });
     for s in snaps {
         if db.template_uses_snapshot(&s)? {

@@ -282,6 +282,12 @@ impl Build {
             })
             .await
             .map_err(|e| fail(step, format!("snapshotting the build sandbox: {e}")))?;
+        // A crash before the next line leaves a snapshot nothing names: the build's
+        // intent record removes it at the next start.
+        crate::fault::point("template-build.snapshotted");
+        if let Err(e) = self.m.db.own_snapshot(&self.row.template, &snap.id) {
+            tracing::warn!("template build {}: {e}", self.row.id);
+        }
         self.at = Some(snap.id.clone());
         Ok(snap.id)
     }
@@ -423,9 +429,7 @@ impl Build {
                 (false, Some(at)) => at.clone(),
                 _ => {
                     self.sandbox(base).await?;
-                    let snap = self.snapshot(&n).await?;
-                    crate::fault::point("template-build.snapshotted");
-                    snap
+                    self.snapshot(&n).await?
                 }
             };
             let row = CacheRow {
