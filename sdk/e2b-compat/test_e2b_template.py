@@ -2,13 +2,18 @@
 (issue 35): Template().from_template("base") + run_cmd + copy + set_envs, built with
 build logs; a sandbox from the template sees the file, the env and the command's effect;
 an identical second build is served from the per-step cache; a failing run_cmd raises
-the SDK's BuildException with its output; exists, tags.
+the SDK's BuildException with its output; exists, tags; from_image of an OCI reference
+on a loopback registry (skipped, saying why, without docker-registry/skopeo/umoci).
 
 Run by scripts/e2b-test.sh (a private zygoted, qemu runtime). Every template made here
 is deleted (DELETE /templates/<name>): snapshots of `base` sandboxes are large.
 """
 import json
 import os
+import shutil
+import socket
+import subprocess
+import time
 import urllib.request
 import uuid
 
@@ -167,5 +172,88 @@ def test_tags_and_exists(names):
     s = Sandbox.create(name + ":stable")
     try:
         assert s.commands.run("echo $A").stdout.strip() == "1"
+    finally:
+        s.kill()
+
+
+def oci_tools_missing():
+    for tool in ("docker-registry", "skopeo", "umoci"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (scripts/setup.sh)"
+    if not os.path.isfile("/bin/busybox"):
+        return "no /bin/busybox (busybox-static)"
+    return None
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """Debian's docker-registry on 127.0.0.1 (a loopback registry: the daemon pulls from
+    it over plain HTTP), with a busybox image pushed by skopeo: `<addr>/tpl/busybox:1`."""
+    why = oci_tools_missing()
+    if why:
+        print(f"skipping from_image test: {why}")
+        pytest.skip(why)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "config.yml").write_text(
+        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {tmp_path / 'storage'}\nhttp:\n  addr: 127.0.0.1:{port}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(tmp_path / "config.yml")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/").close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        layout = tmp_path / "layout"
+        run = lambda *a: subprocess.run(a, check=True, capture_output=True)  # noqa: E731
+        run("umoci", "init", "--layout", str(layout))
+        run("umoci", "new", "--image", f"{layout}:1")
+        bundle = tmp_path / "bundle"
+        run("umoci", "unpack", "--image", f"{layout}:1", str(bundle))
+        root = bundle / "rootfs"
+        (root / "bin").mkdir()
+        (root / "etc").mkdir()
+        shutil.copy("/bin/busybox", root / "bin" / "busybox")
+        for applet in ("sh", "echo", "cat", "ls", "mkdir", "id"):
+            os.symlink("busybox", root / "bin" / applet)
+        (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        (root / "etc" / "group").write_text("root:x:0:\n")
+        run("umoci", "repack", "--image", f"{layout}:1", str(bundle))
+        run("umoci", "config", "--image", f"{layout}:1", "--config.env", "PATH=/bin")
+        ref = f"127.0.0.1:{port}/tpl/busybox:1"
+        run("skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:1", f"docker://{ref}")
+        yield ref
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_from_image_of_an_oci_reference(registry, tmp_path, names):
+    name = names("tpl-oci")
+    ctx = tmp_path / "octx"
+    ctx.mkdir()
+    (ctx / "note.txt").write_text("copied into busybox\n")
+    t = (
+        Template(file_context_path=str(ctx))
+        .from_image(registry)
+        .run_cmd("echo from-busybox > /made-by-run")
+        .copy("note.txt", "/opt/")
+    )
+    logs = build(t, name)
+    assert "CACHED" not in "\n".join(logs)
+    s = Sandbox.create(name)
+    try:
+        assert s.files.read("/made-by-run") == "from-busybox\n"
+        assert s.files.read("/opt/note.txt") == "copied into busybox\n"
     finally:
         s.kill()

@@ -37,6 +37,9 @@ const RUN_TIMEOUT_MS: u64 = 3_600_000;
 const READY_TIMEOUT_SECS: u64 = 300;
 /// Output lines of one step kept in the log (the rest are counted).
 const MAX_LOG_LINES_PER_STEP: usize = 2000;
+/// Runs `$1` in a login bash where there is one, else in sh.
+const BASH_OR_SH: &str =
+    r#"if command -v bash >/dev/null 2>&1; then exec bash -l -c "$1"; fi; exec sh -c "$1""#;
 /// What E2B's SDK builds from by default (`Template()` without a `from_*`).
 const E2B_DEFAULT_IMAGE: &str = "e2bdev/base";
 
@@ -256,13 +259,20 @@ impl Build {
             .map_err(|e| fail(step, e.to_string()))
     }
 
-    /// `cmd` in `bash -l -c` as `user`, with the defaults' envs and workdir.
+    /// `cmd` in `bash -l -c` as `user`, with the defaults' envs and workdir; in `sh -c`
+    /// on an image without bash (busybox, alpine).
     fn exec_request(&self, cmd: &str, user: &User, timeout_ms: u64) -> ExecRequest {
         let mut env = self.defaults.envs.clone();
         env.entry("HOME".into()).or_insert(user.home.clone());
         env.entry("USER".into()).or_insert(user.name.clone());
         ExecRequest {
-            argv: vec!["bash".into(), "-l".into(), "-c".into(), cmd.into()],
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                BASH_OR_SH.into(),
+                "sh".into(),
+                cmd.into(),
+            ],
             env,
             cwd: Some(self.defaults.workdir.clone().unwrap_or(user.home.clone())),
             timeout_ms: Some(timeout_ms),
