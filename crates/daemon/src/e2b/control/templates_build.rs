@@ -145,7 +145,9 @@ fn check_step(st: &AppState, n: usize, s: &Step) -> Result<(), ControlError> {
         "WORKDIR" | "USER" => argc(1, 1)?,
         "ENV" => {
             argc(2, 2 * 4096)?;
-            if a.len() % 2 != 0 || a.iter().step_by(2).any(|k| k.is_empty() || k.contains('=')) {
+            if !a.len().is_multiple_of(2)
+                || a.iter().step_by(2).any(|k| k.is_empty() || k.contains('='))
+            {
                 return Err(bad(format!("step {n} (ENV): takes name, value pairs")));
             }
         }

@@ -53,7 +53,7 @@ impl Placement {
 
     fn join(&self, rel: &str) -> String {
         match (self.dest.as_str(), rel) {
-            (d, "") if d.is_empty() => "/".into(),
+            ("", "") => "/".into(),
             (d, "") => d.to_string(),
             (d, r) => format!("{d}/{r}"),
         }
