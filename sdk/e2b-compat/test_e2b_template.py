@@ -163,7 +163,7 @@ def test_tags_and_exists(names):
     name = names("tpl-tags")
     assert not Template.exists(name)
     t = Template().from_template(BASE).set_envs({"A": "1"})
-    build(t, name, tags=["v1"])
+    build(t, name, tags=["v1"], cpu_count=1, memory_mb=768)
     assert Template.exists(name)
     tags = {x.tag for x in Template.get_tags(name)}
     assert tags == {"v1"}, tags
@@ -177,6 +177,9 @@ def test_tags_and_exists(names):
     s = Sandbox.create(name + ":stable")
     try:
         assert s.commands.run("echo $A").stdout.strip() == "1"
+        # The build's size is the template's (a snapshot carries it).
+        info = s.get_info()
+        assert (info.cpu_count, info.memory_mb) == (1, 768), info
     finally:
         s.kill()
 

@@ -25,7 +25,9 @@ CREATE TABLE IF NOT EXISTS e2b_builds (
     reason TEXT,
     snapshot TEXT,
     defaults TEXT,
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL,
+    vcpus INTEGER,
+    mem_mib INTEGER
 );
 CREATE TABLE IF NOT EXISTS e2b_build_logs (
     build TEXT NOT NULL,
@@ -87,6 +89,9 @@ pub struct BuildRow {
     /// JSON of the template's defaults (envs, workdir, user) once ready.
     pub defaults: Option<String>,
     pub created_at: u64,
+    /// The build sandbox's size (E2B's cpuCount, memoryMB) when it starts from an image.
+    pub vcpus: Option<u32>,
+    pub mem_mib: Option<u32>,
 }
 
 fn build_from_row(r: &Row) -> rusqlite::Result<BuildRow> {
@@ -99,11 +104,13 @@ fn build_from_row(r: &Row) -> rusqlite::Result<BuildRow> {
         snapshot: r.get(5)?,
         defaults: r.get(6)?,
         created_at: r.get::<_, i64>(7)? as u64,
+        vcpus: r.get(8)?,
+        mem_mib: r.get(9)?,
     })
 }
 
-const BUILD_COLUMNS: &str =
-    "id, template, tags, status, reason, snapshot, defaults, created_at FROM e2b_builds";
+const BUILD_COLUMNS: &str = "id, template, tags, status, reason, snapshot, defaults, created_at, \
+     vcpus, mem_mib FROM e2b_builds";
 
 /// One line of a build's log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -155,8 +162,8 @@ impl Db {
     pub fn put_build(&self, b: &BuildRow) -> Result<()> {
         self.conn().execute(
             "INSERT OR REPLACE INTO e2b_builds
-             (id, template, tags, status, reason, snapshot, defaults, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+             (id, template, tags, status, reason, snapshot, defaults, created_at, vcpus, mem_mib)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 b.id,
                 b.template,
@@ -165,7 +172,9 @@ impl Db {
                 b.reason,
                 b.snapshot,
                 b.defaults,
-                b.created_at as i64
+                b.created_at as i64,
+                b.vcpus,
+                b.mem_mib
             ],
         )?;
         Ok(())

@@ -186,6 +186,16 @@ fn e2b_templates_refuse_bad_input_without_a_vm() {
         400,
         "invalid template name",
     );
+    for size in [
+        json!({"cpuCount": 0}),
+        json!({"cpuCount": 999}),
+        json!({"memoryMB": 1}),
+    ] {
+        let mut body = size.clone();
+        body["name"] = json!("ok");
+        let a = call("POST", "/e2b/v3/templates", &body.to_string());
+        assert_error(&a, 400, "cpuCount must be 1 to");
+    }
     let bad_tag = json!({"name": "ok", "tags": ["a b"]}).to_string();
     assert_error(
         &call("POST", "/e2b/v3/templates", &bad_tag),

@@ -149,12 +149,15 @@ pub(super) async fn request_build(
     if tags.is_empty() {
         tags.push(DEFAULT_TAG.to_string());
     }
-    if body.cpu_count.is_some_and(|c| !(1..=64).contains(&c))
-        || body.memory_mb.is_some_and(|m| !(128..=65536).contains(&m))
+    use zygote_api::model::{MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
+    let vcpus = body.cpu_count.map(|c| u32::try_from(c).unwrap_or(0));
+    let mem_mib = body.memory_mb.map(|m| u32::try_from(m).unwrap_or(0));
+    if vcpus.is_some_and(|c| !(1..=MAX_VCPUS).contains(&c))
+        || mem_mib.is_some_and(|m| !(MIN_MEM_MIB..=MAX_MEM_MIB).contains(&m))
     {
-        return Err(ControlError::BadRequest(
-            "cpuCount must be 1..=64 and memoryMB 128..=65536".into(),
-        ));
+        return Err(ControlError::BadRequest(format!(
+            "cpuCount must be 1 to {MAX_VCPUS} and memoryMB {MIN_MEM_MIB} to {MAX_MEM_MIB}"
+        )));
     }
     let row = BuildRow {
         id: new_build_id(),
@@ -165,6 +168,8 @@ pub(super) async fn request_build(
         snapshot: None,
         defaults: None,
         created_at: crate::manager::now(),
+        vcpus,
+        mem_mib,
     };
     st.manager.db.put_build(&row)?;
     let answer = BuildRequested {

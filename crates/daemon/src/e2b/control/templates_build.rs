@@ -238,9 +238,13 @@ impl Build {
             (None, Base::Snapshot { id, .. }) => (None, Some(id.clone())),
             (None, Base::Image(i)) => (Some(i.clone()), None),
         };
+        // A snapshot carries its size; an image takes the build's (else its default).
+        let sized = image.is_some();
         let req = CreateSandboxRequest {
             image,
             snapshot,
+            vcpus: self.row.vcpus.filter(|_| sized),
+            mem_mib: self.row.mem_mib.filter(|_| sized),
             ..Default::default()
         };
         let s = self
@@ -410,7 +414,9 @@ impl Build {
                     .find_or_pull(name)
                     .await
                     .map_err(|e| fail("base", format!("image {name}: {e}")))?;
-                format!("image:{}", info.sha256)
+                // The size is part of the state a cached step's snapshot holds.
+                let (cpus, mem) = (self.row.vcpus, self.row.mem_mib);
+                format!("image:{}:{cpus:?}:{mem:?}", info.sha256)
             }
             Base::Snapshot { id, defaults } => {
                 self.defaults = defaults.clone();
