@@ -54,6 +54,25 @@ impl Manager {
         self.agent_call(id, move |c| c.remove(&p, recursive)).await
     }
 
+    /// Applies tree operations in the guest, in order (each path checked first).
+    pub async fn apply_tree_ops(self: &Arc<Self>, id: &str, ops: Vec<TreeOp>) -> Result<()> {
+        for op in &ops {
+            match op {
+                TreeOp::Mkdir { path, .. }
+                | TreeOp::Symlink { path, .. }
+                | TreeOp::Remove { path, .. }
+                | TreeOp::Chmod { path, .. }
+                | TreeOp::Chown { path, .. } => validate_guest_path(path)?,
+                TreeOp::Install { from, to, .. } => {
+                    validate_guest_path(from)?;
+                    validate_guest_path(to)?;
+                }
+            }
+        }
+        self.agent_call(id, move |c| c.apply(ops.clone())).await?;
+        Ok(())
+    }
+
     /// Creates directory `path` and its missing parents, each given to `owner`. `Ok(false)`
     /// when `path` already is a directory; an error when it is anything else.
     pub async fn make_dir(

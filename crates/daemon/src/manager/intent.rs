@@ -9,7 +9,9 @@
 //! * a merge (`merge_intent`): the short-lived sandbox holding the common state and the
 //!   staging directories in the guest merged into are removed (undone);
 //! * a keep (`tree`): the deletions it decided on are carried out and the kept sandbox
-//!   takes its promoted parent's name (finished: a deleted sibling cannot come back).
+//!   takes its promoted parent's name (finished: a deleted sibling cannot come back);
+//! * an E2B template build (`template_intent`): its build sandbox and the snapshots of
+//!   it nothing names are removed (undone; the build is `error`).
 //!
 //! The settling code is the operation's own: what runs at start-up is what the
 //! interrupted request was running, so the two cannot drift apart.
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::merge_intent::MergeIntent;
+use super::template_intent::TemplateBuildIntent;
 use super::tree::KeepIntent;
 use super::Manager;
 use crate::error::{Error, Result};
@@ -29,6 +32,7 @@ use crate::error::{Error, Result};
 pub(super) enum Intent {
     Merge(MergeIntent),
     Keep(KeepIntent),
+    TemplateBuild(TemplateBuildIntent),
 }
 
 impl Intent {
@@ -36,6 +40,7 @@ impl Intent {
         let name = match self {
             Intent::Merge(i) => format!("merge-{}.json", i.base_sandbox),
             Intent::Keep(i) => format!("keep-{}.json", i.kept),
+            Intent::TemplateBuild(i) => format!("template-build-{}.json", i.sandbox),
         };
         m.dirs.intents.join(name)
     }
@@ -96,6 +101,12 @@ impl Manager {
                     if let Err(e) = self.finish_keep(i).await {
                         // Kept for the next start, which tries again.
                         tracing::warn!("finishing the keep of {}: {e}", i.kept);
+                        continue;
+                    }
+                }
+                Some(Intent::TemplateBuild(i)) => {
+                    if let Err(e) = self.finish_template_build(i).await {
+                        tracing::warn!("cleaning up template build {}: {e}", i.build);
                         continue;
                     }
                 }

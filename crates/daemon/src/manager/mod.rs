@@ -24,6 +24,7 @@ mod merge_apply;
 mod merge_intent;
 mod merge_plan;
 mod network_policy;
+mod template_intent;
 mod upload;
 pub use guest::FileBody;
 mod ops;

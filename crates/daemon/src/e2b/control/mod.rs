@@ -18,6 +18,12 @@ mod logs;
 mod page;
 mod sandboxes;
 mod snapshots;
+mod templates;
+mod templates_build;
+mod templates_copy;
+mod templates_tar;
+mod templates_upload;
+mod templates_wire;
 
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -51,12 +57,18 @@ pub enum ControlError {
     SandboxNotFound(String),
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    /// Any other "no such thing", in its own words.
+    #[error("{0}")]
+    NotFound(String),
     #[error("Timeout must be greater than 0")]
     TimeoutNotPositive,
     #[error("Timeout cannot be greater than {} hours", MAX_TTL_SECS / 3600)]
     TimeoutTooLong,
     #[error("{0}")]
     BadRequest(String),
+    /// A credential that does not allow the call (an upload URL unknown, used or expired).
+    #[error("{0}")]
+    Forbidden(String),
     /// The sandbox is not in a state that allows the call (E2B's 409s).
     #[error("{0}")]
     Conflict(String),
@@ -79,11 +91,13 @@ impl ControlError {
             ControlError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ControlError::SandboxNotFound(_)
             | ControlError::TemplateNotFound(_)
+            | ControlError::NotFound(_)
             | ControlError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ControlError::TimeoutNotPositive
             | ControlError::TimeoutTooLong
             | ControlError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ControlError::Conflict(_) => StatusCode::CONFLICT,
+            ControlError::Forbidden(_) => StatusCode::FORBIDDEN,
             ControlError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ControlError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ControlError::Zygote(e) => e.status_code().0,
@@ -138,9 +152,31 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
+        .route("/v3/templates", post(templates::request_build))
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates_upload::file_link),
+        )
+        .route(
+            "/v2/templates/{id}/builds/{build}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::status),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
+        .route(
+            "/templates/tags",
+            post(templates::assign_tags).delete(templates::remove_tags),
+        )
+        .route("/templates/{id}/tags", get(templates::list_tags))
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
+        // The one route without the API key: an upload URL is its own credential
+        // (`templates_upload`).
+        .route("/_uploads/{token}", put(templates_upload::upload))
         .with_state(state)
 }
 

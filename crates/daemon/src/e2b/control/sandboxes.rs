@@ -28,13 +28,26 @@ pub(super) async fn create(
     let template = body.template_id.clone();
     let ttl = timeout_secs(body.timeout)?;
     let (allow_out, deny_out) = egress(body.allow_internet_access, body.network.as_ref())?;
-    let is_snapshot = st.manager.snapshot_get(&template).is_ok();
+    // A template built through E2B's template API (`name[:tag]`) is a snapshot with
+    // defaults (its ENV steps, under the caller's envVars); else a snapshot id; else an
+    // image name or reference.
+    let (snapshot, mut envs) = match super::templates::resolve(&st, &template)? {
+        Some(build) => (build.snapshot, template_envs(build.defaults.as_deref())),
+        None => (
+            st.manager
+                .snapshot_get(&template)
+                .is_ok()
+                .then(|| template.clone()),
+            Default::default(),
+        ),
+    };
+    envs.extend(body.env_vars.unwrap_or_default());
     let request = CreateSandboxRequest {
-        image: (!is_snapshot).then(|| template.clone()),
-        snapshot: is_snapshot.then(|| template.clone()),
+        image: snapshot.is_none().then(|| template.clone()),
+        snapshot,
         ttl_secs: Some(ttl),
         ttl_action: body.auto_pause.unwrap_or(false).then_some(TtlAction::Pause),
-        envs: body.env_vars.filter(|e| !e.is_empty()),
+        envs: (!envs.is_empty()).then_some(envs),
         metadata: body.metadata.filter(|m| !m.is_empty()),
         allow_out,
         deny_out,
@@ -58,6 +71,14 @@ pub(super) async fn create(
         .first()
         .ok_or_else(|| Error::Internal("create made no sandbox".into()))?;
     Ok((StatusCode::CREATED, Json(answer(&st, sandbox))).into_response())
+}
+
+/// The envs a template gives its sandboxes (its build's ENV steps).
+fn template_envs(defaults: Option<&str>) -> std::collections::BTreeMap<String, String> {
+    defaults
+        .and_then(|d| serde_json::from_str::<super::templates_wire::Defaults>(d).ok())
+        .map(|d| d.envs)
+        .unwrap_or_default()
 }
 
 /// E2B's egress rules as zygote's policy. E2B lets through whatever `allowOut` names

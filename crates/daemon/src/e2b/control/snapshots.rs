@@ -88,6 +88,8 @@ pub(super) async fn list(
         .snapshots()?
         .into_iter()
         .filter(|s| !s.implicit)
+        // The snapshots of template builds are the templates', not the user's.
+        .filter(|s| !st.manager.db.template_owns_snapshot(&s.id).unwrap_or(false))
         .filter(|s| {
             q.sandbox_id
                 .as_ref()
@@ -110,6 +112,9 @@ pub(super) async fn delete(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ControlError> {
+    if super::templates::delete_template(&st, &id)?.is_some() {
+        return Ok(StatusCode::NO_CONTENT);
+    }
     match st.manager.delete_snapshot(&id) {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(Error::NotFound { .. }) => Err(ControlError::TemplateNotFound(id)),

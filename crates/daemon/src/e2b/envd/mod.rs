@@ -26,7 +26,7 @@ mod pty;
 mod selector;
 mod signature;
 mod stream_input;
-mod users;
+pub(crate) mod users;
 mod watch;
 
 use std::sync::Arc;
