@@ -162,7 +162,13 @@ def test_fork_children_carry_processes_and_memory_then_diverge():
         assert bump(parent) == 4, "the parent runs on from its own count"
         assert parent.get_info().state == SandboxState.RUNNING
         for c in children:
-            assert c.get_info().metadata["suite"] == "e2b-ctl"
+            info = c.get_info()
+            assert info.metadata["suite"] == "e2b-ctl"
+            assert info.template_id == parent.get_info().template_id == TEMPLATE, "as E2B: the parent's"
+        grandchild = children[0].fork()[0]
+        assert isinstance(grandchild, Sandbox), grandchild
+        children.append(grandchild)
+        assert grandchild.get_info().template_id == TEMPLATE
         # The SDK's own bound (1..20) answers before any request.
         with pytest.raises(InvalidArgumentException):
             parent.fork(count=21)
@@ -216,6 +222,9 @@ def test_network_rules_at_create_and_updated_live():
     try:
         net = native(f"/v1/sandboxes/{closed.sandbox_id}")["network"]
         assert (net["allow_out"], net["deny_out"]) == ([], ["0.0.0.0/0"])
+        info = closed.get_info()
+        assert info.network is not None and info.network["deny_out"] == ["0.0.0.0/0"], info.network
+        assert info.lifecycle == {"on_timeout": "kill", "auto_resume": False}, info.lifecycle
         net = native(f"/v1/sandboxes/{ruled.sandbox_id}")["network"]
         assert net["allow_out"] == []
         assert "192.0.2.1/32" in net["deny_out"] and "10.0.0.0/16" in net["deny_out"]
@@ -225,6 +234,7 @@ def test_network_rules_at_create_and_updated_live():
         assert ruled.update_network({"deny_out": ["192.0.2.0/24"]}) is None
         net = native(f"/v1/sandboxes/{ruled.sandbox_id}")["network"]
         assert (net["allow_out"], net["deny_out"]) == ([], ["192.0.2.0/24"])
+        assert ruled.get_info().network == {"allow_out": [], "deny_out": ["192.0.2.0/24"]}
         closed.update_network({})
         assert native(f"/v1/sandboxes/{closed.sandbox_id}")["network"]["deny_out"] == []
         with pytest.raises(SandboxException, match="not an IPv4 address"):

@@ -143,6 +143,27 @@ pub struct SandboxDetail {
     pub listed: ListedSandbox,
     pub envd_access_token: String,
     pub domain: Option<String>,
+    /// The egress rules in force (`update_network` changes them).
+    pub network: NetworkInfo,
+    pub lifecycle: Lifecycle,
+}
+
+/// The egress part of `SandboxDetail.network`, as E2B shows it: a sandbox without any
+/// outbound traffic denies `0.0.0.0/0`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInfo {
+    pub allow_out: Vec<String>,
+    pub deny_out: Vec<String>,
+}
+
+/// `SandboxDetail.lifecycle`: what the timeout does (`kill` or `pause`) and whether
+/// calls resume a paused sandbox.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub on_timeout: &'static str,
+    pub auto_resume: bool,
 }
 
 /// E2B's error body: `code` is the HTTP status; both fields are required by the SDKs.

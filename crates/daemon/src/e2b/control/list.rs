@@ -48,9 +48,13 @@ pub(super) async fn list_sandboxes(
         .manager
         .list(&filters)?
         .iter()
-        .filter(|s| q.template.as_ref().is_none_or(|t| *t == template_of(s)))
+        .filter(|s| {
+            q.template
+                .as_ref()
+                .is_none_or(|t| *t == template_of(&st, s))
+        })
         .filter(|s| started_after.is_none_or(|at| s.created_at >= at))
-        .filter_map(|s| Some((s.created_at, listed(s)?)))
+        .filter_map(|s| Some((s.created_at, listed(&st, s)?)))
         .filter(|(_, l)| states.contains(&l.state))
         .collect();
     let (items, next) = page.take(shown, |(at, l)| (*at, l.sandbox_id.as_str()));

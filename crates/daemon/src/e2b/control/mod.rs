@@ -184,14 +184,34 @@ fn domain(st: &AppState) -> Option<String> {
     st.proxy.map(|a| format!("localhost:{}", a.port()))
 }
 
-/// E2B's `templateID` of a sandbox: what it was started from.
-fn template_of(s: &Sandbox) -> String {
-    match &s.origin {
-        Origin::Image { name, .. } => name.clone(),
-        Origin::Snapshot { id } => id.clone(),
-        Origin::Branch { branch_point, .. } => branch_point.clone(),
+/// E2B's `templateID` of a sandbox: what it was started from. A fork's is its
+/// parent's (as E2B answers), found up the branch tree while the ancestors exist;
+/// below a deleted one (a kept child's parent is gone) it is the branch point the
+/// sandbox started from, the snapshot that holds its start.
+fn template_of(st: &AppState, s: &Sandbox) -> String {
+    let mut origin = s.origin.clone();
+    // Bounded: a record naming itself as an ancestor must not spin.
+    for _ in 0..MAX_TREE_WALK {
+        match origin {
+            Origin::Image { name, .. } => return name,
+            Origin::Snapshot { id } => return id,
+            Origin::Branch {
+                parent,
+                branch_point,
+            } => match st.manager.get(&parent) {
+                Ok(p) => origin = p.origin,
+                Err(_) => return branch_point,
+            },
+        }
+    }
+    match origin {
+        Origin::Image { name: t, .. } | Origin::Snapshot { id: t } => t,
+        Origin::Branch { branch_point, .. } => branch_point,
     }
 }
+
+/// How many ancestors [`template_of`] looks through.
+const MAX_TREE_WALK: usize = 256;
 
 /// The state E2B shows for a sandbox, or `None` for one E2B would not know of (being
 /// created, dead, being deleted, or its VM gone): E2B lists only `running` and
@@ -219,14 +239,14 @@ fn visible(st: &AppState, id: &str) -> Result<(Sandbox, &'static str), ControlEr
 }
 
 /// A sandbox as E2B's list shows it (also the core of `get_info`'s answer).
-fn listed(s: &Sandbox) -> Option<ListedSandbox> {
+fn listed(st: &AppState, s: &Sandbox) -> Option<ListedSandbox> {
     let state = e2b_state(s)?;
     let end = s
         .expires_at
         .or_else(|| s.ttl_left_secs.map(|left| crate::manager::now() + left))
         .unwrap_or(NO_DEADLINE);
     Some(ListedSandbox {
-        template_id: template_of(s),
+        template_id: template_of(st, s),
         sandbox_id: s.id.clone(),
         client_id: "zygote",
         started_at: rfc3339(s.created_at),
@@ -243,7 +263,7 @@ fn listed(s: &Sandbox) -> Option<ListedSandbox> {
 /// The answer of create, connect and fork (E2B's `Sandbox`).
 fn answer(st: &AppState, s: &Sandbox) -> SandboxAnswer {
     SandboxAnswer {
-        template_id: template_of(s),
+        template_id: template_of(st, s),
         sandbox_id: s.id.clone(),
         client_id: "zygote",
         envd_version: ENVD_VERSION,

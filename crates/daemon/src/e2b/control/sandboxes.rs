@@ -9,12 +9,14 @@ use ipnet::Ipv4Net;
 use super::{answer, domain, json_body, listed, timeout_secs, visible, ControlError};
 use crate::api::AppState;
 use crate::e2b::model::{
-    ConnectSandbox, NetworkConfig, NetworkUpdate, NewSandbox, SandboxDetail, SetTimeout,
+    ConnectSandbox, Lifecycle, NetworkConfig, NetworkInfo, NetworkUpdate, NewSandbox,
+    SandboxDetail, SetTimeout,
 };
 use crate::e2b::EnvdKeys;
 use crate::error::Error;
 use crate::model::{
-    CreateSandboxRequest, SetNetworkRequest, SetTtlRequest, TtlAction, MAX_TTL_SECS,
+    CreateSandboxRequest, NetworkMode, NetworkView, SetNetworkRequest, SetTtlRequest, TtlAction,
+    MAX_TTL_SECS,
 };
 
 /// `POST /v2/sandboxes`: a sandbox from the image (or snapshot) `templateID` names.
@@ -126,13 +128,36 @@ pub(super) async fn get_info(
     Path(id): Path<String>,
 ) -> Result<Json<SandboxDetail>, ControlError> {
     let (s, _) = visible(&st, &id)?;
-    let listed = listed(&s).ok_or_else(|| ControlError::SandboxNotFound(id.clone()))?;
+    let listed = listed(&st, &s).ok_or_else(|| ControlError::SandboxNotFound(id.clone()))?;
     Ok(Json(SandboxDetail {
         listed,
         envd_access_token: EnvdKeys::new(st.token.clone()).access_token(&s.id),
         domain: domain(&st),
+        network: network_info(&s.network),
+        lifecycle: Lifecycle {
+            on_timeout: match s.ttl_action {
+                TtlAction::Pause => "pause",
+                TtlAction::Delete => "kill",
+            },
+            auto_resume: s.auto_resume,
+        },
     }))
 }
+
+/// A sandbox's egress policy in E2B's terms: `network: none` is a deny of everything.
+fn network_info(view: &NetworkView) -> NetworkInfo {
+    let mut deny_out = view.deny_out.clone();
+    if view.mode == NetworkMode::None && !deny_out.iter().any(|d| d == ALL_TRAFFIC) {
+        deny_out.push(ALL_TRAFFIC.to_string());
+    }
+    NetworkInfo {
+        allow_out: view.allow_out.clone(),
+        deny_out,
+    }
+}
+
+/// E2B's name for every IPv4 destination.
+const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
 /// `DELETE /sandboxes/{id}` (`Sandbox.kill`): 204, or 404 (the SDK returns False).
 pub(super) async fn kill(
