@@ -7,7 +7,8 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, watch, PUBLIC,
+    guest, images, metrics, packs, pause, ports, processes, pty, sandboxes, snapshots, system,
+    watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -113,6 +114,7 @@ impl utoipa::Modify for CommonResponses {
         system::list_images, system::build_image, images::pull,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::set_network, sandboxes::branch, sandboxes::restore, sandboxes::logs,
+        metrics::metrics,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
         pause::pause, pause::resume,
         ports::expose, ports::list, ports::unexpose,

@@ -9,6 +9,7 @@ mod console;
 mod doc;
 mod guest;
 mod images;
+mod metrics;
 mod ndjson;
 mod packs;
 mod pause;
@@ -105,6 +106,7 @@ pub fn routes() -> Routes {
             sandboxes::restore,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
+        .add(Method::GET, "/v1/sandboxes/{id}/metrics", metrics::metrics)
         .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
         .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)
         .add(Method::POST, "/v1/sandboxes/{id}/ports", ports::expose)

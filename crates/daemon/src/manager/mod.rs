@@ -22,6 +22,8 @@ mod merge;
 mod merge_apply;
 mod merge_intent;
 mod merge_plan;
+mod metrics_sampler;
+pub use metrics_sampler::DEFAULT_INTERVAL as DEFAULT_METRICS_INTERVAL;
 mod network_policy;
 mod upload;
 pub use guest::FileBody;
@@ -135,6 +137,8 @@ pub struct Manager {
     /// memory, not in the database: the fault is often a full disk, the database's too,
     /// and the watcher finds it again within seconds of a restart.
     faults: Mutex<HashMap<String, String>>,
+    /// Each sandbox's metrics time series, in memory only (`metrics_sampler`).
+    metric_rings: Arc<metrics_sampler::MetricRings>,
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
 }
@@ -161,6 +165,7 @@ impl Manager {
             connecting: Mutex::new(HashMap::new()),
             agent_health: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
+            metric_rings: Arc::default(),
             registries: zygote_oci::Transport::from_env(),
         }
     }
@@ -205,6 +210,7 @@ impl Manager {
         self.set_fault(id, None);
         self.forget_agent(id);
         self.forget_agent_health(id);
+        self.metric_rings.forget(id);
     }
 
     /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.
