@@ -45,6 +45,17 @@ async fn sample_where(
     .await
 }
 
+/// `POST /v1/sandboxes/{id}/{verb}` (pause, resume).
+async fn lifecycle(c: &Client, id: &str, verb: &str) {
+    c.json::<serde_json::Value>(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/{verb}"),
+        Some(&json!({})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{verb} {id}: {e}"));
+}
+
 fn unix_now() -> u64 {
     zygote_api::time::now()
 }
@@ -68,7 +79,9 @@ async fn sandbox_metrics_follow_the_guest() {
         ],
     );
     let c = d.client();
-    let body = json!({"image": "minimal", "name": "metrics", "mem_mib": 256, "vcpus": 1});
+    // Auto-resume: a guest call would wake it when paused, which the sampler must not.
+    let body = json!({"image": "minimal", "name": "metrics", "mem_mib": 256, "vcpus": 1,
+                      "auto_resume": true});
     let id = create(&c, body, &scratch.cleanup).await[0].id.clone();
     step(t0, &format!("sandbox {id}"));
 
@@ -175,13 +188,7 @@ async fn sandbox_metrics_follow_the_guest() {
     step(t0, "queries");
 
     // Paused: the history stays, and no sample is taken until it runs again.
-    c.json::<serde_json::Value>(
-        Method::POST,
-        &format!("/v1/sandboxes/{id}/pause"),
-        Some(&json!({})),
-    )
-    .await
-    .expect("pause");
+    lifecycle(&c, &id, "pause").await;
     let kept = metrics(&c, &id, "").await.unwrap();
     assert!(kept.len() >= all.len(), "history lost at pause");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -191,13 +198,7 @@ async fn sandbox_metrics_follow_the_guest() {
     assert_eq!(state, "paused", "the sampler woke the sandbox");
     step(t0, "paused: history kept, no new samples");
     let resumed_at = unix_now();
-    c.json::<serde_json::Value>(
-        Method::POST,
-        &format!("/v1/sandboxes/{id}/resume"),
-        Some(&json!({})),
-    )
-    .await
-    .expect("resume");
+    lifecycle(&c, &id, "resume").await;
     assert!(sample_where(&c, &id, resumed_at, |_| true).await.is_some());
     let after = metrics(&c, &id, "").await.unwrap();
     assert_eq!(
