@@ -3,7 +3,7 @@
 use zygote_proto::{ErrorBody, ErrorCode, HealthInfo, Request, Response, PROTOCOL_VERSION};
 
 use crate::conn::Reply;
-use crate::{exec, files, log, pty, system, watch, ShutdownAction};
+use crate::{exec, files, log, pty, stats, system, watch, ShutdownAction};
 
 /// Requests cheap enough to answer on the connection's reader thread.
 pub(crate) fn is_quick(r: &Request) -> bool {
@@ -29,6 +29,7 @@ pub(crate) fn handle(reply: Reply, request: Request) {
         Request::PtyInput(req) => pty::input(&reply, &req).map(|()| Response::Ok),
         Request::PtyResize(req) => pty::resize(&reply, &req).map(|()| Response::Ok),
         Request::Health => Ok(health(&reply)),
+        Request::Stats => stats::stats(),
         Request::Kill(k) => {
             if !(1..=64).contains(&k.signal) {
                 Err(ErrorBody::new(

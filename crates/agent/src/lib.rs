@@ -40,6 +40,7 @@ mod procs;
 mod pty;
 mod pty_session;
 pub mod reaper;
+mod stats;
 pub mod system;
 mod vsock;
 mod walk;

@@ -44,6 +44,8 @@ enum Command {
     Shell(commands::shell::ShellArgs),
     /// Print a sandbox directory's changes as they happen: `watch ID /path [-r]` (daemon).
     Watch(commands::watch::WatchArgs),
+    /// A sandbox's CPU, memory and disk use: the latest sample and a short history (daemon).
+    Stats(commands::stats::StatsArgs),
     /// Copy a file into or out of a sandbox: `cp FILE ID:/path`, `cp ID:/path FILE` (daemon).
     Cp(commands::cp::CpArgs),
     /// Branch a running sandbox into copy-on-write children (daemon).
@@ -108,6 +110,7 @@ fn main() {
         Command::Process(cmd) => commands::process::run(cmd),
         Command::Shell(args) => commands::shell::run(args),
         Command::Watch(args) => commands::watch::run(args),
+        Command::Stats(args) => commands::stats::run(args),
         Command::Cp(args) => commands::cp::run(args),
         Command::Branch(args) => commands::branch::run(args),
         Command::Tree(args) => commands::tree::run_tree(args),

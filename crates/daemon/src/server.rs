@@ -71,6 +71,33 @@ pub struct ServeArgs {
     /// $ZYGOTE_INSECURE_REGISTRIES, comma-separated.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registries: Vec<String>,
+    /// Seconds between two metrics samples of each running sandbox (1..=3600; 0 turns
+    /// sampling off) [default: 5; $ZYGOTE_METRICS_INTERVAL also works]. The history is
+    /// kept in memory (720 samples per sandbox) and lost when the daemon restarts.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub metrics_interval: Option<u64>,
+}
+
+/// The metrics sampling interval: the flag, else $ZYGOTE_METRICS_INTERVAL, else the
+/// default; None: sampling is off.
+fn metrics_interval(flag: Option<u64>) -> Result<Option<Duration>> {
+    let secs = match flag {
+        Some(s) => s,
+        None => match std::env::var("ZYGOTE_METRICS_INTERVAL") {
+            Ok(v) if !v.trim().is_empty() => v
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|s| *s <= 3600)
+                .ok_or_else(|| {
+                    Error::Internal(format!(
+                        "ZYGOTE_METRICS_INTERVAL must be whole seconds in 0..=3600, got {v:?}"
+                    ))
+                })?,
+            _ => return Ok(Some(crate::manager::DEFAULT_METRICS_INTERVAL)),
+        },
+    };
+    Ok((secs > 0).then(|| Duration::from_secs(secs)))
 }
 
 /// The API token: `<state>/token`, created (0600) on first start.
@@ -146,6 +173,12 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     manager.reattach_all().await?;
     tokio::spawn(manager.clone().watch());
     tokio::spawn(manager.clone().reap_expired());
+    match metrics_interval(args.metrics_interval)? {
+        Some(every) => {
+            tokio::spawn(manager.clone().sample_metrics(every));
+        }
+        None => tracing::info!("metrics sampling is off"),
+    }
     Ok(AppState {
         manager,
         token: Arc::new(token),

@@ -50,6 +50,7 @@
 //! | `process_signal` | [`process::ProcessSignalRequest`] | `ok` |
 //! | `watch` | [`watch::WatchRequest`] | `watch_started`, `watch_events`*, then `ok` (after `unwatch`) |
 //! | `unwatch` | [`watch::UnwatchRequest`] | `ok` |
+//! | `stats` | — | `stats` ([`stats::GuestStats`]) |
 //! | `shutdown` | — | `ok`, then the VM powers off |
 //!
 //! Any request may instead end with `{"id": N, "type": "error", "code": ...,
@@ -68,6 +69,7 @@ pub mod client;
 mod error;
 pub mod frame;
 pub mod process;
+pub mod stats;
 mod types;
 pub mod watch;
 

@@ -50,6 +50,8 @@ pub enum Request {
     /// Stream the changes under a directory (see [`crate::watch`]).
     Watch(crate::watch::WatchRequest),
     Unwatch(crate::watch::UnwatchRequest),
+    /// The guest's resource counters now (see [`crate::stats`]).
+    Stats,
 }
 
 impl Request {
@@ -80,6 +82,7 @@ impl Request {
         "pty_resize",
         "watch",
         "unwatch",
+        "stats",
     ];
 }
 
@@ -512,6 +515,8 @@ pub enum Response {
     WatchEvents {
         events: Vec<crate::watch::WatchEvent>,
     },
+    /// The guest's resource counters (`stats`).
+    Stats(crate::stats::GuestStats),
     /// Success without a payload (kill, rename, remove, shutdown).
     Ok,
     Error(ErrorBody),

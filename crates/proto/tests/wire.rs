@@ -159,6 +159,7 @@ fn every_request_type_is_listed() {
             recursive: true,
         }),
         Request::Unwatch(zygote_proto::watch::UnwatchRequest { watch_id: 1 }),
+        Request::Stats,
     ];
     assert_eq!(samples.len(), Request::TYPES.len());
     for (req, name) in samples.iter().zip(Request::TYPES) {

@@ -12,6 +12,7 @@ import {
   FileNotFoundError,
   NotFoundError,
   Sandbox,
+  SandboxNotFoundError,
 } from 'e2b'
 
 const TEMPLATE = process.env.E2B_TEST_TEMPLATE ?? 'base'
@@ -80,6 +81,24 @@ test('getInfo, connect by id, isRunning', async () => {
   assert.equal(await sbx.isRunning(), true)
   const again = await Sandbox.connect(sbx.sandboxId)
   assert.equal((await again.commands.run('echo $((6 * 7))')).stdout, '42\n')
+})
+
+test('getMetrics answers samples with their fields', async () => {
+  // The daemon samples every 5 s unless told otherwise.
+  let got = []
+  for (const deadline = Date.now() + 60_000; got.length === 0 && Date.now() < deadline; ) {
+    got = await sbx.getMetrics()
+    if (got.length === 0) await new Promise((r) => setTimeout(r, 500))
+  }
+  const last = got.at(-1)
+  assert.ok(last, 'no metrics within 60 s')
+  assert.ok(last.timestamp instanceof Date && !Number.isNaN(last.timestamp.getTime()))
+  assert.ok(last.cpuCount >= 1 && last.cpuUsedPct >= 0 && last.cpuUsedPct <= 100)
+  assert.ok(last.memUsed > 0 && last.memUsed <= last.memTotal && last.memCache <= last.memTotal)
+  assert.ok(last.diskUsed > 0 && last.diskUsed <= last.diskTotal)
+  const one = await sbx.getMetrics({ start: last.timestamp, end: last.timestamp })
+  assert.ok(one.length > 0 && one.every((m) => m.timestamp.getTime() === last.timestamp.getTime()))
+  await assert.rejects(Sandbox.getMetrics('sb-000000000000'), SandboxNotFoundError)
 })
 
 test('kill ends a sandbox; a second kill finds nothing', async () => {

@@ -334,6 +334,29 @@ def test_kill(client: Client) -> None:
     assert victim.id not in [s.id for s in client.sandboxes()]
 
 
+def test_metrics_are_sampled_while_running(client: Client) -> None:
+    import time
+
+    sb = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)
+    try:
+        samples: List[zygote.MetricSample] = []
+        deadline = time.monotonic() + 30  # the daemon samples every 5 s by default
+        while not samples and time.monotonic() < deadline:
+            samples = sb.metrics()
+            time.sleep(0.5)
+        assert samples, "no metrics sample within 30 s"
+        last = samples[-1]
+        assert last.cpu_count >= 1 and 0.0 <= last.cpu_used_pct <= 100.0
+        assert 0 < last.mem_used <= last.mem_total <= 128 << 20
+        assert 0 < last.disk_used <= last.disk_total
+        assert sb.metrics(start=last.timestamp_unix, end=last.timestamp_unix)[-1] == last
+        assert sb.metrics(end=last.timestamp_unix - 3600) == []
+        with pytest.raises(zygote.SandboxNotFound):
+            Sandbox("sb-000000000000", client=client).metrics()
+    finally:
+        sb.kill()
+
+
 def test_network_policy_changes_while_running(client: Client) -> None:
     sb = Sandbox.create(memory_mib=128, ttl_secs=600, client=client)
     try:

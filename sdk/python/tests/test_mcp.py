@@ -45,6 +45,7 @@ EXPECTED_TOOLS = {
     "pull_image",
     "push_snapshot",
     "pull_snapshot",
+    "sandbox_metrics",
 }
 
 
@@ -462,6 +463,37 @@ def test_create_exec_files_branch_kill_over_mcp(live_session: McpSession, live_e
     with Client(live_env["url"], live_env["token"]) as c:
         left = {x.id for x in c.sandboxes()}
     assert sid not in left and child not in left
+
+
+def test_sandbox_metrics_against_a_fake_daemon() -> None:
+    sample = {
+        "timestamp": "2026-01-01T00:00:05Z",
+        "timestamp_unix": 1767225605,
+        "cpu_count": 2,
+        "cpu_used_pct": 12.5,
+        "mem_total": 536870912,
+        "mem_used": 104857600,
+        "mem_cache": 10485760,
+        "disk_total": 1073741824,
+        "disk_used": 314572800,
+    }
+    older = {**sample, "timestamp": "2026-01-01T00:00:00Z", "timestamp_unix": 1767225600}
+    fake = FakeDaemon().start()
+    fake.load([{"status": 200, "json": {"metrics": [older, sample]}}])
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        got = structured(session.call("sandbox_metrics", sandbox_id="sb-aaaaaaaaaaaa", start=1767225600, limit=1))
+        backwards = session.call("sandbox_metrics", sandbox_id="sb-aaaaaaaaaaaa", start=5, end=1)
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert got == {"sandbox_id": "sb-aaaaaaaaaaaa", "metrics": [sample]}
+    assert backwards["isError"] is True and "[invalid_argument]" in backwards["content"][0]["text"]
+    assert [(r.path, r.query) for r in fake.requests] == [
+        ("/v1/sandboxes/sb-aaaaaaaaaaaa/metrics", {"start": "1767225600"})
+    ]
 
 
 def test_pause_and_resume_tools_against_a_fake_daemon() -> None:

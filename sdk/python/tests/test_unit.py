@@ -749,6 +749,46 @@ def test_set_network_replaces_the_policy_with_what_is_given(fake: FakeDaemon) ->
     ]
 
 
+METRIC = {
+    "timestamp": "2026-01-01T00:00:05Z",
+    "timestamp_unix": 1767225605,
+    "cpu_count": 2,
+    "cpu_used_pct": 12.5,
+    "mem_total": 512 << 20,
+    "mem_used": 100 << 20,
+    "mem_cache": 10 << 20,
+    "disk_total": 1 << 30,
+    "disk_used": 300 << 20,
+}
+
+
+def test_metrics_sends_the_time_bounds_and_reads_the_samples(fake: FakeDaemon) -> None:
+    import datetime
+
+    fake.load([{"status": 200, "json": {"metrics": [METRIC]}}, {"status": 200, "json": {"metrics": []}}])
+    with Client(fake.url, "t") as c:
+        sb = Sandbox("sb-aaaaaaaaaaaa", client=c)
+        got = sb.metrics(start=1767225600, end=datetime.datetime(2026, 1, 1, 0, 1, tzinfo=datetime.timezone.utc))
+        assert sb.metrics() == []
+        with pytest.raises(ValueError, match="must not be after end"):
+            sb.metrics(start=10, end=5)
+        with pytest.raises(ValueError, match="unix seconds"):
+            sb.metrics(start=-1)
+    assert got == [zygote.MetricSample.from_json(METRIC)]
+    assert (got[0].cpu_used_pct, got[0].disk_used, got[0].timestamp_unix) == (12.5, 300 << 20, 1767225605)
+    assert [(r.method, r.path) for r in fake.requests] == [("GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/metrics")] * 2
+    assert [r.query for r in fake.requests] == [{"start": "1767225600", "end": "1767225660"}, {}]
+
+
+@pytest.mark.anyio
+async def test_async_metrics(fake: FakeDaemon) -> None:
+    fake.load([{"status": 200, "json": {"metrics": [METRIC]}}])
+    async with AsyncClient(fake.url, "t") as c:
+        got = await AsyncSandbox("sb-aaaaaaaaaaaa", client=c).metrics(end=1767225700)
+    assert [m.cpu_count for m in got] == [2]
+    assert fake.requests[0].query == {"end": "1767225700"}
+
+
 def test_ttl_action_is_sent_and_checked_locally(fake: FakeDaemon) -> None:
     fake.load([{"status": 200, "json": SANDBOX}, {"status": 200, "json": SANDBOX}])
     with Client(fake.url, "t") as c:

@@ -96,6 +96,25 @@ export interface ExposedPort {
   host: string;
 }
 
+/**
+ * One sample of a running sandbox's resource use (see `sb.metrics()`). Bytes
+ * unless said otherwise; the figures are the guest's own report, bounded by the daemon.
+ */
+export interface MetricSample {
+  /** When it was taken (RFC 3339, UTC). */
+  timestamp: string;
+  /** The same, in unix seconds. */
+  timestampUnix: number;
+  cpuCount: number;
+  /** Percent of all the guest's CPUs busy since the previous sample (0..100). */
+  cpuUsedPct: number;
+  memTotal: number;
+  memUsed: number;
+  memCache: number;
+  diskTotal: number;
+  diskUsed: number;
+}
+
 export interface CommandResult {
   stdout: string;
   stderr: string;
@@ -391,6 +410,20 @@ export function exposedPortFromJson(d: Json): ExposedPort {
     pathUrl: str(d.path_url),
     // The authority as written (new URL() would drop a default port).
     host: url.replace(/^[a-z][a-z0-9+.-]*:\/\//i, "").replace(/[/?#].*$/, ""),
+  };
+}
+
+export function metricFromJson(d: Json): MetricSample {
+  return {
+    timestamp: str(d.timestamp),
+    timestampUnix: num(d.timestamp_unix),
+    cpuCount: num(d.cpu_count),
+    cpuUsedPct: num(d.cpu_used_pct),
+    memTotal: num(d.mem_total),
+    memUsed: num(d.mem_used),
+    memCache: num(d.mem_cache),
+    diskTotal: num(d.disk_total),
+    diskUsed: num(d.disk_used),
   };
 }
 

@@ -19,6 +19,7 @@ import {
   type FileEntry,
   type KeepResult,
   type MergeReport,
+  type MetricSample,
   type SandboxDiff,
   type SandboxEvent,
   type SandboxInfo,
@@ -33,6 +34,7 @@ import {
   fileEntryFromJson,
   keepFromJson,
   mergeFromJson,
+  metricFromJson,
   sandboxFromJson,
   snapshotFromJson,
   treeFromJson,
@@ -606,6 +608,25 @@ export class Sandbox {
     return `/v1/sandboxes/${seg(this.id)}/ports${suffix}`;
   }
 
+  /**
+   * The samples the daemon took of this sandbox between `start` and `end`
+   * (inclusive; Dates or unix seconds; both optional), oldest first: one every
+   * few seconds while it runs (none while paused), the newest 720 kept in the
+   * daemon's memory (lost when it restarts).
+   */
+  async metrics(range: MetricsRange = {}): Promise<MetricSample[]> {
+    const query: Record<string, string> = {};
+    for (const key of ["start", "end"] as const) {
+      const t = range[key];
+      if (t !== undefined) query[key] = String(unixSeconds(key, t));
+    }
+    if (query.start !== undefined && query.end !== undefined && Number(query.start) > Number(query.end)) {
+      throw new RangeError(`start (${query.start}) must not be after end (${query.end})`);
+    }
+    const d = await this.client.json<{ metrics: Json[] }>("GET", `/v1/sandboxes/${seg(this.id)}/metrics`, { query });
+    return d.metrics.map(metricFromJson);
+  }
+
   /** The guest's serial console output. */
   async logs(): Promise<string> {
     return (await this.client.request("GET", `/v1/sandboxes/${seg(this.id)}/logs`)).text();
@@ -645,4 +666,18 @@ function policyBody(p: NetworkPolicyOptions): Json {
   if (p.allowOut !== undefined) body.allow_out = [...p.allowOut];
   if (p.denyOut !== undefined) body.deny_out = [...p.denyOut];
   return body;
+}
+
+/** The time bounds of {@link Sandbox.metrics}: Dates or unix seconds. */
+export interface MetricsRange {
+  start?: Date | number;
+  end?: Date | number;
+}
+
+function unixSeconds(what: string, t: Date | number): number {
+  const secs = t instanceof Date ? Math.floor(t.getTime() / 1000) : t;
+  if (typeof secs !== "number" || !Number.isFinite(secs) || secs < 0) {
+    throw new RangeError(`${what} must be unix seconds (>= 0) or a Date, got ${String(t)}`);
+  }
+  return Math.floor(secs);
 }

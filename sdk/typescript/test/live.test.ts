@@ -16,6 +16,7 @@ import {
   MergeConflictError,
   Sandbox,
   SandboxNotFound,
+  type MetricSample,
   type Snapshot,
   SnapshotNotFound,
   SpawnFailed,
@@ -268,6 +269,29 @@ describe("live zygoted", { skip }, () => {
     assert.deepEqual([info.id, info.state], [sb.id, "running"]);
     assert.equal(await sb.files.read("/root/version.txt"), "v1");
     await assert.rejects(Sandbox.restore("snap-000000000000", { client }), SnapshotNotFound);
+  });
+
+  test("metrics: sampled while running", async () => {
+    const sb = await Sandbox.create({ memoryMib: 128, ttlSecs: 600, client });
+    try {
+      let samples: MetricSample[] = [];
+      // The daemon samples every 5 s by default.
+      for (const deadline = Date.now() + 30_000; samples.length === 0 && Date.now() < deadline; ) {
+        samples = await sb.metrics();
+        if (samples.length === 0) await new Promise((r) => setTimeout(r, 500));
+      }
+      const last = samples.at(-1);
+      assert.ok(last, "no metrics sample within 30 s");
+      assert.ok(last.cpuCount >= 1 && last.cpuUsedPct >= 0 && last.cpuUsedPct <= 100);
+      assert.ok(last.memUsed > 0 && last.memUsed <= last.memTotal && last.memTotal <= 128 * 1048576);
+      assert.ok(last.diskUsed > 0 && last.diskUsed <= last.diskTotal);
+      const one = await sb.metrics({ start: last.timestampUnix, end: last.timestampUnix });
+      assert.deepEqual(one.at(-1), last);
+      assert.deepEqual(await sb.metrics({ end: last.timestampUnix - 3600 }), []);
+      await assert.rejects(new Sandbox("sb-000000000000", client).metrics(), SandboxNotFound);
+    } finally {
+      await sb.kill();
+    }
   });
 
   test("network policy: changed while running", async (t) => {

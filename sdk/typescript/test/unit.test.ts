@@ -731,6 +731,49 @@ describe("sandbox handles", () => {
     );
   });
 
+  test("metrics sends the time bounds and reads the samples", async () => {
+    const metric = {
+      timestamp: "2026-01-01T00:00:05Z",
+      timestamp_unix: 1767225605,
+      cpu_count: 2,
+      cpu_used_pct: 12.5,
+      mem_total: 536870912,
+      mem_used: 104857600,
+      mem_cache: 10485760,
+      disk_total: 1073741824,
+      disk_used: 314572800,
+    };
+    fake.load([
+      { status: 200, json: { metrics: [metric] } },
+      { status: 200, json: { metrics: [] } },
+    ]);
+    const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));
+    const got = await sb.metrics({ start: 1767225600, end: new Date(Date.UTC(2026, 0, 1, 0, 1)) });
+    assert.deepEqual(got, [
+      {
+        timestamp: "2026-01-01T00:00:05Z",
+        timestampUnix: 1767225605,
+        cpuCount: 2,
+        cpuUsedPct: 12.5,
+        memTotal: 536870912,
+        memUsed: 104857600,
+        memCache: 10485760,
+        diskTotal: 1073741824,
+        diskUsed: 314572800,
+      },
+    ]);
+    assert.deepEqual(await sb.metrics(), []);
+    await assert.rejects(sb.metrics({ start: 10, end: 5 }), /must not be after end/);
+    await assert.rejects(sb.metrics({ start: -1 }), RangeError);
+    assert.deepEqual(
+      fake.requests.map((r) => [r.method, r.path, r.query]),
+      [
+        ["GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/metrics", { start: "1767225600", end: "1767225660" }],
+        ["GET", "/v1/sandboxes/sb-aaaaaaaaaaaa/metrics", {}],
+      ],
+    );
+  });
+
   test("a stream without an exit event is a ServerError", async () => {
     fake.load([{ status: 200, ndjson: [{ type: "started", pid: 1 }] }]);
     const sb = new Sandbox("sb-aaaaaaaaaaaa", new Client({ url: fake.url, token: "t" }));

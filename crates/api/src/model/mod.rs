@@ -16,6 +16,7 @@ pub mod limits;
 mod logs;
 mod merge;
 pub mod metadata;
+mod metrics;
 mod network;
 mod pack;
 mod ports;
@@ -44,6 +45,7 @@ pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageReques
 pub use limits::*;
 pub use logs::{LogsQuery, LOG_CAP};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
+pub use metrics::{MetricSample, MetricsList, MetricsQuery};
 pub use network::{
     parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, SetNetworkRequest,
     MAX_NETWORK_RULES,

@@ -28,6 +28,7 @@ pub mod serve;
 pub mod shell;
 pub mod snapshot;
 pub mod snapshot_pack;
+pub mod stats;
 pub mod tree;
 pub mod ttl;
 pub mod vm;

@@ -130,6 +130,8 @@ fn parameters_are_where_the_router_reads_them() {
             &[("path", true), ("mode", false), ("special", false)]
         } else if path.ends_with("/logs") {
             &[("tail_bytes", false)]
+        } else if path.ends_with("/metrics") && path.starts_with("/v1/") {
+            &[("start", false), ("end", false)]
         } else {
             &[]
         };
@@ -171,11 +173,11 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 31,
+        query_seen, 33,
         "path, mode, special on three file routes; path, recursive on the watch; against, path, content on diff; \
          the list's metadata filter; offset, wait_ms, follow on process output; \
          cols, rows, cmd, env, cwd on pty; name on snapshot import; tail_bytes on logs; \
-         since_ms, until_ms, limit, order, level, search on events"
+         since_ms, until_ms, limit, order, level, search on events; start, end on metrics"
     );
 }
 

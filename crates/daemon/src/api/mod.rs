@@ -10,6 +10,7 @@ mod doc;
 mod events;
 mod guest;
 mod images;
+mod metrics;
 mod ndjson;
 mod packs;
 mod pause;
@@ -107,6 +108,7 @@ pub fn routes() -> Routes {
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
         .add(Method::GET, "/v1/sandboxes/{id}/events", events::events)
+        .add(Method::GET, "/v1/sandboxes/{id}/metrics", metrics::metrics)
         .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
         .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)
         .add(Method::POST, "/v1/sandboxes/{id}/ports", ports::expose)

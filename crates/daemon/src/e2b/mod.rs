@@ -23,7 +23,7 @@
 pub mod control;
 pub mod envd;
 mod model;
-mod time;
+pub(crate) mod time;
 
 use std::sync::Arc;
 

@@ -172,3 +172,42 @@ pub struct ErrorBody {
     pub code: u16,
     pub message: String,
 }
+
+/// One metrics sample as E2B's API answers it (`SandboxMetric`; W:
+/// e2b/api/client/models/sandbox_metric.py): bytes, and the CPU percentage of all CPUs.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxMetric {
+    pub timestamp: String,
+    pub timestamp_unix: u64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+impl From<&crate::model::MetricSample> for SandboxMetric {
+    fn from(s: &crate::model::MetricSample) -> Self {
+        SandboxMetric {
+            timestamp: s.timestamp.clone(),
+            timestamp_unix: s.timestamp_unix,
+            cpu_count: s.cpu_count,
+            cpu_used_pct: s.cpu_used_pct,
+            mem_used: s.mem_used,
+            mem_total: s.mem_total,
+            mem_cache: s.mem_cache,
+            disk_used: s.disk_used,
+            disk_total: s.disk_total,
+        }
+    }
+}
+
+/// `GET /sandboxes/metrics`'s answer (`SandboxesWithMetrics`): each asked-for sandbox's
+/// newest sample, by id.
+#[derive(Debug, Serialize)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: std::collections::BTreeMap<String, SandboxMetric>,
+}

@@ -153,9 +153,16 @@ impl Manager {
             .remove(id);
     }
 
-    /// A connected agent client for a running sandbox (cached).
+    /// A connected agent client for a running sandbox (cached); a paused one with
+    /// auto-resume is resumed first.
     pub(crate) async fn agent(&self, id: &str) -> Result<AgentClient> {
         self.wake(id).await?;
+        self.agent_if_awake(id).await
+    }
+
+    /// [`Manager::agent`] without waking a paused sandbox (an error for it instead):
+    /// for the daemon's own background calls, which must not resume what was paused.
+    pub(crate) async fn agent_if_awake(&self, id: &str) -> Result<AgentClient> {
         let row = self.sandbox_row(id)?;
         let vm = self.running_vm(&row)?;
         let open = || self.cached_agent(id).filter(|c| !c.is_closed());

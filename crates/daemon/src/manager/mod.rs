@@ -23,6 +23,8 @@ mod merge;
 mod merge_apply;
 mod merge_intent;
 mod merge_plan;
+mod metrics_sampler;
+pub use metrics_sampler::DEFAULT_INTERVAL as DEFAULT_METRICS_INTERVAL;
 mod network_policy;
 mod template_intent;
 mod upload;
@@ -138,6 +140,8 @@ pub struct Manager {
     /// memory, not in the database: the fault is often a full disk, the database's too,
     /// and the watcher finds it again within seconds of a restart.
     faults: Mutex<HashMap<String, String>>,
+    /// Each sandbox's metrics time series, in memory only (`metrics_sampler`).
+    metric_rings: Arc<metrics_sampler::MetricRings>,
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
     /// What happened to each sandbox (`GET /v1/sandboxes/{id}/events`).
@@ -165,6 +169,7 @@ impl Manager {
             connecting: Mutex::new(HashMap::new()),
             agent_health: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
+            metric_rings: Arc::default(),
             registries: zygote_oci::Transport::from_env(),
             event_log: EventLog::new(dirs.state.join("events")),
             dirs,
@@ -212,6 +217,7 @@ impl Manager {
         self.forget_agent(id);
         self.forget_agent_health(id);
         self.event_log.remove(id);
+        self.metric_rings.forget(id);
     }
 
     /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.

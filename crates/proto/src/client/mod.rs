@@ -328,6 +328,14 @@ impl AgentClient {
         }
     }
 
+    /// The guest's resource counters now (see [`crate::stats`]); the guest's word only.
+    pub fn stats(&self) -> Result<crate::stats::GuestStats, ClientError> {
+        match self.call(Request::Stats, "stats")? {
+            Response::Stats(s) => Ok(s),
+            other => Err(unexpected("stats", &other)),
+        }
+    }
+
     /// Start a program; returns once the agent reports it running (or why it
     /// could not start). Drive it with [`ExecHandle::wait`].
     pub fn spawn_exec(&self, req: ExecRequest) -> Result<ExecHandle, ClientError> {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import codecs
+import datetime
 import json
 import math
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from .models import (
     Image,
     KeepResult,
     MergeReport,
+    MetricSample,
     SandboxDiff,
     SandboxEvent,
     SandboxInfo,
@@ -460,6 +462,35 @@ def already_exposed(e: ZygoteError) -> bool:
     """An expose refused because the port is exposed already: a 409 that is
     not about the sandbox's state (busy, not running)."""
     return e.status == 409 and not isinstance(e, (SandboxBusy, SandboxNotRunning))
+
+
+# A time bound of ``metrics``: unix seconds, or an aware (or local) datetime.
+TimeBound = Union[int, float, datetime.datetime, None]
+
+
+def unix_seconds(what: str, t: TimeBound) -> Optional[int]:
+    if t is None:
+        return None
+    if isinstance(t, datetime.datetime):
+        return int(t.timestamp())
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"{what} must be unix seconds (>= 0) or a datetime, got {t!r}")
+    return int(t)
+
+
+def metrics(sid: str, start: TimeBound = None, end: TimeBound = None) -> Call[list[MetricSample]]:
+    params = {}
+    for key, value in (("start", unix_seconds("start", start)), ("end", unix_seconds("end", end))):
+        if value is not None:
+            params[key] = str(value)
+    if "start" in params and "end" in params and int(params["start"]) > int(params["end"]):
+        raise ValueError(f"start ({params['start']}) must not be after end ({params['end']})")
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{seg(sid)}/metrics",
+        lambda r: [MetricSample.from_json(m) for m in _json(r)["metrics"]],
+        params=params,
+    )
 
 
 def logs(sid: str) -> Call[str]:

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union, overload
 
 from . import _api
-from ._api import Command, OnConflict, OutputCallback
+from ._api import Command, OnConflict, OutputCallback, TimeBound
 from ._branch import BranchCollector, ProgressCallback
 from ._client import AsyncClient
 from ._process import AsyncCommandHandle, AsyncProcessCommands
@@ -21,6 +21,7 @@ from .models import (
     FileEntry,
     KeepResult,
     MergeReport,
+    MetricSample,
     SandboxDiff,
     SandboxEvent,
     SandboxInfo,
@@ -417,6 +418,13 @@ class AsyncSandbox:
                 if found is None:
                     raise
         return found.host
+
+    async def metrics(self, start: TimeBound = None, end: TimeBound = None) -> List[MetricSample]:
+        """The samples the daemon took of this sandbox between ``start`` and
+        ``end`` (inclusive; unix seconds or datetimes; both optional), oldest
+        first: one every few seconds while it runs (none while paused), the
+        newest 720 kept in the daemon's memory (lost when it restarts)."""
+        return await self.client.call(_api.metrics(self.id, start, end))
 
     async def logs(self) -> str:
         return await self.client.call(_api.logs(self.id))

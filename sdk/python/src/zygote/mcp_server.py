@@ -14,6 +14,7 @@ up does not leak VMs. Needs the ``mcp`` extra: ``pip install 'zygote[mcp]'``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
@@ -43,6 +44,7 @@ INSTRUCTIONS = (
     "pause_sandbox saves an idle sandbox to disk (its VM stops, it keeps its id, files and "
     "processes) and resume_sandbox brings it back where it was; "
     "kill_sandbox removes one. Kill sandboxes you no longer need. "
+    "sandbox_metrics shows a sandbox's CPU, memory and disk use over time (sampled every few seconds). "
     "pull_image fetches an OCI image (e.g. python:3.12-slim) so create_sandbox can boot it (create_sandbox "
     "also pulls a reference on first use); exec's user runs a command as root, UID or UID:GID (default: "
     "the image's user). push_snapshot sends a snapshot to a registry and pull_snapshot brings one back "
@@ -428,6 +430,28 @@ def build_server(
             raise _tool_error(e) from e
         session.created.discard(sandbox_id)
         return {"sandbox_id": sandbox_id, "killed": killed}
+
+    @server.tool()
+    async def sandbox_metrics(
+        sandbox_id: str,
+        start: Optional[int] = None,
+        end: Optional[int] = None,
+        limit: int = 60,
+    ) -> dict[str, Any]:
+        """A sandbox's resource use over time: the samples the daemon took (every few
+        seconds while it runs; none while paused) between start and end (unix seconds,
+        both optional), oldest first, at most the newest `limit`. Each has the time,
+        cpu_count, cpu_used_pct (of all its CPUs, since the previous sample), and
+        mem_total/mem_used/mem_cache and disk_total/disk_used in bytes."""
+        if limit < 1:
+            raise ToolError("limit must be at least 1 [invalid_argument]")
+        try:
+            samples = await session.sandbox(sandbox_id).metrics(start, end)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        except ValueError as e:
+            raise ToolError(f"{e} [invalid_argument]") from e
+        return {"sandbox_id": sandbox_id, "metrics": [dataclasses.asdict(m) for m in samples[-limit:]]}
 
     @server.tool()
     async def list_sandboxes(metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:

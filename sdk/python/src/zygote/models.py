@@ -36,6 +36,7 @@ __all__ = [
     "MergeReport",
     "ProcessInfo",
     "ProcessOutput",
+    "MetricSample",
 ]
 
 
@@ -206,6 +207,40 @@ class ExposedPort:
             public=bool(d.get("public", False)),
             url=str(d["url"]),
             path_url=str(d.get("path_url", "")),
+        )
+
+
+@dataclass(frozen=True)
+class MetricSample:
+    """One sample of a running sandbox's resource use (see ``sb.metrics()``).
+    Bytes unless said otherwise; the figures are the guest's own report,
+    bounded by the daemon."""
+
+    timestamp: str
+    """When it was taken (RFC 3339, UTC)."""
+    timestamp_unix: int
+    """The same, in unix seconds."""
+    cpu_count: int
+    cpu_used_pct: float
+    """Percent of all the guest's CPUs busy since the previous sample (0..100)."""
+    mem_total: int
+    mem_used: int
+    mem_cache: int
+    disk_total: int
+    disk_used: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "MetricSample":
+        return cls(
+            timestamp=str(d["timestamp"]),
+            timestamp_unix=int(d["timestamp_unix"]),
+            cpu_count=int(d["cpu_count"]),
+            cpu_used_pct=float(d["cpu_used_pct"]),
+            mem_total=int(d["mem_total"]),
+            mem_used=int(d["mem_used"]),
+            mem_cache=int(d["mem_cache"]),
+            disk_total=int(d["disk_total"]),
+            disk_used=int(d["disk_used"]),
         )
 
 

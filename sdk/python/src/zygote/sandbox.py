@@ -6,7 +6,7 @@ from types import TracebackType
 from typing import Any, List, Literal, Mapping, Optional, Sequence, Type, Union, overload
 
 from . import _api
-from ._api import Command, OnConflict, OutputCallback
+from ._api import Command, OnConflict, OutputCallback, TimeBound
 from ._branch import BranchCollector, ProgressCallback
 from ._client import Client
 from ._process import CommandHandle, ProcessCommands
@@ -17,6 +17,7 @@ from .models import (
     FileEntry,
     KeepResult,
     MergeReport,
+    MetricSample,
     SandboxDiff,
     SandboxEvent,
     SandboxInfo,
@@ -556,6 +557,13 @@ class Sandbox:
                 if found is None:
                     raise
         return found.host
+
+    def metrics(self, start: TimeBound = None, end: TimeBound = None) -> List[MetricSample]:
+        """The samples the daemon took of this sandbox between ``start`` and
+        ``end`` (inclusive; unix seconds or datetimes; both optional), oldest
+        first: one every few seconds while it runs (none while paused), the
+        newest 720 kept in the daemon's memory (lost when it restarts)."""
+        return self.client.call(_api.metrics(self.id, start, end))
 
     def logs(self) -> str:
         """The guest's serial console output."""

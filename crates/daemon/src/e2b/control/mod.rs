@@ -1,6 +1,6 @@
 //! E2B's control plane, mounted under `/e2b` on the API listener: the calls of the
 //! SDKs' `Sandbox` class (create, list, get_info, connect, kill, set_timeout, pause,
-//! fork, snapshots, update_network, logs), each mapped onto the
+//! fork, snapshots, update_network, logs, get_metrics), each mapped onto the
 //! [`Manager`](crate::manager::Manager) calls the REST API makes.
 //!
 //! Auth is E2B's `X-API-Key` header, compared in constant time with the daemon token
@@ -10,11 +10,12 @@
 //! E2B's words (infra's `packages/api/internal/handlers`, see `../DESIGN.md`).
 //!
 //! One concern per module: [`sandboxes`] (one sandbox's lifecycle), [`list`] (the
-//! sandbox list), [`fork`], [`snapshots`], [`logs`] (a sandbox's event log), and
-//! [`page`] (the keyset pagination both lists share).
+//! sandbox list), [`fork`], [`snapshots`], [`logs`] (a sandbox's event log),
+//! [`metrics`], and [`page`] (the keyset pagination both lists share).
 mod fork;
 mod list;
 mod logs;
+mod metrics;
 mod page;
 mod sandboxes;
 mod snapshots;
@@ -144,6 +145,8 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/metrics", get(metrics::get_metrics))
+        .route("/sandboxes/metrics", get(metrics::list_metrics))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/network", put(sandboxes::update_network))
         .route("/sandboxes/{id}/fork", post(fork::fork))

@@ -10,7 +10,7 @@
 //! `Missing header: ...`); the sandbox exists and runs (502 `The sandbox was not
 //! found`, which the SDK turns into "sandbox not running"); `GET /health` needs no
 //! token; everything else needs the sandbox's own token (401 with envd's message,
-//! before the path is even looked at); then the path: `/files`, a Connect procedure,
+//! before the path is even looked at); then the path: `/files`, `/envs`, `/metrics`, a Connect procedure,
 //! or 404 `404 page not found` (text, as envd's Go mux answers).
 //!
 //! The token is this daemon's HMAC of the sandbox id ([`EnvdKeys`]): it never enters
@@ -20,6 +20,7 @@ mod book;
 mod connect;
 mod files;
 mod filesystem;
+mod metrics;
 mod process;
 mod process_ctl;
 mod pty;
@@ -232,6 +233,7 @@ impl Envd {
         match (req.method().clone(), path.as_str()) {
             (Method::GET, "/files") => files::read(&self.manager, &id, req).await,
             (Method::GET, "/envs") => self.envs(&id),
+            (Method::GET, "/metrics") => metrics::metrics(&self.manager, &id).await,
             (Method::POST, "/files") => files::write(&self.manager, &id, req).await,
             (Method::POST, p) => match Procedure::of(p) {
                 Some(procedure) => Ok(self.rpc(&id, req, procedure).await),
