@@ -20,14 +20,17 @@ use crate::runtime::{SnapshotData, VmRecord};
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
 /// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`; 9 added
-/// `snapshots.run` and `snapshots.pack`.
-const SCHEMA_VERSION: i64 = 9;
+/// `snapshots.run` and `snapshots.pack`; 10 added the `volumes` table ([`volumes`]).
+const SCHEMA_VERSION: i64 = 10;
 
 #[path = "db_files.rs"]
 mod files;
 #[path = "db_ports.rs"]
 mod ports;
+#[path = "db_volumes.rs"]
+mod volumes;
 pub use ports::{AddPort, PortRow};
+pub use volumes::{DeleteVolume, VolumeRow};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -256,6 +259,7 @@ impl Db {
         add_missing_columns(&conn, "snapshots", &[("run", "TEXT"), ("pack", "TEXT")])?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(ports::SCHEMA)?;
+        conn.execute_batch(volumes::SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Db {
             conn: Mutex::new(conn),

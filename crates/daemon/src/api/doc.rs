@@ -7,7 +7,8 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, watch, PUBLIC,
+    guest, images, packs, pause, ports, processes, pty, sandboxes, snapshots, system, volumes,
+    watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -121,6 +122,7 @@ impl utoipa::Modify for CommonResponses {
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
         packs::export, packs::import, packs::push, packs::pull,
+        volumes::list, volumes::create, volumes::get, volumes::delete,
     ),
     modifiers(&BearerAuth, &CommonResponses),
     security(("bearer" = [])),

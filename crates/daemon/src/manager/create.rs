@@ -16,13 +16,15 @@ use crate::model::{
 };
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
-use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
+use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord, VolumeDisk};
 
 /// A checked create (see [`Manager::begin_create`]): the records-to-be of its
 /// sandboxes and what they boot from. Nothing of it exists yet.
 pub struct CreateJob {
     rows: Vec<SandboxRow>,
     source: BootSource,
+    /// The volumes its (one) sandbox mounts.
+    volumes: Vec<VolumeDisk>,
     boot_token: Option<String>,
     started: Instant,
 }
@@ -64,6 +66,7 @@ impl Manager {
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
+        let volumes = self.volume_disks(req.volumes.as_deref().unwrap_or_default())?;
         if let Some(name) = &req.name {
             let taken = self.db.sandboxes()?.into_iter().any(|s| {
                 s.name
@@ -158,6 +161,7 @@ impl Manager {
         Ok(CreateJob {
             rows,
             source,
+            volumes,
             boot_token,
             started,
         })
@@ -204,14 +208,16 @@ impl Manager {
         let (recorded_tx, mut recorded) = unbounded_channel::<()>();
         let (ended_tx, mut ended) = unbounded_channel::<(usize, Result<Sandbox>)>();
         for (i, row) in job.rows.into_iter().enumerate() {
-            let (this, source) = (self.clone(), job.source.clone());
+            let (this, source, volumes) = (self.clone(), job.source.clone(), job.volumes.clone());
             let (boot_token, recorded_tx, ended_tx) = (
                 job.boot_token.clone(),
                 recorded_tx.clone(),
                 ended_tx.clone(),
             );
             tokio::spawn(async move {
-                let result = this.create_one(row, source, boot_token, recorded_tx).await;
+                let result = this
+                    .create_one(row, source, volumes, boot_token, recorded_tx)
+                    .await;
                 let _ = ended_tx.send((i, result));
             });
         }
@@ -324,6 +330,7 @@ impl Manager {
             snapshot_root: Some(self.dirs.snapshots.clone()),
             net: self.network.guest_net(&row.network),
             identity: identity_of(row),
+            volumes: Vec::new(),
         })
     }
 
@@ -351,6 +358,7 @@ impl Manager {
         self: Arc<Self>,
         row: SandboxRow,
         source: BootSource,
+        volumes: Vec<VolumeDisk>,
         boot_token: Option<String>,
         recorded: UnboundedSender<()>,
     ) -> Result<Sandbox> {
@@ -358,10 +366,17 @@ impl Manager {
         // Records and clean-ups on the blocking pool: a fan-out of hundreds writes as
         // many records without holding up the async workers.
         let this = self.clone();
+        let disks = volumes.clone();
         let (mut row, spec) = self
             .blocking(move || {
                 let mut row = row;
-                let spec = this.prepare(&mut row, source, boot_token);
+                // Claimed right before the record: a crash in between leaves a claim of
+                // no recorded sandbox, which the next start releases.
+                let spec = this.claim_volumes(&row.id, &disks).and_then(|()| {
+                    let mut spec = this.prepare(&mut row, source, boot_token)?;
+                    spec.volumes = disks;
+                    Ok(spec)
+                });
                 if spec.is_err() {
                     this.discard(&row);
                 }
@@ -374,6 +389,10 @@ impl Manager {
         let start = self.start_with_network(&row.id, row.network.clone(), spec);
         let (net, result) = self.blocking(start).await?;
         row.network = net;
+        let result = match result {
+            Ok(vm) if !volumes.is_empty() => self.mount_volumes(&row.id, vm, volumes).await,
+            other => other.map_err(Error::from),
+        };
         let this = self.clone();
         match result {
             Ok(vm) => {
@@ -393,7 +412,7 @@ impl Manager {
             }
             Err(e) => {
                 self.blocking(move || this.discard(&row)).await?;
-                Err(e.into())
+                Err(e)
             }
         }
     }

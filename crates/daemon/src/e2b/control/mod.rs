@@ -1,6 +1,6 @@
 //! E2B's control plane, mounted under `/e2b` on the API listener: the calls of the
 //! SDKs' `Sandbox` class (create, list, get_info, connect, kill, set_timeout, pause,
-//! fork, snapshots, update_network), each mapped onto the
+//! fork, snapshots, update_network) and its `Volume` class, each mapped onto the
 //! [`Manager`](crate::manager::Manager) calls the REST API makes.
 //!
 //! Auth is E2B's `X-API-Key` header, compared in constant time with the daemon token
@@ -10,13 +10,14 @@
 //! E2B's words (infra's `packages/api/internal/handlers`, see `../DESIGN.md`).
 //!
 //! One concern per module: [`sandboxes`] (one sandbox's lifecycle), [`list`] (the
-//! sandbox list), [`fork`], [`snapshots`], and [`page`] (the keyset pagination both
+//! sandbox list), [`fork`], [`snapshots`], [`volumes`], and [`page`] (the keyset pagination both
 //! lists share).
 mod fork;
 mod list;
 mod page;
 mod sandboxes;
 mod snapshots;
+mod volumes;
 
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -50,6 +51,8 @@ pub enum ControlError {
     SandboxNotFound(String),
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    #[error("volume '{0}' not found")]
+    VolumeNotFound(String),
     #[error("Timeout must be greater than 0")]
     TimeoutNotPositive,
     #[error("Timeout cannot be greater than {} hours", MAX_TTL_SECS / 3600)]
@@ -78,6 +81,7 @@ impl ControlError {
             ControlError::InvalidApiKey => StatusCode::UNAUTHORIZED,
             ControlError::SandboxNotFound(_)
             | ControlError::TemplateNotFound(_)
+            | ControlError::VolumeNotFound(_)
             | ControlError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ControlError::TimeoutNotPositive
             | ControlError::TimeoutTooLong
@@ -135,6 +139,11 @@ pub fn router(state: AppState) -> Router {
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/volumes/{id}",
+            get(volumes::get_info).delete(volumes::destroy),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))

@@ -1,0 +1,323 @@
+//! Named volumes on a live daemon (qemu runtime): a volume outlives the sandbox that
+//! wrote it; a branch child sees a copy-on-write view (its writes never reach the
+//! volume, and the parent's later writes never reach it); one writer at a time (409s);
+//! bad input is a 400; a daemon killed in the middle of a volume create leaves nothing
+//! half-made. Skips with a printed reason without QEMU.
+mod common;
+
+use std::time::Instant;
+
+use common::{create, qemu_guest_ready, sh, start_daemon, start_daemon_with_env, step, Scratch};
+use hyper::Method;
+use serde_json::{json, Value};
+use zygote_daemon::client::{Client, ClientError};
+
+async fn call(
+    c: &Client,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> Result<Value, ClientError> {
+    match body {
+        Some(b) => c.json(method, path, Some(&b)).await,
+        None => c.json(method, path, None::<&()>).await,
+    }
+}
+
+/// The HTTP status of a failed call (panics on success: the test expected a refusal).
+fn status_of(r: Result<Value, ClientError>, what: &str) -> (u16, String) {
+    match r {
+        Err(ClientError::Api {
+            status, message, ..
+        }) => (status, message),
+        other => panic!("{what}: expected an API error, got {other:?}"),
+    }
+}
+
+async fn delete(c: &Client, path: &str) -> Result<(), ClientError> {
+    c.raw(Method::DELETE, path, None).await.map(drop)
+}
+
+async fn new_volume(c: &Client, name: &str) -> Value {
+    call(
+        c,
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": name, "size_mib": 64})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("create volume {name}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view() {
+    if !qemu_guest_ready("a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view") {
+        return;
+    }
+    let t0 = Instant::now();
+    let scratch = Scratch::new();
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+
+    let vol = new_volume(&c, "data").await;
+    let id = vol["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("vol-"), "{vol}");
+    assert_eq!(vol["attached_to"], Value::Null);
+    let listed = call(&c, Method::GET, "/v1/volumes", None).await.unwrap();
+    assert_eq!(listed["volumes"].as_array().unwrap().len(), 1, "{listed}");
+    let by_name = call(&c, Method::GET, "/v1/volumes/data", None)
+        .await
+        .unwrap();
+    assert_eq!(by_name["id"], vol["id"]);
+    // The image is sparse: 64 MiB of size, far less on disk.
+    let image = scratch.state.join("volumes").join(format!("{id}.ext4"));
+    let meta = std::fs::metadata(&image).expect("the volume's image");
+    assert_eq!(meta.len(), 64 << 20);
+    step(t0, "volume made");
+
+    // A writes a file; the volume shows A as its writer.
+    let a = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": "data", "path": "/data"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    step(t0, "A runs with the volume");
+    assert_eq!(a.volumes.len(), 1);
+    assert!(a.volumes[0].writes_volume);
+    sh(
+        &c,
+        &a.id,
+        "echo from-a > /data/note && grep -q ' /data ext4 ' /proc/mounts",
+    )
+    .await
+    .unwrap();
+    let held = call(&c, Method::GET, "/v1/volumes/data", None)
+        .await
+        .unwrap();
+    assert_eq!(held["attached_to"], json!(a.id));
+
+    // One writer at a time: a second mount and a delete of the volume are refused,
+    // naming A.
+    let (status, msg) = status_of(
+        call(
+            &c,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "minimal", "volumes": [{"name": "data", "path": "/v"}]})),
+        )
+        .await,
+        "second attach",
+    );
+    assert_eq!(status, 409, "{msg}");
+    assert!(msg.contains(&a.id), "{msg}");
+    let (status, msg) = status_of(
+        delete(&c, "/v1/volumes/data").await.map(|()| Value::Null),
+        "delete attached",
+    );
+    assert_eq!(status, 409, "{msg}");
+    assert!(msg.contains(&a.id), "{msg}");
+
+    // A branch child sees the data, copy-on-write in both directions.
+    let branch: Value = call(
+        &c,
+        Method::POST,
+        &format!("/v1/sandboxes/{}/branch", a.id),
+        Some(json!({"count": 1})),
+    )
+    .await
+    .expect("branch A");
+    let child = branch["children"][0].as_str().unwrap().to_string();
+    step(t0, "A branched");
+    let child_view = common::get(&c, &child).await;
+    assert_eq!(child_view.volumes.len(), 1);
+    assert!(!child_view.volumes[0].writes_volume);
+    assert_eq!(sh(&c, &child, "cat /data/note").await.unwrap(), "from-a\n");
+    sh(&c, &child, "echo from-child > /data/child && sync")
+        .await
+        .unwrap();
+    sh(&c, &a.id, "echo later-a > /data/later && sync")
+        .await
+        .unwrap();
+    assert!(
+        sh(&c, &a.id, "test ! -e /data/child").await.is_ok(),
+        "the child's write reached the parent's volume"
+    );
+    assert!(
+        sh(&c, &child, "test ! -e /data/later").await.is_ok(),
+        "the parent's later write reached the child's view"
+    );
+    delete(&c, &format!("/v1/sandboxes/{child}")).await.unwrap();
+
+    // A is gone: the volume is free again and B reads what A wrote (the child's file
+    // is not there).
+    delete(&c, &format!("/v1/sandboxes/{}", a.id))
+        .await
+        .unwrap();
+    let freed = call(&c, Method::GET, "/v1/volumes/data", None)
+        .await
+        .unwrap();
+    assert_eq!(freed["attached_to"], Value::Null);
+    step(t0, "A deleted");
+    let b = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": id, "path": "/mnt/again/"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    assert_eq!(
+        sh(&c, &b.id, "cat /mnt/again/note /mnt/again/later")
+            .await
+            .unwrap(),
+        "from-a\nlater-a\n"
+    );
+    assert!(sh(&c, &b.id, "test ! -e /mnt/again/child").await.is_ok());
+    step(t0, "B read A's files");
+    delete(&c, &format!("/v1/sandboxes/{}", b.id))
+        .await
+        .unwrap();
+    delete(&c, "/v1/volumes/data").await.unwrap();
+    assert!(!image.exists(), "the image outlived its volume");
+    let (status, _) = status_of(
+        call(&c, Method::GET, "/v1/volumes/data", None).await,
+        "gone",
+    );
+    assert_eq!(status, 404);
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_volume_requests_are_400s_and_unknown_ones_404s() {
+    if !qemu_guest_ready("bad_volume_requests_are_400s_and_unknown_ones_404s") {
+        return;
+    }
+    let scratch = Scratch::new();
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    for body in [
+        json!({"name": ""}),
+        json!({"name": "-x"}),
+        json!({"name": "a/b"}),
+        json!({"name": "x".repeat(64)}),
+        json!({"name": "ok", "size_mib": 1}),
+        json!({"name": "ok", "size_mib": 1u64 << 40}),
+        json!({"name": "ok", "extra": 1}),
+    ] {
+        let (status, msg) = status_of(
+            call(&c, Method::POST, "/v1/volumes", Some(body.clone())).await,
+            &body.to_string(),
+        );
+        assert_eq!(status, 400, "{body}: {msg}");
+        assert!(!msg.contains(&*scratch.state.to_string_lossy()), "{msg}");
+    }
+    new_volume(&c, "v1").await;
+    let (status, _) = status_of(
+        call(&c, Method::POST, "/v1/volumes", Some(json!({"name": "v1"}))).await,
+        "duplicate name",
+    );
+    assert_eq!(status, 409);
+    for (mount, why) in [
+        (json!({"name": "v1", "path": "/"}), "root"),
+        (json!({"name": "v1", "path": "data"}), "relative"),
+        (json!({"name": "v1", "path": "/a/../etc"}), "dot-dot"),
+        (json!({"name": "v1", "path": "/proc/x"}), "proc"),
+        (json!({"name": "v1", "path": "/sys"}), "sys"),
+        (json!({"name": "v1", "path": "/dev/shm"}), "dev"),
+        (
+            json!({"name": "v1", "path": "/d", "shared": true}),
+            "shared",
+        ),
+    ] {
+        let (status, msg) = status_of(
+            call(
+                &c,
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"image": "minimal", "volumes": [mount]})),
+            )
+            .await,
+            why,
+        );
+        assert_eq!(status, 400, "{why}: {msg}");
+    }
+    let (status, msg) = status_of(
+        call(
+            &c,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "minimal", "n": 2, "volumes": [{"name": "v1", "path": "/d"}]})),
+        )
+        .await,
+        "fan-out",
+    );
+    assert_eq!(status, 400, "{msg}");
+    let (status, _) = status_of(
+        call(
+            &c,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "minimal", "volumes": [{"name": "nope", "path": "/d"}]})),
+        )
+        .await,
+        "unknown volume",
+    );
+    assert_eq!(status, 404);
+    // Nothing of the refused creates holds the volume.
+    let v = call(&c, Method::GET, "/v1/volumes/v1", None).await.unwrap();
+    assert_eq!(v["attached_to"], Value::Null);
+    let (status, _) = status_of(
+        delete(&c, "/v1/volumes/nope").await.map(|()| Value::Null),
+        "delete unknown",
+    );
+    assert_eq!(status, 404);
+    delete(&c, "/v1/volumes/v1").await.unwrap();
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_killed_mid_create_leaves_no_half_made_volume() {
+    if !qemu_guest_ready("a_daemon_killed_mid_create_leaves_no_half_made_volume") {
+        return;
+    }
+    let scratch = Scratch::new();
+    // Killed once the image is whole and before its record: the restarted daemon must
+    // not list it, must remove the image, and must let the name be used again.
+    let daemon = start_daemon_with_env(
+        &scratch.state,
+        &["--runtime", "qemu"],
+        &[("ZYGOTE_FAULT", "volume.image-made")],
+    );
+    let c = daemon.client();
+    let r = call(
+        &c,
+        Method::POST,
+        "/v1/volumes",
+        Some(json!({"name": "crash", "size_mib": 64})),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "the daemon answered although it was to die: {r:?}"
+    );
+    daemon.kill9();
+    let volumes_dir = scratch.state.join("volumes");
+    let left: Vec<_> = common::files_under(&volumes_dir);
+    assert!(
+        !left.is_empty(),
+        "the fault point was not reached (no image was made)"
+    );
+
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    let listed = call(&c, Method::GET, "/v1/volumes", None).await.unwrap();
+    assert_eq!(listed["volumes"], json!([]), "{listed}");
+    assert_eq!(
+        common::files_under(&volumes_dir),
+        Vec::<std::path::PathBuf>::new()
+    );
+    new_volume(&c, "crash").await;
+    delete(&c, "/v1/volumes/crash").await.unwrap();
+    drop(daemon);
+}
