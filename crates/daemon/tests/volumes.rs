@@ -321,3 +321,195 @@ async fn a_daemon_killed_mid_create_leaves_no_half_made_volume() {
     delete(&c, "/v1/volumes/crash").await.unwrap();
     drop(daemon);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view() {
+    if !qemu_guest_ready("pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view") {
+        return;
+    }
+    let t0 = Instant::now();
+    let scratch = Scratch::new();
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    new_volume(&c, "keep").await;
+    let a = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": "keep", "path": "/keep"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    sh(&c, &a.id, "echo one > /keep/f").await.unwrap();
+    let snap: Value = call(
+        &c,
+        Method::POST,
+        "/v1/snapshots",
+        Some(json!({"sandbox": a.id})),
+    )
+    .await
+    .expect("snapshot A");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    // Written after the snapshot: the volume has it, the snapshot's view does not.
+    sh(&c, &a.id, "echo two > /keep/g").await.unwrap();
+    step(t0, "A snapshotted");
+
+    // Pause to disk and back: the volume is still mounted and written by A. The file
+    // written just before the pause (still in the guest's page cache then) is in the
+    // volume's image after it.
+    sh(&c, &a.id, "echo three > /keep/h").await.unwrap();
+    call(
+        &c,
+        Method::POST,
+        &format!("/v1/sandboxes/{}/pause", a.id),
+        None,
+    )
+    .await
+    .expect("pause");
+    let paused = common::get(&c, &a.id).await;
+    assert_eq!(
+        paused.volumes.len(),
+        1,
+        "a paused sandbox still shows its volume"
+    );
+    let held = call(&c, Method::GET, "/v1/volumes/keep", None)
+        .await
+        .unwrap();
+    assert_eq!(held["attached_to"], json!(a.id));
+    call(
+        &c,
+        Method::POST,
+        &format!("/v1/sandboxes/{}/resume", a.id),
+        None,
+    )
+    .await
+    .expect("resume");
+    assert_eq!(
+        sh(&c, &a.id, "cat /keep/f /keep/g /keep/h").await.unwrap(),
+        "one\ntwo\nthree\n"
+    );
+    step(t0, "A paused and resumed");
+
+    // A sandbox from the snapshot sees the volume as it was then, copy-on-write.
+    let from_snap = create(&c, json!({"snapshot": snap_id}), &scratch.cleanup)
+        .await
+        .remove(0);
+    assert_eq!(from_snap.volumes.len(), 1);
+    assert!(!from_snap.volumes[0].writes_volume);
+    assert_eq!(sh(&c, &from_snap.id, "cat /keep/f").await.unwrap(), "one\n");
+    assert!(sh(&c, &from_snap.id, "test ! -e /keep/g").await.is_ok());
+    sh(&c, &from_snap.id, "echo snap > /keep/s && sync")
+        .await
+        .unwrap();
+    // Volumes mount only at an image boot: a snapshot start naming one is a 400.
+    let (status, msg) = status_of(
+        call(
+            &c,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"snapshot": snap_id, "volumes": [{"name": "keep", "path": "/k"}]})),
+        )
+        .await,
+        "volumes on a snapshot start",
+    );
+    assert_eq!(status, 400, "{msg}");
+    step(t0, "a sandbox from the snapshot read its view");
+
+    for id in [&from_snap.id, &a.id] {
+        delete(&c, &format!("/v1/sandboxes/{id}")).await.unwrap();
+    }
+    delete(&c, &format!("/v1/snapshots/{snap_id}"))
+        .await
+        .unwrap();
+    let b = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": "keep", "path": "/keep"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    assert_eq!(
+        sh(&c, &b.id, "ls /keep | grep -v lost").await.unwrap(),
+        "f\ng\nh\n"
+    );
+    delete(&c, &format!("/v1/sandboxes/{}", b.id))
+        .await
+        .unwrap();
+    delete(&c, "/v1/volumes/keep").await.unwrap();
+    drop(daemon);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volume_whole() {
+    if !qemu_guest_ready(
+        "a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volume_whole",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new();
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    new_volume(&c, "claimed").await;
+    new_volume(&c, "dropped").await;
+    drop(daemon);
+
+    // Killed after the claim, before the sandbox's record: the restarted daemon frees it.
+    let daemon = start_daemon_with_env(
+        &scratch.state,
+        &["--runtime", "qemu"],
+        &[("ZYGOTE_FAULT", "create.volumes-claimed")],
+    );
+    let c = daemon.client();
+    let r = call(
+        &c,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"image": "minimal", "volumes": [{"name": "claimed", "path": "/c"}]})),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "the daemon answered although it was to die: {r:?}"
+    );
+    daemon.kill9();
+
+    // Killed after a delete's record, before the image's removal: the image goes.
+    let daemon = start_daemon_with_env(
+        &scratch.state,
+        &["--runtime", "qemu"],
+        &[("ZYGOTE_FAULT", "volume.delete-recorded")],
+    );
+    let c = daemon.client();
+    assert!(delete(&c, "/v1/volumes/dropped").await.is_err());
+    daemon.kill9();
+
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    let v = call(&c, Method::GET, "/v1/volumes/claimed", None)
+        .await
+        .unwrap();
+    assert_eq!(v["attached_to"], Value::Null, "{v}");
+    let listed = call(&c, Method::GET, "/v1/volumes", None).await.unwrap();
+    let names: Vec<&str> = listed["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["claimed"]);
+    let images = common::files_under(&scratch.state.join("volumes"));
+    assert_eq!(images.len(), 1, "{images:?}");
+    // The freed volume mounts.
+    let s = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": "claimed", "path": "/c"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    sh(&c, &s.id, "touch /c/ok").await.unwrap();
+    delete(&c, &format!("/v1/sandboxes/{}", s.id))
+        .await
+        .unwrap();
+    delete(&c, "/v1/volumes/claimed").await.unwrap();
+    drop(daemon);
+}

@@ -67,6 +67,7 @@ export type {
   TreeNode,
   TransferProgress,
   TreeSnapshot,
+  Volume,
   WriteResult,
 } from "./models.js";
 export {

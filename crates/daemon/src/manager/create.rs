@@ -373,6 +373,9 @@ impl Manager {
                 // Claimed right before the record: a crash in between leaves a claim of
                 // no recorded sandbox, which the next start releases.
                 let spec = this.claim_volumes(&row.id, &disks).and_then(|()| {
+                    if !disks.is_empty() {
+                        crate::fault::point("create.volumes-claimed");
+                    }
                     let mut spec = this.prepare(&mut row, source, boot_token)?;
                     spec.volumes = disks;
                     Ok(spec)

@@ -73,6 +73,7 @@ from .models import (
     TreeNode,
     TransferProgress,
     TreeSnapshot,
+    Volume,
     WriteResult,
 )
 from .pty import Pty, PtyExit, PtyHandle
@@ -109,6 +110,7 @@ __all__ = [
     "NetworkInfo",
     "ExposedPort",
     "Snapshot",
+    "Volume",
     "PackOrigin",
     "Image",
     "PushResult",
