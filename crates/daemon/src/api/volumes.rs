@@ -44,6 +44,6 @@ pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<J
               (status = 404, description = "No such volume", body = ErrorBody),
               (status = 409, description = "Mounted in a sandbox (the message names it)", body = ErrorBody)))]
 pub async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode> {
-    st.manager.delete_volume(&id)?;
+    st.manager.delete_volume(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

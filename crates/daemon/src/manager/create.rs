@@ -29,6 +29,15 @@ pub struct CreateJob {
     started: Instant,
 }
 
+impl CreateJob {
+    /// Adds a label users cannot give (`zygote.` keys) to every sandbox of the job.
+    pub(super) fn label(&mut self, key: &str, value: &str) {
+        for row in &mut self.rows {
+            row.metadata.insert(key.to_string(), value.to_string());
+        }
+    }
+}
+
 impl Manager {
     /// Creates `n` sandboxes (all or none) with the ids chosen by the caller (one per
     /// sandbox), so that it can record them before anything exists. The API's create is
@@ -44,7 +53,10 @@ impl Manager {
 
     /// Checks a create and finds (or pulls) what it boots from; records nothing. Its
     /// errors are the request's answer; [`Manager::finish_create`] does the rest.
-    pub async fn begin_create(&self, req: CreateSandboxRequest) -> Result<CreateJob> {
+    pub async fn begin_create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<CreateJob> {
+        // A volume a helper holds (to serve its files) is the create's: the helper goes.
+        let named = req.volumes.iter().flatten().map(|m| m.name.clone());
+        self.release_helpers(named.collect()).await?;
         let ids = (0..req.n.unwrap_or(1)).map(|_| new_id("sb")).collect();
         self.begin_create_with_ids(req, ids).await
     }

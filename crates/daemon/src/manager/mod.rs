@@ -38,6 +38,8 @@ mod space;
 mod startup;
 mod tree;
 mod ttl;
+mod volume_guest;
+pub use volume_guest::VolumeGuest;
 mod volumes;
 mod watch;
 
@@ -138,6 +140,8 @@ pub struct Manager {
     faults: Mutex<HashMap<String, String>>,
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
+    /// When each volume's helper sandbox was last used (`volume_guest`).
+    helpers_used: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Manager {
@@ -163,6 +167,7 @@ impl Manager {
             agent_health: Mutex::new(HashMap::new()),
             faults: Mutex::new(HashMap::new()),
             registries: zygote_oci::Transport::from_env(),
+            helpers_used: Mutex::new(HashMap::new()),
         }
     }
 

@@ -104,8 +104,9 @@ impl Manager {
         Ok(Self::volume_view(&row))
     }
 
-    /// Deletes a volume no sandbox has mounted.
-    pub fn delete_volume(&self, id_or_name: &str) -> Result<()> {
+    /// Deletes a volume no sandbox has mounted (a helper serving its files goes first).
+    pub async fn delete_volume(self: &Arc<Self>, id_or_name: &str) -> Result<()> {
+        self.release_helpers(vec![id_or_name.to_string()]).await?;
         let row = self.volume_row(id_or_name)?;
         match self.db.delete_volume(&row.id)? {
             DeleteVolume::Deleted => {}

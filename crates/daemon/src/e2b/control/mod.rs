@@ -17,6 +17,7 @@ mod list;
 mod page;
 mod sandboxes;
 mod snapshots;
+mod volume_content;
 mod volumes;
 
 use axum::extract::{Request, State};
@@ -53,6 +54,11 @@ pub enum ControlError {
     TemplateNotFound(String),
     #[error("volume '{0}' not found")]
     VolumeNotFound(String),
+    /// The volume content API's token is missing or wrong (or names no volume).
+    #[error("invalid or missing volume token")]
+    InvalidVolumeToken,
+    #[error("path '{0}' not found")]
+    PathNotFound(String),
     #[error("Timeout must be greater than 0")]
     TimeoutNotPositive,
     #[error("Timeout cannot be greater than {} hours", MAX_TTL_SECS / 3600)]
@@ -78,10 +84,13 @@ pub enum ControlError {
 impl ControlError {
     fn status(&self) -> StatusCode {
         match self {
-            ControlError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ControlError::InvalidApiKey | ControlError::InvalidVolumeToken => {
+                StatusCode::UNAUTHORIZED
+            }
             ControlError::SandboxNotFound(_)
             | ControlError::TemplateNotFound(_)
             | ControlError::VolumeNotFound(_)
+            | ControlError::PathNotFound(_)
             | ControlError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ControlError::TimeoutNotPositive
             | ControlError::TimeoutTooLong
@@ -122,7 +131,7 @@ impl IntoResponse for ControlError {
 
 /// The routes under `/e2b`, with their `X-API-Key` check.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let control = Router::new()
         .route(
             "/v2/sandboxes",
             post(sandboxes::create).get(list::list_sandboxes),
@@ -146,8 +155,9 @@ pub fn router(state: AppState) -> Router {
         )
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
-        .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
-        .with_state(state)
+        .layer(axum::middleware::from_fn_with_state(state.clone(), api_key));
+    // Merged after the API-key layer: the content API checks its volume token instead.
+    volume_content::router().merge(control).with_state(state)
 }
 
 async fn api_key(State(st): State<AppState>, req: Request, next: Next) -> Response {

@@ -85,7 +85,7 @@ pub(super) async fn destroy(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Response, ControlError> {
-    match st.manager.delete_volume(&id) {
+    match st.manager.delete_volume(&id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
         Err(Error::Conflict(m)) => Err(ControlError::Conflict(m)),
         Err(e) => Err(about_volume(&id, e)),
