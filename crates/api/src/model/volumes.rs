@@ -14,8 +14,9 @@ use crate::error::{RequestError, Result};
 pub const DEFAULT_VOLUME_MIB: u64 = 1024;
 /// The smallest volume: ext4 with a journal needs a few MiB to be useful.
 pub const MIN_VOLUME_MIB: u64 = 16;
-/// The largest volume (the image is sparse: this is a bound on what a guest may fill).
-pub const MAX_VOLUME_MIB: u64 = 1024 * 1024;
+/// The largest volume, 64 GiB (the image is sparse: this bounds what a guest may fill
+/// on the host's disk, and what a branch or snapshot may copy).
+pub const MAX_VOLUME_MIB: u64 = 64 * 1024;
 /// Volumes one sandbox may mount.
 pub const MAX_VOLUME_MOUNTS: usize = 8;
 /// Guest directories a volume may not be mounted on or under: the root, and the
@@ -29,10 +30,10 @@ pub struct CreateVolumeRequest {
     /// starting with a letter or digit.
     #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
     pub name: String,
-    /// Size in MiB (16..=1048576, default 1024). The image is sparse: the host disk holds
+    /// Size in MiB (16..=65536, default 1024). The image is sparse: the host disk holds
     /// only what was written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 16, maximum = 1048576)]
+    #[schema(minimum = 16, maximum = 65536)]
     pub size_mib: Option<u64>,
 }
 

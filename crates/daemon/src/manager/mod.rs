@@ -39,7 +39,7 @@ mod startup;
 mod tree;
 mod ttl;
 mod volume_guest;
-pub use volume_guest::VolumeGuest;
+pub use volume_guest::{VolumeGuest, HELPER_LABEL as VOLUME_HELPER_LABEL};
 mod volumes;
 mod watch;
 

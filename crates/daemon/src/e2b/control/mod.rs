@@ -234,10 +234,14 @@ const MAX_TREE_WALK: usize = 256;
 
 /// The state E2B shows for a sandbox, or `None` for one E2B would not know of (being
 /// created, dead, being deleted, or its VM gone): E2B lists only `running` and
-/// `paused` sandboxes, and a paused one is saved to disk (zygote's `pausing` is E2B's
+/// `paused` sandboxes (and no volume helper), and a paused one is saved to disk (zygote's `pausing` is E2B's
 /// too: "it can be resumed"). A sandbox stopped for a snapshot or branch (`paused`
 /// with no saved state) runs on a moment later: `running`.
 fn e2b_state(s: &Sandbox) -> Option<&'static str> {
+    // A helper serving a volume's files is the daemon's, not the user's.
+    if s.metadata.contains_key(crate::manager::VOLUME_HELPER_LABEL) {
+        return None;
+    }
     match s.state.as_str() {
         "pausing" => Some("paused"),
         "paused" if s.paused_at.is_some() => Some("paused"),
