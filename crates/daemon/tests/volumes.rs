@@ -513,3 +513,66 @@ async fn a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volum
     delete(&c, "/v1/volumes/claimed").await.unwrap();
     drop(daemon);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_a_crash_interrupted_after_its_volume_copy_is_recovered_with_it() {
+    if !qemu_guest_ready(
+        "a_snapshot_a_crash_interrupted_after_its_volume_copy_is_recovered_with_it",
+    ) {
+        return;
+    }
+    let scratch = Scratch::new();
+    // Dies once the capture is complete (volume copied, layer switched), before the
+    // snapshot is recorded: start-up must record it with its volume copy.
+    let daemon = start_daemon_with_env(
+        &scratch.state,
+        &["--runtime", "qemu"],
+        &[("ZYGOTE_FAULT", "capture.disk-switched")],
+    );
+    let c = daemon.client();
+    new_volume(&c, "cap").await;
+    let a = create(
+        &c,
+        json!({"image": "minimal", "volumes": [{"name": "cap", "path": "/cap"}]}),
+        &scratch.cleanup,
+    )
+    .await
+    .remove(0);
+    sh(&c, &a.id, "echo kept > /cap/f && sync").await.unwrap();
+    let r = call(
+        &c,
+        Method::POST,
+        "/v1/snapshots",
+        Some(json!({"sandbox": a.id})),
+    )
+    .await;
+    assert!(
+        r.is_err(),
+        "the daemon answered although it was to die: {r:?}"
+    );
+    daemon.kill9();
+
+    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let c = daemon.client();
+    let snaps = call(&c, Method::GET, "/v1/snapshots", None).await.unwrap();
+    let snaps = snaps["snapshots"].as_array().unwrap().clone();
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    let snap_id = snaps[0]["id"].as_str().unwrap().to_string();
+    let from_snap = create(&c, json!({"snapshot": snap_id}), &scratch.cleanup)
+        .await
+        .remove(0);
+    assert_eq!(from_snap.volumes.len(), 1);
+    assert!(!from_snap.volumes[0].writes_volume);
+    assert_eq!(sh(&c, &from_snap.id, "cat /cap/f").await.unwrap(), "kept\n");
+    // A runs on and still writes the volume itself.
+    sh(&c, &a.id, "echo after > /cap/g && sync").await.unwrap();
+    assert!(sh(&c, &from_snap.id, "test ! -e /cap/g").await.is_ok());
+    for id in [&from_snap.id, &a.id] {
+        delete(&c, &format!("/v1/sandboxes/{id}")).await.unwrap();
+    }
+    delete(&c, &format!("/v1/snapshots/{snap_id}"))
+        .await
+        .unwrap();
+    delete(&c, "/v1/volumes/cap").await.unwrap();
+    drop(daemon);
+}
