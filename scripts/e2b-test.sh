@@ -5,6 +5,7 @@
 # a user sets:
 #   E2B_API_URL=http://127.0.0.1:<api port>/e2b  E2B_API_KEY=<daemon token>
 #   E2B_SANDBOX_URL=http://127.0.0.1:<proxy port>
+# (and E2B_VOLUME_API_URL=$E2B_API_URL for the volume content API, served there too)
 # The sandboxes use E2B's default template `base` (guest/rootfs/recipes/base.recipe: bash,
 # python3, node, git, curl, user `user`), built first from its recipe (seconds when the
 # debootstrap tree is cached in ~/.cache/zygote/debootstrap). Needs target/release/zygoted
@@ -75,6 +76,7 @@ curl -sS -N --fail-with-body -H "Authorization: Bearer $TOKEN" -H 'Content-Type:
 grep -q '"error"' "$STATE/build.ndjson" && die "building image $TEMPLATE: $(grep '"error"' "$STATE/build.ndjson")"
 
 export E2B_API_URL="$URL/e2b" E2B_API_KEY="$TOKEN" E2B_SANDBOX_URL="$PROXY" E2B_TEST_TEMPLATE="$TEMPLATE"
+export E2B_VOLUME_API_URL="$E2B_API_URL"
 say "E2B Python SDK $("$PY" -c 'import importlib.metadata as m; print(m.version("e2b"))'): $E2B_API_URL, $E2B_SANDBOX_URL"
 [ $# -gt 0 ] || set -- "$ROOT"/sdk/e2b-compat/test_e2b_*.py
 FAILED=0

@@ -86,6 +86,10 @@ enum Command {
     /// Change a sandbox's network policy while it runs or is paused (daemon).
     #[command(subcommand)]
     Network(commands::network::NetworkCommand),
+    /// Named volumes that outlive sandboxes: create, ls, inspect, rm (daemon); mount one
+    /// with `zygote create --volume NAME:/path`.
+    #[command(subcommand)]
+    Volume(commands::volume::VolumeCommand),
 }
 
 fn main() {
@@ -129,6 +133,7 @@ fn main() {
         Command::Events(args) => commands::events::run(args),
         Command::Port(cmd) => commands::port::run(cmd),
         Command::Network(cmd) => commands::network::run(cmd),
+        Command::Volume(cmd) => commands::volume::run(cmd),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -20,17 +20,21 @@ use crate::runtime::{SnapshotData, VmRecord};
 /// 2 added `sandboxes.ttl_secs` and `sandboxes.expires_at`; 3 added `sandboxes.pending`;
 /// 4 added `sandboxes.network`; 5 added the `ports` table ([`ports`]); 6 added
 /// `sandboxes.env`; 7 added `sandboxes.metadata`; 8 added `sandboxes.lifecycle`; 9 added
-/// `snapshots.run` and `snapshots.pack`; 10 added E2B's template tables ([`templates`]).
-const SCHEMA_VERSION: i64 = 10;
+/// `snapshots.run` and `snapshots.pack`; 10 added E2B's template tables ([`templates`]); 11 added
+/// the `volumes` table ([`volumes`]).
+const SCHEMA_VERSION: i64 = 11;
 
 #[path = "db_files.rs"]
 mod files;
 #[path = "db_ports.rs"]
 mod ports;
+#[path = "db_volumes.rs"]
+mod volumes;
 pub use ports::{AddPort, PortRow};
 #[path = "db_templates.rs"]
 mod templates;
 pub use templates::{BuildLogRow, BuildRow, CacheRow, TagRow, UploadRow};
+pub use volumes::{DeleteVolume, VolumeRow};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -260,6 +264,7 @@ impl Db {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(ports::SCHEMA)?;
         conn.execute_batch(templates::SCHEMA)?;
+        conn.execute_batch(volumes::SCHEMA)?;
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Db {
             conn: Mutex::new(conn),

@@ -148,6 +148,7 @@ impl Error {
     pub fn runtime(e: RuntimeError) -> Error {
         match e {
             RuntimeError::Agent(c) => Error::agent(c),
+            RuntimeError::Unsupported(m) => Error::Unsupported(m),
             other => Error::Runtime(other),
         }
     }
@@ -192,6 +193,9 @@ impl Error {
             },
             Error::AgentUnreachable(_) => (S::BAD_GATEWAY, "agent_unreachable"),
             Error::Runtime(RuntimeError::BadPack(_)) => (S::UNPROCESSABLE_ENTITY, "bad_image"),
+            Error::Runtime(RuntimeError::Unsupported(_)) => {
+                (S::UNPROCESSABLE_ENTITY, "unsupported")
+            }
             Error::AgentTimeout(ClientError::Unresponsive(_)) => {
                 (S::GATEWAY_TIMEOUT, "agent_unresponsive")
             }

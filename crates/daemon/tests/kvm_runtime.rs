@@ -98,6 +98,7 @@ fn spec(root: &Path, name: &str, source: BootSource) -> StartSpec {
             sandbox_id: name.into(),
             ..Default::default()
         },
+        volumes: Vec::new(),
     }
 }
 

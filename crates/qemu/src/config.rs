@@ -100,6 +100,22 @@ pub struct QemuConfig {
     pub qemu_binary: PathBuf,
     /// The guest's NIC backend.
     pub net: NetBackend,
+    /// Disks after the root disk (`/dev/vda`), in this order.
+    pub extra_disks: Vec<ExtraDisk>,
+}
+
+/// A virtio-blk disk besides the root disk. The guest finds it by `serial` (its
+/// `/sys/block/vdX/serial`): probe order is not something to rely on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraDisk {
+    pub file: PathBuf,
+    /// `raw` or `qcow2`.
+    pub format: String,
+    /// At most 20 bytes of `A-Za-z0-9-` (virtio-blk's serial field).
+    pub serial: String,
+    /// QEMU's `cache=` mode: `writeback` for data that must outlive the VM, `unsafe` for
+    /// a layer thrown away with it.
+    pub cache: &'static str,
 }
 
 /// What the guest's virtio-net device is connected to.
@@ -134,6 +150,7 @@ impl QemuConfig {
             extra_cmdline: Vec::new(),
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             net: NetBackend::User { restrict: false },
+            extra_disks: Vec::new(),
         }
     }
 
@@ -234,6 +251,25 @@ impl QemuConfig {
             "-device",
             "virtio-blk-device,drive=root",
         ]);
+        for (i, d) in self.extra_disks.iter().enumerate() {
+            let serial: String = d
+                .serial
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .take(20)
+                .collect();
+            push(&[
+                "-drive",
+                &format!(
+                    "id=disk{i},file={},format={},if=none,cache={},discard=unmap",
+                    chardev_path(&d.file),
+                    if d.format == "qcow2" { "qcow2" } else { "raw" },
+                    d.cache
+                ),
+                "-device",
+                &format!("virtio-blk-device,drive=disk{i},serial={serial}"),
+            ]);
+        }
         // The guest's own traffic; no port is forwarded from the host: the agent is
         // reached over virtio-serial only.
         match &self.net {

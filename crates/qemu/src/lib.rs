@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use zygote_proto::client::{AgentClient, ClientError};
 
-pub use config::{detect_accel, kvm_unavailable_reason, Accel, NetBackend, QemuConfig};
+pub use config::{detect_accel, kvm_unavailable_reason, Accel, ExtraDisk, NetBackend, QemuConfig};
 pub use error::QemuError;
 
 /// Serial console lines included in boot errors.

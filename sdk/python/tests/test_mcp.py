@@ -21,6 +21,9 @@ from .fake_processes import FakeProcesses
 
 EXPECTED_TOOLS = {
     "create_sandbox",
+    "create_volume",
+    "list_volumes",
+    "delete_volume",
     "exec",
     "write_file",
     "read_file",
@@ -162,6 +165,8 @@ def test_protocol_and_tool_schemas_without_a_daemon(closed_port: int) -> None:
         assert set(tools["push_snapshot"]["inputSchema"]["required"]) == {"snapshot_id", "reference"}
         assert tools["pull_snapshot"]["inputSchema"]["required"] == ["reference"]
         assert "user" in exec_schema["properties"]
+        assert tools["create_sandbox"]["inputSchema"]["properties"]["volumes"]["anyOf"][0]["type"] == "object"
+        assert tools["create_volume"]["inputSchema"]["required"] == ["name"]
         assert "user" in tools["start_background_command"]["inputSchema"]["properties"]
         # A daemon that is down is a tool error the model can read, not a crash.
         res = session.call("exec", sandbox_id="sb-000000000000", command="true")

@@ -848,3 +848,16 @@ def test_events_ask_for_their_filters_and_parse_the_log(fake: FakeDaemon) -> Non
         "search": "command",
     }
     assert fake.requests[1].query == {}
+
+
+def test_volume_calls_and_mounts_are_sent_as_the_api_takes_them() -> None:
+    vol = zygote.Volume.from_json({"id": "vol-1", "name": "data", "size_mib": 64, "created_at": 1})
+    create = _api.create_sandboxes(image="minimal", volumes={"/data": "other", "/v": vol})
+    assert create.json["volumes"] == [{"name": "other", "path": "/data"}, {"name": "data", "path": "/v"}]
+    assert "volumes" not in _api.create_sandboxes(image="minimal").json
+    made = _api.create_volume("data", 64)
+    assert (made.method, made.path, made.json) == ("POST", "/v1/volumes", {"name": "data", "size_mib": 64})
+    assert _api.create_volume("data").json == {"name": "data"}
+    assert _api.get_volume("a/b").path == "/v1/volumes/a%2Fb"
+    assert (_api.delete_volume("data").method, _api.list_volumes().path) == ("DELETE", "/v1/volumes")
+    assert vol.attached_to is None and vol.size_mib == 64

@@ -27,6 +27,8 @@ import {
   type PushResult,
   type SandboxInfo,
   type Snapshot,
+  type Volume,
+  volumeFromJson,
   imageFromJson,
   pushResultFromJson,
   sandboxFromJson,
@@ -460,6 +462,28 @@ export class Client {
 
   async deleteSnapshot(snapshot: Snapshot | string): Promise<void> {
     await this.request("DELETE", `/v1/snapshots/${seg(snapshotIdOf(snapshot))}`);
+  }
+
+  /** A new empty volume (ext4, sparse on the host; 1024 MiB unless given). */
+  async createVolume(name: string, opts: { sizeMib?: number } = {}): Promise<Volume> {
+    const body: Json = { name };
+    if (opts.sizeMib !== undefined) body.size_mib = opts.sizeMib;
+    return volumeFromJson(await this.json("POST", "/v1/volumes", body));
+  }
+
+  async volumes(): Promise<Volume[]> {
+    const d = await this.json<{ volumes: Json[] }>("GET", "/v1/volumes");
+    return d.volumes.map(volumeFromJson);
+  }
+
+  /** A volume by name or id. */
+  async getVolume(volume: string): Promise<Volume> {
+    return volumeFromJson(await this.json("GET", `/v1/volumes/${seg(volume)}`));
+  }
+
+  /** Deletes a volume and its data; refused (a conflict) while a sandbox has it. */
+  async deleteVolume(volume: Volume | string): Promise<void> {
+    await this.request("DELETE", `/v1/volumes/${seg(typeof volume === "string" ? volume : volume.id)}`);
   }
 }
 

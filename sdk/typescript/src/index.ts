@@ -71,6 +71,7 @@ export type {
   TreeNode,
   TransferProgress,
   TreeSnapshot,
+  Volume,
   WriteResult,
 } from "./models.js";
 export {

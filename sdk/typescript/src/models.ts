@@ -162,6 +162,32 @@ export interface Snapshot {
   raw: Json;
 }
 
+/**
+ * A named volume: an ext4 filesystem that outlives sandboxes. Mount it at
+ * create (`Sandbox.create({ volumes: { "/data": "my-vol" } })`); that sandbox
+ * writes it, its branch children see a copy-on-write view.
+ */
+export interface Volume {
+  id: string;
+  name: string;
+  sizeMib: number;
+  createdAt: number;
+  /** The sandbox it is mounted in (the only one that writes it), if any. */
+  attachedTo: string | null;
+  raw: Json;
+}
+
+export function volumeFromJson(d: Json): Volume {
+  return {
+    id: str(d.id),
+    name: str(d.name),
+    sizeMib: num(d.size_mib),
+    createdAt: num(d.created_at),
+    attachedTo: optStr(d.attached_to),
+    raw: d,
+  };
+}
+
 /** Where a snapshot imported from a pack came from ({@link Snapshot.pack}). */
 export interface PackOrigin {
   /** `oci://REFERENCE` for a pull ({@link Client.pullSnapshot}), `file` for an upload ({@link Client.importSnapshot}). */

@@ -71,6 +71,12 @@ export interface CreateOptions extends Connection {
   /** What the TTL running out does: `delete` (the daemon's default) or `pause`. */
   ttlAction?: TtlAction;
   /**
+   * Named volumes to mount: `{ "/guest/path": "volume name or id" }` (see
+   * {@link Client.createVolume}). This sandbox writes them (one sandbox at a
+   * time); its branch children see a copy-on-write view.
+   */
+  volumes?: Record<string, string | { name: string }>;
+  /**
    * Commands and file calls on the sandbox while it is paused resume it first
    * (otherwise they throw {@link SandboxPaused}).
    */
@@ -296,6 +302,12 @@ export class Sandbox {
       );
     }
     if (opts.metadata !== undefined) body.metadata = { ...opts.metadata };
+    if (opts.volumes !== undefined && Object.keys(opts.volumes).length > 0) {
+      body.volumes = Object.entries(opts.volumes).map(([path, v]) => ({
+        name: typeof v === "string" ? v : v.name,
+        path,
+      }));
+    }
     return Sandbox.fromCreate(client, body);
   }
 

@@ -540,6 +540,24 @@ describe("sandbox handles", () => {
     }
   });
 
+  test("volumes are sent at create as {name, path} mounts", async () => {
+    fake.load([]);
+    fake.files = new FakeFiles();
+    try {
+      const client = new Client({ url: fake.url, token: "t" });
+      await Sandbox.create({ client, volumes: { "/data": "vol-a", "/b": { name: "other" } } });
+      assert.deepEqual(JSON.parse(fake.requests[0]!.body.toString("utf8")), {
+        image: "minimal",
+        volumes: [
+          { name: "vol-a", path: "/data" },
+          { name: "other", path: "/b" },
+        ],
+      });
+    } finally {
+      fake.files = undefined;
+    }
+  });
+
   /** A value with the characters a query string gives meaning to. */
   const TRICKY = "a=b&c d+e%f?";
   const listQueries = () =>

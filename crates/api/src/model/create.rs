@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use super::limits::{MAX_FAN_OUT, MAX_MEM_MIB, MAX_VCPUS, MIN_MEM_MIB};
 use super::{
     in_range, metadata, ttl, validate_name, Limits, NetworkMode, NetworkPolicy, NetworkRequest,
-    Sandbox, SandboxEnv, SecretSpec, TtlAction, Validate,
+    Sandbox, SandboxEnv, SecretSpec, TtlAction, Validate, VolumeMountSpec,
 };
 use crate::error::{RequestError, Result};
 
@@ -95,6 +95,12 @@ pub struct CreateSandboxRequest {
     /// goes away does not stop the create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
+    /// Named volumes to mount (`{"name", "path"}`, at most 8; image boots of one sandbox
+    /// only). This sandbox then writes them; its branch children and sandboxes from its
+    /// snapshots see a copy-on-write view (see `/v1/volumes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 8)]
+    pub volumes: Option<Vec<VolumeMountSpec>>,
 }
 
 /// What validating a create finds besides "valid": the parts the daemon keeps, parsed
@@ -157,6 +163,20 @@ impl CreateSandboxRequest {
             metadata::validate_metadata(m)?;
         }
         self.limits.validate()?;
+        if let Some(mounts) = self.volumes.as_deref().filter(|m| !m.is_empty()) {
+            super::validate_mounts(mounts)?;
+            if self.snapshot.is_some() {
+                return Err(RequestError::invalid(
+                    "volumes mount into sandboxes created from an image; a sandbox from a \
+                     snapshot sees the snapshot's volumes copy-on-write",
+                ));
+            }
+            if self.n.unwrap_or(1) != 1 {
+                return Err(RequestError::invalid(
+                    "volumes mount into one sandbox at a time: n must be 1",
+                ));
+            }
+        }
         Ok(CheckedCreate { policy, env })
     }
 }

@@ -28,6 +28,7 @@ mod system;
 mod tree;
 mod ttl;
 mod validate;
+mod volumes;
 mod watch;
 pub use agent::{AgentHealth, AgentState};
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
@@ -64,4 +65,9 @@ pub use system::{CgroupInfo, Health, Info, NetworkInfo, RuntimeInfo};
 pub use tree::{KeepRequest, KeepResponse, SandboxTree, TreeNode, TreeSnapshot};
 pub use ttl::{SetTtlRequest, TtlAction, MAX_TTL_SECS};
 pub use validate::{in_range, validate_guest_path, validate_name, Validate};
+pub use volumes::{
+    validate_mount_path, validate_mounts, validate_volume_name, CreateVolumeRequest, MountedVolume,
+    Volume, VolumeList, VolumeMountSpec, DEFAULT_VOLUME_MIB, MAX_VOLUME_MIB, MAX_VOLUME_MOUNTS,
+    MIN_VOLUME_MIB,
+};
 pub use watch::{FileWatchEvent, WatchQuery};

@@ -131,6 +131,10 @@ pub struct Sandbox {
     /// `running` sandbox whose agent is silent or misbehaving shows it here.
     #[serde(default)]
     pub agent: Option<AgentHealth>,
+    /// Its volumes: the ones it writes (mounted at create), or copy-on-write views of
+    /// them (a branch child, a sandbox from a snapshot).
+    #[serde(default)]
+    pub volumes: Vec<super::MountedVolume>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

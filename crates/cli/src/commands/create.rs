@@ -70,6 +70,10 @@ pub struct CreateArgs {
         value_name = "KEY=VALUE"
     )]
     metadata: Vec<String>,
+    /// Mount a named volume, NAME:/path (repeatable; `zygote volume create` makes one).
+    /// This sandbox writes it; its branch children get a copy-on-write view.
+    #[arg(short = 'v', long = "volume", value_name = "NAME:/PATH")]
+    volume: Vec<String>,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -220,6 +224,11 @@ fn request_body(
                 .ok_or_else(|| anyhow::anyhow!("--metadata {a:?}: want KEY=VALUE"))
         })
         .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+    let volumes = args
+        .volume
+        .iter()
+        .map(|v| super::volume::parse_mount(v))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(CreateSandboxRequest {
         image,
         snapshot,
@@ -242,6 +251,7 @@ fn request_body(
         secrets: (!secrets.is_empty()).then_some(secrets),
         metadata: (!metadata.is_empty()).then_some(metadata),
         stream: None,
+        volumes: (!volumes.is_empty()).then_some(volumes),
     })
 }
 
@@ -302,6 +312,21 @@ mod tests {
             json!({"n": 1, "limits": {}, "snapshot": "snap-1", "network": "none"})
         );
         assert!(Cli::try_parse_from(["zygote", "--network", "bridged"]).is_err());
+    }
+
+    #[test]
+    fn volume_mounts_are_name_colon_path() {
+        let body = body_of(&["-v", "data:/data", "--volume", "vol-1:/mnt/x"]);
+        assert_eq!(
+            body["volumes"],
+            json!([{"name": "data", "path": "/data"}, {"name": "vol-1", "path": "/mnt/x"}])
+        );
+        assert!(body_of(&[]).get("volumes").is_none());
+        for bad in ["data", ":/data", "data:rel"] {
+            let cli = Cli::try_parse_from(["zygote", "-v", bad]).unwrap();
+            let e = request_body(&cli.create, &|_| None).unwrap_err();
+            assert!(e.to_string().contains("NAME:/absolute/path"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -33,4 +33,5 @@ pub mod tree;
 pub mod ttl;
 pub mod vm;
 pub mod vm_serve;
+pub mod volume;
 pub mod watch;

@@ -8,7 +8,7 @@ use utoipa::OpenApi;
 
 use super::{
     events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes, snapshots,
-    system, watch, PUBLIC,
+    system, volumes, watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -124,6 +124,7 @@ impl utoipa::Modify for CommonResponses {
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
         packs::export, packs::import, packs::push, packs::pull,
+        volumes::list, volumes::create, volumes::get, volumes::delete,
     ),
     modifiers(&BearerAuth, &CommonResponses),
     security(("bearer" = [])),

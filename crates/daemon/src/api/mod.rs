@@ -20,6 +20,7 @@ mod pty;
 mod sandboxes;
 mod snapshots;
 mod system;
+mod volumes;
 mod watch;
 
 use std::sync::Arc;
@@ -162,6 +163,10 @@ pub fn routes() -> Routes {
         .add(Method::POST, "/v1/snapshots/import", packs::import)
         .add(Method::POST, "/v1/snapshots/{id}/push", packs::push)
         .add(Method::POST, "/v1/snapshots/pull", packs::pull)
+        .add(Method::GET, "/v1/volumes", volumes::list)
+        .add(Method::POST, "/v1/volumes", volumes::create)
+        .add(Method::GET, "/v1/volumes/{id}", volumes::get)
+        .add(Method::DELETE, "/v1/volumes/{id}", volumes::delete)
 }
 
 /// The application: routes, auth, error fallbacks, body limit; and E2B's control plane

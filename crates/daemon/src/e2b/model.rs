@@ -25,6 +25,40 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     #[serde(default)]
     pub network: Option<NetworkConfig>,
+    /// Named volumes to mount (SandboxVolumeMount).
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
+}
+
+/// `{"name", "path"}`: volume `name` mounted at `path`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct VolumeMount {
+    pub name: String,
+    pub path: String,
+}
+
+/// `POST /volumes` (NewVolume).
+#[derive(Debug, Deserialize)]
+pub struct NewVolume {
+    pub name: String,
+}
+
+/// A volume in `GET /volumes` (Volume).
+#[derive(Debug, Clone, Serialize)]
+pub struct ListedVolume {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+}
+
+/// `POST /volumes` and `GET /volumes/{id}` (VolumeAndToken); no `domain`: the SDK then
+/// uses its own (`E2B_VOLUME_API_URL` for the content API).
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeAndToken {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+    pub token: String,
 }
 
 /// The egress part of E2B's `SandboxNetworkConfig` (its other fields are not served).

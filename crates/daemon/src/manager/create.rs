@@ -17,15 +17,26 @@ use crate::model::{
 };
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
-use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord};
+use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord, VolumeDisk};
 
 /// A checked create (see [`Manager::begin_create`]): the records-to-be of its
 /// sandboxes and what they boot from. Nothing of it exists yet.
 pub struct CreateJob {
     rows: Vec<SandboxRow>,
     source: BootSource,
+    /// The volumes its (one) sandbox mounts.
+    volumes: Vec<VolumeDisk>,
     boot_token: Option<String>,
     started: Instant,
+}
+
+impl CreateJob {
+    /// Adds a label users cannot give (`zygote.` keys) to every sandbox of the job.
+    pub(super) fn label(&mut self, key: &str, value: &str) {
+        for row in &mut self.rows {
+            row.metadata.insert(key.to_string(), value.to_string());
+        }
+    }
 }
 
 impl Manager {
@@ -43,7 +54,10 @@ impl Manager {
 
     /// Checks a create and finds (or pulls) what it boots from; records nothing. Its
     /// errors are the request's answer; [`Manager::finish_create`] does the rest.
-    pub async fn begin_create(&self, req: CreateSandboxRequest) -> Result<CreateJob> {
+    pub async fn begin_create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<CreateJob> {
+        // A volume a helper holds (to serve its files) is the create's: the helper goes.
+        let named = req.volumes.iter().flatten().map(|m| m.name.clone());
+        self.release_helpers(named.collect()).await?;
         let ids = (0..req.n.unwrap_or(1)).map(|_| new_id("sb")).collect();
         self.begin_create_with_ids(req, ids).await
     }
@@ -65,6 +79,7 @@ impl Manager {
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
+        let volumes = self.volume_disks(req.volumes.as_deref().unwrap_or_default())?;
         if let Some(name) = &req.name {
             let taken = self.db.sandboxes()?.into_iter().any(|s| {
                 s.name
@@ -159,6 +174,7 @@ impl Manager {
         Ok(CreateJob {
             rows,
             source,
+            volumes,
             boot_token,
             started,
         })
@@ -205,14 +221,16 @@ impl Manager {
         let (recorded_tx, mut recorded) = unbounded_channel::<()>();
         let (ended_tx, mut ended) = unbounded_channel::<(usize, Result<Sandbox>)>();
         for (i, row) in job.rows.into_iter().enumerate() {
-            let (this, source) = (self.clone(), job.source.clone());
+            let (this, source, volumes) = (self.clone(), job.source.clone(), job.volumes.clone());
             let (boot_token, recorded_tx, ended_tx) = (
                 job.boot_token.clone(),
                 recorded_tx.clone(),
                 ended_tx.clone(),
             );
             tokio::spawn(async move {
-                let result = this.create_one(row, source, boot_token, recorded_tx).await;
+                let result = this
+                    .create_one(row, source, volumes, boot_token, recorded_tx)
+                    .await;
                 let _ = ended_tx.send((i, result));
             });
         }
@@ -325,6 +343,7 @@ impl Manager {
             snapshot_root: Some(self.dirs.snapshots.clone()),
             net: self.network.guest_net(&row.network),
             identity: identity_of(row),
+            volumes: Vec::new(),
         })
     }
 
@@ -352,6 +371,7 @@ impl Manager {
         self: Arc<Self>,
         row: SandboxRow,
         source: BootSource,
+        volumes: Vec<VolumeDisk>,
         boot_token: Option<String>,
         recorded: UnboundedSender<()>,
     ) -> Result<Sandbox> {
@@ -359,10 +379,20 @@ impl Manager {
         // Records and clean-ups on the blocking pool: a fan-out of hundreds writes as
         // many records without holding up the async workers.
         let this = self.clone();
+        let disks = volumes.clone();
         let (mut row, spec) = self
             .blocking(move || {
                 let mut row = row;
-                let spec = this.prepare(&mut row, source, boot_token);
+                // Claimed right before the record: a crash in between leaves a claim of
+                // no recorded sandbox, which the next start releases.
+                let spec = this.claim_volumes(&row.id, &disks).and_then(|()| {
+                    if !disks.is_empty() {
+                        crate::fault::point("create.volumes-claimed");
+                    }
+                    let mut spec = this.prepare(&mut row, source, boot_token)?;
+                    spec.volumes = disks;
+                    Ok(spec)
+                });
                 if spec.is_err() {
                     this.discard(&row);
                 }
@@ -375,6 +405,10 @@ impl Manager {
         let start = self.start_with_network(&row.id, row.network.clone(), spec);
         let (net, result) = self.blocking(start).await?;
         row.network = net;
+        let result = match result {
+            Ok(vm) if !volumes.is_empty() => self.mount_volumes(&row.id, vm, volumes).await,
+            other => other.map_err(Error::from),
+        };
         let this = self.clone();
         match result {
             Ok(vm) => {
@@ -406,7 +440,7 @@ impl Manager {
             }
             Err(e) => {
                 self.blocking(move || this.discard(&row)).await?;
-                Err(e.into())
+                Err(e)
             }
         }
     }

@@ -42,6 +42,9 @@ mod space;
 mod startup;
 mod tree;
 mod ttl;
+mod volume_guest;
+pub use volume_guest::{VolumeGuest, HELPER_LABEL as VOLUME_HELPER_LABEL};
+mod volumes;
 mod watch;
 
 use std::collections::HashMap;
@@ -146,6 +149,8 @@ pub struct Manager {
     pub(crate) registries: zygote_oci::Transport,
     /// What happened to each sandbox (`GET /v1/sandboxes/{id}/events`).
     pub(crate) event_log: EventLog,
+    /// When each volume's helper sandbox was last used (`volume_guest`).
+    helpers_used: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Manager {
@@ -173,6 +178,7 @@ impl Manager {
             registries: zygote_oci::Transport::from_env(),
             event_log: EventLog::new(dirs.state.join("events")),
             dirs,
+            helpers_used: Mutex::new(HashMap::new()),
         }
     }
 
@@ -305,6 +311,7 @@ impl Manager {
             envs: r.env.vars.clone(),
             secrets: r.env.secret_names(),
             agent: (r.vm.is_some() && r.state == STATE_RUNNING).then(|| self.agent_health(&r.id)),
+            volumes: volumes::mounted(r),
         }
     }
 
@@ -349,6 +356,9 @@ impl Manager {
     /// Removes a sandbox that never ran: files, cgroup, record.
     fn discard(&self, row: &SandboxRow) {
         self.cleanup_files(row);
+        if let Err(e) = self.db.release_volumes(&row.id) {
+            tracing::warn!("releasing the volumes of {}: {e}", row.id);
+        }
         if let Err(e) = self.db.delete_sandbox(&row.id) {
             tracing::warn!("forgetting {}: {e}", row.id);
         }
@@ -388,6 +398,7 @@ impl Manager {
         let Some((_guard, mut row)) = self.locked_if(id, condition).await? else {
             return Ok(false);
         };
+        self.flush_volumes(&row).await;
         row.state = STATE_DELETING.into();
         self.db.put_sandbox(&row)?;
         fault::point("delete.recorded");
@@ -411,6 +422,20 @@ impl Manager {
         // Before the record: a crash in between leaves a `deleting` sandbox (finished at
         // the next start), never exposures without their sandbox.
         self.db.delete_ports(&row.id)?;
+        // The VM is gone: its writes are in the volume's image (QEMU wrote them through
+        // the host's page cache); synced before another sandbox may have it.
+        for v in row
+            .vm
+            .iter()
+            .flat_map(|vm| &vm.volumes)
+            .filter(|v| v.writes_volume)
+        {
+            if let Err(e) = std::fs::File::open(&v.file).and_then(|f| f.sync_all()) {
+                tracing::warn!("syncing volume {}: {e}", v.volume);
+            }
+        }
+        self.db.release_volumes(&row.id)?;
+        fault::point("delete.volumes-released");
         self.db.delete_sandbox(&row.id)?;
         self.forget(&row.id);
         tracing::info!("sandbox {} deleted", row.id);

@@ -109,6 +109,8 @@ impl Manager {
             return Err(wrong_state(row, "pause", "running"));
         }
         self.check_space(SnapshotKind::Full, row.mem_mib)?;
+        // What the guest wrote to its volumes reaches them before its VM ends.
+        self.flush_volumes(row).await;
         let started = Instant::now();
         let previous = row.lifecycle.park.take();
         let dir = self

@@ -85,6 +85,8 @@ impl Manager {
         self.reattach_networks().await?;
         self.finish_interrupted_operations().await?;
         self.remove_orphans()?;
+        self.remove_stale_helpers().await?;
+        self.remove_volume_orphans()?;
         self.collect_garbage()
     }
 

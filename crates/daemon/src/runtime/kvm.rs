@@ -239,6 +239,7 @@ fn record(
         disk: spec.disk.clone(),
         accel: ACCEL.into(),
         fork_hooks: Vec::new(),
+        volumes: Vec::new(),
     }
 }
 
@@ -308,6 +309,7 @@ fn snapshot_data(dir: &Path, vm_dir: &Path, pause_ms: f64) -> SnapshotData {
         // The root disk is virtio device 0; its file holds the CoW pages.
         disk_layer: vm_dir.join(device_data_file(0)),
         accel: ACCEL.into(),
+        volumes: Vec::new(),
     }
 }
 
@@ -326,6 +328,13 @@ impl Runtime for KvmRuntime {
     }
 
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
+        if !spec.volumes.is_empty() {
+            // The VMM keeps a disk's writes in its own memory (copy-on-write): a volume
+            // needs writes that reach its image, which it does not do yet.
+            return Err(RuntimeError::Unsupported(
+                "volumes need the qemu runtime for now".into(),
+            ));
+        }
         let mut rec = self.spawn_vmm(spec)?;
         if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());

@@ -10,6 +10,7 @@ pub mod kvm_cmd;
 mod kvm_pack;
 pub mod qemu;
 mod qemu_pack;
+mod qemu_volumes;
 pub mod qmp;
 pub mod supervisor;
 
@@ -85,6 +86,27 @@ pub struct VmRecord {
     /// How the guest's `/etc/zygote/forked.d` hooks ended when it was last brought up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fork_hooks: Vec<zygote_proto::HookOutcome>,
+    /// Its volume disks, in the order the VM has them (see [`VolumeDisk`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeDisk>,
+}
+
+/// One named volume's disk as a VM has it: an extra virtio-blk disk whose serial is the
+/// volume's id (how the guest finds it: probe order is not stable), mounted at `path`.
+/// Either the volume's own image (`writes_volume`: the sandbox it was mounted into at
+/// create), or a copy-on-write view of it (a qcow2 layer over a copy frozen at a branch
+/// point or snapshot) that goes with the VM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VolumeDisk {
+    /// The volume's id (`vol-...`): the disk's serial in the guest.
+    pub volume: String,
+    pub name: String,
+    /// Where the guest has it mounted.
+    pub path: String,
+    pub file: PathBuf,
+    /// `raw` (a volume's image, or a frozen copy of one) or `qcow2`.
+    pub format: String,
+    pub writes_volume: bool,
 }
 
 /// A snapshot's runtime-specific files.
@@ -102,13 +124,23 @@ pub struct SnapshotData {
     /// that did not measure it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_ms: Option<f64>,
+    /// The VM's volume disks at the capture: frozen copies in `dir` (that VMs started
+    /// from it read through their own layers); for a pause, the VM's own disks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeDisk>,
 }
 
 impl SnapshotData {
     /// Bytes on disk of the files this snapshot owns.
     pub fn size_bytes(&self) -> u64 {
-        [&self.state_file, &self.disk_layer]
+        let frozen_volumes = self
+            .volumes
             .iter()
+            .map(|v| &v.file)
+            .filter(|f| f.starts_with(&self.dir));
+        [&self.state_file, &self.disk_layer]
+            .into_iter()
+            .chain(frozen_volumes)
             .filter_map(|p| std::fs::metadata(p).ok())
             .map(|m| {
                 use std::os::unix::fs::MetadataExt;
@@ -154,6 +186,9 @@ pub struct StartSpec {
     pub net: GuestNet,
     /// The sandbox's ids, for the guest's "you were forked" hooks (reidentify).
     pub identity: zygote_proto::SandboxIdentity,
+    /// Volume disks to attach (image boots only: a snapshot or parked state brings its
+    /// own, [`SnapshotData::volumes`]).
+    pub volumes: Vec<VolumeDisk>,
 }
 
 impl StartSpec {
@@ -188,6 +223,10 @@ pub trait Runtime: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line on how branch works here (shown by `GET /v1/info`).
     fn branch_mechanism(&self) -> &'static str;
+    /// Whether VMs can have volume disks ([`StartSpec::volumes`]).
+    fn volumes_supported(&self) -> bool {
+        false
+    }
     fn snapshot_kinds(&self) -> Vec<SnapshotKind>;
 
     /// Starts a VM and returns once its agent answers (and, for snapshot

@@ -22,10 +22,10 @@ use zygote_qemu::{Accel, NetBackend, QemuConfig};
 
 use super::handoff::BroughtUp;
 use super::qmp::Qmp;
-use super::{console, guest_agent, supervisor};
+use super::{console, guest_agent, qemu_volumes, supervisor};
 use super::{
     BootSource, BranchProgress, Exit, ExportedSnapshot, GuestNet, RunState, Runtime, RuntimeError,
-    SnapshotData, StartSpec, VmRecord,
+    SnapshotData, StartSpec, VmRecord, VolumeDisk,
 };
 use crate::model::SnapshotKind;
 
@@ -78,7 +78,7 @@ impl QemuRuntime {
         Ok(info.vmlinux)
     }
 
-    fn config(&self, spec: &StartSpec) -> Result<QemuConfig, RuntimeError> {
+    fn config(&self, spec: &StartSpec, volumes: &[VolumeDisk]) -> Result<QemuConfig, RuntimeError> {
         let image = match &spec.source {
             BootSource::Image(p) => p.clone(),
             BootSource::Snapshot(s) | BootSource::Parked(s) => s.disk_layer.clone(),
@@ -86,6 +86,7 @@ impl QemuRuntime {
         let mut cfg = QemuConfig::new(self.kernel()?, image);
         cfg.mem_mib = spec.mem_mib;
         cfg.vcpus = spec.vcpus;
+        cfg.extra_disks = qemu_volumes::extra_disks(volumes);
         cfg.net = match &spec.net {
             GuestNet::User { restrict } => NetBackend::User {
                 restrict: *restrict,
@@ -104,6 +105,7 @@ impl QemuRuntime {
         spec: &StartSpec,
         cfg: &QemuConfig,
         accel: Accel,
+        volumes: &[VolumeDisk],
     ) -> Result<VmRecord, RuntimeError> {
         let dir = &spec.dir;
         // QEMU prints the serial port to its stdout, piped into the bounded log's pump
@@ -161,6 +163,7 @@ impl QemuRuntime {
             disk: spec.disk.clone(),
             accel: accel.as_str().to_string(),
             fork_hooks: Vec::new(),
+            volumes: volumes.to_vec(),
         };
         let process =
             match supervisor::wait_pid_file(&vm.pid_file, &supervisor, Duration::from_secs(30)) {
@@ -216,17 +219,27 @@ impl QemuRuntime {
         let stopped = Instant::now();
         qmp.stop()?;
         crate::fault::point("capture.stopped");
-        let captured = migrate_to_file(&mut qmp, &state_file, "capture").and_then(|_| {
-            crate::fault::point("capture.migrated");
-            qmp.snapshot_disk("root", next_disk)
-        });
+        // The volume copies before the layer switch: QEMU on `next_disk` (what start-up
+        // checks, `finished_capture`) means every file of the capture is whole.
+        let mut volumes = Vec::new();
+        let captured = migrate_to_file(&mut qmp, &state_file, "capture")
+            .map_err(RuntimeError::from)
+            .and_then(|_| {
+                crate::fault::point("capture.migrated");
+                volumes = qemu_volumes::freeze(&vm.volumes, snap_dir)?;
+                crate::fault::point("capture.volumes-copied");
+                Ok(qmp.snapshot_disk("root", next_disk)?)
+            });
         crate::fault::point("capture.disk-switched");
         let resumed = qmp.cont();
         let pause = stopped.elapsed();
         if let Err(e) = captured {
             let _ = std::fs::remove_file(&state_file);
             let _ = std::fs::remove_file(next_disk);
-            return Err(e.into());
+            for v in &volumes {
+                let _ = std::fs::remove_file(&v.file);
+            }
+            return Err(e);
         }
         resumed?;
         let data = SnapshotData {
@@ -235,6 +248,7 @@ impl QemuRuntime {
             disk_layer: vm.disk.clone(),
             accel: vm.accel.clone(),
             pause_ms: Some(pause.as_secs_f64() * 1e3),
+            volumes,
         };
         vm.disk = next_disk.to_path_buf();
         Ok(data)
@@ -290,6 +304,10 @@ impl Runtime for QemuRuntime {
         "qemu"
     }
 
+    fn volumes_supported(&self) -> bool {
+        true
+    }
+
     fn branch_mechanism(&self) -> &'static str {
         "QEMU: stop, migrate RAM+device state to a file, freeze the qcow2 layer \
          (blockdev-snapshot-sync), children start with -incoming on overlays of it, then reidentify"
@@ -300,7 +318,8 @@ impl Runtime for QemuRuntime {
     }
 
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
-        let cfg = self.config(spec)?;
+        let volumes = qemu_volumes::disks_for_start(spec)?;
+        let cfg = self.config(spec, &volumes)?;
         let accel = match &spec.source {
             BootSource::Snapshot(s) | BootSource::Parked(s) if s.accel == "kvm" => Accel::Kvm,
             BootSource::Snapshot(_) | BootSource::Parked(_) => Accel::Tcg,
@@ -312,7 +331,7 @@ impl Runtime for QemuRuntime {
             // The sandbox's own layer, kept through the pause.
             BootSource::Parked(_) => {}
         }
-        let result = self.start_once(spec, &cfg, accel);
+        let result = self.start_once(spec, &cfg, accel, &volumes);
         if result.is_err() && !matches!(spec.source, BootSource::Parked(_)) {
             let _ = std::fs::remove_file(&spec.disk);
         }
@@ -416,6 +435,11 @@ impl Runtime for QemuRuntime {
             disk_layer: vm.disk.clone(),
             accel: vm.accel.clone(),
             pause_ms: None,
+            volumes: vm
+                .volumes
+                .iter()
+                .map(|v| qemu_volumes::frozen(v, snap_dir))
+                .collect(),
         }))
     }
 
@@ -426,6 +450,7 @@ impl Runtime for QemuRuntime {
             disk_layer: vm.disk.clone(),
             accel: vm.accel.clone(),
             pause_ms: None,
+            volumes: vm.volumes.clone(),
         }
     }
 

@@ -75,6 +75,7 @@ from .models import (
     TreeNode,
     TransferProgress,
     TreeSnapshot,
+    Volume,
     WriteResult,
 )
 from .pty import Pty, PtyExit, PtyHandle
@@ -112,6 +113,7 @@ __all__ = [
     "ExposedPort",
     "MetricSample",
     "Snapshot",
+    "Volume",
     "PackOrigin",
     "Image",
     "PushResult",

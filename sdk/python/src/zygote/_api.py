@@ -45,6 +45,7 @@ from .models import (
     SandboxInfo,
     SandboxTree,
     Snapshot,
+    Volume,
     WriteResult,
 )
 
@@ -139,6 +140,7 @@ def create_sandboxes(
     metadata: Optional[Mapping[str, str]] = None,
     auto_resume: Optional[bool] = None,
     ttl_action: Optional[str] = None,
+    volumes: Optional[Mapping[str, Union[str, Volume]]] = None,
 ) -> Call[list[SandboxInfo]]:
     body: dict[str, Any] = {}
     for key, value in (
@@ -159,10 +161,42 @@ def create_sandboxes(
         ("envs", dict(envs) if envs is not None else None),
         ("secrets", secret_specs(secrets)),
         ("metadata", dict(metadata) if metadata is not None else None),
+        ("volumes", volume_mounts(volumes)),
     ):
         if value is not None:
             body[key] = value
     return Call("POST", "/v1/sandboxes", _sandboxes, json=body)
+
+
+def volume_mounts(volumes: Optional[Mapping[str, Any]]) -> Optional[list[dict[str, str]]]:
+    """``{"/guest/path": "volume name or id" | Volume}`` as the API takes it."""
+    if not volumes:
+        return None
+    return [
+        {"name": v.name if isinstance(v, Volume) else str(v), "path": path} for path, v in volumes.items()
+    ]
+
+
+# --- volumes -----------------------------------------------------------------
+
+
+def create_volume(name: str, size_mib: Optional[int] = None) -> Call[Volume]:
+    body: dict[str, Any] = {"name": name}
+    if size_mib is not None:
+        body["size_mib"] = size_mib
+    return Call("POST", "/v1/volumes", lambda r: Volume.from_json(_json(r)), json=body)
+
+
+def list_volumes() -> Call[list[Volume]]:
+    return Call("GET", "/v1/volumes", lambda r: [Volume.from_json(v) for v in _json(r)["volumes"]])
+
+
+def get_volume(volume: str) -> Call[Volume]:
+    return Call("GET", f"/v1/volumes/{seg(volume)}", lambda r: Volume.from_json(_json(r)))
+
+
+def delete_volume(volume: str) -> Call[None]:
+    return Call("DELETE", f"/v1/volumes/{seg(volume)}", _none)
 
 
 def secret_specs(secrets: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:

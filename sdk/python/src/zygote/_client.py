@@ -26,7 +26,7 @@ from ._config import Config, Verify, resolve
 from ._transfer import CHUNK, Transfer, TransferCallback, TransferCollector
 from ._version import __version__
 from .errors import ConnectionFailed, RequestTimeout, ServerError
-from .models import BranchResult, CommandResult, Image, PushResult, SandboxInfo, Snapshot
+from .models import BranchResult, CommandResult, Image, PushResult, SandboxInfo, Snapshot, Volume
 
 __all__ = ["Client", "AsyncClient", "DEFAULT_HTTP_TIMEOUT"]
 
@@ -323,6 +323,21 @@ class Client:
     def delete_snapshot(self, snapshot: Union[Snapshot, str]) -> None:
         self.call(_api.delete_snapshot(_snapshot_id(snapshot)))
 
+    def create_volume(self, name: str, *, size_mib: Optional[int] = None) -> Volume:
+        """A new empty volume (ext4, sparse on the host; 1024 MiB unless given)."""
+        return self.call(_api.create_volume(name, size_mib))
+
+    def volumes(self) -> List[Volume]:
+        return self.call(_api.list_volumes())
+
+    def get_volume(self, volume: str) -> Volume:
+        """A volume by name or id."""
+        return self.call(_api.get_volume(volume))
+
+    def delete_volume(self, volume: Union[Volume, str]) -> None:
+        """Deletes a volume and its data; refused (Conflict) while a sandbox has it."""
+        self.call(_api.delete_volume(volume.id if isinstance(volume, Volume) else volume))
+
     def close(self) -> None:
         self._http.close()
 
@@ -528,6 +543,18 @@ class AsyncClient:
 
     async def delete_snapshot(self, snapshot: Union[Snapshot, str]) -> None:
         await self.call(_api.delete_snapshot(_snapshot_id(snapshot)))
+
+    async def create_volume(self, name: str, *, size_mib: Optional[int] = None) -> Volume:
+        return await self.call(_api.create_volume(name, size_mib))
+
+    async def volumes(self) -> List[Volume]:
+        return await self.call(_api.list_volumes())
+
+    async def get_volume(self, volume: str) -> Volume:
+        return await self.call(_api.get_volume(volume))
+
+    async def delete_volume(self, volume: Union[Volume, str]) -> None:
+        await self.call(_api.delete_volume(volume.id if isinstance(volume, Volume) else volume))
 
     async def aclose(self) -> None:
         await self._http.aclose()

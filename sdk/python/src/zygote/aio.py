@@ -191,6 +191,7 @@ class AsyncSandbox:
         metadata: Optional[Mapping[str, str]] = None,
         auto_resume: Optional[bool] = None,
         ttl_action: Optional[str] = None,
+        volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[AsyncClient] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -213,6 +214,7 @@ class AsyncSandbox:
                 metadata=metadata,
                 auto_resume=auto_resume,
                 ttl_action=ttl_action,
+                volumes=volumes,
             )
         )
         return cls(made[0].id, client=c)

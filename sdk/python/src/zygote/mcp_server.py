@@ -146,15 +146,22 @@ def build_server(
 
     @server.tool()
     async def create_sandbox(
-        image: str = "minimal", memory_mib: Optional[int] = None, metadata: Optional[dict[str, str]] = None
+        image: str = "minimal",
+        memory_mib: Optional[int] = None,
+        metadata: Optional[dict[str, str]] = None,
+        volumes: Optional[dict[str, str]] = None,
     ) -> dict[str, Any]:
         """Boot a new sandbox (a Linux microVM) from an image (a built one such as "minimal",
         or an OCI image reference, pulled on first use); returns its sandbox_id.
         metadata: your own labels (key -> value; keys of A-Za-z0-9._-/, not starting
         "zygote."), kept by branch children (which add "zygote.parent") and usable to
-        filter list_sandboxes."""
+        filter list_sandboxes. volumes: named volumes to mount (guest path -> volume name,
+        see create_volume); this sandbox writes them, its branch children see a
+        copy-on-write view."""
         try:
-            sb = await AsyncSandbox.create(image, memory_mib=memory_mib, metadata=metadata, client=session.client)
+            sb = await AsyncSandbox.create(
+                image, memory_mib=memory_mib, metadata=metadata, volumes=volumes, client=session.client
+            )
         except ZygoteError as e:
             raise _tool_error(e) from e
         # Adopted before anything else can fail, so the session still kills it.
@@ -452,6 +459,39 @@ def build_server(
         except ValueError as e:
             raise ToolError(f"{e} [invalid_argument]") from e
         return {"sandbox_id": sandbox_id, "metrics": [dataclasses.asdict(m) for m in samples[-limit:]]}
+
+    @server.tool()
+    async def create_volume(name: str, size_mib: Optional[int] = None) -> dict[str, Any]:
+        """Make a named volume (an empty ext4 filesystem that outlives sandboxes; 1024 MiB
+        unless size_mib says otherwise); mount it with create_sandbox's volumes."""
+        try:
+            v = await session.client.create_volume(name, size_mib=size_mib)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"volume_id": v.id, "name": v.name, "size_mib": v.size_mib}
+
+    @server.tool()
+    async def list_volumes() -> dict[str, Any]:
+        """List named volumes and the sandbox each is mounted in (null: none)."""
+        try:
+            vols = await session.client.volumes()
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {
+            "volumes": [
+                {"volume_id": v.id, "name": v.name, "size_mib": v.size_mib, "mounted_in": v.attached_to}
+                for v in vols
+            ]
+        }
+
+    @server.tool()
+    async def delete_volume(name: str) -> dict[str, Any]:
+        """Delete a volume (by name or id) and its data; refused while a sandbox has it mounted."""
+        try:
+            await session.client.delete_volume(name)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {"deleted": name}
 
     @server.tool()
     async def list_sandboxes(metadata: Optional[dict[str, str]] = None) -> dict[str, Any]:

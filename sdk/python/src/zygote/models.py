@@ -842,3 +842,29 @@ class ProcessOutput:
             dropped_bytes=int(d.get("dropped_bytes") or 0),
             process=ProcessInfo.from_json(d["process"]),
         )
+
+
+@dataclass(frozen=True)
+class Volume:
+    """A named volume: an ext4 filesystem that outlives sandboxes. Mount it at
+    create (``Sandbox.create(..., volumes={"/data": "my-vol"})``); that sandbox
+    writes it, its branch children see a copy-on-write view."""
+
+    id: str
+    name: str
+    size_mib: int
+    created_at: int
+    attached_to: Optional[str]
+    """The sandbox it is mounted in (the only one that writes it), if any."""
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Volume":
+        return cls(
+            id=d["id"],
+            name=d["name"],
+            size_mib=int(d.get("size_mib", 0)),
+            created_at=int(d.get("created_at", 0)),
+            attached_to=d.get("attached_to"),
+            raw=d,
+        )

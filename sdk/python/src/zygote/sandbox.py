@@ -233,6 +233,7 @@ class Sandbox:
         metadata: Optional[Mapping[str, str]] = None,
         auto_resume: Optional[bool] = None,
         ttl_action: Optional[str] = None,
+        volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[Client] = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -268,6 +269,12 @@ class Sandbox:
         keys starting ``zygote.`` are reserved): shown in :meth:`info`, kept by
         branch children (which add ``zygote.parent``), and usable to filter
         :meth:`list`. Invalid ones raise :class:`~zygote.errors.InvalidArgument`.
+
+        ``volumes`` mounts named volumes: ``{"/data": "my-vol"}`` (a name, an id
+        or a :class:`~zygote.models.Volume`; see :meth:`Client.create_volume`).
+        This sandbox writes them (one sandbox at a time: another create naming
+        one raises :class:`~zygote.errors.Conflict`); its branch children see a
+        copy-on-write view.
         """
         c = _client(client, url, token)
         made = c.call(
@@ -286,6 +293,7 @@ class Sandbox:
                 metadata=metadata,
                 auto_resume=auto_resume,
                 ttl_action=ttl_action,
+                volumes=volumes,
             )
         )
         return cls(made[0].id, client=c)

@@ -1,6 +1,7 @@
 //! E2B's control plane, mounted under `/e2b` on the API listener: the calls of the
 //! SDKs' `Sandbox` class (create, list, get_info, connect, kill, set_timeout, pause,
-//! fork, snapshots, update_network, logs, get_metrics), each mapped onto the
+//! fork, snapshots, update_network, logs, get_metrics) and its `Volume` and `Template`
+//! classes, each mapped onto the
 //! [`Manager`](crate::manager::Manager) calls the REST API makes.
 //!
 //! Auth is E2B's `X-API-Key` header, compared in constant time with the daemon token
@@ -11,7 +12,8 @@
 //!
 //! One concern per module: [`sandboxes`] (one sandbox's lifecycle), [`list`] (the
 //! sandbox list), [`fork`], [`snapshots`], [`logs`] (a sandbox's event log),
-//! [`metrics`], and [`page`] (the keyset pagination both lists share).
+//! [`metrics`], [`volumes`] (and [`volume_content`]), the `templates*` modules (E2B's
+//! Template SDK), and [`page`] (the keyset pagination both lists share).
 mod fork;
 mod list;
 mod logs;
@@ -25,6 +27,8 @@ mod templates_copy;
 mod templates_tar;
 mod templates_upload;
 mod templates_wire;
+mod volume_content;
+mod volumes;
 
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, Uri};
@@ -61,6 +65,13 @@ pub enum ControlError {
     /// Any other "no such thing", in its own words.
     #[error("{0}")]
     NotFound(String),
+    #[error("volume '{0}' not found")]
+    VolumeNotFound(String),
+    /// The volume content API's token is missing or wrong (or names no volume).
+    #[error("invalid or missing volume token")]
+    InvalidVolumeToken,
+    #[error("path '{0}' not found")]
+    PathNotFound(String),
     #[error("Timeout must be greater than 0")]
     TimeoutNotPositive,
     #[error("Timeout cannot be greater than {} hours", MAX_TTL_SECS / 3600)]
@@ -89,10 +100,14 @@ pub enum ControlError {
 impl ControlError {
     fn status(&self) -> StatusCode {
         match self {
-            ControlError::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            ControlError::InvalidApiKey | ControlError::InvalidVolumeToken => {
+                StatusCode::UNAUTHORIZED
+            }
             ControlError::SandboxNotFound(_)
             | ControlError::TemplateNotFound(_)
             | ControlError::NotFound(_)
+            | ControlError::VolumeNotFound(_)
+            | ControlError::PathNotFound(_)
             | ControlError::NoRoute { .. } => StatusCode::NOT_FOUND,
             ControlError::TimeoutNotPositive
             | ControlError::TimeoutTooLong
@@ -134,7 +149,7 @@ impl IntoResponse for ControlError {
 
 /// The routes under `/e2b`, with their `X-API-Key` check.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let control = Router::new()
         .route(
             "/v2/sandboxes",
             post(sandboxes::create).get(list::list_sandboxes),
@@ -174,13 +189,19 @@ pub fn router(state: AppState) -> Router {
             post(templates::assign_tags).delete(templates::remove_tags),
         )
         .route("/templates/{id}/tags", get(templates::list_tags))
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/volumes/{id}",
+            get(volumes::get_info).delete(volumes::destroy),
+        )
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .layer(axum::middleware::from_fn_with_state(state.clone(), api_key))
         // The one route without the API key: an upload URL is its own credential
         // (`templates_upload`).
-        .route("/_uploads/{token}", put(templates_upload::upload))
-        .with_state(state)
+        .route("/_uploads/{token}", put(templates_upload::upload));
+    // Merged after the API-key layer: the content API checks its volume token instead.
+    volume_content::router().merge(control).with_state(state)
 }
 
 async fn api_key(State(st): State<AppState>, req: Request, next: Next) -> Response {
@@ -257,10 +278,14 @@ const MAX_TREE_WALK: usize = 256;
 
 /// The state E2B shows for a sandbox, or `None` for one E2B would not know of (being
 /// created, dead, being deleted, or its VM gone): E2B lists only `running` and
-/// `paused` sandboxes, and a paused one is saved to disk (zygote's `pausing` is E2B's
+/// `paused` sandboxes (and no volume helper), and a paused one is saved to disk (zygote's `pausing` is E2B's
 /// too: "it can be resumed"). A sandbox stopped for a snapshot or branch (`paused`
 /// with no saved state) runs on a moment later: `running`.
 fn e2b_state(s: &Sandbox) -> Option<&'static str> {
+    // A helper serving a volume's files is the daemon's, not the user's.
+    if s.metadata.contains_key(crate::manager::VOLUME_HELPER_LABEL) {
+        return None;
+    }
     match s.state.as_str() {
         "pausing" => Some("paused"),
         "paused" if s.paused_at.is_some() => Some("paused"),

@@ -16,7 +16,7 @@ use crate::e2b::EnvdKeys;
 use crate::error::Error;
 use crate::model::{
     CreateSandboxRequest, NetworkMode, NetworkView, SetNetworkRequest, SetTtlRequest, TtlAction,
-    MAX_TTL_SECS,
+    VolumeMountSpec, MAX_TTL_SECS,
 };
 
 /// `POST /v2/sandboxes`: a sandbox from the image (or snapshot) `templateID` names.
@@ -51,6 +51,16 @@ pub(super) async fn create(
         metadata: body.metadata.filter(|m| !m.is_empty()),
         allow_out,
         deny_out,
+        volumes: body.volume_mounts.map(|mounts| {
+            mounts
+                .into_iter()
+                .map(|m| VolumeMountSpec {
+                    name: m.name,
+                    path: m.path,
+                    shared: None,
+                })
+                .collect()
+        }),
         ..Default::default()
     };
     // In tasks of their own, as the REST API's create: a client that goes away does not
@@ -59,8 +69,11 @@ pub(super) async fn create(
     let job = tokio::spawn(async move { manager.begin_create(request).await })
         .await
         .map_err(|e| Error::Internal(format!("create task failed: {e}")))?
-        .map_err(|e| match e.status_code() {
-            (StatusCode::NOT_FOUND, _) => ControlError::TemplateNotFound(template.clone()),
+        .map_err(|e| match e {
+            Error::NotFound { what: "volume", id } => ControlError::VolumeNotFound(id),
+            e if e.status_code().0 == StatusCode::NOT_FOUND => {
+                ControlError::TemplateNotFound(template.clone())
+            }
             _ => ControlError::Zygote(e),
         })?;
     let manager = st.manager.clone();
