@@ -8,6 +8,10 @@ mod common;
 use std::time::Instant;
 
 use common::{create, qemu_guest_ready, sh, start_daemon, start_daemon_with_env, step, Scratch};
+
+/// A port of its own for each daemon: the tests run at once, and 7420 (the default)
+/// may be taken on the host.
+const QEMU_ARGS: &[&str] = &["--listen", "127.0.0.1:0", "--runtime", "qemu"];
 use hyper::Method;
 use serde_json::{json, Value};
 use zygote_daemon::client::{Client, ClientError};
@@ -56,7 +60,7 @@ async fn a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view() {
     }
     let t0 = Instant::now();
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
 
     let vol = new_volume(&c, "data").await;
@@ -194,7 +198,7 @@ async fn bad_volume_requests_are_400s_and_unknown_ones_404s() {
         return;
     }
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     for body in [
         json!({"name": ""}),
@@ -286,7 +290,7 @@ async fn a_daemon_killed_mid_create_leaves_no_half_made_volume() {
     // not list it, must remove the image, and must let the name be used again.
     let daemon = start_daemon_with_env(
         &scratch.state,
-        &["--runtime", "qemu"],
+        QEMU_ARGS,
         &[("ZYGOTE_FAULT", "volume.image-made")],
     );
     let c = daemon.client();
@@ -309,7 +313,7 @@ async fn a_daemon_killed_mid_create_leaves_no_half_made_volume() {
         "the fault point was not reached (no image was made)"
     );
 
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     let listed = call(&c, Method::GET, "/v1/volumes", None).await.unwrap();
     assert_eq!(listed["volumes"], json!([]), "{listed}");
@@ -329,7 +333,7 @@ async fn pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view() {
     }
     let t0 = Instant::now();
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     new_volume(&c, "keep").await;
     let a = create(
@@ -446,7 +450,7 @@ async fn a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volum
         return;
     }
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     new_volume(&c, "claimed").await;
     new_volume(&c, "dropped").await;
@@ -455,7 +459,7 @@ async fn a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volum
     // Killed after the claim, before the sandbox's record: the restarted daemon frees it.
     let daemon = start_daemon_with_env(
         &scratch.state,
-        &["--runtime", "qemu"],
+        QEMU_ARGS,
         &[("ZYGOTE_FAULT", "create.volumes-claimed")],
     );
     let c = daemon.client();
@@ -475,14 +479,14 @@ async fn a_daemon_killed_between_claim_and_record_or_mid_delete_leaves_the_volum
     // Killed after a delete's record, before the image's removal: the image goes.
     let daemon = start_daemon_with_env(
         &scratch.state,
-        &["--runtime", "qemu"],
+        QEMU_ARGS,
         &[("ZYGOTE_FAULT", "volume.delete-recorded")],
     );
     let c = daemon.client();
     assert!(delete(&c, "/v1/volumes/dropped").await.is_err());
     daemon.kill9();
 
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     let v = call(&c, Method::GET, "/v1/volumes/claimed", None)
         .await
@@ -526,7 +530,7 @@ async fn a_snapshot_a_crash_interrupted_after_its_volume_copy_is_recovered_with_
     // snapshot is recorded: start-up must record it with its volume copy.
     let daemon = start_daemon_with_env(
         &scratch.state,
-        &["--runtime", "qemu"],
+        QEMU_ARGS,
         &[("ZYGOTE_FAULT", "capture.disk-switched")],
     );
     let c = daemon.client();
@@ -552,7 +556,7 @@ async fn a_snapshot_a_crash_interrupted_after_its_volume_copy_is_recovered_with_
     );
     daemon.kill9();
 
-    let daemon = start_daemon(&scratch.state, &["--runtime", "qemu"]);
+    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
     let c = daemon.client();
     let snaps = call(&c, Method::GET, "/v1/snapshots", None).await.unwrap();
     let snaps = snaps["snapshots"].as_array().unwrap().clone();
