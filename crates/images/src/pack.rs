@@ -231,6 +231,14 @@ pub fn build_lock(what: &str, progress: Progress) -> Result<FileLock> {
     )
 }
 
+/// A number no other call of this process gets: with the pid, it makes a scratch name
+/// unique per call (`<what>-<nonce>-<pid>.<ext>`), so that two builds in one process
+/// never share a staging path.
+pub fn scratch_nonce() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The store's scratch directory (staging trees and unfinished ext4 files), created
 /// if needed, with what killed builds left there removed.
 pub fn scratch_dir() -> Result<PathBuf> {
@@ -431,6 +439,21 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
+
+    #[test]
+    fn scratch_names_are_unique_per_call_and_a_dead_processes_are_swept() {
+        let (a, b) = (scratch_nonce(), scratch_nonce());
+        assert_ne!(a, b);
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let live = dir.path().join(format!("oci-abc-{a}-{me}.root"));
+        // Pid 0 is never a process's: its leftovers are stale.
+        let dead = dir.path().join(format!("oci-abc-{b}-0.root"));
+        std::fs::create_dir(&live).unwrap();
+        std::fs::create_dir(&dead).unwrap();
+        remove_stale_staging(dir.path());
+        assert!(live.exists() && !dead.exists());
+    }
 
     #[test]
     fn guest_paths_follow_symlinks_inside_the_tree_a_bounded_number_of_times() {

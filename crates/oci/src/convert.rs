@@ -113,7 +113,15 @@ pub(crate) fn convert(
     }
     let started = Instant::now();
     let tmp = scratch_dir()?;
-    let stamp = format!("oci-{}-{}", &key[..12], std::process::id());
+    // Unique per call, not only per process: a conversion whose client went away may
+    // still be running its mkfs when the next one of the same image starts (the pid
+    // stays last, for `scratch_dir`'s clean-up of dead processes' leftovers).
+    let stamp = format!(
+        "oci-{}-{}-{}",
+        &key[..12],
+        zygote_images::pack::scratch_nonce(),
+        std::process::id()
+    );
     let staging = ScratchPath(tmp.join(format!("{stamp}.root")));
     let raw = ScratchPath(tmp.join(format!("{stamp}.ext4")));
     staging.clear()?;

@@ -46,8 +46,9 @@ pub fn import(path: &Path, opts: &ImportOptions, progress: Progress) -> Result<I
         });
         let scratch = scratch_dir()?;
         let at = ScratchPath(scratch.join(format!(
-            "import-{}-{}.root",
+            "import-{}-{}-{}.root",
             &Digest::of(path.as_os_str().as_encoded_bytes()).hex()[..12],
+            zygote_images::pack::scratch_nonce(),
             std::process::id()
         )));
         at.clear()?;
