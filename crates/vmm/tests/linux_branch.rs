@@ -39,6 +39,7 @@ fn branch_a_running_linux_guest_into_three_isolated_children() {
     let devices = |i: usize| DeviceHostConfig {
         vsock_uds: Some(child_sock(i)),
         net_tap: None,
+        ..Default::default()
     };
     // Each child serves its VM on a control socket (for a diagnosis, should its agent
     // not answer) until the test kills it.

@@ -24,6 +24,7 @@ fn restore_and_check(snap: &Path, uds: &Path, generation: &str) {
             device_host: DeviceHostConfig {
                 vsock_uds: Some(uds.to_path_buf()),
                 net_tap: None,
+                ..Default::default()
             },
             device_data: Vec::new(),
         },

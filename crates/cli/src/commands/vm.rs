@@ -74,6 +74,7 @@ fn vm_run(args: VmRunArgs) -> anyhow::Result<i32> {
         root_image: args.disk.clone(),
         root_read_only: args.disk_ro,
         data_disks: args.data_disk.clone(),
+        named_disks: Vec::new(),
         vsock: args.vsock.clone().map(|uds_path| VsockConfig {
             guest_cid: args.cid,
             uds_path,

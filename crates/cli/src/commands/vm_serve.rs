@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use zygote_vmm::control::checks::SnapshotConfinement;
 use zygote_vmm::control::server::{bind, console_sink, serve_listener, ServeOptions};
+use zygote_vmm::devices::virtio::block::DiskFile;
 use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
 use zygote_vmm::devices::virtio::setup::{GuestDeviceConfig, GuestDevices};
 use zygote_vmm::devices::virtio::vsock::{VsockConfig, DEFAULT_GUEST_CID};
@@ -57,6 +58,16 @@ pub struct VmServeArgs {
     /// Persistent data disk (repeatable).
     #[arg(long, value_name = "FILE", conflicts_with = "restore")]
     data_disk: Vec<PathBuf>,
+    /// A data disk with an id (its GET_ID, how the guest finds it; 1-20 of
+    /// `A-Za-z0-9._-`) whose writes reach FILE, e.g. a named volume (repeatable). With
+    /// --restore: the saved VM's disk of that id uses FILE.
+    #[arg(long, value_name = "ID=FILE", value_parser = parse_named_disk)]
+    volume: Vec<(String, PathBuf)>,
+    /// Like --volume, but the disk is a copy-on-write view of FILE: writes stay in the
+    /// VM's memory and FILE is never written (repeatable). With --restore: how a copy of
+    /// a VM gets a frozen copy of a persistent disk instead of writing into it.
+    #[arg(long, value_name = "ID=FILE", value_parser = parse_named_disk)]
+    volume_view: Vec<(String, PathBuf)>,
     /// virtio-vsock on this Unix socket (with --restore: the restored VM's own socket).
     #[arg(long, value_name = "SOCK")]
     vsock: Option<PathBuf>,
@@ -73,6 +84,38 @@ pub struct VmServeArgs {
     /// resolving symlinks); branch children inherit the limit.
     #[arg(long, value_name = "DIR")]
     snapshot_root: Option<PathBuf>,
+}
+
+/// `ID=FILE` of `--volume`/`--volume-view`: ids are limited to what the 20-byte GET_ID
+/// answer holds whole, so that two ids can never read the same to the guest.
+fn parse_named_disk(s: &str) -> Result<(String, PathBuf), String> {
+    let (id, file) = s.split_once('=').ok_or("expected ID=FILE")?;
+    let valid = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    if id.is_empty() || id.len() > 20 || !id.chars().all(valid) {
+        return Err(format!(
+            "disk id {id:?}: 1 to 20 characters of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    if file.is_empty() {
+        return Err("expected ID=FILE".into());
+    }
+    Ok((id.to_string(), PathBuf::from(file)))
+}
+
+/// The named disks of `args`, in flag order: volumes, then views.
+fn disk_files(args: &VmServeArgs) -> Vec<DiskFile> {
+    let named = |list: &[(String, PathBuf)], copy_on_write: bool| {
+        list.iter()
+            .map(|(id, path)| DiskFile {
+                id: id.clone(),
+                path: path.clone(),
+                copy_on_write,
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut files = named(&args.volume, false);
+    files.extend(named(&args.volume_view, true));
+    files
 }
 
 pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
@@ -107,6 +150,7 @@ fn build(args: &VmServeArgs) -> anyhow::Result<Vmm> {
                 device_host: DeviceHostConfig {
                     vsock_uds: args.vsock.clone(),
                     net_tap: args.net.clone(),
+                    disk_files: disk_files(args),
                 },
                 device_data: Vec::new(),
             },
@@ -117,6 +161,7 @@ fn build(args: &VmServeArgs) -> anyhow::Result<Vmm> {
             root_image: args.disk.clone(),
             root_read_only: false,
             data_disks: args.data_disk.clone(),
+            named_disks: disk_files(args),
             vsock: args.vsock.clone().map(|uds_path| VsockConfig {
                 guest_cid: DEFAULT_GUEST_CID,
                 uds_path,

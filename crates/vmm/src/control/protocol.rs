@@ -3,6 +3,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::devices::virtio::block::DiskFile;
 use crate::vmm::snapshot::SnapshotMode;
 
 /// Largest memory read/write through the socket (probe tests, diagnostics).
@@ -76,6 +77,11 @@ pub struct ChildSpec {
     /// parent's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<PathBuf>,
+    /// Files for its block devices, by id, instead of the parent's: each persistent
+    /// disk of the parent needs one (a frozen copy, opened copy-on-write), or the child
+    /// writes into the parent's file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disk_files: Vec<DiskFile>,
 }
 
 fn default_ready_timeout_ms() -> u64 {

@@ -275,6 +275,7 @@ fn branch(
     let devices = |i: usize| DeviceHostConfig {
         vsock_uds: children[i].vsock.clone(),
         net_tap: children[i].tap.clone(),
+        disk_files: children[i].disk_files.clone(),
     };
     let cgroup = |i: usize| children[i].cgroup.clone();
     let netns = |i: usize| children[i].netns.clone();

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use super::ready::{self, ReadyRecord, WaitError};
 use super::{RestoreConfig, Vmm, VmmError};
 use crate::devices::serial::SerialOut;
+use crate::devices::virtio::block::DiskMode;
 use crate::devices::virtio::persist::DeviceHostConfig;
+use crate::devices::virtio::state::DeviceState;
 use crate::persist::VmState;
 
 /// What a branch child does once its VM runs. Its return value is the exit status.
@@ -90,6 +92,11 @@ pub enum BranchError {
     Vmm(#[from] VmmError),
     #[error("count must be at least 1")]
     ZeroCount,
+    #[error(
+        "child {index} has no file of its own for the persistent disk {id:?}: it would \
+         write into the parent's (give each child a frozen copy, `disk_files`)"
+    )]
+    SharedPersistentDisk { index: usize, id: String },
     #[error("creating the readiness pipe failed: {0}")]
     Pipe(std::io::Error),
     #[error("fork failed: {0}")]
@@ -106,6 +113,27 @@ pub enum BranchError {
         count: usize,
         timeout: Duration,
     },
+}
+
+/// A persistent disk's writes reach its file: two VMs must never share one, so each
+/// child must be given a file of its own for every persistent disk of the parent.
+fn check_children_own_their_disks(state: &VmState, req: &BranchRequest) -> Result<(), BranchError> {
+    let persistent = state.devices.virtio.iter().filter_map(|d| match &d.device {
+        DeviceState::Block(b) if b.config.mode == DiskMode::Persistent => Some(&b.config),
+        _ => None,
+    });
+    for config in persistent {
+        for index in 0..req.count {
+            let files = (req.child_devices)(index).disk_files;
+            if !files.iter().any(|f| config.is_named(f)) {
+                return Err(BranchError::SharedPersistentDisk {
+                    index,
+                    id: config.id.clone().unwrap_or_default(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Status a spawner reports for a child it could not fork.
@@ -186,6 +214,12 @@ impl Vmm {
         let was_paused = self.paused;
         let state = self.pause_and_capture()?;
         let captured = started.elapsed();
+        if let Err(e) = check_children_own_their_disks(&state, req) {
+            if !was_paused {
+                self.resume()?;
+            }
+            return Err(e);
+        }
 
         let mut fds = [0 as RawFd; 2];
         // SAFETY: plain pipe creation.

@@ -17,7 +17,7 @@ use crate::devices::i8042::{I8042, I8042_DATA_PORT, I8042_PORT_RANGE};
 use crate::devices::serial::{SerialDevice, SerialOut, COM1_BASE, COM_PORT_LEN};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::persist::{
-    restore_device, DeviceHostConfig, DeviceRestoreError, VirtioDeviceState,
+    check_disk_files, restore_device, DeviceHostConfig, DeviceRestoreError, VirtioDeviceState,
 };
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::{Bus, BusError};
@@ -326,6 +326,7 @@ impl Vmm {
                 kvm_max: host.max_vcpus,
             });
         }
+        check_disk_files(&state.devices.virtio, &cfg.device_host)?;
         let mut slots: Vec<DeviceSlot> = Vec::new();
         for (i, saved) in state.devices.virtio.iter().enumerate() {
             let mut data = cfg

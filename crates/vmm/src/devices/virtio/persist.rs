@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::block::Block;
+use super::block::{Block, DiskFile};
 use super::net::Net;
 use super::rng::Rng;
 use super::state::{DeviceState, QueueSnapshot};
@@ -46,6 +46,10 @@ pub struct DeviceHostConfig {
     pub vsock_uds: Option<PathBuf>,
     /// Tap interface for a network device (required when the VM has one).
     pub net_tap: Option<String>,
+    /// Files for block devices, by id, instead of the ones they were saved with: a
+    /// persistent disk must get one (see [`super::block`]), or it re-opens the file of
+    /// the VM it came from. Every entry must name a device of the saved VM.
+    pub disk_files: Vec<DiskFile>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,12 +58,32 @@ pub enum DeviceRestoreError {
     NeedVsockPath,
     #[error("the saved VM has a network device: give the restored VM its own tap")]
     NeedTap,
+    #[error("disk id {0:?} names no block device of the saved VM, or is given twice")]
+    NoSuchDisk(String),
     #[error("re-creating the {kind} device failed: {detail}")]
     Device { kind: &'static str, detail: String },
 }
 
 fn failed(kind: &'static str) -> impl FnOnce(String) -> DeviceRestoreError {
     move |detail| DeviceRestoreError::Device { kind, detail }
+}
+
+/// Checks that every file of `host.disk_files` names a block device of `saved`, once.
+pub fn check_disk_files(
+    saved: &[VirtioDeviceState],
+    host: &DeviceHostConfig,
+) -> Result<(), DeviceRestoreError> {
+    for (i, f) in host.disk_files.iter().enumerate() {
+        let named = |s: &VirtioDeviceState| match &s.device {
+            DeviceState::Block(b) => b.config.is_named(f),
+            _ => false,
+        };
+        let repeated = host.disk_files[..i].iter().any(|g| g.id == f.id);
+        if repeated || saved.iter().filter(|s| named(s)).count() != 1 {
+            return Err(DeviceRestoreError::NoSuchDisk(f.id.clone()));
+        }
+    }
+    Ok(())
 }
 
 /// Re-create a device from its saved state (not yet activated: its transport does that).
@@ -69,9 +93,13 @@ pub fn restore_device(
     private_data: Option<&mut dyn Read>,
 ) -> Result<Arc<Mutex<dyn VirtioDevice>>, DeviceRestoreError> {
     Ok(match state {
-        DeviceState::Block(s) => Arc::new(Mutex::new(
-            Block::restore(s, private_data).map_err(|e| failed("block")(e.to_string()))?,
-        )),
+        DeviceState::Block(s) => {
+            let file = host.disk_files.iter().find(|f| s.config.is_named(f));
+            Arc::new(Mutex::new(
+                Block::restore(s, private_data, file)
+                    .map_err(|e| failed("block")(e.to_string()))?,
+            ))
+        }
         DeviceState::Vsock(s) => {
             let path = host
                 .vsock_uds

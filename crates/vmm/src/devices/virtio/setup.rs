@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use super::block::{Block, BlockConfig, BlockError};
+use super::block::{Block, BlockConfig, BlockError, DiskFile, DiskMode};
 use super::net::{Net, NetConfig, NetError};
 use super::rng::Rng;
 use super::vsock::{Vsock, VsockConfig, VsockError, DEFAULT_GUEST_CID};
@@ -21,6 +21,9 @@ pub struct GuestDeviceConfig {
     pub root_read_only: bool,
     /// Persistent data disks (writes reach the files).
     pub data_disks: Vec<PathBuf>,
+    /// Data disks with an id of their own (the guest's GET_ID, e.g. a volume's id),
+    /// after the unnamed ones.
+    pub named_disks: Vec<DiskFile>,
     pub vsock: Option<VsockConfig>,
     /// Tap interface for virtio-net; none by default.
     pub net_tap: Option<String>,
@@ -70,6 +73,17 @@ impl GuestDevices {
             d.data.push(open_disk(BlockConfig {
                 id: Some(format!("zygote-data{i}")),
                 ..BlockConfig::persistent(path)
+            })?);
+        }
+        for f in &cfg.named_disks {
+            d.data.push(open_disk(BlockConfig {
+                id: Some(f.id.clone()),
+                mode: if f.copy_on_write {
+                    DiskMode::CopyOnWrite
+                } else {
+                    DiskMode::Persistent
+                },
+                ..BlockConfig::persistent(&f.path)
             })?);
         }
         if let Some(v) = &cfg.vsock {

@@ -4,6 +4,12 @@
 //! `MAP_PRIVATE`, so guest writes stay in this VM's memory and a fork(2) shares them
 //! copy-on-write. A data disk is a plain file ([`disk::FileDisk`]). Either may be
 //! exposed read-only (VIRTIO_BLK_F_RO; writes fail with IOERR).
+//!
+//! A persistent disk is the one kind whose state lives outside this process, so it is
+//! the one kind a copy of the VM must not simply re-open: a branch child or a restored
+//! snapshot writing into the same file as the VM it came from would corrupt it. Whoever
+//! restores such a VM names, per disk id, the file it gets instead ([`DiskFile`]): a
+//! frozen copy of the disk made while the source VM was paused, opened copy-on-write.
 pub mod disk;
 pub mod request;
 
@@ -63,6 +69,11 @@ impl BlockConfig {
         }
     }
 
+    /// Whether this device is the one `file` names.
+    pub fn is_named(&self, file: &DiskFile) -> bool {
+        self.id.as_deref() == Some(file.id.as_str())
+    }
+
     fn id_bytes(&self) -> [u8; ID_BYTES] {
         let name = self.id.clone().unwrap_or_else(|| {
             self.path
@@ -75,6 +86,16 @@ impl BlockConfig {
         id[..n].copy_from_slice(&name.as_bytes()[..n]);
         id
     }
+}
+
+/// The file a restored block device uses instead of the one it was saved with, found
+/// by the device's id (its GET_ID answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFile {
+    pub id: String,
+    pub path: PathBuf,
+    /// Open it copy-on-write (writes stay in the VM's memory) rather than persistent.
+    pub copy_on_write: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,6 +119,8 @@ pub enum BlockError {
     Overlay(std::io::Error),
     #[error("overlay page {0} is outside the disk")]
     OverlayPage(u64),
+    #[error("disk {0}: its copy-on-write pages cannot be restored onto a persistent file")]
+    PersistentOverCow(String),
 }
 
 /// One virtio-blk device.
@@ -186,17 +209,34 @@ impl Block {
         Ok(())
     }
 
-    /// Re-open the disk named in `state` and re-apply its overlay (read from `overlay`
-    /// in `write_overlay`'s format). The restoring transport then activates the device
-    /// with queues rebuilt from `state.virtio.queues`.
-    pub fn restore(state: &BlockState, overlay: Option<&mut dyn Read>) -> Result<Self, BlockError> {
+    /// Re-open the disk named in `state` (or `file`, when the restorer names one for
+    /// this disk) and re-apply its overlay (read from `overlay` in `write_overlay`'s
+    /// format). The restoring transport then activates the device with queues rebuilt
+    /// from `state.virtio.queues`.
+    pub fn restore(
+        state: &BlockState,
+        overlay: Option<&mut dyn Read>,
+        file: Option<&DiskFile>,
+    ) -> Result<Self, BlockError> {
         if state.virtio.device_type != DEVICE_TYPE_BLOCK {
             return Err(BlockError::WrongDevice(state.virtio.device_type));
         }
-        let mut dev = Self::open(state.config.clone())?;
+        let mut config = state.config.clone();
+        if let Some(f) = file {
+            if state.config.mode == DiskMode::CopyOnWrite && !f.copy_on_write {
+                return Err(BlockError::PersistentOverCow(f.id.clone()));
+            }
+            config.path = f.path.clone();
+            config.mode = if f.copy_on_write {
+                DiskMode::CopyOnWrite
+            } else {
+                DiskMode::Persistent
+            };
+        }
+        let mut dev = Self::open(config)?;
         {
             let mut disk = dev.disk.lock().unwrap();
-            disk::check_size(&state.config.path, state.size, disk.size())?;
+            disk::check_size(&dev.config.path, state.size, disk.size())?;
             if let (Disk::Cow(c), Some(r)) = (&mut *disk, overlay) {
                 let mut page = vec![0u8; PAGE as usize];
                 for &p in &state.overlay_pages {

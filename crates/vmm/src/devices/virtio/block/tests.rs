@@ -326,7 +326,7 @@ fn cow_image_keeps_writes_private_and_counts_them() {
     let DeviceState::Block(state2) = serde_json::from_str(&json).unwrap() else {
         panic!("wrong variant")
     };
-    let restored = Block::restore(&state2, Some(&mut overlay.as_slice())).unwrap();
+    let restored = Block::restore(&state2, Some(&mut overlay.as_slice()), None).unwrap();
     let mut got = [0u8; 1024];
     restored
         .disk
