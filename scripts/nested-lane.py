@@ -111,6 +111,7 @@ FULL = SMOKE + [
         ["--exact", "kvm_runtime_survives_a_crash_at_every_step", "--nocapture"],
     ),
     Step("daemon/kvm_branch_stress", 1800, "zygote-daemon", "kvm_branch_stress"),
+    Step("daemon/volumes_kvm", 1200, "zygote-daemon", "volumes", ["kvm_", "--nocapture"]),
     Step(
         "daemon/network_kvm", 900, "zygote-daemon", "network",
         ["--exact", "kvm_sandbox_networking", "--nocapture"],

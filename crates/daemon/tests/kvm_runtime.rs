@@ -446,3 +446,139 @@ fn kvm_runtime_parks_a_vm_and_resumes_it_in_place() {
     rt.destroy(&b);
     assert!(!b.process.is_alive());
 }
+
+mod volumes {
+    //! A volume under the kvm runtime, driven through the probe's `blkspin` scenario (the
+    //! volume is its only, so first, disk): the owner's writes reach the volume's image;
+    //! a branch child, a VM started from a snapshot, and their writes never do.
+    use super::*;
+    use zygote_daemon::runtime::VolumeDisk;
+    use zygote_probe_abi as abi;
+
+    fn scratch(i: usize) -> u64 {
+        abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * i as u64
+    }
+
+    /// Has the guest write its spin sector with `cmd`'s pattern; true if that worked.
+    fn blk_command(vm: &VmRecord, cmd: u64) -> bool {
+        let _: usize = ControlClient::new(&vm.control)
+            .request(&Request::WriteMemory {
+                gpa: scratch(abi::SCRATCH_BLK_CMD),
+                hex: hex::encode(cmd.to_le_bytes()),
+            })
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while read_word(vm, scratch(abi::SCRATCH_BLK_ACK)) != cmd {
+            assert!(
+                Instant::now() < deadline,
+                "the guest never ran command {cmd}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        read_word(vm, scratch(abi::SCRATCH_BLK_RESULT)) == 1
+    }
+
+    /// Which command last wrote the spin sector of `file` (0: none of 1..=16).
+    fn spin_of(file: &Path) -> u64 {
+        let data = std::fs::read(file).unwrap();
+        let at = (abi::BLK_SPIN_SECTOR * 512) as usize;
+        let word = u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
+        (1..=16)
+            .find(|&c| abi::blk_spin_word(c, 0) == word)
+            .unwrap_or(0)
+    }
+
+    fn volume_image(path: &Path) {
+        let mut data = vec![0x33u8; 1 << 20];
+        for w in 0..64u64 {
+            let at = 8 * w as usize;
+            data[at..at + 8].copy_from_slice(&abi::blk_base_word(w).to_le_bytes());
+        }
+        std::fs::write(path, &data).unwrap();
+    }
+
+    /// Waits for the guest to pass its boot checks (RAM, disk) and obey commands.
+    fn wait_ready(vm: &VmRecord) {
+        let console = zygote_daemon::runtime::console::path(&vm.dir);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&console)
+            .unwrap_or_default()
+            .contains(abi::REPORT_READY)
+        {
+            assert!(Instant::now() < deadline, "the probe never got ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn kvm_runtime_keeps_a_volume_its_owners() {
+        let Some(env) = setup() else { return };
+        let (bin, root) = (env.bin.clone(), env.root.clone());
+        let rt = KvmRuntime::with_probe(bin, "blkspin");
+        assert!(rt.volumes_supported());
+        let image = root.join("vol-0123456789ab.ext4");
+        volume_image(&image);
+        let mut sp = spec(&root, "owner", BootSource::Image(PathBuf::new()));
+        sp.volumes = vec![VolumeDisk {
+            volume: "vol-0123456789ab".into(),
+            name: "data".into(),
+            path: "/data".into(),
+            file: image.clone(),
+            format: "raw".into(),
+            writes_volume: true,
+        }];
+        let mut owner = rt.start(&sp).expect("start with a volume");
+        wait_ready(&owner);
+        assert!(blk_command(&owner, 1));
+        assert_eq!(spin_of(&image), 1, "the owner's writes reach the volume");
+
+        // Branch: the child's disk is a view of a copy frozen while the owner paused.
+        let point = root.join("snapshots").join("point");
+        std::fs::create_dir_all(&point).unwrap();
+        let child_spec = spec(&root, "child", BootSource::Image(PathBuf::new()));
+        let next = root.join("layers").join("next");
+        let (_, mut results) = rt
+            .branch(
+                &mut owner,
+                &point,
+                &next,
+                std::slice::from_ref(&child_spec),
+                false,
+            )
+            .expect("branch");
+        let child = results.remove(0).expect("child");
+        let copy = child_spec.dir.join("vol-0123456789ab.raw");
+        assert_eq!(child.volumes[0].file, copy);
+        assert!(!child.volumes[0].writes_volume);
+        assert!(blk_command(&child, 3), "the child drives its view");
+        assert_eq!(spin_of(&image), 1, "the child never wrote the volume");
+        assert_eq!(spin_of(&copy), 1, "nor its frozen copy");
+        assert!(blk_command(&owner, 4));
+        assert_eq!(spin_of(&image), 4, "the owner still writes the volume");
+
+        // A snapshot: its own copy, and a VM started from it gets a view of that.
+        let snap = snapshot(&rt, &root, &mut owner, SnapshotKind::Full);
+        assert_eq!(snap.volumes.len(), 1, "{snap:?}");
+        assert_eq!(spin_of(&snap.volumes[0].file), 4);
+        let from_snap = rt
+            .start(&spec(&root, "restored", BootSource::Snapshot(snap.clone())))
+            .expect("start from the snapshot");
+        assert!(blk_command(&from_snap, 5));
+        assert_eq!(spin_of(&image), 4, "the restored VM never wrote the volume");
+        assert_eq!(spin_of(&snap.volumes[0].file), 4, "nor the snapshot's copy");
+
+        // Pause to disk and back: the owner writes its volume again.
+        let park = root.join("snapshots").join("owner.park-1");
+        std::fs::create_dir_all(&park).unwrap();
+        let parked = rt.park(&owner, &park).expect("park");
+        assert_eq!(parked.volumes, owner.volumes);
+        let resumed = rt
+            .start(&spec(&root, "owner", BootSource::Parked(parked)))
+            .expect("resume");
+        assert!(blk_command(&resumed, 6));
+        assert_eq!(spin_of(&image), 6, "the resumed owner writes its volume");
+        for vm in [&child, &from_snap, &resumed] {
+            rt.destroy(vm);
+        }
+    }
+}

@@ -1,4 +1,5 @@
-//! Named volumes on a live daemon (qemu runtime): a volume outlives the sandbox that
+//! Named volumes on a live daemon (qemu runtime; the first two suites also on the kvm
+//! runtime, where Linux guests boot: the nested lane's full run): a volume outlives the sandbox that
 //! wrote it; a branch child sees a copy-on-write view (its writes never reach the
 //! volume, and the parent's later writes never reach it); one writer at a time (409s);
 //! bad input is a 400; a daemon killed in the middle of a volume create leaves nothing
@@ -12,6 +13,18 @@ use common::{create, qemu_guest_ready, sh, start_daemon, start_daemon_with_env, 
 /// A port of its own for each daemon: the tests run at once, and 7420 (the default)
 /// may be taken on the host.
 const QEMU_ARGS: &[&str] = &["--listen", "127.0.0.1:0", "--runtime", "qemu"];
+const KVM_ARGS: &[&str] = &["--listen", "127.0.0.1:0", "--runtime", "kvm"];
+
+/// The kvm runtime's counterpart of `qemu_guest_ready`: a host where zygote's VMM boots
+/// Linux, and the guest kernel and `minimal` image.
+fn kvm_guest_ready(test: &str) -> bool {
+    if !zygote_vmm::host::linux_guests_or_skip(test) {
+        return false;
+    }
+    zygote_images::build_kernel(&mut |l| eprintln!("    {l}")).expect("guest kernel");
+    zygote_images::build_image("minimal", &mut |l| eprintln!("    {l}")).expect("minimal image");
+    true
+}
 use hyper::Method;
 use serde_json::{json, Value};
 use zygote_daemon::client::{Client, ClientError};
@@ -55,12 +68,22 @@ async fn new_volume(c: &Client, name: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view() {
-    if !qemu_guest_ready("a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view") {
-        return;
+    if qemu_guest_ready("a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view") {
+        outlives_and_views(QEMU_ARGS).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kvm_a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view() {
+    if kvm_guest_ready("kvm_a_volume_outlives_its_sandbox_and_children_get_a_copy_on_write_view") {
+        outlives_and_views(KVM_ARGS).await;
+    }
+}
+
+async fn outlives_and_views(daemon_args: &[&str]) {
     let t0 = Instant::now();
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
+    let daemon = start_daemon(&scratch.state, daemon_args);
     let c = daemon.client();
 
     let vol = new_volume(&c, "data").await;
@@ -328,12 +351,22 @@ async fn a_daemon_killed_mid_create_leaves_no_half_made_volume() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view() {
-    if !qemu_guest_ready("pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view") {
-        return;
+    if qemu_guest_ready("pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view") {
+        pause_and_snapshot_start(QEMU_ARGS).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kvm_pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view() {
+    if kvm_guest_ready("kvm_pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view") {
+        pause_and_snapshot_start(KVM_ARGS).await;
+    }
+}
+
+async fn pause_and_snapshot_start(daemon_args: &[&str]) {
     let t0 = Instant::now();
     let scratch = Scratch::new();
-    let daemon = start_daemon(&scratch.state, QEMU_ARGS);
+    let daemon = start_daemon(&scratch.state, daemon_args);
     let c = daemon.client();
     new_volume(&c, "keep").await;
     let a = create(
@@ -353,6 +386,19 @@ async fn pause_keeps_a_volume_and_a_snapshot_start_gets_a_copy_on_write_view() {
     .await
     .expect("snapshot A");
     let snap_id = snap["id"].as_str().unwrap().to_string();
+    // A pack carries the sandbox, never its volumes' data: refused.
+    let (status, message) = status_of(
+        call(
+            &c,
+            Method::GET,
+            &format!("/v1/snapshots/{snap_id}/export"),
+            None,
+        )
+        .await,
+        "exporting a snapshot with a volume",
+    );
+    assert_eq!(status, 422, "{message}");
+    assert!(message.contains("volumes"), "{message}");
     // Written after the snapshot: the volume has it, the snapshot's view does not.
     sh(&c, &a.id, "echo two > /keep/g").await.unwrap();
     step(t0, "A snapshotted");

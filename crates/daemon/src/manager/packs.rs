@@ -32,6 +32,14 @@ impl Manager {
     /// Packs snapshot `id` into the blob store (files already packed are reused).
     pub async fn pack_snapshot(&self, id: &str, progress: PackProgress) -> Result<Packed> {
         let snap = self.snapshot_row(id)?;
+        if !snap.data.volumes.is_empty() {
+            // A volume's data stays on its host: a pack carries the sandbox, not its volumes.
+            return Err(Error::Unsupported(
+                "a snapshot of a sandbox with volumes cannot be packed (volumes stay on their \
+                 host)"
+                    .into(),
+            ));
+        }
         let work = self.scratch_file(&format!("pack-{}", snap.id), "d")?;
         std::fs::create_dir_all(&work)
             .map_err(Error::io(format!("creating {}", work.display())))?;

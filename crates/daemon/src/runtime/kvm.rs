@@ -15,6 +15,8 @@
 //!   directory, `stop`; resume is `vm serve --restore` of it, which maps the memory
 //!   file MAP_PRIVATE (pages fault in lazily, from the page cache), then the clock is
 //!   stepped (no re-identify: it is the same guest).
+//! * volumes: the owner's VMM writes the volume's image; captures freeze a copy that
+//!   other VMs see copy-on-write (see `kvm_volumes`).
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -27,8 +29,9 @@ use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY
 
 use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
+use super::kvm_volumes;
 use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
-use super::{BranchProgress, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord};
+use super::{BranchProgress, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord, VolumeDisk};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
 
@@ -106,7 +109,12 @@ impl KvmRuntime {
         Ok(info.vmlinux)
     }
 
-    fn argv(&self, spec: &StartSpec, files: &VmFiles) -> Result<Vec<String>, RuntimeError> {
+    fn argv(
+        &self,
+        spec: &StartSpec,
+        files: &VmFiles,
+        volumes: &[VolumeDisk],
+    ) -> Result<Vec<String>, RuntimeError> {
         let mut cmdline = kvm_cmd::guest_cmdline();
         if let Some(t) = tap(spec) {
             cmdline.push(' ');
@@ -136,14 +144,19 @@ impl KvmRuntime {
             argv.push("--net".into());
             argv.push(t.tap.clone());
         }
+        argv.extend(kvm_volumes::serve_args(volumes));
         Ok(argv)
     }
 
     /// Spawns `vm serve` under the supervisor and waits for its control socket.
-    fn spawn_vmm(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
+    fn spawn_vmm(
+        &self,
+        spec: &StartSpec,
+        volumes: Vec<VolumeDisk>,
+    ) -> Result<VmRecord, RuntimeError> {
         let files = VmFiles::in_dir(&spec.dir);
         files.clear(&spec.dir);
-        let args = self.argv(spec, &files)?;
+        let args = self.argv(spec, &files, &volumes)?;
         let stderr = std::fs::File::create(&files.stderr)
             .map_err(RuntimeError::io("creating vmm.stderr"))?;
         let bin = self.bin.display().to_string();
@@ -158,7 +171,7 @@ impl KvmRuntime {
             None,
         )?;
         match wait_control(&files.api_sock, &sup) {
-            Ok(process) => Ok(record(spec, &files, process, Some(sup))),
+            Ok(process) => Ok(record(spec, &files, process, Some(sup), volumes)),
             Err(e) => {
                 // The VMM is the shell's child; kill it too if it got that far.
                 for pid in children_of(sup.pid) {
@@ -226,6 +239,7 @@ fn record(
     files: &VmFiles,
     process: ProcId,
     supervisor: Option<ProcId>,
+    volumes: Vec<VolumeDisk>,
 ) -> VmRecord {
     VmRecord {
         dir: spec.dir.clone(),
@@ -239,7 +253,7 @@ fn record(
         disk: spec.disk.clone(),
         accel: ACCEL.into(),
         fork_hooks: Vec::new(),
-        volumes: Vec::new(),
+        volumes,
     }
 }
 
@@ -327,15 +341,13 @@ impl Runtime for KvmRuntime {
         vec![SnapshotKind::Full, SnapshotKind::Diff, SnapshotKind::Live]
     }
 
+    fn volumes_supported(&self) -> bool {
+        true
+    }
+
     fn start(&self, spec: &StartSpec) -> Result<VmRecord, RuntimeError> {
-        if !spec.volumes.is_empty() {
-            // The VMM keeps a disk's writes in its own memory (copy-on-write): a volume
-            // needs writes that reach its image, which it does not do yet.
-            return Err(RuntimeError::Unsupported(
-                "volumes need the qemu runtime for now".into(),
-            ));
-        }
-        let mut rec = self.spawn_vmm(spec)?;
+        let volumes = kvm_volumes::disks_for_start(spec)?;
+        let mut rec = self.spawn_vmm(spec, volumes)?;
         if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, rec.supervisor.as_ref());
             return Err(boot_error(e, &spec.dir));
@@ -366,27 +378,32 @@ impl Runtime for KvmRuntime {
             mode,
             path: vm_dir.clone(),
         };
-        let info = match control(&vm.control).request::<SnapshotInfo>(&req) {
-            Ok(info) => {
-                tracing::debug!(
-                    "snapshot {}: {:?}, paused {:.1} ms, {} pages",
-                    vm_dir.display(),
-                    info.mode,
-                    info.pause_ms,
-                    info.pages_written
-                );
-                info
+        let ((info, volumes), paused) = self.paused_for_volumes(vm, || {
+            let volumes = kvm_volumes::freeze(&vm.volumes, snap_dir)?;
+            crate::fault::point("capture.volumes-copied");
+            match control(&vm.control).request::<SnapshotInfo>(&req) {
+                Ok(info) => Ok((info, volumes)),
+                Err(e) => {
+                    kvm_volumes::remove(&volumes);
+                    Err(if e.code() == Some("bad_request") {
+                        RuntimeError::Unsupported(format!("{} snapshot: {e}", kind.as_str()))
+                    } else {
+                        ctl_err(e)
+                    })
+                }
             }
-            Err(e) if e.code() == Some("bad_request") => {
-                return Err(RuntimeError::Unsupported(format!(
-                    "{} snapshot: {e}",
-                    kind.as_str()
-                )))
-            }
-            Err(e) => return Err(ctl_err(e)),
-        };
+        })?;
+        tracing::debug!(
+            "snapshot {}: {:?}, paused {:.1} ms, {} pages",
+            vm_dir.display(),
+            info.mode,
+            info.pause_ms,
+            info.pages_written
+        );
         vm.disk = next_disk.to_path_buf();
-        Ok(snapshot_data(snap_dir, &vm_dir, info.pause_ms))
+        let mut data = snapshot_data(snap_dir, &vm_dir, paused.unwrap_or(info.pause_ms));
+        data.volumes = volumes;
+        Ok(data)
     }
 
     fn export_files(
@@ -436,29 +453,73 @@ impl Runtime for KvmRuntime {
         for (f, c) in files.iter().zip(children) {
             f.clear(&c.dir);
         }
-        let req = Request::Branch {
-            children: files
-                .iter()
-                .zip(children)
-                .map(|(f, c)| kvm_cmd::branch_child(f, c.cgroup.as_deref(), tap(c)))
-                .collect(),
-            // Written by the VMM's frozen spawner after the children run: no longer pause.
-            point_snapshot: keep_point.then(|| point_dir.join(VM_SNAPSHOT)),
-            ready_timeout_ms: BRANCH_READY_MS,
-        };
-        let info: BranchInfo = control(&parent.control)
-            .request(&req)
-            .map_err(|e| RuntimeError::Boot(format!("branching {}: {e}", parent.dir.display())))?;
+        let dirs: Vec<PathBuf> = children.iter().map(|c| c.dir.clone()).collect();
+        let ((info, child_disks, point_volumes), paused) =
+            self.paused_for_volumes(parent, || {
+                let child_disks = if parent.volumes.is_empty() {
+                    vec![Vec::new(); children.len()]
+                } else {
+                    kvm_volumes::freeze_for_children(&parent.volumes, &dirs)?
+                };
+                crate::fault::point("capture.volumes-copied");
+                let point_volumes = match (keep_point, child_disks.first()) {
+                    (true, Some(first)) if !first.is_empty() => {
+                        std::fs::create_dir_all(point_dir)
+                            .map_err(RuntimeError::io("creating the branch point's directory"))?;
+                        kvm_volumes::link_point(first, point_dir)
+                    }
+                    _ => Ok(Vec::new()),
+                };
+                let undo = |point: &[VolumeDisk]| {
+                    kvm_volumes::remove(child_disks.iter().flatten().chain(point));
+                };
+                let point_volumes = point_volumes.inspect_err(|_| undo(&[]))?;
+                let req = Request::Branch {
+                    children: files
+                        .iter()
+                        .zip(children)
+                        .zip(&child_disks)
+                        .map(|((f, c), disks)| {
+                            let mut child = kvm_cmd::branch_child(f, c.cgroup.as_deref(), tap(c));
+                            child.disk_files = kvm_volumes::disk_files(disks);
+                            child
+                        })
+                        .collect(),
+                    // Written by the VMM's frozen spawner after the children run: no longer pause.
+                    point_snapshot: keep_point.then(|| point_dir.join(VM_SNAPSHOT)),
+                    ready_timeout_ms: BRANCH_READY_MS,
+                };
+                match control(&parent.control).request::<BranchInfo>(&req) {
+                    Ok(info) => Ok((info, child_disks, point_volumes)),
+                    Err(e) => {
+                        undo(&point_volumes);
+                        Err(RuntimeError::Boot(format!(
+                            "branching {}: {e}",
+                            parent.dir.display()
+                        )))
+                    }
+                }
+            })?;
         parent.disk = next_disk.to_path_buf();
         // Fork-based: the point records lineage only, unless kept (its state file then
         // appears once the spawner has written it).
-        let point = snapshot_data(point_dir, &point_dir.join(VM_SNAPSHOT), info.pause_ms);
+        let mut point = snapshot_data(
+            point_dir,
+            &point_dir.join(VM_SNAPSHOT),
+            paused.unwrap_or(info.pause_ms),
+        );
+        point.volumes = point_volumes;
         progress.point_taken(parent, &point);
         supervisor::start_children(
             children,
             |i, spec| {
                 let child = info.children.iter().find(|c| c.index == i);
-                self.adopt_child(spec, &files[i], child.map(|c| c.pid))
+                self.adopt_child(
+                    spec,
+                    &files[i],
+                    child.map(|c| c.pid),
+                    child_disks[i].clone(),
+                )
             },
             |i, r| progress.child_done(i, r),
         );
@@ -467,7 +528,7 @@ impl Runtime for KvmRuntime {
 
     fn finished_capture(
         &self,
-        _vm: &VmRecord,
+        vm: &VmRecord,
         kind: SnapshotKind,
         snap_dir: &Path,
         _next_disk: &Path,
@@ -508,15 +569,19 @@ impl Runtime for KvmRuntime {
         }
         let mut data = snapshot_data(snap_dir, &vm_dir, 0.0);
         data.pause_ms = None;
+        // Frozen before the VMM was asked for the state: complete if the state is.
+        data.volumes = kvm_volumes::frozen_in(&vm.volumes, snap_dir);
         Ok(Some(data))
     }
 
-    fn park_data(&self, _vm: &VmRecord, dir: &Path) -> SnapshotData {
+    fn park_data(&self, vm: &VmRecord, dir: &Path) -> SnapshotData {
         // The VMM writes `vm.tmp-<pid>` and renames it to `vm` once synced: the memory
         // file inside exists only when the state is whole. The root disk's CoW pages are
-        // the device's data file in it (the disk lives in the VMM's memory).
+        // the device's data file in it (the disk lives in the VMM's memory), and so are
+        // a volume view's; the sandbox keeps its own volume disks.
         let mut data = snapshot_data(dir, &dir.join(VM_SNAPSHOT), 0.0);
         data.pause_ms = None;
+        data.volumes = vm.volumes.clone();
         data
     }
 
@@ -543,7 +608,9 @@ impl Runtime for KvmRuntime {
         vm.process.wait_gone(Duration::from_secs(5));
         supervisor::kill_and_wait(&vm.process, vm.supervisor.as_ref());
         self.brought_up.forget(&vm.agent_addr);
-        Ok(snapshot_data(dir, &vm_dir, info.pause_ms))
+        let mut data = snapshot_data(dir, &vm_dir, info.pause_ms);
+        data.volumes = vm.volumes.clone();
+        Ok(data)
     }
 
     fn resumed_needs_park(&self) -> bool {
@@ -623,17 +690,44 @@ impl Runtime for KvmRuntime {
 }
 
 impl KvmRuntime {
+    /// Runs `capture` with the VM paused when `vm` writes a volume (its copies and the
+    /// captured state must agree; see `kvm_volumes`), resuming it whatever happens.
+    /// Returns the result and, when it paused the VM, for how long (ms).
+    fn paused_for_volumes<T>(
+        &self,
+        vm: &VmRecord,
+        capture: impl FnOnce() -> Result<T, RuntimeError>,
+    ) -> Result<(T, Option<f64>), RuntimeError> {
+        if !kvm_volumes::need_pause(&vm.volumes)
+            || status(&vm.control)?.state != VmRunState::Running
+        {
+            return capture().map(|t| (t, None));
+        }
+        let c = control(&vm.control);
+        let stopped = Instant::now();
+        c.request::<StatusInfo>(&Request::Pause).map_err(ctl_err)?;
+        let result = capture();
+        if let Err(e) = c.request::<StatusInfo>(&Request::Resume) {
+            // What was captured is complete (a branch's children already run): the
+            // failure is the parent's, which its run state shows.
+            tracing::error!("resuming {} after a capture: {e}", vm.dir.display());
+        }
+        let paused_ms = stopped.elapsed().as_secs_f64() * 1e3;
+        result.map(|t| (t, Some(paused_ms)))
+    }
+
     /// A branch child the VMM reported ready: record, cgroup, identity.
     fn adopt_child(
         &self,
         spec: &StartSpec,
         files: &VmFiles,
         pid: Option<i32>,
+        volumes: Vec<VolumeDisk>,
     ) -> Result<VmRecord, RuntimeError> {
         let process = pid
             .and_then(|p| ProcId::of(p as u32))
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
-        let mut rec = record(spec, files, process, None);
+        let mut rec = record(spec, files, process, None, volumes);
         // Its control socket was bound before the fork; only the guest needs waiting for.
         if let Err(e) = self.bring_up(&mut rec, spec) {
             supervisor::kill_and_wait(&rec.process, None);

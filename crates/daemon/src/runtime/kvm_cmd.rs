@@ -66,6 +66,8 @@ pub fn branch_child(files: &VmFiles, cgroup: Option<&Path>, tap: Option<&TapNet>
         tap: tap.map(|t| t.tap.clone()),
         cgroup: cgroup.map(Path::to_path_buf),
         netns: tap.map(|t| t.netns.clone()),
+        // Set by the caller when the parent has volume disks (`kvm_volumes`).
+        disk_files: Vec::new(),
     }
 }
 

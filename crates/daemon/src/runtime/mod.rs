@@ -8,11 +8,13 @@ pub mod handoff;
 pub mod kvm;
 pub mod kvm_cmd;
 mod kvm_pack;
+mod kvm_volumes;
 pub mod qemu;
 mod qemu_pack;
 mod qemu_volumes;
 pub mod qmp;
 pub mod supervisor;
+mod volume_files;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -66,13 +66,6 @@ fn base_of(layer: &Path) -> Result<PathBuf, RuntimeError> {
 }
 
 pub(super) fn export(data: &SnapshotData, work: &Path) -> Result<ExportedSnapshot, RuntimeError> {
-    if !data.volumes.is_empty() {
-        // A volume's data stays on its host: a pack carries the sandbox, not its volumes.
-        return Err(RuntimeError::Unsupported(
-            "a snapshot of a sandbox with volumes cannot be packed (volumes stay on their host)"
-                .into(),
-        ));
-    }
     let io = |context: String| move |source| RuntimeError::Io { context, source };
     let base = base_of(&data.disk_layer)?;
     let disk = work.join("disk.qcow2");

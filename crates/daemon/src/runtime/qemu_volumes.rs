@@ -13,13 +13,13 @@
 //!
 //! The copy is sparse (`cp --sparse=always`, a reflink where the filesystem has them):
 //! it costs what the volume holds, not its size.
-use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use zygote_qemu::migrate::create_overlay_on;
 use zygote_qemu::ExtraDisk;
 
 use super::{BootSource, RuntimeError, StartSpec, VolumeDisk};
+
+pub(super) use super::volume_files::{freeze, frozen};
 
 /// The disks a VM started from `spec` gets, making the copy-on-write layers of a VM
 /// started from a capture (in its directory, removed with it).
@@ -61,55 +61,4 @@ pub(super) fn extra_disks(disks: &[VolumeDisk]) -> Vec<ExtraDisk> {
             },
         })
         .collect()
-}
-
-/// Where a capture into `snap_dir` keeps its copy of `disk`.
-pub(super) fn frozen(disk: &VolumeDisk, snap_dir: &Path) -> VolumeDisk {
-    let ext = if disk.format == "qcow2" {
-        "qcow2"
-    } else {
-        "raw"
-    };
-    VolumeDisk {
-        file: snap_dir.join(format!("{}.{ext}", disk.volume)),
-        writes_volume: false,
-        ..disk.clone()
-    }
-}
-
-/// Copies each of `disks` into `snap_dir` (the VM must be stopped), synced.
-pub(super) fn freeze(
-    disks: &[VolumeDisk],
-    snap_dir: &Path,
-) -> Result<Vec<VolumeDisk>, RuntimeError> {
-    let mut out = Vec::new();
-    for disk in disks {
-        let copy = frozen(disk, snap_dir);
-        if let Err(e) = sparse_copy(&disk.file, &copy.file) {
-            for done in out.iter().chain([&copy]) {
-                let _ = std::fs::remove_file(&done.file);
-            }
-            return Err(e);
-        }
-        out.push(copy);
-    }
-    Ok(out)
-}
-
-fn sparse_copy(from: &Path, to: &PathBuf) -> Result<(), RuntimeError> {
-    let out = Command::new("cp")
-        .args(["--sparse=always", "--reflink=auto", "--"])
-        .arg(from)
-        .arg(to)
-        .output()
-        .map_err(RuntimeError::io("running cp for a volume copy"))?;
-    if !out.status.success() {
-        return Err(RuntimeError::Io {
-            context: "copying a volume disk".into(),
-            source: std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        });
-    }
-    std::fs::File::open(to)
-        .and_then(|f| f.sync_all())
-        .map_err(RuntimeError::io("syncing a volume copy"))
 }
