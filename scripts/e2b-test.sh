@@ -12,6 +12,9 @@
 # and the guest kernel; skips (exit 0, with the reason) without qemu-system-x86_64.
 #
 #   ZYGOTED=/path/to/zygoted      daemon binary (default target/release/zygoted)
+#   E2B_TEST_DAEMON_URL=<url> E2B_TEST_PROXY_URL=<url> E2B_TEST_TOKEN=<token>
+#                                 test a daemon that runs elsewhere instead (the nested
+#                                 lane's, on the kvm runtime) and start none
 #   E2B_TEST_TEMPLATE=<image>     the image the tests create sandboxes from (base, E2B's default)
 #   extra arguments               go to pytest, and only pytest runs (default: every
 #                                 sdk/e2b-compat/test_e2b_*.py, then the JS suite)
@@ -22,10 +25,11 @@ T0=$(date +%s)
 say() { printf '== [%4ss] %s\n' "$(($(date +%s) - T0))" "$*"; }
 die() { echo "e2b-test: $*" >&2; exit 1; }
 
+REMOTE=${E2B_TEST_DAEMON_URL:-}
 DAEMON=${ZYGOTED:-$ROOT/target/release/zygoted}
-[ -x "$DAEMON" ] || die "no $DAEMON: build it first (cargo build --release -p zygote-daemon)"
+[ -n "$REMOTE" ] || [ -x "$DAEMON" ] || die "no $DAEMON: build it first (cargo build --release -p zygote-daemon)"
 command -v curl >/dev/null || die "curl not found"
-if ! command -v qemu-system-x86_64 >/dev/null; then
+if [ -z "$REMOTE" ] && ! command -v qemu-system-x86_64 >/dev/null; then
     echo "skipping e2b-test: qemu-system-x86_64 is not on PATH, so no sandbox can boot"
     exit 0
 fi
@@ -46,6 +50,11 @@ TOKEN=""
 
 cleanup() {
     local status=$?
+    if [ -n "$REMOTE" ]; then
+        rm -rf "$STATE"
+        say "done (exit $status)"
+        exit "$status"
+    fi
     stop_daemon
     finish_private_daemon e2b-test "$status"
     status=$?
@@ -55,6 +64,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+if [ -n "$REMOTE" ]; then
+    URL=$REMOTE PROXY=${E2B_TEST_PROXY_URL:?with E2B_TEST_DAEMON_URL} TOKEN=${E2B_TEST_TOKEN:?}
+    say "testing the daemon at $URL (proxy $PROXY)"
+else
 say "starting zygoted ($DAEMON, qemu runtime, state $STATE)"
 ZYGOTE_LOG=${ZYGOTE_LOG:-warn} "$DAEMON" --listen 127.0.0.1:0 --proxy-listen 127.0.0.1:0 \
     --runtime qemu --state-dir "$STATE/daemon" \
@@ -68,6 +81,7 @@ for _ in $(seq 50); do
     sleep 0.1
 done
 [ -n "$PROXY" ] || die "the daemon announced no proxy"
+fi
 
 say "image $TEMPLATE (built from its recipe if missing)"
 curl -sS -N --fail-with-body -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \

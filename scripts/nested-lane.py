@@ -14,8 +14,9 @@ virtualization semantics and zygote's VMM boots real Linux guests (L2). This dri
      image as L1's zygote cache, and the lane's plan,
   3. boots L1 (QEMU TCG, -cpu max, 2 vCPUs) and follows its serial console, where
      init.sh runs the plan's steps and frames them with `@@zy` lines,
-  4. for `serve` steps runs host-side clients (the Python SDK's tree-search example)
-     against the daemon inside L1 through a QEMU port forward on 127.0.0.1,
+  4. for `serve` steps runs a host-side client (the Python SDK's tree-search example, or
+     the E2B SDK suites of scripts/e2b-test.sh) against the daemon inside L1 through QEMU
+     port forwards on 127.0.0.1 (its API and its sandbox proxy),
   5. prints a report (per step and per test), keeps every step's log under
      target/nested/<lane>/, and exits non-zero if anything failed or L1 itself broke.
 
@@ -48,6 +49,7 @@ CACHE = Path(os.environ.get("ZYGOTE_CACHE_DIR") or Path.home() / ".cache" / "zyg
 # L1's view: the zygote cache it gets (read by tests and the daemon; never built in L1).
 L1_CACHE = "/zygote-cache"
 L1_DAEMON_PORT = 7420
+L1_PROXY_PORT = 7421
 T0 = time.monotonic()
 
 
@@ -76,6 +78,8 @@ class Step:
     serve: bool = False
     # A `zygote` subcommand instead of a test executable (e.g. ["bench", "linux"]).
     zygote: list[str] = field(default_factory=list)
+    # A serve step's host client: a key of CLIENTS.
+    client: str = "tree_search"
 
 
 SMOKE = [
@@ -112,6 +116,8 @@ FULL = SMOKE + [
     ),
     Step("daemon/kvm_branch_stress", 1800, "zygote-daemon", "kvm_branch_stress"),
     Step("daemon/volumes_kvm", 1200, "zygote-daemon", "volumes", ["kvm_", "--nocapture"]),
+    # E2B's unchanged SDKs (issue 35) against the daemon on the kvm runtime.
+    Step("sdk/e2b", 5400, serve=True, client="e2b"),
     Step(
         "daemon/network_kvm", 900, "zygote-daemon", "network",
         ["--exact", "kvm_sandbox_networking", "--nocapture"],
@@ -148,17 +154,17 @@ def kernel_build() -> Path:
     return Path(out.strip().splitlines()[-1]).parent
 
 
-def minimal_image() -> tuple[Path, Path]:
-    """The newest `minimal` image in the cache and its metadata file."""
+def cached_image(name: str = "minimal", hint: str = "run `make guest` first") -> tuple[Path, Path]:
+    """The newest image `name` in the cache and its metadata file."""
     best = None
-    for meta in (CACHE / "images").glob("minimal-*.json"):
+    for meta in (CACHE / "images").glob(f"{name}-*.json"):
         info = json.loads(meta.read_text())
         img = meta.with_suffix(".ext4")
-        if info.get("name") == "minimal" and img.is_file():
+        if info.get("name") == name and img.is_file():
             if best is None or info.get("built_at", 0) > best[0]:
                 best = (info.get("built_at", 0), img, meta)
     if best is None:
-        die("no minimal image in the cache: run `make guest` first")
+        die(f"no {name} image in the cache: {hint}")
     return best[1], best[2]
 
 
@@ -255,7 +261,11 @@ class Stage:
 
 def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
     kernel_dir = kernel_build()
-    image, image_meta = minimal_image()
+    images = [cached_image()]
+    if needs_base_image(steps):
+        # L1 cannot build it (no package mirror there): E2B's default template, as here.
+        images.append(cached_image(
+            "base", "build it first: `zygote image build base` (or scripts/e2b-test.sh)"))
     exes = test_executables(steps)
     for b in ["zygote", "zygoted"]:
         if not (RELEASE / b).is_file():
@@ -278,12 +288,14 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         st.binary(RELEASE / b)
     # Isolated sandbox networking: iproute2 and nftables as on a host (`ip netns` keeps
     # namespaces in /var/run/netns, which is /run/netns as on Debian).
-    for tool in ["ip", "nft"]:
+    # mkfs.ext4 makes named volumes (daemon/volumes_kvm, the E2B volume tests).
+    for tool in ["ip", "nft", "mke2fs"]:
         found = shutil.which(tool, path="/usr/sbin:/sbin:/usr/bin:/bin")
         if not found:
             die(f"`{tool}` is missing here: run scripts/setup.sh")
         # In /bin, where busybox would otherwise install its own (much smaller) `ip`.
         st.binary(Path(found), f"/bin/{tool}")
+    st.binary(Path(shutil.which("mke2fs", path="/usr/sbin:/sbin")), "/bin/mkfs.ext4")
     (stage_dir / "var").mkdir(exist_ok=True)
     (stage_dir / "var/run").symlink_to("../run")
     st.copy(PROBE_ELF)
@@ -291,8 +303,9 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         st.binary(exe)
     for f in ["vmlinux", "bzImage", "info", "config"]:
         st.copy(kernel_dir / f, f"{L1_CACHE}/kernel/{kernel_dir.name}/{f}")
-    st.copy(image, f"{L1_CACHE}/images/{image.name}")
-    st.copy(image_meta, f"{L1_CACHE}/images/{image_meta.name}")
+    for image, image_meta in images:
+        st.copy(image, f"{L1_CACHE}/images/{image.name}")
+        st.copy(image_meta, f"{L1_CACHE}/images/{image_meta.name}")
     st.finish_libraries()
 
     env = {
@@ -369,6 +382,30 @@ def sdk_tree_search(port: int, token: str, log: list[str]) -> int:
     return p.returncode
 
 
+def e2b_suites(ports: dict[str, int], token: str, log: list[str]) -> int:
+    """scripts/e2b-test.sh (E2B's Python and JS SDKs) against the daemon inside L1."""
+    env = dict(os.environ, E2B_TEST_DAEMON_URL=f"http://127.0.0.1:{ports['api']}",
+               E2B_TEST_PROXY_URL=f"http://127.0.0.1:{ports['proxy']}", E2B_TEST_TOKEN=token)
+    cmd = ["bash", str(ROOT / "scripts/e2b-test.sh")]
+    log.append(f"host$ {' '.join(cmd)}")
+    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=5300)
+    log.extend(p.stdout.splitlines())
+    return p.returncode
+
+
+# A serve step's host client, by `Step.client`: (what it is, how it is run).
+CLIENTS = {
+    "tree_search": ("sdk tree_search example",
+                    lambda ports, token, log: sdk_tree_search(ports["api"], token, log)),
+    "e2b": ("E2B SDK suites", e2b_suites),
+}
+
+
+def needs_base_image(steps: list[Step]) -> bool:
+    return any(s.serve and s.client == "e2b" for s in steps)
+
+
 def l1_registers(sock: Path) -> str:
     """L1's vCPU registers through QEMU's monitor (QMP), for a report on a wedged L1."""
     try:
@@ -399,7 +436,10 @@ STEP_GRACE_S = 90
 
 def boot_l1(bzimage: Path, disk: Path, steps: list[Step], opts: argparse.Namespace,
             outdir: Path):
-    port = free_port()
+    ports = {"api": free_port(), "proxy": free_port()}
+    forwards = ",".join(
+        f"hostfwd=tcp:127.0.0.1:{ports[k]}-10.0.2.15:{p}"
+        for k, p in [("api", L1_DAEMON_PORT), ("proxy", L1_PROXY_PORT)])
     cmd = [
         "qemu-system-x86_64", "-nodefaults", "-no-user-config",
         "-machine", "pc", "-accel", f"tcg,thread={opts.tcg_thread}", "-cpu", "max",
@@ -414,7 +454,7 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], opts: argparse.Namespa
         "-append", "console=ttyS1 root=/dev/vda rw rootfstype=ext4 init=/init panic=5 "
                    + ("" if opts.l1_npt else "kvm_amd.npt=0 ") + opts.l1_append,
         "-drive", f"file={disk},if=virtio,format=raw,snapshot=on",
-        "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{L1_DAEMON_PORT}",
+        "-netdev", f"user,id=n0,restrict=on,{forwards}",
         "-device", "virtio-net-pci,netdev=n0",
     ]
     budget = BOOT_GRACE_S + sum(s.limit_s + STEP_GRACE_S for s in steps)
@@ -476,12 +516,11 @@ def boot_l1(bzimage: Path, disk: Path, steps: list[Step], opts: argparse.Namespa
                 print(f" {status} ({current.ms / 1000:.1f} s)", flush=True)
                 current = None
             elif kind == "serve" and current is not None:
-                rc = sdk_tree_search(port, words[3], current.log)
+                step = next(st for st in steps if st.name == current.name)
+                what, client = CLIENTS[step.client]
+                rc = client(ports, words[3], current.log)
                 current.note = f"host client exit {rc}"
-                if rc != 0:
-                    current.tests["sdk tree_search example"] = "FAILED"
-                else:
-                    current.tests["sdk tree_search example"] = "ok"
+                current.tests[what] = "ok" if rc == 0 else "FAILED"
                 qemu.stdin.write("done\n")
                 qemu.stdin.flush()
             elif kind == "lane-done":
@@ -615,7 +654,8 @@ def main() -> int:
             die(f"no step of lane {args.lane} matches {args.only}")
     if args.repeat > 1:
         steps = [
-            Step(f"{s.name}#{k}", s.limit_s, s.package, s.target, s.args, s.serve)
+            Step(f"{s.name}#{k}", s.limit_s, s.package, s.target, s.args, s.serve, s.zygote,
+                 s.client)
             for k in range(1, args.repeat + 1)
             for s in steps
         ]

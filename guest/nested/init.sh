@@ -9,7 +9,8 @@
 #   @@zy l1 <key>=<value> ...       facts about L1, once, before the first step
 #   @@zy begin <step>               a step starts; its output follows as is
 #   @@zy end <step> rc=<n> ms=<n>   it ended (rc 124: killed by its time limit)
-#   @@zy serve <port> <token>       a "serve" step's daemon answers on <port> (the host
+#   @@zy serve <port> <token> <proxy port>
+#                                   a "serve" step's daemon answers on <port> (the host
 #                                   reaches it through QEMU's forward); the step ends
 #                                   when the host writes "done" to the console
 #   @@zy lane-done                  every step ran; L1 powers off next
@@ -88,7 +89,8 @@ run_serve() {
   umask 077
   echo "$token" >"$state/token"
   umask 022
-  sh -c "$cmd --state-dir $state --listen 0.0.0.0:7420" >"$state/daemon.log" 2>&1 &
+  sh -c "$cmd --state-dir $state --listen 0.0.0.0:7420 --proxy-listen 0.0.0.0:7421" \
+    >"$state/daemon.log" 2>&1 &
   pid=$!
   ready=no
   i=0
@@ -105,7 +107,7 @@ run_serve() {
     cat "$state/daemon.log"
     return 1
   fi
-  echo "@@zy serve 7420 $token"
+  echo "@@zy serve 7420 $token 7421"
   # The host runs its clients now; it writes "done" when they finished (or gave up).
   reply=
   while [ "$reply" != done ]; do
