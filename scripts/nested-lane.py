@@ -155,16 +155,24 @@ def kernel_build() -> Path:
 
 
 def cached_image(name: str = "minimal", hint: str = "run `make guest` first") -> tuple[Path, Path]:
-    """The newest image `name` in the cache and its metadata file."""
+    """The newest image `name` in the cache made with this tree's agent (the cache is
+    shared: other worktrees' builds of the same name carry their own agents), and its
+    metadata file."""
+    import hashlib
+    agent = ROOT / "target/x86_64-unknown-linux-musl/release/zygote-agent"
+    if not agent.is_file():
+        die(f"{agent} missing: run `make build` first")
+    agent_sha = hashlib.sha256(agent.read_bytes()).hexdigest()
     best = None
     for meta in (CACHE / "images").glob(f"{name}-*.json"):
         info = json.loads(meta.read_text())
         img = meta.with_suffix(".ext4")
-        if info.get("name") == name and img.is_file():
-            if best is None or info.get("built_at", 0) > best[0]:
-                best = (info.get("built_at", 0), img, meta)
+        if info.get("name") != name or info.get("agent_sha256") != agent_sha or not img.is_file():
+            continue
+        if best is None or info.get("built_at", 0) > best[0]:
+            best = (info.get("built_at", 0), img, meta)
     if best is None:
-        die(f"no {name} image in the cache: {hint}")
+        die(f"no {name} image made with this tree's agent in the cache: {hint}")
     return best[1], best[2]
 
 
