@@ -80,6 +80,43 @@ pub struct BranchResponse {
     pub duration_ms: u64,
     /// How long the parent's vCPUs were stopped for the branch.
     pub pause_ms: Option<f64>,
+    /// How long each step took, so that a regression shows in its own column (`zygote
+    /// bench linux`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<BranchPhases>,
+}
+
+/// The steps of a branch (ms). Each child's `vm_ms` and `agent_ms` run concurrently
+/// with its siblings'.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct BranchPhases {
+    /// The request checked and the intent recorded (the parent, every child `creating`).
+    pub record_ms: f64,
+    /// Every child's network namespace, tap and rules made (0 without isolation).
+    pub network_ms: f64,
+    /// From then until the branch point was taken and recorded (the parent runs again).
+    pub point_ms: f64,
+    /// The children that run, by index.
+    pub children: Vec<ChildPhases>,
+}
+
+/// One branch child's steps (ms).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ChildPhases {
+    pub index: u32,
+    /// From the runtime's start of the branch to the child's VM running (kvm: the
+    /// parent's pause, its fork, the child's VM build). Absent when the runtime does
+    /// not tell it apart (qemu).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_ms: Option<f64>,
+    /// The part of `vm_ms` the child spent building its VM over the inherited memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm_build_ms: Option<f64>,
+    /// From its VM running to its agent answering, reidentified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_ms: Option<f64>,
+    /// From the request to the child recorded `running`.
+    pub recorded_ms: f64,
 }
 
 /// One line of the NDJSON stream of `POST /v1/sandboxes/{id}/branch` with `"stream":
@@ -134,6 +171,7 @@ mod tests {
             failed: Vec::new(),
             duration_ms: 7,
             pause_ms: Some(1.5),
+            phases: None,
         });
         let v = serde_json::to_value(&done).unwrap();
         assert_eq!(v["type"], "done");

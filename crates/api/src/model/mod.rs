@@ -31,7 +31,9 @@ mod validate;
 mod volumes;
 mod watch;
 pub use agent::{AgentHealth, AgentState};
-pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
+pub use branch::{
+    BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases,
+};
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};

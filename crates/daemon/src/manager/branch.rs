@@ -27,11 +27,13 @@ use crate::db::{SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
 use crate::fault;
 use crate::model::{
-    BranchEvent, BranchFailure, BranchRequest, BranchResponse, Origin, SandboxEnv, SnapshotKind,
-    Validate,
+    BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases, Origin,
+    SandboxEnv, SnapshotKind, Validate,
 };
 use crate::network::{NetRecord, Network};
-use crate::runtime::{BranchProgress, RuntimeError, SnapshotData, StartSpec, VmRecord};
+use crate::runtime::{
+    BranchProgress, ChildPhases as RuntimePhases, RuntimeError, SnapshotData, StartSpec, VmRecord,
+};
 
 /// A branch checked by [`Manager::begin_branch`], for [`Manager::finish_branch`].
 pub struct BranchJob {
@@ -50,8 +52,9 @@ pub struct BranchJob {
 /// What the runtime's threads report, in order (see [`BranchProgress`]).
 enum Progress {
     /// Every child's network record once the namespaces are made (also when making one
-    /// failed: the clean-up removes what was made).
-    Networks(Vec<NetRecord>),
+    /// failed: the clean-up removes what was made), and how long that took.
+    Networks(Vec<NetRecord>, std::time::Duration),
+    Phases(usize, RuntimePhases),
     Point(VmRecord, SnapshotData),
     Child(usize, std::result::Result<VmRecord, RuntimeError>),
 }
@@ -65,6 +68,10 @@ impl BranchProgress for Forward {
 
     fn child_done(&self, index: usize, result: std::result::Result<VmRecord, RuntimeError>) {
         let _ = self.0.send(Progress::Child(index, result));
+    }
+
+    fn child_phases(&self, index: usize, phases: RuntimePhases) {
+        let _ = self.0.send(Progress::Phases(index, phases));
     }
 }
 
@@ -167,6 +174,12 @@ impl Manager {
         let next_disk = self.dirs.new_layer(&job.parent.id);
         let specs = self.record_branch(job, &next_disk).await?;
         fault::point("branch.recorded");
+        let mut phases = BranchPhases {
+            record_ms: ms_since(job.started),
+            ..Default::default()
+        };
+        let mut runtime_phases: Vec<Option<RuntimePhases>> = vec![None; job.children.len()];
+        let mut networks_done = Instant::now();
         let (tx, mut rx) = unbounded_channel();
         let runtime = {
             let (rt, net) = (self.runtime.clone(), self.network.clone());
@@ -176,8 +189,9 @@ impl Manager {
             let point_dir = self.dirs.snapshots.join(&job.point_id);
             let keep_point = job.keep_point;
             tokio::task::spawn_blocking(move || {
+                let t = Instant::now();
                 let attached = attach_all(&net, &ids, &mut nets, &mut specs);
-                let _ = tx.send(Progress::Networks(nets));
+                let _ = tx.send(Progress::Networks(nets, t.elapsed()));
                 attached?;
                 let progress = Forward(tx);
                 rt.branch_with_progress(
@@ -199,13 +213,21 @@ impl Manager {
             let (mut ready, mut gone): (Vec<(usize, VmRecord)>, Vec<Gone>) = (vec![], vec![]);
             for progress in batch {
                 match progress {
-                    Progress::Networks(nets) => {
+                    Progress::Networks(nets, took) => {
                         for (child, net) in job.children.iter_mut().zip(nets) {
                             child.network = net;
+                        }
+                        phases.network_ms = took.as_secs_f64() * 1e3;
+                        networks_done = Instant::now();
+                    }
+                    Progress::Phases(i, p) => {
+                        if let Some(slot) = runtime_phases.get_mut(i) {
+                            *slot = Some(p);
                         }
                     }
                     Progress::Point(vm, data) => match self.record_point(job, vm, data).await {
                         Ok(p) => {
+                            phases.point_ms = ms_since(networks_done);
                             events.emit(BranchEvent::Point {
                                 parent: job.parent.id.clone(),
                                 branch_point: p.id.clone(),
@@ -232,6 +254,14 @@ impl Manager {
             }
             for (i, _) in ready {
                 job.child_guards[i] = None;
+                let rt = runtime_phases.get(i).copied().flatten();
+                phases.children.push(ChildPhases {
+                    index: i as u32,
+                    vm_ms: rt.map(|p| p.vm_ms),
+                    vm_build_ms: rt.and_then(|p| p.vm_build_ms),
+                    agent_ms: rt.map(|p| p.agent_ms),
+                    recorded_ms: ms_since(job.started),
+                });
                 let id = job.children[i].id.clone();
                 events.emit(BranchEvent::Child {
                     index: i as u32,
@@ -293,10 +323,22 @@ impl Manager {
                     failed,
                     duration_ms: events.ms(),
                     pause_ms: point.data.pause_ms,
+                    phases: Some(BranchPhases {
+                        children: {
+                            let mut c = std::mem::take(&mut phases.children);
+                            c.sort_by_key(|c| c.index);
+                            c
+                        },
+                        ..phases
+                    }),
                 })
             }
         }
     }
+}
+
+fn ms_since(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// A branch child of `parent` as first recorded (`creating`).

@@ -31,7 +31,9 @@ use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
 use super::kvm_volumes;
 use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
-use super::{BranchProgress, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord, VolumeDisk};
+use super::{
+    BranchProgress, ChildPhases, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord, VolumeDisk,
+};
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
 
@@ -454,6 +456,8 @@ impl Runtime for KvmRuntime {
             f.clear(&c.dir);
         }
         let dirs: Vec<PathBuf> = children.iter().map(|c| c.dir.clone()).collect();
+        let started = Instant::now();
+        let mut asked_after = Duration::ZERO;
         let ((info, child_disks, point_volumes), paused) =
             self.paused_for_volumes(parent, || {
                 let child_disks = if parent.volumes.is_empty() {
@@ -489,6 +493,7 @@ impl Runtime for KvmRuntime {
                     point_snapshot: keep_point.then(|| point_dir.join(VM_SNAPSHOT)),
                     ready_timeout_ms: BRANCH_READY_MS,
                 };
+                asked_after = started.elapsed();
                 match control(&parent.control).request::<BranchInfo>(&req) {
                     Ok(info) => Ok((info, child_disks, point_volumes)),
                     Err(e) => {
@@ -514,12 +519,24 @@ impl Runtime for KvmRuntime {
             children,
             |i, spec| {
                 let child = info.children.iter().find(|c| c.index == i);
-                self.adopt_child(
+                let up = Instant::now();
+                let rec = self.adopt_child(
                     spec,
                     &files[i],
                     child.map(|c| c.pid),
                     child_disks[i].clone(),
-                )
+                )?;
+                if let Some(c) = child {
+                    progress.child_phases(
+                        i,
+                        ChildPhases {
+                            vm_ms: asked_after.as_secs_f64() * 1e3 + c.ready_ms,
+                            vm_build_ms: Some(c.restore_ms),
+                            agent_ms: up.elapsed().as_secs_f64() * 1e3,
+                        },
+                    );
+                }
+                Ok(rec)
             },
             |i, r| progress.child_done(i, r),
         );

@@ -389,6 +389,21 @@ pub trait BranchProgress: Sync {
     /// Child `index` runs (its agent answered, it was reidentified), or failed and
     /// nothing of it runs. Called once per child, in the order they finish.
     fn child_done(&self, index: usize, result: Result<VmRecord, RuntimeError>);
+    /// How long child `index`'s steps took, when it runs (before its `child_done`).
+    fn child_phases(&self, _index: usize, _phases: ChildPhases) {}
+}
+
+/// How long the runtime's steps of bringing one branch child up took (ms).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ChildPhases {
+    /// From the runtime's start of the branch to the child's VM running (kvm: the
+    /// parent's pause, its fork, the child's VM build; qemu: QEMU started on the point).
+    pub vm_ms: f64,
+    /// The part of `vm_ms` the child spent building its VM over the inherited memory
+    /// (kvm only).
+    pub vm_build_ms: Option<f64>,
+    /// From the VM running to its agent answering, reidentified.
+    pub agent_ms: f64,
 }
 
 /// A [`BranchProgress`] that keeps every child's result, for callers that want them

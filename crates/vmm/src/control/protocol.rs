@@ -115,7 +115,11 @@ pub struct ChildInfo {
     pub index: usize,
     pub pid: i32,
     pub socket: PathBuf,
+    /// From the request to the child's VM running.
     pub ready_ms: f64,
+    /// The part of that the child spent building its VM (new KVM VM, state, threads).
+    #[serde(default)]
+    pub restore_ms: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -313,6 +313,7 @@ fn branch(
                     pid: c.pid,
                     socket: children[c.index].socket.clone(),
                     ready_ms: c.ready_after.as_secs_f64() * 1e3,
+                    restore_ms: c.restore.as_secs_f64() * 1e3,
                 })
                 .collect(),
             pause_ms: r.pause.as_secs_f64() * 1e3,

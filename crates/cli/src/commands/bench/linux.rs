@@ -10,6 +10,11 @@
 //! until all have answered, and the host memory each idle child holds of its own
 //! (private pages of its VM process, from the daemon's `/metrics`), against the parent's.
 //!
+//! Each 1-child branch is also split into the daemon's phases (`phases` of its reply:
+//! recording, the child's network, the branch point, the child's VM up, its VM build,
+//! its agent's reidentify, the child recorded) plus the first exec after the reply, so
+//! that a regression shows in its own column.
+//!
 //! Pauses are what the VMM (or QEMU) reports: how long the source's vCPUs stood still.
 //! Failures (a child that did not come up or answer, a request that failed) are counted,
 //! never retried. Medians and p90 over the rounds; the last line printed is one JSON
@@ -20,7 +25,9 @@ use anyhow::Context;
 use serde::Serialize;
 use serde_json::{json, Value};
 use zygote_api::client::{block_on, Client, Method};
-use zygote_api::model::{BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot};
+use zygote_api::model::{
+    BranchPhases, BranchResponse, ExecResponse, Sandbox, SandboxList, Snapshot,
+};
 
 use super::stats::{ms, percentile, Summary};
 use crate::commands::private_daemon::{PrivateDaemon, StateDir};
@@ -77,8 +84,32 @@ struct LinuxBench {
     fanout_child_private_kib_p50: Option<f64>,
     /// The parent's private host memory at the same moment (KiB).
     parent_private_kib: Option<f64>,
+    /// p50 of each phase of the 1-child branches (ms; see the module doc).
+    phases1_ms_p50: std::collections::BTreeMap<&'static str, f64>,
     /// Every failure, in words.
     errors: Vec<String>,
+}
+
+/// The phases of one 1-child branch, by column name (those the daemon reported).
+fn phase_columns(run: &BranchRun) -> Vec<(&'static str, f64)> {
+    let mut out = Vec::new();
+    if let Some(p) = &run.phases {
+        out.extend([
+            ("record", p.record_ms),
+            ("network", p.network_ms),
+            ("point", p.point_ms),
+        ]);
+        if let Some(c) = p.children.first() {
+            out.extend(c.vm_ms.map(|v| ("child vm up", v)));
+            out.extend(c.vm_build_ms.map(|v| ("child vm build", v)));
+            out.extend(c.agent_ms.map(|v| ("child reidentify", v)));
+            out.push(("child recorded", c.recorded_ms));
+        }
+    }
+    if let (Some(a), Some(r)) = (run.answered, run.replied) {
+        out.push(("first exec", (a - r).as_secs_f64() * 1e3));
+    }
+    out
 }
 
 fn call<T: serde::de::DeserializeOwned>(
@@ -121,6 +152,8 @@ struct BranchRun {
     replied: Option<Duration>,
     /// The VMM's pause of the parent.
     pause_ms: Option<f64>,
+    /// The daemon's account of its steps.
+    phases: Option<BranchPhases>,
     children: Vec<String>,
 }
 
@@ -145,6 +178,7 @@ fn branch_and_answer(
                 answered: None,
                 replied: None,
                 pause_ms: None,
+                phases: None,
                 children: Vec::new(),
             };
         }
@@ -179,6 +213,7 @@ fn branch_and_answer(
         answered: all_ok.then_some(elapsed),
         replied: all_ok.then_some(replied),
         pause_ms: resp.pause_ms,
+        phases: resp.phases,
         children: resp.children,
     }
 }
@@ -290,8 +325,12 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
     let (mut pause, mut answer1, mut answer4) = (Vec::new(), Vec::new(), Vec::new());
     let (mut reply1, mut reply4) = (Vec::new(), Vec::new());
     let (mut full_pause, mut diff_pause) = (Vec::new(), Vec::new());
+    let mut phases1: std::collections::BTreeMap<&'static str, Vec<Duration>> = Default::default();
     for round in 1..=args.rounds {
         let one = branch_and_answer(c, &parent.id, 1, &mut errors);
+        for (name, v) in phase_columns(&one) {
+            phases1.entry(name).or_default().extend(ms_of(Some(v)));
+        }
         let (t1, kids) = (one.answered, one.children);
         answer1.extend(t1);
         reply1.extend(one.replied);
@@ -350,6 +389,10 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
     );
     let (fp, dp) = (Summary::of(&full_pause), Summary::of(&diff_pause));
     let (r1, r4) = (Summary::of(&reply1), Summary::of(&reply4));
+    let phase_summaries: Vec<(&'static str, Summary)> = phases1
+        .iter()
+        .map(|(name, v)| (*name, Summary::of(v)))
+        .collect();
     let result = LinuxBench {
         runtime: args.runtime.clone(),
         mem_mib: args.mem_mib,
@@ -372,6 +415,7 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         fanout_answer_ms,
         fanout_child_private_kib_p50: fanout_child_kib,
         parent_private_kib: parent_kib,
+        phases1_ms_p50: phase_summaries.iter().map(|(n, s)| (*n, s.p50)).collect(),
         errors,
     };
     if !args.json {
@@ -387,7 +431,13 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
                 ("diff snapshot pause", &dp),
             ]
             .iter()
-            .map(|(name, s)| vec![name.to_string(), ms(s.p50), ms(s.p90), s.n.to_string()])
+            .map(|(name, s)| (name.to_string(), *s))
+            .chain(
+                phase_summaries
+                    .iter()
+                    .map(|(n, s)| (format!("  1-child phase: {n}"), s)),
+            )
+            .map(|(name, s)| vec![name, ms(s.p50), ms(s.p90), s.n.to_string()])
             .collect::<Vec<_>>(),
         );
         for e in &result.errors {
