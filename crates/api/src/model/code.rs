@@ -204,13 +204,17 @@ mod tests {
         assert!(req("1 + 1").validate().is_ok());
         assert!(req("").validate().is_err());
         assert!(req(" \n\t").validate().is_err());
-        let big = "x" .repeat(MAX_CODE_BYTES + 1);
+        let big = "x".repeat(MAX_CODE_BYTES + 1);
         let msg = req(&big).validate().unwrap_err().to_string();
         assert!(msg.contains("1048576"), "{msg}");
         assert!(req(&"x".repeat(MAX_CODE_BYTES)).validate().is_ok());
         let mut r = req("1");
         r.language = Some("r".into());
-        assert!(r.validate().unwrap_err().to_string().contains("not supported"));
+        assert!(r
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not supported"));
         r.language = Some("python".into());
         r.context = Some("../x".into());
         assert!(r.validate().is_err());

@@ -34,8 +34,9 @@ mod watch;
 pub use agent::{AgentHealth, AgentState};
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use code::{
-    validate_context_id, CodeContext, CodeContextList, CodeEvent, CodeRequest, CreateContextRequest,
-    CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT, MAX_CODE_BYTES, RESULT_MIME_TYPES,
+    validate_context_id, CodeContext, CodeContextList, CodeEvent, CodeRequest,
+    CreateContextRequest, CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT, MAX_CODE_BYTES,
+    RESULT_MIME_TYPES,
 };
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};

@@ -11,7 +11,8 @@ its stdin/stdout to the Unix socket ``/run/zygote/codeint/server.sock``). A requ
 one JSON line; the answer is JSON lines, the connection's end closes it:
 
     {"op": "execute", "code": "...", "context": "default", "timeout_ms": 60000}
-      -> {"type": "stdout"|"stderr", "text": "..."}*
+      -> {"type": "started"}   (the context exists and its kernel runs)
+         {"type": "stdout"|"stderr", "text": "..."}*
          {"type": "result", "main": bool, "data": {"text/plain": "...", "image/png": "<b64>"}}*
          {"type": "error", "name": "...", "value": "...", "traceback": ["..."]}?
          {"type": "done", "execution_count": N}
@@ -217,6 +218,7 @@ class Server:
                 except Exception as e:
                     ctx.km = None
                     raise Failure("kernel_failed", f"the kernel did not start: {e}")
+            send({"type": "started"})
             if ctx.dead or not ctx.alive():
                 ctx.dead = True
                 send(dead_kernel_error())
