@@ -120,6 +120,12 @@ async fn code_interpreter_live() {
         "{seen:?}"
     );
     assert_eq!(value(&c, &id, "x += 2\nx").await, "42");
+    // The longest timeout an execution may ask for (the relay's own limit is clamped).
+    let longest = CodeRequest {
+        timeout_ms: Some(zygote_daemon::model::MAX_EXEC_TIMEOUT_MS),
+        ..code("x")
+    };
+    assert_eq!(run(&c, &id, longest).await.text(), Some("42"));
     step(t0, "state kept across calls");
 
     // A figure: a display result with a real PNG.

@@ -21,7 +21,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use zygote_api::model::{
     validate_context_id, CodeContext, CodeEvent, CodeRequest, CreateContextRequest, ExecEvent,
-    ExecRequest, Validate,
+    ExecRequest, Validate, MAX_EXEC_TIMEOUT_MS,
 };
 use zygote_proto::b64;
 
@@ -78,7 +78,11 @@ impl Relay {
         let exec = ExecRequest {
             argv: vec![RELAY.into()],
             stdin: Some(line),
-            timeout_ms: Some(timeout_ms.saturating_add(RELAY_GRACE_MS)),
+            timeout_ms: Some(
+                timeout_ms
+                    .saturating_add(RELAY_GRACE_MS)
+                    .min(MAX_EXEC_TIMEOUT_MS),
+            ),
             user: Some("root".into()),
             ..Default::default()
         };
