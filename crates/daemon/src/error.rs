@@ -279,6 +279,19 @@ impl IntoResponse for Error {
     }
 }
 
+fn code_status(e: &crate::manager::CodeError) -> (StatusCode, &'static str) {
+    use crate::manager::CodeError as C;
+    use StatusCode as S;
+    match e {
+        C::NoInterpreter(_) => (S::UNPROCESSABLE_ENTITY, "no_code_interpreter"),
+        C::UnknownContext(_) => (S::NOT_FOUND, "code_context_not_found"),
+        C::Refused(_) => (S::BAD_REQUEST, "invalid_argument"),
+        C::LimitReached(_) => (S::TOO_MANY_REQUESTS, "code_context_limit"),
+        C::Server(_) => (S::BAD_GATEWAY, "code_server_error"),
+        C::Wire(_) => (S::BAD_GATEWAY, "code_server_malformed"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,18 +362,5 @@ mod tests {
             status(Error::agent(ClientError::Agent(body))),
             (429, "guest_limit_reached")
         );
-    }
-}
-
-fn code_status(e: &crate::manager::CodeError) -> (StatusCode, &'static str) {
-    use crate::manager::CodeError as C;
-    use StatusCode as S;
-    match e {
-        C::NoInterpreter(_) => (S::UNPROCESSABLE_ENTITY, "no_code_interpreter"),
-        C::UnknownContext(_) => (S::NOT_FOUND, "code_context_not_found"),
-        C::Refused(_) => (S::BAD_REQUEST, "invalid_argument"),
-        C::LimitReached(_) => (S::TOO_MANY_REQUESTS, "code_context_limit"),
-        C::Server(_) => (S::BAD_GATEWAY, "code_server_error"),
-        C::Wire(_) => (S::BAD_GATEWAY, "code_server_malformed"),
     }
 }

@@ -208,12 +208,11 @@ async fn code_interpreter_live() {
     )
     .await;
     assert!(gone.is_err(), "the sleep ended early: {gone:?}");
-    let after = Instant::now();
-    assert_eq!(value(&c, &id, "x").await, "42");
-    assert!(
-        after.elapsed() < Duration::from_secs(120),
-        "{:?}",
-        after.elapsed()
+    let next = tokio::time::timeout(Duration::from_secs(120), value(&c, &id, "x")).await;
+    assert_eq!(
+        next.as_deref(),
+        Ok("42"),
+        "the next execution waited: the abandoned one was not interrupted"
     );
     step(t0, "a disconnected client's execution was interrupted");
 
@@ -303,6 +302,44 @@ async fn code_interpreter_live() {
     step(
         t0,
         "each child sees only its own change; their random draws differ",
+    );
+
+    // Pause/resume keeps the kernel and its data.
+    for action in ["pause", "resume"] {
+        c.raw(Method::POST, &format!("/v1/sandboxes/{id}/{action}"), None)
+            .await
+            .unwrap_or_else(|e| panic!("{action}: {e}"));
+    }
+    assert_eq!(value(&c, &id, "len(df)").await, "6553600");
+    step(t0, "the DataFrame survived pause/resume");
+
+    // A hostile guest: its relay answers garbage, which ends as a clear error, never a
+    // malformed stream or a hang.
+    let child = &br.children[0];
+    let liar = "#!/bin/sh\ncat >/dev/null\necho '{\"type\":\"started\"}'\n\
+                echo '{\"type\":\"result\",\"main\":true,\"data\":{\"image/png\":\"bm90IGEgcG5n\",\"text/plain\":\"x\"}}'\n\
+                echo '{\"type\":\"shell\",\"cmd\":\"x\"}'\n";
+    c.raw(
+        Method::PUT,
+        &format!("/v1/sandboxes/{child}/files?path=/usr/local/bin/zygote-codeint&mode=755"),
+        Some((bytes::Bytes::from(liar), "application/octet-stream")),
+    )
+    .await
+    .expect("replace the relay");
+    let lied = run(&c, child, code("1")).await;
+    let data = match lied.results.first() {
+        Some(CodeEvent::Result { data, .. }) => data.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        !data.contains_key("image/png"),
+        "a fake PNG passed: {data:?}"
+    );
+    let failure = lied.failure.clone().expect("a failure event");
+    assert_eq!(failure.0, "code_server_malformed", "{failure:?}");
+    step(
+        t0,
+        &format!("a lying relay: fake PNG dropped, then {failure:?}"),
     );
 
     for sb in br.children.iter().chain([&id]) {

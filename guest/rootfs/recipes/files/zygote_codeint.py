@@ -242,7 +242,7 @@ def dead_kernel_error() -> dict:
 
 
 def run_silently(ctx: Context, code: str) -> None:
-    msg_id = ctx.kc.execute(code, silent=True, store_history=False)
+    msg_id = ctx.kc.execute(code, silent=True, store_history=False, stop_on_error=False)
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
@@ -296,7 +296,9 @@ class Execution:
 
     def run(self, code: str) -> None:
         kc = self.ctx.kc
-        msg_id = kc.execute(code, store_history=True, allow_stdin=False)
+        # stop_on_error=False: after a failed (or interrupted) execution ipykernel would
+        # otherwise abort requests arriving in the next moments, the next caller's too.
+        msg_id = kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
         while True:
             try:
                 msg = kc.get_iopub_msg(timeout=POLL)
@@ -316,6 +318,16 @@ class Execution:
         reply = drain_reply(self.ctx, msg_id, 5)
         if reply is not None and isinstance(reply.get("execution_count"), int):
             self.count = reply["execution_count"]
+        if reply is not None and reply.get("status") == "aborted" and not self.errored:
+            self.errored = True
+            self.send(
+                {
+                    "type": "error",
+                    "name": "ExecutionAborted",
+                    "value": "the kernel aborted the execution without running it",
+                    "traceback": [],
+                }
+            )
         if self.why == "timeout" and not self.errored:
             self.send(timeout_error())
         self.send({"type": "done", "execution_count": self.count or 0})
