@@ -162,16 +162,9 @@ class Client:
         ``on_stdout``/``on_stderr`` as output arrives."""
         body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user)
         collector = ExecCollector(cmd, on_stdout, on_stderr, check)
-        with _transport_errors(self.config):
-            with self._http.stream(
-                "POST", _api.exec_path(sandbox_id), json=body, timeout=_stream_timeout(timeout)
-            ) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    _api.raise_for_error(resp)
-                for line in resp.iter_lines():
-                    for cb, text in collector.feed(line):
-                        cb(text)
+        for line in self._stream_lines(_api.exec_path(sandbox_id), body, _stream_timeout(timeout)):
+            for cb, text in collector.feed(line):
+                cb(text)
         return collector.result()
 
     def run_code(
@@ -190,16 +183,9 @@ class Client:
         calling the callbacks as events arrive; see :class:`~zygote.Execution`."""
         body = _code.code_body(code, context=context, timeout=timeout)
         collector = CodeCollector(on_stdout, on_stderr, on_result, on_error)
-        with _transport_errors(self.config):
-            with self._http.stream(
-                "POST", _code.code_path(sandbox_id), json=body, timeout=_code_timeout(timeout)
-            ) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    _api.raise_for_error(resp)
-                for line in resp.iter_lines():
-                    for cb, arg in collector.feed(line):
-                        cb(arg)
+        for line in self._stream_lines(_code.code_path(sandbox_id), body, _code_timeout(timeout)):
+            for cb, arg in collector.feed(line):
+                cb(arg)
         return collector.result()
 
     def branch_stream(
@@ -207,16 +193,21 @@ class Client:
     ) -> BranchResult:
         """A branch through the streaming endpoint: ``on_progress`` gets each
         child as it comes up (or fails); returns the summary."""
+        path, streamed = _api.branch_path(sandbox_id), {**body, "stream": True}
+        for line in self._stream_lines(path, streamed, httpx.USE_CLIENT_DEFAULT):
+            progress = collector.feed(line)
+            if progress is not None:
+                on_progress(progress)
+        return collector.result()
+
+    def _stream_lines(self, path: str, body: Any, timeout: Any) -> Iterator[str]:
+        """The NDJSON lines of ``POST path`` as they arrive (an error status raises)."""
         with _transport_errors(self.config):
-            with self._http.stream("POST", _api.branch_path(sandbox_id), json={**body, "stream": True}) as resp:
+            with self._http.stream("POST", path, json=body, timeout=timeout) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     _api.raise_for_error(resp)
-                for line in resp.iter_lines():
-                    progress = collector.feed(line)
-                    if progress is not None:
-                        on_progress(progress)
-        return collector.result()
+                yield from resp.iter_lines()
 
     def transfer(self, transfer: Transfer[T], on_progress: Optional[TransferCallback] = None) -> T:
         """An image pull or a snapshot push or pull (NDJSON): ``on_progress``

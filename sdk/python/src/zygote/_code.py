@@ -9,13 +9,12 @@ Contexts (independent kernels) are plain calls.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Union
 
 import httpx
 
-from ._api import Call, _json, _none, seg
+from ._api import Call, _json, _none, seg, stream_event
 from .errors import ServerError, error_for
 
 
@@ -140,14 +139,10 @@ class CodeCollector:
         self._failure: Optional[Exception] = None
 
     def feed(self, line: str) -> list[tuple[Callback, Any]]:
-        line = line.strip()
-        if not line:
+        ev = stream_event(line, "code")
+        if ev is None:
             return []
-        try:
-            ev = json.loads(line)
-            kind = ev["type"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ServerError(f"bad code event {line[:200]!r}", code="bad_response") from e
+        kind = ev["type"]
         ex = self.execution
         arg: Any = None
         if kind in ("stdout", "stderr"):
