@@ -304,6 +304,30 @@ async fn code_interpreter_live() {
         "each child sees only its own change; their random draws differ",
     );
 
+    // Snapshot/restore: the kernel rolls back with the VM and answers at once after.
+    let snap: Value = c
+        .json(Method::POST, "/v1/snapshots", Some(&json!({"sandbox": id})))
+        .await
+        .expect("snapshot");
+    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    let changed = "df.loc[5, 'v'] = -99.0\nint((df['v'] < 0).sum())";
+    assert_eq!(value(&c, &id, changed).await, "1");
+    c.raw(
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/restore"),
+        Some((
+            bytes::Bytes::from(json!({"snapshot": snap}).to_string()),
+            "application/json",
+        )),
+    )
+    .await
+    .expect("restore");
+    assert_eq!(value(&c, &id, "int((df['v'] < 0).sum())").await, "0");
+    step(
+        t0,
+        "restored from a snapshot: the change after it is gone, the kernel answers",
+    );
+
     // Pause/resume keeps the kernel and its data.
     for action in ["pause", "resume"] {
         c.raw(Method::POST, &format!("/v1/sandboxes/{id}/{action}"), None)
@@ -347,4 +371,7 @@ async fn code_interpreter_live() {
             .await
             .unwrap();
     }
+    c.raw(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await
+        .unwrap();
 }
