@@ -95,6 +95,16 @@ curl -sS -N --fail-with-body -H "Authorization: Bearer $TOKEN" -H 'Content-Type:
 grep -q '"error"' "$STATE/build.ndjson" && die "building image $TEMPLATE: $(grep '"error"' "$STATE/build.ndjson")"
 fi
 
+# The code interpreter's tests boot E2B's code-interpreter-v1 (zygote's code-interpreter image).
+if [ $# -eq 0 ] || printf '%s\n' "$@" | grep -q code_interpreter; then
+    say "image code-interpreter (built from its recipe if missing)"
+    curl -sS -N --fail-with-body -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+        -d '{"name": "code-interpreter"}' "$URL/v1/images/build" >"$STATE/build-ci.ndjson" \
+        || die "building image code-interpreter failed: $(tail -c 2000 "$STATE/build-ci.ndjson")"
+    grep -q '"error"' "$STATE/build-ci.ndjson" \
+        && die "building image code-interpreter: $(grep '"error"' "$STATE/build-ci.ndjson")"
+fi
+
 export E2B_API_URL="$URL/e2b" E2B_API_KEY="$TOKEN" E2B_SANDBOX_URL="$PROXY" E2B_TEST_TEMPLATE="$TEMPLATE"
 export E2B_VOLUME_API_URL="$E2B_API_URL"
 say "E2B Python SDK $("$PY" -c 'import importlib.metadata as m; print(m.version("e2b"))'): $E2B_API_URL, $E2B_SANDBOX_URL"

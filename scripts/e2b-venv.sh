@@ -5,7 +5,9 @@
 # it is shared across worktrees and never inside the repository.
 set -euo pipefail
 # websockets: zygote's own SDK imports it; bench/e2b_sdk.py runs both SDKs from this venv.
-PINS="e2b==2.63.0 pytest==8.3.5 websockets==15.0.1"
+# e2b-code-interpreter: its unchanged SDK for sdk/e2b-compat/test_e2b_code_interpreter.py
+# (2.11.5 needs e2b>=2.55.1,<3: the pinned e2b fits).
+PINS="e2b==2.63.0 e2b-code-interpreter==2.11.5 pytest==8.3.5 websockets==15.0.1"
 CACHE=${ZYGOTE_CACHE_DIR:-$HOME/.cache/zygote}
 stamp=$(printf '%s' "$PINS" | sha256sum | cut -c1-16)
 # One venv per pin set: worktrees (or branches) with different pins never reinstall

@@ -11,6 +11,7 @@
 //! It knows nothing of how the daemon runs sandboxes: the CLI links this crate, not
 //! the daemon.
 pub mod client;
+pub mod code_client;
 pub mod defaults;
 pub mod error;
 pub mod model;

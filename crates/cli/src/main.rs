@@ -37,6 +37,9 @@ enum Command {
     Create(commands::create::CreateArgs),
     /// Run a program in a sandbox, output streamed (daemon).
     Exec(commands::exec::ExecArgs),
+    /// Run Python in a sandbox's code interpreter (image code-interpreter): text results
+    /// printed, images saved to files (daemon).
+    Code(commands::code::CodeArgs),
     /// Background processes of a sandbox: ls, logs [-f], stdin, kill (daemon).
     #[command(subcommand, visible_alias = "proc")]
     Process(commands::process::ProcessCommand),
@@ -111,6 +114,7 @@ fn main() {
         Command::Serve(args) => commands::serve::run(args),
         Command::Create(args) => commands::create::run(args),
         Command::Exec(args) => commands::exec::run(args),
+        Command::Code(args) => commands::code::run(args),
         Command::Process(cmd) => commands::process::run(cmd),
         Command::Shell(args) => commands::shell::run(args),
         Command::Watch(args) => commands::watch::run(args),

@@ -107,6 +107,9 @@ pub enum Error {
     },
     #[error("internal error: {0}")]
     Internal(String),
+    /// A code interpreter request (`/code`) the sandbox's code server could not serve.
+    #[error(transparent)]
+    Code(#[from] crate::manager::CodeError),
 }
 
 impl Error {
@@ -219,6 +222,7 @@ impl Error {
             ) => (S::NOT_FOUND, "not_found"),
             Error::Image(_) => (S::INTERNAL_SERVER_ERROR, "image_error"),
             Error::Oci(e) => oci_status(e),
+            Error::Code(e) => code_status(e),
             Error::Database(_) | Error::Io { .. } | Error::Internal(_) => {
                 (S::INTERNAL_SERVER_ERROR, "internal")
             }
@@ -272,6 +276,19 @@ impl IntoResponse for Error {
             tracing::debug!("{status}: {self}");
         }
         (status, axum::Json(self.body())).into_response()
+    }
+}
+
+fn code_status(e: &crate::manager::CodeError) -> (StatusCode, &'static str) {
+    use crate::manager::CodeError as C;
+    use StatusCode as S;
+    match e {
+        C::NoInterpreter(_) => (S::UNPROCESSABLE_ENTITY, "no_code_interpreter"),
+        C::UnknownContext(_) => (S::NOT_FOUND, "code_context_not_found"),
+        C::Refused(_) => (S::BAD_REQUEST, "invalid_argument"),
+        C::LimitReached(_) => (S::TOO_MANY_REQUESTS, "code_context_limit"),
+        C::Server(_) => (S::BAD_GATEWAY, "code_server_error"),
+        C::Wire(_) => (S::BAD_GATEWAY, "code_server_malformed"),
     }
 }
 

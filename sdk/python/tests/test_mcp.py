@@ -49,6 +49,7 @@ EXPECTED_TOOLS = {
     "push_snapshot",
     "pull_snapshot",
     "sandbox_metrics",
+    "run_code",
 }
 
 
@@ -576,3 +577,34 @@ def test_image_and_snapshot_pack_tools_against_a_fake_daemon() -> None:
     assert got["name"] == "warm-2" and got["pack"] == {"source": f"oci://{warm}", "digest": pushed["digest"]}
     assert restored["sandbox_id"].startswith("sb-")
     assert unknown["isError"] is True and "[image_not_found]" in unknown["content"][0]["text"]
+
+
+def test_run_code_tool_against_a_fake_daemon() -> None:
+    png = "iVBORw0KGgo="
+    events = [
+        {"type": "stdout", "text": "hi\n"},
+        {"type": "result", "main": False, "data": {"image/png": png, "text/plain": "<Figure>"}},
+        {"type": "result", "main": True, "data": {"text/plain": "42"}},
+        {"type": "done", "execution_count": 2},
+    ]
+    fake = FakeDaemon().start()
+    fake.load(
+        [
+            {"status": 200, "ndjson": events},
+            {"status": 422, "json": {"error": {"code": "no_code_interpreter", "message": "no interpreter"}}},
+        ]
+    )
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        got = structured(session.call("run_code", sandbox_id="sb-aaaaaaaaaaaa", code="x", timeout_seconds=2))
+        refused = session.call("run_code", sandbox_id="sb-aaaaaaaaaaaa", code="x")
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    assert got["stdout"] == "hi\n" and got["execution_count"] == 2 and got["error"] is None
+    assert got["results"][0]["images"] == [{"mime": "image/png", "data": png}]
+    assert got["results"][1] == {"main": True, "formats": ["text/plain"], "text": "42"}
+    assert json.loads(fake.requests[0].body) == {"code": "x", "language": "python", "timeout_ms": 2000}
+    assert refused["isError"] is True and "[no_code_interpreter]" in refused["content"][0]["text"]

@@ -216,9 +216,21 @@ const BY_CODE: Record<string, ErrorClass> = {
   unsupported_platform: UnsupportedPlatform,
   image_too_large: ImageTooLarge,
   registry_error: RegistryError,
+  // The code interpreter (runCode and its contexts).
+  code_context_not_found: NotFoundError,
+  no_code_interpreter: Unsupported,
+  code_context_limit: ConflictError,
 };
 
-const SERVER_CODES = new Set(["internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"]);
+const SERVER_CODES = new Set([
+  "internal",
+  "runtime_error",
+  "image_error",
+  "agent_unreachable",
+  "guest_error",
+  "code_server_error",
+  "code_server_malformed",
+]);
 
 /**
  * The error for an API `code`. The daemon uses one `not_found` code for every

@@ -37,6 +37,18 @@ export {
   type TransferOptions,
 } from "./transfer.js";
 export { DEFAULT_URL, type Config, resolveConfig } from "./config.js";
+export {
+  type CodeContext,
+  Execution,
+  type ExecutionError,
+  Result,
+  type RunCodeOptions,
+  createCodeContext,
+  listCodeContexts,
+  removeCodeContext,
+  restartCodeContext,
+  runCode,
+} from "./code.js";
 export * from "./errors.js";
 export { type WatchEvent, WatchHandle, type WatchOptions } from "./watch.js";
 export { PTY_PROTOCOL, Pty, PtyHandle, type PtyCreateOptions, type PtyExit, parseControl, ptyQuery } from "./pty.js";

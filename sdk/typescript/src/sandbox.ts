@@ -40,6 +40,16 @@ import {
   treeFromJson,
 } from "./models.js";
 import { Pty } from "./pty.js";
+import {
+  type CodeContext,
+  type Execution,
+  type RunCodeOptions,
+  createCodeContext,
+  listCodeContexts,
+  removeCodeContext,
+  restartCodeContext,
+  runCode,
+} from "./code.js";
 
 export const DEFAULT_IMAGE = "minimal";
 
@@ -637,6 +647,32 @@ export class Sandbox {
     }
     const d = await this.client.json<{ metrics: Json[] }>("GET", `/v1/sandboxes/${seg(this.id)}/metrics`, { query });
     return d.metrics.map(metricFromJson);
+  }
+
+  /**
+   * Runs Python in the sandbox's code interpreter (image `code-interpreter`): variables,
+   * imports and figures stay between calls and are carried into branch children.
+   */
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    return runCode(this.client, this.id, code, opts);
+  }
+
+  /** A new context: a kernel of its own. */
+  async createCodeContext(cwd?: string): Promise<CodeContext> {
+    return createCodeContext(this.client, this.id, cwd);
+  }
+
+  async listCodeContexts(): Promise<CodeContext[]> {
+    return listCodeContexts(this.client, this.id);
+  }
+
+  /** A fresh kernel for the context (its state is lost; also after `KernelDied`). */
+  async restartCodeContext(ctx: string | CodeContext = "default"): Promise<void> {
+    return restartCodeContext(this.client, this.id, ctx);
+  }
+
+  async removeCodeContext(ctx: string | CodeContext): Promise<void> {
+    return removeCodeContext(this.client, this.id, ctx);
   }
 
   /** The guest's serial console output. */

@@ -4,6 +4,7 @@
 //! anything is started.
 mod agent;
 mod branch;
+mod code;
 mod create;
 mod diff;
 mod env;
@@ -33,6 +34,11 @@ mod watch;
 pub use agent::{AgentHealth, AgentState};
 pub use branch::{
     BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases,
+};
+pub use code::{
+    validate_context_id, CodeContext, CodeContextList, CodeEvent, CodeRequest,
+    CreateContextRequest, CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT, MAX_CODE_BYTES,
+    RESULT_MIME_TYPES,
 };
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};

@@ -2,6 +2,7 @@
 //! `run(...) -> anyhow::Result<i32>` returning the process exit code.
 pub mod bench;
 pub mod branch;
+pub mod code;
 pub mod cp;
 pub mod create;
 pub mod daemon_client;

@@ -7,8 +7,8 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes, snapshots,
-    system, volumes, watch, PUBLIC,
+    code, events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes,
+    snapshots, system, volumes, watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -121,6 +121,7 @@ impl utoipa::Modify for CommonResponses {
         ports::expose, ports::list, ports::unexpose,
         guest::exec, guest::exec_stream, pty::pty, guest::read_file, guest::write_file, guest::list_dir,
         watch::watch,
+        code::run, code::list, code::create, code::restart, code::delete,
         processes::list, processes::get, processes::output, processes::stdin, processes::signal,
         snapshots::list, snapshots::create, snapshots::get, snapshots::delete,
         packs::export, packs::import, packs::push, packs::pull,

@@ -5,6 +5,7 @@
 //! it, so a test can check the router and the OpenAPI document list
 //! exactly the same operations.
 mod auth;
+mod code;
 mod console;
 mod doc;
 mod events;
@@ -124,6 +125,23 @@ pub fn routes() -> Routes {
             Method::POST,
             "/v1/sandboxes/{id}/exec/stream",
             guest::exec_stream,
+        )
+        .add(Method::POST, "/v1/sandboxes/{id}/code", code::run)
+        .add(Method::GET, "/v1/sandboxes/{id}/code/contexts", code::list)
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/code/contexts",
+            code::create,
+        )
+        .add(
+            Method::POST,
+            "/v1/sandboxes/{id}/code/contexts/{context}/restart",
+            code::restart,
+        )
+        .add(
+            Method::DELETE,
+            "/v1/sandboxes/{id}/code/contexts/{context}",
+            code::delete,
         )
         .add(Method::GET, "/v1/sandboxes/{id}/processes", processes::list)
         .add(

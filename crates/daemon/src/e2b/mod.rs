@@ -20,6 +20,7 @@
 //! request except `/health` and never forwarded into a guest.
 //!
 //! Wire facts (with their sources in E2B's SDKs and specs) and the plan: `DESIGN.md`.
+pub mod codeint;
 pub mod control;
 pub mod envd;
 mod model;

@@ -9,6 +9,7 @@ See README.md for the full surface; :mod:`zygote.errors` for exceptions.
 
 from ._branch import BranchProgress
 from ._client import AsyncClient, Client
+from ._code import CodeContext, Execution, ExecutionError, Logs, Result
 from ._process import AsyncCommandHandle, CommandHandle
 from ._version import __version__
 from .aio import AsyncCommands, AsyncFiles, AsyncSandbox
@@ -84,6 +85,11 @@ from ._watch import AsyncWatchHandle, WatchEvent, WatchHandle
 
 __all__ = [
     "__version__",
+    "Execution",
+    "ExecutionError",
+    "Result",
+    "Logs",
+    "CodeContext",
     "Sandbox",
     "AsyncSandbox",
     "Pty",

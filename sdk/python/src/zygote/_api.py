@@ -638,6 +638,22 @@ def stream_read_timeout(timeout: Optional[float]) -> Optional[float]:
     return None if timeout is None else timeout + 30.0
 
 
+def stream_event(line: str, what: str) -> Optional[dict[str, Any]]:
+    """One NDJSON line of a streamed answer as an object with a ``type`` (None for a
+    blank line); anything else is the daemon's fault."""
+    line = line.strip()
+    if not line:
+        return None
+    try:
+        ev = json.loads(line)
+        ev["type"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ServerError(f"bad {what} event {line[:200]!r}", code="bad_response") from e
+    if not isinstance(ev, dict):
+        raise ServerError(f"bad {what} event {line[:200]!r}", code="bad_response")
+    return ev
+
+
 class ExecCollector:
     """Consumes the NDJSON lines of ``POST .../exec/stream``.
 
@@ -666,14 +682,10 @@ class ExecCollector:
         self.output_bytes = 0
 
     def feed(self, line: str) -> list[tuple[OutputCallback, str]]:
-        line = line.strip()
-        if not line:
+        ev = stream_event(line, "exec")
+        if ev is None:
             return []
-        try:
-            ev = json.loads(line)
-            kind = ev["type"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise ServerError(f"bad exec event {line[:200]!r}", code="bad_response") from e
+        kind = ev["type"]
         if kind == "started":
             self.pid = ev.get("pid")
         elif kind == "output":

@@ -15,13 +15,14 @@ import secrets
 import ssl
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import IO, Any, AsyncIterator, Iterator, List, Mapping, Optional, TypeVar, Union
+from typing import IO, Any, AsyncIterator, Callable, Iterator, List, Mapping, Optional, TypeVar, Union
 
 import httpx
 
-from . import _api, _transfer
+from . import _api, _code, _transfer
 from ._api import Call, Command, ExecCollector, OutputCallback
 from ._branch import BranchCollector, ProgressCallback
+from ._code import CodeCollector, CodeContext, Execution, ExecutionError, Result
 from ._config import Config, Verify, resolve
 from ._transfer import CHUNK, Transfer, TransferCallback, TransferCollector
 from ._version import __version__
@@ -100,6 +101,15 @@ def _stream_timeout(timeout: Optional[float]) -> httpx.Timeout:
     )
 
 
+def _code_timeout(timeout: Optional[float]) -> httpx.Timeout:
+    return httpx.Timeout(
+        connect=DEFAULT_HTTP_TIMEOUT.connect,
+        read=_code.read_timeout(timeout),
+        write=DEFAULT_HTTP_TIMEOUT.write,
+        pool=DEFAULT_HTTP_TIMEOUT.pool,
+    )
+
+
 class Client:
     """Synchronous connection to zygoted.
 
@@ -152,16 +162,30 @@ class Client:
         ``on_stdout``/``on_stderr`` as output arrives."""
         body = _api.exec_body(cmd, timeout=timeout, env=env, cwd=cwd, stdin=stdin, user=user)
         collector = ExecCollector(cmd, on_stdout, on_stderr, check)
-        with _transport_errors(self.config):
-            with self._http.stream(
-                "POST", _api.exec_path(sandbox_id), json=body, timeout=_stream_timeout(timeout)
-            ) as resp:
-                if resp.status_code >= 400:
-                    resp.read()
-                    _api.raise_for_error(resp)
-                for line in resp.iter_lines():
-                    for cb, text in collector.feed(line):
-                        cb(text)
+        for line in self._stream_lines(_api.exec_path(sandbox_id), body, _stream_timeout(timeout)):
+            for cb, text in collector.feed(line):
+                cb(text)
+        return collector.result()
+
+    def run_code(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        context: Optional[Union[str, CodeContext]] = None,
+        timeout: Optional[float] = None,
+        on_stdout: Optional[Callable[[str], None]] = None,
+        on_stderr: Optional[Callable[[str], None]] = None,
+        on_result: Optional[Callable[[Result], None]] = None,
+        on_error: Optional[Callable[[ExecutionError], None]] = None,
+    ) -> Execution:
+        """Runs Python in the sandbox's code interpreter (image ``code-interpreter``),
+        calling the callbacks as events arrive; see :class:`~zygote.Execution`."""
+        body = _code.code_body(code, context=context, timeout=timeout)
+        collector = CodeCollector(on_stdout, on_stderr, on_result, on_error)
+        for line in self._stream_lines(_code.code_path(sandbox_id), body, _code_timeout(timeout)):
+            for cb, arg in collector.feed(line):
+                cb(arg)
         return collector.result()
 
     def branch_stream(
@@ -169,16 +193,21 @@ class Client:
     ) -> BranchResult:
         """A branch through the streaming endpoint: ``on_progress`` gets each
         child as it comes up (or fails); returns the summary."""
+        path, streamed = _api.branch_path(sandbox_id), {**body, "stream": True}
+        for line in self._stream_lines(path, streamed, httpx.USE_CLIENT_DEFAULT):
+            progress = collector.feed(line)
+            if progress is not None:
+                on_progress(progress)
+        return collector.result()
+
+    def _stream_lines(self, path: str, body: Any, timeout: Any) -> Iterator[str]:
+        """The NDJSON lines of ``POST path`` as they arrive (an error status raises)."""
         with _transport_errors(self.config):
-            with self._http.stream("POST", _api.branch_path(sandbox_id), json={**body, "stream": True}) as resp:
+            with self._http.stream("POST", path, json=body, timeout=timeout) as resp:
                 if resp.status_code >= 400:
                     resp.read()
                     _api.raise_for_error(resp)
-                for line in resp.iter_lines():
-                    progress = collector.feed(line)
-                    if progress is not None:
-                        on_progress(progress)
-        return collector.result()
+                yield from resp.iter_lines()
 
     def transfer(self, transfer: Transfer[T], on_progress: Optional[TransferCallback] = None) -> T:
         """An image pull or a snapshot push or pull (NDJSON): ``on_progress``
@@ -400,6 +429,29 @@ class AsyncClient:
             async for line in resp.aiter_lines():
                 for cb, text in collector.feed(line):
                     maybe = cb(text)
+                    if inspect.isawaitable(maybe):
+                        await maybe
+        return collector.result()
+
+    async def run_code(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        context: Optional[Union[str, CodeContext]] = None,
+        timeout: Optional[float] = None,
+        on_stdout: Optional[_code.Callback] = None,
+        on_stderr: Optional[_code.Callback] = None,
+        on_result: Optional[_code.Callback] = None,
+        on_error: Optional[_code.Callback] = None,
+    ) -> Execution:
+        """As :meth:`Client.run_code`; callbacks may be plain or coroutine functions."""
+        body = _code.code_body(code, context=context, timeout=timeout)
+        collector = CodeCollector(on_stdout, on_stderr, on_result, on_error)
+        async with self._stream(_code.code_path(sandbox_id), body, _code_timeout(timeout)) as resp:
+            async for line in resp.aiter_lines():
+                for cb, arg in collector.feed(line):
+                    maybe = cb(arg)
                     if inspect.isawaitable(maybe):
                         await maybe
         return collector.result()

@@ -11,6 +11,7 @@ from . import _api
 from ._api import Command, OnConflict, OutputCallback, TimeBound
 from ._branch import BranchCollector, ProgressCallback
 from ._client import AsyncClient
+from ._code_sandbox import AsyncCodeInterpreter
 from ._process import AsyncCommandHandle, AsyncProcessCommands
 from .aio_pty import AsyncPty
 from ._watch import AsyncWatchHandle
@@ -160,7 +161,7 @@ class AsyncFiles:
         return await AsyncWatchHandle(self._sb.client, self._sb.id, path, recursive)._open()
 
 
-class AsyncSandbox:
+class AsyncSandbox(AsyncCodeInterpreter):
     """asyncio handle on one sandbox; see :class:`zygote.Sandbox`."""
 
     def __init__(self, sandbox_id: str, *, client: Optional[AsyncClient] = None) -> None:

@@ -327,9 +327,23 @@ _BY_CODE: dict[str, type[ZygoteError]] = {
     "unsupported_platform": UnsupportedPlatform,
     "image_too_large": ImageTooLarge,
     "registry_error": RegistryError,
+    # The code interpreter (run_code and its contexts).
+    "code_context_not_found": NotFoundError,
+    "no_code_interpreter": Unsupported,
+    "code_context_limit": ConflictError,
 }
 
-_SERVER_CODES = frozenset({"internal", "runtime_error", "image_error", "agent_unreachable", "guest_error"})
+_SERVER_CODES = frozenset(
+    {
+        "internal",
+        "runtime_error",
+        "image_error",
+        "agent_unreachable",
+        "guest_error",
+        "code_server_error",
+        "code_server_malformed",
+    }
+)
 
 
 def error_for(code: str, message: str, status: Optional[int] = None) -> ZygoteError:

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator, Optional
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from . import _process
+from . import _mcp_code, _process
 from ._api import OnConflict
 from ._client import AsyncClient
 from ._version import __version__
@@ -52,7 +52,8 @@ INSTRUCTIONS = (
     "start_background_command starts a long-running program (a server, a watcher) and returns "
     "its pid at once; read_process_output reads what it printed from an offset (optionally "
     "waiting for more), send_process_input writes to its stdin, kill_process signals it, "
-    "list_processes lists them. Background processes are copied into branch children."
+    "list_processes lists them. Background processes are copied into branch children. "
+    "run_code runs Python in a sandbox of image code-interpreter, keeping its state between calls."
 )
 
 
@@ -585,6 +586,7 @@ def build_server(
             raise _tool_error(e) from e
         return {"processes": [_proc(p) for p in procs]}
 
+    _mcp_code.register(server, session.sandbox)
     return server
 
 

@@ -9,6 +9,7 @@ from . import _api
 from ._api import Command, OnConflict, OutputCallback, TimeBound
 from ._branch import BranchCollector, ProgressCallback
 from ._client import Client
+from ._code_sandbox import CodeInterpreter
 from ._process import CommandHandle, ProcessCommands
 from .errors import SandboxNotFound, ZygoteError
 from .models import (
@@ -195,7 +196,7 @@ class Files:
         return WatchHandle(self._sb.client, self._sb.id, path, recursive)
 
 
-class Sandbox:
+class Sandbox(CodeInterpreter):
     """A handle on one sandbox (a microVM).
 
     Make one with :meth:`create`, :meth:`restore`, :meth:`connect` or

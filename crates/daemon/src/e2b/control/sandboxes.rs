@@ -43,7 +43,9 @@ pub(super) async fn create(
     };
     envs.extend(body.env_vars.unwrap_or_default());
     let request = CreateSandboxRequest {
-        image: snapshot.is_none().then(|| template.clone()),
+        image: snapshot
+            .is_none()
+            .then(|| image_of_template(&template).to_string()),
         snapshot,
         ttl_secs: Some(ttl),
         ttl_action: body.auto_pause.unwrap_or(false).then_some(TtlAction::Pause),
@@ -84,6 +86,16 @@ pub(super) async fn create(
         .first()
         .ok_or_else(|| Error::Internal("create made no sandbox".into()))?;
     Ok((StatusCode::CREATED, Json(answer(&st, sandbox))).into_response())
+}
+
+/// The image an E2B template name that is no built template or snapshot boots: E2B's
+/// public code interpreter template (the `e2b-code-interpreter` SDKs' default) is
+/// zygote's `code-interpreter` image; any other name is an image name itself.
+fn image_of_template(template: &str) -> &str {
+    match template {
+        "code-interpreter-v1" => "code-interpreter",
+        other => other,
+    }
 }
 
 /// The envs a template gives its sandboxes (its build's ENV steps).

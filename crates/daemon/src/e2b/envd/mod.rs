@@ -37,6 +37,7 @@ use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use super::codeint::{self, CODE_INTERPRETER_PORT};
 use super::{EnvdKeys, ENVD_PORT};
 use crate::error::Error;
 use crate::manager::Manager;
@@ -58,7 +59,8 @@ pub enum EnvdError {
     #[error("E2b-Sandbox-Port {0:?} is not a port number")]
     BadPort(String),
     #[error(
-        "zygote serves only envd's port {ENVD_PORT} by E2B's routing headers; reach port \
+        "zygote serves only envd's port {ENVD_PORT} and the code interpreter's \
+         {CODE_INTERPRETER_PORT} by E2B's routing headers; reach port \
          {0} at http://{0}-<sandbox>.localhost:<proxy port>/ once exposed (POST \
          /v1/sandboxes/<sandbox>/ports)"
     )]
@@ -186,9 +188,20 @@ impl Envd {
     }
 
     async fn handle(&self, req: Request) -> Result<Response, EnvdError> {
-        let id = routed_sandbox(req.headers())?;
+        let (id, port) = routed_sandbox(req.headers())?;
         if !self.alive(&id) {
             return Err(EnvdError::SandboxNotFound(id));
+        }
+        if port == CODE_INTERPRETER_PORT {
+            let expected = self.keys.access_token(&id);
+            let token = match req.headers().get(ACCESS_TOKEN_HEADER) {
+                None => codeint::Token::Absent,
+                Some(given) if token_matches(given.as_bytes(), expected.as_bytes()) => {
+                    codeint::Token::Valid
+                }
+                Some(_) => return Err(EnvdError::Unauthorized),
+            };
+            return Ok(codeint::serve(&self.manager, &id, token, req).await);
         }
         let path = req.uri().path().to_string();
         if req.method() == Method::GET && path == "/health" {
@@ -382,8 +395,9 @@ fn bare_host(headers: &HeaderMap) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
-/// The sandbox a request with E2B's routing headers names (its port must be envd's).
-fn routed_sandbox(headers: &HeaderMap) -> Result<String, EnvdError> {
+/// The sandbox a request with E2B's routing headers names, and the port (envd's or the
+/// code interpreter's).
+fn routed_sandbox(headers: &HeaderMap) -> Result<(String, u16), EnvdError> {
     let get = |name: &'static str, shown: &'static str| {
         headers
             .get(name)
@@ -399,7 +413,7 @@ fn routed_sandbox(headers: &HeaderMap) -> Result<String, EnvdError> {
         .ok()
         .filter(|p| *p != 0 && port.bytes().all(|b| b.is_ascii_digit()))
         .ok_or_else(|| EnvdError::BadPort(port.to_string()))?;
-    if port != ENVD_PORT {
+    if port != ENVD_PORT && port != CODE_INTERPRETER_PORT {
         return Err(EnvdError::OtherPort(port));
     }
     // Ids are `sb-` and hex: anything else names no sandbox.
@@ -407,7 +421,7 @@ fn routed_sandbox(headers: &HeaderMap) -> Result<String, EnvdError> {
     if !valid {
         return Err(EnvdError::SandboxNotFound(String::new()));
     }
-    Ok(id.to_ascii_lowercase())
+    Ok((id.to_ascii_lowercase(), port))
 }
 
 impl Gate for Envd {
@@ -500,7 +514,12 @@ mod tests {
             (SANDBOX_ID_HEADER, "SB-AB12"),
             (SANDBOX_PORT_HEADER, "49983"),
         ]);
-        assert_eq!(routed_sandbox(&ok).unwrap(), "sb-ab12");
+        assert_eq!(routed_sandbox(&ok).unwrap(), ("sb-ab12".into(), ENVD_PORT));
+        let code = headers(&[
+            (SANDBOX_ID_HEADER, "sb-ab12"),
+            (SANDBOX_PORT_HEADER, "49999"),
+        ]);
+        assert_eq!(routed_sandbox(&code).unwrap().1, CODE_INTERPRETER_PORT);
         let missing = headers(&[(SANDBOX_ID_HEADER, "sb-ab12")]);
         assert!(matches!(
             routed_sandbox(&missing),
