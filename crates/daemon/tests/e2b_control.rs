@@ -160,18 +160,15 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
     );
 
     // Egress rules zygote cannot hold are refused at create, before any template lookup.
-    let body = r#"{"templateID": "minimal", "network": {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}}"#;
+    let body = r#"{"templateID": "minimal", "network": {"allowOut": ["*.com"], "denyOut": ["0.0.0.0/0"]}}"#;
     assert_400(
         &call("POST", "/e2b/v2/sandboxes", body),
-        "not an IPv4 address or CIDR",
+        "is not a name rule",
     );
 
     // And at update_network, before the id is looked up; `rules` is not served.
     for (body, says) in [
-        (
-            r#"{"allowOut": ["example.com"]}"#,
-            "not an IPv4 address or CIDR",
-        ),
+        (r#"{"allowOut": ["example.com"]}"#, "need denyOut"),
         (
             r#"{"denyOut": ["10.0.0.0/33"]}"#,
             "not an IPv4 address or CIDR",

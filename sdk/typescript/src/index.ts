@@ -64,6 +64,7 @@ export type {
   SandboxInfo,
   TtlAction,
   SandboxEvent,
+  EgressEntry,
   EventLevel,
   EventsOptions,
   SandboxTree,

@@ -6,6 +6,7 @@ mod agent;
 mod branch;
 mod create;
 mod diff;
+mod egress;
 mod env;
 mod events;
 mod exec;
@@ -18,6 +19,7 @@ mod merge;
 pub mod metadata;
 mod metrics;
 mod network;
+mod network_names;
 mod pack;
 mod ports;
 mod process;
@@ -34,6 +36,7 @@ pub use agent::{AgentHealth, AgentState};
 pub use branch::{BranchEvent, BranchFailure, BranchRequest, BranchResponse};
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
+pub use egress::{EgressEntry, EgressList, EgressQuery};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
@@ -48,8 +51,8 @@ pub use logs::{LogsQuery, LOG_CAP};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use metrics::{MetricSample, MetricsList, MetricsQuery};
 pub use network::{
-    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, SetNetworkRequest,
-    MAX_NETWORK_RULES,
+    parse_cidr, DnsCounts, NameRule, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView,
+    SetNetworkRequest, MAX_NETWORK_RULES,
 };
 pub use pack::{ImportQuery, PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};

@@ -7,6 +7,7 @@
 mod auth;
 mod console;
 mod doc;
+mod egress;
 mod events;
 mod guest;
 mod images;
@@ -109,6 +110,7 @@ pub fn routes() -> Routes {
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
         .add(Method::GET, "/v1/sandboxes/{id}/events", events::events)
+        .add(Method::GET, "/v1/sandboxes/{id}/egress", egress::egress)
         .add(Method::GET, "/v1/sandboxes/{id}/metrics", metrics::metrics)
         .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
         .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)
