@@ -350,13 +350,25 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     let a = call("PUT", &format!("/e2b/sandboxes/{}/network", ids[2]), "{}");
     assert_eq!(a.status, 204, "{}", a.text());
     assert_eq!(native(&ids[2])["deny_out"], json!([]), "omitted = cleared");
+    // Domain names: an allow list when everything else is denied; refused next to a
+    // partial deny (zygote's deny wins: no named exception).
+    let a = call(
+        "PUT",
+        &format!("/e2b/sandboxes/{}/network", ids[2]),
+        r#"{"allow_internet_access": false, "allowOut": ["Example.com", "*.pypi.org"]}"#,
+    );
+    assert_eq!(a.status, 204, "{}", a.text());
+    assert_eq!(
+        native(&ids[2])["allow_out"],
+        json!(["example.com", "*.pypi.org"])
+    );
     assert_400(
         &call(
             "PUT",
             &format!("/e2b/sandboxes/{}/network", ids[2]),
-            r#"{"allow_internet_access": false, "allowOut": ["example.com"]}"#,
+            r#"{"denyOut": ["10.0.0.0/8"], "allowOut": ["example.com"]}"#,
         ),
-        "not an IPv4 address or CIDR",
+        "need denyOut",
     );
     assert!(end.as_str().unwrap() < "9999", "a deadline: {end}");
 

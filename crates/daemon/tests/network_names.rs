@@ -275,9 +275,37 @@ async fn qemu_rules_by_name() {
     assert!(record
         .iter()
         .any(|e| e.protocol == "tls" && e.event == "closed"));
+    // Followed: a connection made after the stream began arrives on it.
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let follower = {
+        let (c, id) = (d.client(), id.clone());
+        tokio::spawn(async move {
+            let _ = c
+                .follow_egress(&id, Some(1), move |e| {
+                    let _ = tx.send(e);
+                })
+                .await;
+        })
+    };
+    let page = http(&c, &id, &a, 80, "www.a.zygote.test", "/followed").await;
+    assert!(page.contains("remote-"), "{page}");
+    let seen = common::eventually(Duration::from_secs(10), async || {
+        while let Ok(e) = rx.try_recv() {
+            if e.path.as_deref() == Some("/followed") {
+                return Some(e);
+            }
+        }
+        None
+    })
+    .await;
+    follower.abort();
+    assert!(
+        seen.is_some(),
+        "the followed record never showed the connection"
+    );
     step(
         t0,
-        "the egress record lists what was allowed, refused and cut",
+        "the egress record lists what was allowed, refused and cut; followed live",
     );
 
     // A branch child: the parent's rules, a record of its own.

@@ -95,7 +95,7 @@ async fn qemu_network_policy_changes_while_running() {
     let before = ruleset(&sb.id);
     for (body, words) in [
         (json!({"deny_out": ["10.0.0.1/8"]}), "10.0.0.0/8"),
-        (json!({"deny_out": ["example.com"]}), "not an IPv4 CIDR"),
+        (json!({"deny_out": ["*.com"]}), "not a name rule"),
         (
             json!({"network": "none", "deny_out": ["10.0.0.0/8"]}),
             "egress",
@@ -254,7 +254,14 @@ async fn qemu_network_policy_changes_while_running() {
             rules.contains("deny_out_1") && rules.contains(&remote.a.to_string()),
             "{fault}: {rules}"
         );
-        assert!(rules.contains(&remote.b.to_string()), "{fault}: {rules}");
+        // In the old policy's deny set (the ruleset names b elsewhere too: it is the
+        // upstream resolver the namespace's output chain lets the daemon ask).
+        let old_deny = rules
+            .split("set deny_out {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .unwrap_or_default();
+        assert!(old_deny.contains(&remote.b.to_string()), "{fault}: {rules}");
         let d2 = start_daemon(&scratch.state, &args);
         let c2 = d2.client();
         assert_eq!(

@@ -54,6 +54,9 @@ impl Drop for Running {
         for t in &self.tasks {
             t.abort();
         }
+        // Spliced connections run in tasks of their own: cut them too, so that none
+        // outlives the sandbox's network (or keeps its namespace alive).
+        self.resolver.live.cut_all();
     }
 }
 

@@ -53,11 +53,22 @@ struct Live {
 /// The proxy's open connections.
 #[derive(Default)]
 pub struct LiveConnections {
+    /// Set once the sandbox's network goes ([`LiveConnections::cut_all`]).
+    closing: std::sync::atomic::AtomicBool,
     next: AtomicU64,
     open: Mutex<HashMap<u64, Live>>,
 }
 
 impl LiveConnections {
+    /// Cuts every open connection (the sandbox's network goes).
+    pub fn cut_all(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        for live in open.values() {
+            live.cut.notify_one();
+        }
+    }
+
     /// Judges every open connection again under `policies` (the addresses were
     /// vouched for when they opened) and cuts those refused now; how many.
     pub fn recheck(&self, policies: &[NetworkPolicy]) -> usize {
@@ -242,6 +253,10 @@ async fn handle(mut guest: TcpStream, r: &Resolver, observer: Option<&EgressObse
                 cut: cut.clone(),
             },
         );
+    // Registered after the network went (cut_all ran between accept and here).
+    if r.live.closing.load(Ordering::SeqCst) {
+        cut.notify_one();
+    }
     entry.event = "open".into();
     note(&entry);
     let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
@@ -253,7 +268,11 @@ async fn handle(mut guest: TcpStream, r: &Resolver, observer: Option<&EgressObse
         .remove(&id);
     entry.event = if cut_by_policy { "cut" } else { "closed" }.into();
     if cut_by_policy {
-        entry.reason = "cut: the sandbox's policy changed and no longer allows it".into();
+        entry.reason = if r.live.closing.load(Ordering::SeqCst) {
+            "cut: the sandbox's network went away".into()
+        } else {
+            "cut: the sandbox's policy changed and no longer allows it".into()
+        };
     }
     entry.bytes_out = sent.load(Ordering::Relaxed);
     entry.bytes_in = received.load(Ordering::Relaxed);

@@ -419,7 +419,7 @@ mod tests {
             e.to_string().contains("\"*.com\" is not a name rule"),
             "{e}"
         );
-        let e = egress(None, Some(&cfg(&["10.0.0.1/8"], &[]))).unwrap_err();
+        let e = egress(None, Some(&cfg(&["10.0.0.0/33"], &[]))).unwrap_err();
         assert!(e.to_string().contains("not an IPv4 address or CIDR"), "{e}");
     }
 }
