@@ -109,17 +109,10 @@ async fn suite(runtime: &str) {
     let scratch = Scratch::new();
     // The daemon on every address: a guest must still not reach its port.
     // Guests' DNS goes to the remote namespace's server.
-    let resolver = remote.b.to_string();
+    let args = remote.daemon_args("0.0.0.0:0", runtime);
     let d = start_daemon(
         &scratch.state,
-        &[
-            "--listen",
-            "0.0.0.0:0",
-            "--runtime",
-            runtime,
-            "--dns",
-            &resolver,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let api_port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
     let c = d.client();
@@ -354,16 +347,10 @@ async fn suite(runtime: &str) {
     let _ = Command::new("ip")
         .args(["link", "del", &host_link(oa)])
         .output();
+    let args = remote.daemon_args("127.0.0.1:0", runtime);
     let d = start_daemon(
         &scratch.state,
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--runtime",
-            runtime,
-            "--dns",
-            &resolver,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let c = d.client();
     assert!(!namespaces().contains(&stray), "swept at start-up");

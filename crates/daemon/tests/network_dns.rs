@@ -129,15 +129,8 @@ async fn qemu_dns_is_the_daemons_and_obeys_the_policy() {
     common::guest_assets();
     let remote = Remote::start();
     let scratch = Scratch::new();
-    let upstream = remote.b.to_string();
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--runtime",
-        "qemu",
-        "--dns-upstream",
-        &upstream,
-    ];
+    let args = remote.daemon_args("127.0.0.1:0", "qemu");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();
     let cleanup = &scratch.cleanup;

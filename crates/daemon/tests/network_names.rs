@@ -117,15 +117,8 @@ async fn qemu_rules_by_name() {
     let remote = Remote::start();
     let (a, b) = (remote.a.to_string(), remote.b.to_string());
     let scratch = Scratch::new();
-    let upstream = remote.b.to_string();
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--runtime",
-        "qemu",
-        "--dns-upstream",
-        &upstream,
-    ];
+    let args = remote.daemon_args("127.0.0.1:0", "qemu");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();
     let cleanup = &scratch.cleanup;

@@ -72,15 +72,8 @@ async fn qemu_network_policy_changes_while_running() {
     common::guest_assets();
     let remote = Remote::start();
     let scratch = Scratch::new();
-    let resolver = remote.b.to_string();
-    let args = [
-        "--listen",
-        "127.0.0.1:0",
-        "--runtime",
-        "qemu",
-        "--dns",
-        resolver.as_str(),
-    ];
+    let args = remote.daemon_args("127.0.0.1:0", "qemu");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();
     let sb = create(&c, json!({"image": "minimal"}), &scratch.cleanup)

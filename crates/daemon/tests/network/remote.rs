@@ -160,6 +160,22 @@ impl Remote {
         r
     }
 
+    /// `zygote serve` arguments for a daemon listening on `listen` with `runtime`, whose
+    /// sandboxes' resolvers ask this namespace's DNS server.
+    pub fn daemon_args(&self, listen: &str, runtime: &str) -> Vec<String> {
+        let upstream = self.b.to_string();
+        [
+            "--listen",
+            listen,
+            "--runtime",
+            runtime,
+            "--dns-upstream",
+            &upstream,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     fn remove(&self) {
         let _ = Command::new("ip")
             .args(["route", "del", &format!("{}/32", self.ll)])
