@@ -237,13 +237,14 @@ def test_network_rules_at_create_and_updated_live():
         assert ruled.get_info().network == {"allow_out": [], "deny_out": ["192.0.2.0/24"]}
         closed.update_network({})
         assert native(f"/v1/sandboxes/{closed.sandbox_id}")["network"]["deny_out"] == []
-        with pytest.raises(SandboxException, match="not an IPv4 address"):
+        # A domain name next to a partial deny: zygote cannot hold E2B's named exception.
+        with pytest.raises(SandboxException, match="need denyOut"):
             ruled.update_network({"allow_out": ["example.com"]})
     finally:
         closed.kill()
         ruled.kill()
-    with pytest.raises(SandboxException, match="not an IPv4 address"):
-        Sandbox.create(template=TEMPLATE, network={"allow_out": ["example.com"], "deny_out": ["0.0.0.0/0"]})
+    with pytest.raises(SandboxException, match="is not a name rule"):
+        Sandbox.create(template=TEMPLATE, network={"allow_out": ["*.com"], "deny_out": ["0.0.0.0/0"]})
 
 
 def test_unknown_template_is_e2bs_404():

@@ -485,3 +485,33 @@ impl Client {
         self.json(Method::GET, &route, None::<&()>).await
     }
 }
+
+impl Client {
+    /// The last `limit` entries of sandbox `id`'s egress record
+    /// (`GET /v1/sandboxes/{id}/egress`).
+    pub async fn egress(
+        &self,
+        id: &str,
+        limit: Option<u32>,
+    ) -> Result<crate::model::EgressList, ClientError> {
+        let route = match limit {
+            Some(n) => format!("/v1/sandboxes/{id}/egress?limit={n}"),
+            None => format!("/v1/sandboxes/{id}/egress"),
+        };
+        self.json(Method::GET, &route, None::<&()>).await
+    }
+
+    /// Follows sandbox `id`'s egress record: the last `limit` entries, then each new
+    /// one as it happens, to `on_entry` (`?follow=true`), until the daemon ends it.
+    pub async fn follow_egress(
+        &self,
+        id: &str,
+        limit: Option<u32>,
+        on_entry: impl FnMut(crate::model::EgressEntry),
+    ) -> Result<(), ClientError> {
+        let limit = limit.map(|n| format!("&limit={n}")).unwrap_or_default();
+        let route = format!("/v1/sandboxes/{id}/egress?follow=true{limit}");
+        self.ndjson(Method::GET, &route, None::<&()>, on_entry)
+            .await
+    }
+}

@@ -83,6 +83,9 @@ enum Command {
     /// What happened to a sandbox and in it: started, branched, paused, commands,
     /// snapshots, network and timeout changes (daemon).
     Events(commands::events::EventsArgs),
+    /// A sandbox's egress record: the connections its guest made under rules by name,
+    /// allowed or refused, bytes each way; --follow streams them (daemon).
+    Egress(commands::egress::EgressArgs),
     /// Expose, list and remove a sandbox's guest ports on the daemon's proxy (daemon).
     #[command(subcommand)]
     Port(commands::port::PortCommand),
@@ -135,6 +138,7 @@ fn main() {
         Command::Images(args) => commands::images::run(args),
         Command::Logs(args) => commands::logs::run(args),
         Command::Events(args) => commands::events::run(args),
+        Command::Egress(args) => commands::egress::run(args),
         Command::Port(cmd) => commands::port::run(cmd),
         Command::Network(cmd) => commands::network::run(cmd),
         Command::Volume(cmd) => commands::volume::run(cmd),

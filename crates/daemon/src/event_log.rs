@@ -40,13 +40,7 @@ impl EventLog {
     }
 
     fn path(&self, sandbox: &str) -> Option<PathBuf> {
-        // Ids are the daemon's own (`sb-<hex>`); anything else never names a file.
-        let safe = !sandbox.is_empty()
-            && sandbox.len() <= 64
-            && sandbox
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        safe.then(|| self.dir.join(format!("{sandbox}.jsonl")))
+        log_path(&self.dir, sandbox)
     }
 
     /// Appends an event to `sandbox`'s log. Never fails the caller: a log that cannot
@@ -112,22 +106,45 @@ impl EventLog {
     /// Deletes the logs of sandboxes `exists` says are gone (a crash between a
     /// sandbox's record going and its log going leaves one behind).
     pub fn remove_orphans(&self, exists: impl Fn(&str) -> bool) {
-        let Ok(entries) = std::fs::read_dir(&self.dir) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            let sandbox = name.strip_suffix(".jsonl").unwrap_or(&name);
-            if !exists(sandbox) {
-                let _held = self.write.lock().unwrap_or_else(|p| p.into_inner());
-                let _ = std::fs::remove_file(e.path());
-            }
+        remove_orphan_logs(&self.dir, &self.write, exists);
+    }
+}
+
+/// Deletes the `<sandbox>.jsonl` logs in `dir` of sandboxes `exists` says are gone,
+/// each with `write` held.
+pub(crate) fn remove_orphan_logs(dir: &Path, write: &Mutex<()>, exists: impl Fn(&str) -> bool) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let sandbox = name.strip_suffix(".jsonl").unwrap_or(&name);
+        if !exists(sandbox) {
+            let _held = write.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = std::fs::remove_file(e.path());
         }
     }
 }
 
-fn append(dir: &Path, path: &Path, event: &SandboxEvent) -> std::io::Result<()> {
+/// `<dir>/<sandbox>.jsonl`, for ids of the daemon's own (`sb-<hex>`); anything else
+/// never names a file.
+pub(crate) fn log_path(dir: &Path, sandbox: &str) -> Option<PathBuf> {
+    let safe = !sandbox.is_empty()
+        && sandbox.len() <= 64
+        && sandbox
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    safe.then(|| dir.join(format!("{sandbox}.jsonl")))
+}
+
+/// Appends `event` as one JSON line to the log at `path`, keeping it under
+/// [`MAX_LOG_BYTES`]. Called with the log's writer lock held.
+pub(crate) fn append(
+    dir: &Path,
+    path: &Path,
+    event: &impl serde::Serialize,
+) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let mut line = serde_json::to_vec(event).map_err(std::io::Error::other)?;
     line.push(b'\n');

@@ -15,6 +15,7 @@ pub mod api;
 pub mod cgroup;
 pub mod db;
 pub mod e2b;
+pub mod egress_log;
 pub mod error;
 pub mod event_log;
 pub mod fault;

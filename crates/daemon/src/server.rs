@@ -62,9 +62,11 @@ pub struct ServeArgs {
     /// a free port: `GET /v1/info` shows it (`proxy.url`).
     #[arg(long, value_name = "ADDR|none")]
     pub proxy_listen: Option<String>,
-    /// Resolver the guests' DNS queries go to (isolated networking; default: the first
-    /// non-loopback nameserver in /etc/resolv.conf).
-    #[arg(long, value_name = "IPV4")]
+    /// The upstream resolver each sandbox's resolver (the daemon itself, inside the
+    /// sandbox's namespace) asks for the names its policy allows (isolated networking;
+    /// default: the first non-loopback nameserver in /etc/resolv.conf). `--dns` is the
+    /// old name.
+    #[arg(long = "dns-upstream", alias = "dns", value_name = "IPV4")]
     pub dns: Option<std::net::Ipv4Addr>,
     /// Pull from this registry (`host[:port]`) over plain HTTP, as docker's
     /// insecure-registries (loopback registries always are); repeatable. Also

@@ -160,18 +160,15 @@ fn e2b_control_refuses_bad_input_without_a_vm() {
     );
 
     // Egress rules zygote cannot hold are refused at create, before any template lookup.
-    let body = r#"{"templateID": "minimal", "network": {"allowOut": ["example.com"], "denyOut": ["0.0.0.0/0"]}}"#;
+    let body = r#"{"templateID": "minimal", "network": {"allowOut": ["*.com"], "denyOut": ["0.0.0.0/0"]}}"#;
     assert_400(
         &call("POST", "/e2b/v2/sandboxes", body),
-        "not an IPv4 address or CIDR",
+        "is not a name rule",
     );
 
     // And at update_network, before the id is looked up; `rules` is not served.
     for (body, says) in [
-        (
-            r#"{"allowOut": ["example.com"]}"#,
-            "not an IPv4 address or CIDR",
-        ),
+        (r#"{"allowOut": ["example.com"]}"#, "need denyOut"),
         (
             r#"{"denyOut": ["10.0.0.0/33"]}"#,
             "not an IPv4 address or CIDR",
@@ -353,13 +350,25 @@ fn e2b_control_pages_forks_pauses_and_snapshots_real_sandboxes() {
     let a = call("PUT", &format!("/e2b/sandboxes/{}/network", ids[2]), "{}");
     assert_eq!(a.status, 204, "{}", a.text());
     assert_eq!(native(&ids[2])["deny_out"], json!([]), "omitted = cleared");
+    // Domain names: an allow list when everything else is denied; refused next to a
+    // partial deny (zygote's deny wins: no named exception).
+    let a = call(
+        "PUT",
+        &format!("/e2b/sandboxes/{}/network", ids[2]),
+        r#"{"allow_internet_access": false, "allowOut": ["Example.com", "*.pypi.org"]}"#,
+    );
+    assert_eq!(a.status, 204, "{}", a.text());
+    assert_eq!(
+        native(&ids[2])["allow_out"],
+        json!(["example.com", "*.pypi.org"])
+    );
     assert_400(
         &call(
             "PUT",
             &format!("/e2b/sandboxes/{}/network", ids[2]),
-            r#"{"allow_internet_access": false, "allowOut": ["example.com"]}"#,
+            r#"{"denyOut": ["10.0.0.0/8"], "allowOut": ["example.com"]}"#,
         ),
-        "not an IPv4 address or CIDR",
+        "need denyOut",
     );
     assert!(end.as_str().unwrap() < "9999", "a deadline: {end}");
 

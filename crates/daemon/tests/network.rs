@@ -109,17 +109,10 @@ async fn suite(runtime: &str) {
     let scratch = Scratch::new();
     // The daemon on every address: a guest must still not reach its port.
     // Guests' DNS goes to the remote namespace's server.
-    let resolver = remote.b.to_string();
+    let args = remote.daemon_args("0.0.0.0:0", runtime);
     let d = start_daemon(
         &scratch.state,
-        &[
-            "--listen",
-            "0.0.0.0:0",
-            "--runtime",
-            runtime,
-            "--dns",
-            &resolver,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let api_port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
     let c = d.client();
@@ -174,7 +167,9 @@ async fn suite(runtime: &str) {
     assert_eq!(reach(&c, &only_b.id, &remote_targets).await, [false, true]);
     step(t0, "egress / none / allow_out / deny_out as asked");
 
-    // DNS: the resolver (b) is one more destination the lists judge.
+    // DNS: the daemon's resolver judges names; an allow_out of addresses names none,
+    // even when it lists the upstream (b), and deny_out of the upstream does not stop
+    // the daemon from asking it.
     let only_a = create(
         &c,
         json!({"image": "minimal", "allow_out": [remote.a.to_string()]}),
@@ -183,7 +178,7 @@ async fn suite(runtime: &str) {
     .await
     .remove(0);
     assert_eq!(reach(&c, &only_a.id, &remote_targets).await, [true, false]);
-    dns::dns_obeys_the_policy(&c, &remote, &[&only_b.id], &[&egress.id, &only_a.id]).await;
+    dns::dns_obeys_the_policy(&c, &remote, &[&egress.id], &[&only_b.id, &only_a.id]).await;
     c.raw(
         Method::DELETE,
         &format!("/v1/sandboxes/{}", only_a.id),
@@ -193,8 +188,8 @@ async fn suite(runtime: &str) {
     .unwrap();
     step(
         t0,
-        "DNS leaves only as a connection to the resolver would: with allow_out naming it, \
-         not with one that does not, not when deny_out names it",
+        "DNS by name: resolved without allow_out (deny_out naming the upstream or not), \
+         refused under an allow_out of addresses, even one naming the upstream",
     );
 
     // Never the host (any address: its own link, the remote link, the others; the
@@ -352,16 +347,10 @@ async fn suite(runtime: &str) {
     let _ = Command::new("ip")
         .args(["link", "del", &host_link(oa)])
         .output();
+    let args = remote.daemon_args("127.0.0.1:0", runtime);
     let d = start_daemon(
         &scratch.state,
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--runtime",
-            runtime,
-            "--dns",
-            &resolver,
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
     );
     let c = d.client();
     assert!(!namespaces().contains(&stray), "swept at start-up");

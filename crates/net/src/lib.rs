@@ -2,7 +2,8 @@
 //! guest's NIC on a tap there, a veth pair to the host, NAT on the way out, and
 //! nftables rules (in the namespace: the sandbox's policy; on the host: no way to the
 //! host itself or to other sandboxes) in force before the guest's first packet.
-//! The layout and the rules are in [`plan`]; [`host`] runs the tools.
+//! The layout and the rules are in [`plan`]; [`host`] runs the tools; [`dns`] is each
+//! sandbox's resolver, the daemon itself inside the sandbox's namespace.
 //!
 //! A crate of its own: the daemon runs it, and `zygote doctor` and the network benches
 //! read the same plan and host facts without linking the daemon.
@@ -10,7 +11,10 @@
 //! Without root, `ip`, `nft` or /dev/net/tun the daemon falls back to the *user*
 //! backend (QEMU's user-mode network, no isolation from the host; the kvm runtime
 //! then gives guests no NIC) and says so in `GET /v1/info` and `zygote doctor`.
+pub mod dns;
+pub mod egress;
 pub mod host;
+pub mod netns;
 pub mod plan;
 
 use std::collections::HashSet;
@@ -103,6 +107,8 @@ enum Backend {
 /// The daemon's networking.
 pub struct Network {
     backend: Backend,
+    /// Each isolated sandbox's resolver.
+    resolvers: dns::Resolvers,
     /// Names this daemon's namespaces (`zygote-<instance>-<sandbox>`), derived from its
     /// state directory: daemons sharing a host never touch each other's.
     instance: String,
@@ -110,7 +116,8 @@ pub struct Network {
 
 impl Network {
     /// Picks the backend and, for the isolated one, enables IPv4 forwarding and installs
-    /// the host's rules.
+    /// the host's rules. `dns`: the upstream resolver of the sandboxes' resolvers (None:
+    /// the host's). Called on a tokio runtime, whose tasks serve the resolvers.
     pub fn start(
         choice: BackendChoice,
         state_dir: &Path,
@@ -148,7 +155,26 @@ impl Network {
                 }
             },
         };
-        Ok(Network { backend, instance })
+        let upstream = match &backend {
+            Backend::Isolated { dns } => *dns,
+            Backend::User { .. } => None,
+        };
+        let resolvers = dns::Resolvers::new(upstream, tokio::runtime::Handle::try_current().ok());
+        Ok(Network {
+            backend,
+            resolvers,
+            instance,
+        })
+    }
+
+    /// Called with every entry of a sandbox's egress record.
+    pub fn observe_egress(&self, observer: egress::proxy::EgressObserver) {
+        self.resolvers.set_egress_observer(observer);
+    }
+
+    /// Called with every DNS question a sandbox's resolver handles.
+    pub fn observe_dns(&self, observer: dns::DnsObserver) {
+        self.resolvers.set_observer(observer);
     }
 
     pub fn isolated(&self) -> bool {
@@ -174,7 +200,9 @@ impl Network {
     pub fn check(&self, policy: &NetworkPolicy) -> Result<(), NetError> {
         match &self.backend {
             Backend::User { reason }
-                if policy.allow_out.is_some() || !policy.deny_out.is_empty() =>
+                if policy.allow_out.is_some()
+                    || !policy.deny_out.is_empty()
+                    || policy.has_names() =>
             {
                 Err(NetError::Unavailable(format!(
                     "allow_out/deny_out need it ({reason})"
@@ -199,7 +227,9 @@ impl Network {
             return Ok(None);
         };
         let netns = self.netns_name(sandbox);
-        // A leftover of an attempt a crash interrupted.
+        // A leftover of an attempt a crash interrupted (and a resolver still holding
+        // a namespace of that name).
+        self.resolvers.stop(&netns);
         host::remove(&netns, None);
         host::run("ip", &["netns", "add", &netns], None)?;
         let made = claim_slot(&netns).and_then(|p| {
@@ -216,6 +246,7 @@ impl Network {
                     )
                 })
                 .and_then(|()| host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns)))
+                .and_then(|()| self.resolvers.serve(sandbox, &att, vec![policy.clone()]))
                 .and_then(|()| {
                     host::run(
                         "ip",
@@ -234,6 +265,7 @@ impl Network {
             match rest {
                 Ok(()) => Ok(att),
                 Err(e) => {
+                    self.resolvers.stop(&netns);
                     host::remove(&netns, Some(&p.host_link));
                     Err(e)
                 }
@@ -249,7 +281,8 @@ impl Network {
     }
 
     /// After a daemon restart: the namespace is still there and its rules are the
-    /// policy's (loaded again: idempotent).
+    /// policy's (loaded again: idempotent); its resolver is made again (the sockets
+    /// died with the daemon that made them).
     pub fn reattach(&self, rec: &NetRecord) -> Result<(), NetError> {
         let (Backend::Isolated { dns }, Some(att)) = (&self.backend, &rec.attachment) else {
             return Ok(());
@@ -263,7 +296,17 @@ impl Network {
         host::nft(
             Some(&att.netns),
             &plan::ns_rules(&att.plan(), &rec.policy, *dns),
-        )
+        )?;
+        self.serve_dns(att, &rec.policy)
+    }
+
+    /// Starts (or updates) the resolver of `att`'s sandbox.
+    fn serve_dns(&self, att: &Attachment, policy: &NetworkPolicy) -> Result<(), NetError> {
+        let sandbox = att
+            .netns
+            .strip_prefix(&netns_prefix(&self.instance))
+            .unwrap_or(&att.netns);
+        self.resolvers.serve(sandbox, att, vec![policy.clone()])
     }
 
     /// Loads the rules of a policy change into `att`'s namespace: `new`'s alone, or
@@ -279,11 +322,17 @@ impl Network {
         let Backend::Isolated { dns } = &self.backend else {
             return Ok(());
         };
-        let rules = match old {
-            Some(old) => plan::ns_rules_between(&att.plan(), old, new, *dns),
-            None => plan::ns_rules(&att.plan(), new, *dns),
+        let (rules, policies) = match old {
+            Some(old) => (
+                plan::ns_rules_between(&att.plan(), old, new, *dns),
+                vec![old.clone(), new.clone()],
+            ),
+            None => (plan::ns_rules(&att.plan(), new, *dns), vec![new.clone()]),
         };
-        host::nft(Some(&att.netns), &rules)
+        host::nft(Some(&att.netns), &rules)?;
+        // The resolver follows the same steps: both policies, then the new one.
+        self.resolvers.set_policies(&att.netns, policies);
+        Ok(())
     }
 
     /// `rec`'s namespace, made unless it has a usable one (a restore reuses the
@@ -298,11 +347,16 @@ impl Network {
                 self.detach(&old);
             }
             rec.attachment = self.attach(sandbox, &rec.policy)?;
+        } else if let Some(att) = &rec.attachment {
+            // A namespace reused (a resume): its resolver runs, or runs again.
+            self.serve_dns(att, &rec.policy)?;
         }
         Ok(self.guest_net(rec))
     }
 
     pub fn detach(&self, att: &Attachment) {
+        // Its sockets hold the namespace: they go first.
+        self.resolvers.stop(&att.netns);
         host::remove(&att.netns, Some(&att.plan().host_link));
     }
 
@@ -338,11 +392,16 @@ impl Network {
     }
 
     pub fn view(&self, rec: &NetRecord) -> NetworkView {
-        NetworkView::new(
+        let mut view = NetworkView::new(
             &rec.policy,
             rec.attachment.as_ref().map(|a| a.plan().guest.to_string()),
             rec.attachment.is_some(),
-        )
+        );
+        view.dns = rec
+            .attachment
+            .as_ref()
+            .and_then(|a| self.resolvers.counts(&a.netns));
+        view
     }
 
     /// The guest's address, for the port proxy (None: not reachable from the host).

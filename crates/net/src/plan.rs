@@ -21,6 +21,8 @@ use std::net::Ipv4Addr;
 
 use zygote_api::model::{NetworkMode, NetworkPolicy};
 
+use crate::egress::proxy::{PROXY_MARK, PROXY_PORT};
+
 /// Guests' addresses (and every namespace's gateway, `.0.1`).
 pub const GUEST_NET: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 0);
 pub const GUEST_PREFIX: u8 = 16;
@@ -115,20 +117,22 @@ pub fn ns_link_cmds(p: &SlotPlan) -> String {
 }
 
 /// The namespace's whole nftables ruleset for `policy` (replaces any earlier one, so a
-/// restarted daemon can apply it again). `dns`: where the guest's resolver address is
-/// forwarded (None: DNS is not served).
+/// restarted daemon can apply it again). `dns`: the upstream resolver the daemon's
+/// resolver for this sandbox asks (None: none is configured).
 ///
-/// DNS is not an exception to the policy: the query to [`GUEST_DNS`] is rewritten to
-/// the real resolver before routing (prerouting), so by the time the egress chain sees
-/// it, it is a packet to `dns` port 53 like any other, and leaves only if `deny_out`
-/// does not cover `dns` and `allow_out`, when given, does. Otherwise a sandbox told
-/// "only X" could still tunnel data out through the resolver.
+/// DNS is not an exception to the policy: the guest's resolver (the image's
+/// [`GUEST_DNS`], rewritten to [`GATEWAY`], or the gateway itself) is the daemon's own,
+/// listening inside this namespace (`crate::dns`), which judges every question by the
+/// policy and asks the upstream only for names it allows. The guest reaches nothing
+/// else of the namespace; the namespace itself (the daemon's sockets in it, or a VM
+/// process gone rogue) may open connections only to the upstream's port 53, so the
+/// resolver is the only way out that is not the guest's own, policed, traffic.
 pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> String {
     ns_rules_all(p, &[policy], dns)
 }
 
 /// The namespace's ruleset while a sandbox's policy changes from `old` to `new`: a
-/// packet leaves only if both would let it (no DNS unless both are `egress`). Loaded
+/// packet leaves only if both would let it. Loaded
 /// before the new policy is recorded, so that whichever step a crash interrupts, the
 /// rules in force are never more open than the recorded policy (see
 /// `Network::set_policy`).
@@ -171,20 +175,63 @@ fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>
     r.push_str(
         "  chain prerouting {\n    type nat hook prerouting priority dstnat; policy accept;\n",
     );
-    if let (true, Some(dns)) = (egress, dns) {
+    for proto in ["udp", "tcp"] {
+        let _ = writeln!(
+            r,
+            "    iifname \"{TAP}\" ip daddr {GUEST_DNS} {proto} dport 53 dnat ip to {GATEWAY}"
+        );
+    }
+    // Rules by name: TCP to the ports they cover goes to the egress proxy
+    // (`crate::egress`), which judges the name each connection gives.
+    let named = crate::egress::judge::named_ports(policies.iter().copied());
+    if egress && !named.is_empty() {
+        let list: Vec<String> = named.iter().map(ToString::to_string).collect();
+        let _ = writeln!(
+            r,
+            "    iifname \"{TAP}\" tcp dport {{ {} }} redirect to :{PROXY_PORT}",
+            list.join(", ")
+        );
+    }
+    r.push_str("  }\n");
+    // Of the namespace itself, the guest reaches only the daemon's resolver (ARP is not
+    // filtered here).
+    r.push_str(
+        "  chain input {\n    type filter hook input priority filter; policy drop;\n    \
+         iif \"lo\" accept\n    ct state established,related accept\n",
+    );
+    for proto in ["udp", "tcp"] {
+        let _ = writeln!(
+            r,
+            "    iifname \"{TAP}\" ip daddr {GATEWAY} {proto} dport 53 accept"
+        );
+    }
+    // The proxy only by the redirect (a connection made to it directly has no
+    // destination to judge).
+    let _ = writeln!(
+        r,
+        "    iifname \"{TAP}\" ip daddr {GATEWAY} tcp dport {PROXY_PORT} ct status dnat accept"
+    );
+    r.push_str("  }\n");
+    // What the namespace itself sends: answers on connections made to it, and the
+    // resolver's questions to the upstream.
+    r.push_str(
+        "  chain output {\n    type filter hook output priority filter; policy drop;\n    \
+         oif \"lo\" accept\n    ct state established,related accept\n",
+    );
+    // The egress proxy's connections to the destinations it allowed.
+    let _ = writeln!(
+        r,
+        "    oifname \"{NS_LINK}\" meta mark {PROXY_MARK:#x} accept"
+    );
+    if let Some(dns) = dns {
         for proto in ["udp", "tcp"] {
             let _ = writeln!(
                 r,
-                "    iifname \"{TAP}\" ip daddr {GUEST_DNS} {proto} dport 53 dnat ip to {dns}"
+                "    oifname \"{NS_LINK}\" ip daddr {dns} {proto} dport 53 accept"
             );
         }
     }
     r.push_str("  }\n");
-    // Nothing in the namespace itself serves the guest (ARP is not filtered here).
-    r.push_str(
-        "  chain input {\n    type filter hook input priority filter; policy drop;\n    \
-         iif \"lo\" accept\n    ct state established,related accept\n  }\n",
-    );
     // Every packet the guest sends on a connection it opened (conntrack's `original`
     // direction) meets the policy, not just the first: a policy changed while the sandbox
     // runs cuts connections opened before it too. The guest's answers on connections the
@@ -228,7 +275,9 @@ fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>
 /// start-up; replacing it with identical rules is harmless to the others). Traffic from
 /// a sandbox (`zyv*`) may not reach the host itself on any address, nor another
 /// sandbox, nor the link-local range; nothing outside may open connections to a
-/// sandbox; sandboxes' addresses are masqueraded on the way out.
+/// sandbox; sandboxes' addresses are masqueraded on the way out, the guests' and the
+/// namespaces' own (the daemon's resolver asks the upstream from the namespace's end
+/// of its link).
 pub fn host_rules() -> String {
     let z = format!("\"{HOST_LINK_PREFIX}*\"");
     format!(
@@ -242,7 +291,8 @@ pub fn host_rules() -> String {
          oifname {z} drop\n    \
          iifname {z} ip daddr {LINK_LOCAL} drop\n  }}\n  \
          chain postrouting {{\n    type nat hook postrouting priority srcnat; policy accept;\n    \
-         ip saddr {GUEST_NET}/{GUEST_PREFIX} oifname != {z} masquerade\n  }}\n}}\n"
+         ip saddr {GUEST_NET}/{GUEST_PREFIX} oifname != {z} masquerade\n    \
+         ip saddr {LINK_NET}/{LINK_PREFIX} iifname {z} oifname != {z} masquerade\n  }}\n}}\n"
     )
 }
 
@@ -275,6 +325,7 @@ mod tests {
             mode: NetworkMode::Egress,
             allow_out: Some(vec![parse_cidr("10.77.0.0/24").unwrap()]),
             deny_out: vec![parse_cidr("10.77.0.9").unwrap()],
+            ..Default::default()
         };
         let r = ns_rules(
             &SlotPlan::new(3),
@@ -285,7 +336,6 @@ mod tests {
         assert!(at("ip daddr 169.254.0.0/16 drop") < at("ip daddr @deny_out drop"));
         assert!(at("ip daddr @deny_out drop") < at("ip daddr @allow_out accept"));
         assert!(r.contains("elements = { 10.77.0.9/32 }"), "{r}");
-        assert!(r.contains("dnat ip to 192.0.2.53"), "{r}");
         // Only the host's end of this sandbox's link may open connections to the guest.
         assert!(
             r.contains("ip saddr 10.214.0.13 ct state new accept"),
@@ -305,56 +355,97 @@ mod tests {
             .collect()
     }
 
-    /// Issue 33, defect 6: the guest's DNS, forwarded to the host's resolver, is a
-    /// connection to that resolver like any other, so the lists see it: nothing in the
-    /// egress chain accepts before `deny_out` is checked, and with `allow_out` only
-    /// its members are accepted.
+    /// Issue 39: the guest's DNS goes to the daemon's resolver in the namespace, in
+    /// every mode (the resolver refuses what the policy forbids, `none` everything):
+    /// the image's resolver address is rewritten to the gateway, the input chain lets
+    /// the guest reach port 53 there and nothing else, and the namespace itself may
+    /// send only to the upstream's port 53. Before issue 39 the query was rewritten to
+    /// the upstream and left as the guest's own packet, so any allowed query went out.
     #[test]
-    fn dns_meets_the_same_lists_as_every_other_destination() {
-        let resolver = Ipv4Addr::new(192, 0, 2, 53);
-        let lists = [
-            // An allow_out without the resolver; a deny_out naming it; both.
-            (Some("10.77.0.0/24"), None),
-            (None, Some("192.0.2.53")),
-            (Some("192.0.2.0/24"), Some("192.0.2.53")),
+    fn dns_goes_to_the_daemons_resolver_and_only_it_asks_upstream() {
+        let upstream = Ipv4Addr::new(192, 0, 2, 53);
+        let policies = [
+            NetworkPolicy::default(),
+            NetworkPolicy {
+                allow_out: Some(vec![parse_cidr("10.77.0.0/24").unwrap()]),
+                ..Default::default()
+            },
+            NetworkPolicy {
+                mode: NetworkMode::None,
+                ..Default::default()
+            },
         ];
-        for (allow, deny) in lists {
-            let policy = NetworkPolicy {
-                mode: NetworkMode::Egress,
-                allow_out: allow.map(|a| vec![parse_cidr(a).unwrap()]),
-                deny_out: deny
-                    .map(|d| vec![parse_cidr(d).unwrap()])
-                    .unwrap_or_default(),
-            };
-            let r = ns_rules(&SlotPlan::new(3), &policy, Some(resolver));
-            // The guest's resolver address still leads to the host's resolver...
+        for policy in &policies {
+            let r = ns_rules(&SlotPlan::new(3), policy, Some(upstream));
+            assert!(!r.contains(&format!("dnat ip to {upstream}")), "{r}");
             for proto in ["udp", "tcp"] {
                 let dnat = format!(
-                    "iifname \"tap0\" ip daddr 10.0.2.3 {proto} dport 53 dnat ip to {resolver}"
+                    "iifname \"tap0\" ip daddr 10.0.2.3 {proto} dport 53 dnat ip to 10.213.0.1"
                 );
                 assert!(chain(&r, "prerouting").contains(&dnat.as_str()), "{r}");
             }
-            // ...and is then judged by its real address, in the one egress chain.
-            let egress = chain(&r, "egress");
-            let deny_at = egress
-                .iter()
-                .position(|l| *l == "ip daddr @deny_out drop")
-                .unwrap_or_else(|| panic!("{r}"));
-            let accepts: Vec<(usize, &&str)> = egress
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.ends_with("accept"))
-                .collect();
-            assert!(
-                accepts.iter().all(|(i, _)| *i > deny_at),
-                "something is accepted before deny_out: {r}"
+            assert_eq!(
+                chain(&r, "input")[1..],
+                [
+                    "iif \"lo\" accept",
+                    "ct state established,related accept",
+                    "iifname \"tap0\" ip daddr 10.213.0.1 udp dport 53 accept",
+                    "iifname \"tap0\" ip daddr 10.213.0.1 tcp dport 53 accept",
+                    "iifname \"tap0\" ip daddr 10.213.0.1 tcp dport 15080 ct status dnat accept",
+                ],
+                "{r}"
             );
-            if allow.is_some() {
-                let only: Vec<&str> = accepts.iter().map(|(_, l)| **l).collect();
-                assert_eq!(only, ["ip daddr @allow_out accept"], "{r}");
-                assert_eq!(egress.last(), Some(&"drop"), "{r}");
-            }
+            assert_eq!(
+                chain(&r, "output"),
+                [
+                    "type filter hook output priority filter; policy drop;",
+                    "oif \"lo\" accept",
+                    "ct state established,related accept",
+                    "oifname \"veth0\" meta mark 0x7a670001 accept",
+                    "oifname \"veth0\" ip daddr 192.0.2.53 udp dport 53 accept",
+                    "oifname \"veth0\" ip daddr 192.0.2.53 tcp dport 53 accept",
+                ],
+                "{r}"
+            );
         }
+        // No upstream: the namespace sends nothing of its own.
+        let r = ns_rules(&SlotPlan::new(3), &policies[0], None);
+        assert!(
+            !chain(&r, "output").iter().any(|l| l.contains("dport 53")),
+            "{r}"
+        );
+    }
+
+    /// Issue 39: with rules by name, TCP to the ports they cover goes to the egress
+    /// proxy (only then, and not under `none`); CIDR rules stay in the egress chain.
+    #[test]
+    fn named_ports_go_to_the_egress_proxy() {
+        let req = |allow: &[&str]| {
+            zygote_api::model::NetworkRequest {
+                network: None,
+                allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
+                deny_out: None,
+            }
+            .policy()
+            .unwrap()
+        };
+        let named = req(&["pypi.org", "internal.example.com:8443", "10.77.0.0/24"]);
+        let r = ns_rules(&SlotPlan::new(3), &named, None);
+        let redirect = "iifname \"tap0\" tcp dport { 80, 443, 8443 } redirect to :15080";
+        assert!(chain(&r, "prerouting").contains(&redirect), "{r}");
+        assert!(r.contains("elements = { 10.77.0.0/24 }"), "{r}");
+        let cidrs = req(&["10.77.0.0/24"]);
+        let r = ns_rules(&SlotPlan::new(3), &cidrs, None);
+        assert!(!r.contains("redirect"), "{r}");
+        // While changing from names to CIDRs, both are in force.
+        let r = ns_rules_between(&SlotPlan::new(3), &named, &cidrs, None);
+        assert!(r.contains("redirect to :15080"), "{r}");
+        let none = NetworkPolicy {
+            mode: NetworkMode::None,
+            ..Default::default()
+        };
+        let r = ns_rules_between(&SlotPlan::new(3), &named, &none, None);
+        assert!(!r.contains("redirect"), "{r}");
     }
 
     #[test]
@@ -369,7 +460,6 @@ mod tests {
             Some(Ipv4Addr::new(192, 0, 2, 53)),
         );
         assert!(!r.contains("jump egress"), "{r}");
-        assert!(!r.contains("dnat"), "{r}");
         assert!(r.contains("policy drop"), "{r}");
     }
 
@@ -380,6 +470,10 @@ mod tests {
         assert!(r.contains("iifname \"zyv*\" oifname \"zyv*\" drop"), "{r}");
         assert!(
             r.contains("ip saddr 10.213.0.0/16 oifname != \"zyv*\" masquerade"),
+            "{r}"
+        );
+        assert!(
+            r.contains("ip saddr 10.214.0.0/16 iifname \"zyv*\" oifname != \"zyv*\" masquerade"),
             "{r}"
         );
     }
@@ -393,11 +487,13 @@ mod tests {
             mode: NetworkMode::Egress,
             allow_out: Some(vec![parse_cidr("10.77.0.0/24").unwrap()]),
             deny_out: vec![],
+            ..Default::default()
         };
         let new = NetworkPolicy {
             mode: NetworkMode::Egress,
             allow_out: None,
             deny_out: vec![parse_cidr("10.77.0.9").unwrap()],
+            ..Default::default()
         };
         let resolver = Ipv4Addr::new(192, 0, 2, 53);
         let r = ns_rules_between(&SlotPlan::new(3), &old, &new, Some(resolver));
@@ -413,15 +509,14 @@ mod tests {
             "{r}"
         );
         assert!(r.contains("set deny_out_1 {"), "{r}");
-        assert!(r.contains("dnat ip to 192.0.2.53"), "{r}");
         let none = NetworkPolicy {
             mode: NetworkMode::None,
             ..Default::default()
         };
         let r = ns_rules_between(&SlotPlan::new(3), &new, &none, Some(resolver));
-        assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
+        assert!(!r.contains("jump egress"), "{r}");
         let r = ns_rules_between(&SlotPlan::new(3), &none, &new, Some(resolver));
-        assert!(!r.contains("jump egress") && !r.contains("dnat"), "{r}");
+        assert!(!r.contains("jump egress"), "{r}");
         // Guest-sent packets of open connections meet the policy before `established`
         // lets anything through, so a change cuts connections opened before it.
         for (policy, verdict) in [(&new, "jump egress"), (&none, "drop")] {

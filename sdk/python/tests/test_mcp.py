@@ -45,6 +45,7 @@ EXPECTED_TOOLS = {
     "pause_sandbox",
     "resume_sandbox",
     "sandbox_events",
+    "sandbox_egress",
     "pull_image",
     "push_snapshot",
     "pull_snapshot",
@@ -544,6 +545,33 @@ def test_events_tool_against_a_fake_daemon() -> None:
     assert bad["isError"] is True and "level must be one of" in bad["content"][0]["text"]
     asked = [r for r in fake.requests if r.path.endswith("/events")]
     assert len(asked) == 1 and asked[0].query == {"limit": "2", "order": "desc", "level": "info"}
+
+
+def test_egress_tool_against_a_fake_daemon() -> None:
+    fake = FakeDaemon().start()
+    entry = {
+        "sandbox": "sb-aaaaaaaaaaaa",
+        "event": "refused",
+        "host": "pypi.org",
+        "address": "192.0.2.9",
+        "port": 443,
+        "protocol": "tls",
+        "reason": "192.0.2.9 is not in this sandbox's DNS answers for pypi.org",
+        "started_ms": 5,
+    }
+    fake.load([{"status": 200, "json": {"entries": [entry]}}])
+    session = McpSession("--url", fake.url, "--token", "t")
+    try:
+        session.initialize()
+        got = structured(session.call("sandbox_egress", sandbox_id="sb-aaaaaaaaaaaa", limit=7))
+        assert session.close() == 0
+    finally:
+        session.kill()
+        fake.stop()
+    [e] = got["egress"]
+    assert (e["event"], e["host"], e["port"], e["bytes_in"], e["ended_ms"]) == ("refused", "pypi.org", 443, 0, None)
+    asked = [r for r in fake.requests if r.path.endswith("/egress")]
+    assert len(asked) == 1 and asked[0].query == {"limit": "7"}
 
 
 def test_image_and_snapshot_pack_tools_against_a_fake_daemon() -> None:

@@ -76,6 +76,7 @@ export type {
   SandboxInfo,
   TtlAction,
   SandboxEvent,
+  EgressEntry,
   EventLevel,
   EventsOptions,
   SandboxTree,

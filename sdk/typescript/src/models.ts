@@ -66,9 +66,9 @@ export interface ForkHook {
 export interface NetworkInfo {
   /** `egress` (outbound traffic through NAT) or `none` (no traffic at all). */
   mode: string;
-  /** When not empty, the only IPv4 CIDRs outbound traffic may reach. */
+  /** When not empty, the only IPv4 CIDRs and domain names outbound traffic may reach. */
   allowOut: string[];
-  /** IPv4 CIDRs always refused (applied before `allowOut`). */
+  /** IPv4 CIDRs and domain names always refused (applied before `allowOut`). */
   denyOut: string[];
   /** The guest's IPv4 address (null: the sandbox has no isolated network). */
   address: string | null;
@@ -342,6 +342,31 @@ export interface SandboxEvent {
   fields: Record<string, string>;
 }
 
+/**
+ * One entry of a sandbox's egress record (`sb.egress()`): a connection its guest
+ * made through the daemon's egress proxy (rules by name).
+ */
+export interface EgressEntry {
+  /** The sandbox that made it (a branch child is a sandbox of its own). */
+  sandbox: string;
+  /** `refused`, `open`, `closed`, `cut` (by a policy change) or `failed`. */
+  event: string;
+  /** The host it named (TLS SNI or HTTP Host), if any. */
+  host: string | null;
+  address: string;
+  port: number;
+  /** `tls`, `http` or empty. */
+  protocol: string;
+  /** Plain HTTP only: the first request's method and path. */
+  method: string | null;
+  path: string | null;
+  reason: string;
+  bytesOut: number;
+  bytesIn: number;
+  startedMs: number;
+  endedMs: number | null;
+}
+
 /** Filters of `sb.events()`. */
 export interface EventsOptions {
   /** Only events at or after this time (unix milliseconds). */
@@ -530,6 +555,24 @@ export function branchFromJson(d: Json): BranchResult {
 
 export function eventFromJson(d: Json): SandboxEvent {
   return { tsMs: num(d.ts_ms), level: str(d.level, "info") as EventLevel, message: str(d.message), fields: strMap(d.fields) };
+}
+
+export function egressFromJson(d: Json): EgressEntry {
+  return {
+    sandbox: str(d.sandbox),
+    event: str(d.event),
+    host: optStr(d.host),
+    address: str(d.address),
+    port: num(d.port),
+    protocol: str(d.protocol),
+    method: optStr(d.method),
+    path: optStr(d.path),
+    reason: str(d.reason),
+    bytesOut: num(d.bytes_out),
+    bytesIn: num(d.bytes_in),
+    startedMs: num(d.started_ms),
+    endedMs: optNum(d.ended_ms),
+  };
 }
 
 export function treeFromJson(d: Json): SandboxTree {

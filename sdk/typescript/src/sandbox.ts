@@ -14,6 +14,7 @@ import {
 import {
   type BranchResult,
   type CommandResult,
+  type EgressEntry,
   type EventsOptions,
   type ExposedPort,
   type FileEntry,
@@ -29,6 +30,7 @@ import {
   type WriteResult,
   branchFromJson,
   diffFromJson,
+  egressFromJson,
   eventFromJson,
   exposedPortFromJson,
   fileEntryFromJson,
@@ -98,7 +100,8 @@ export interface CreateOptions extends Connection {
   network?: NetworkMode;
   /**
    * The only destinations outbound traffic may reach: IPv4 CIDRs such as
-   * `10.77.0.0/24`, or single addresses (sent as `allow_out`; an empty array
+   * `10.77.0.0/24`, single addresses, or domain names (`pypi.org`, `*.github.com`,
+   * optionally `:port`) (sent as `allow_out`; an empty array
    * allows none).
    */
   allowOut?: readonly string[];
@@ -486,6 +489,20 @@ export class Sandbox {
     const d = await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/events`, { query });
     const events = Array.isArray(d.events) ? (d.events as Json[]) : [];
     return events.map(eventFromJson);
+  }
+
+  /**
+   * This sandbox's egress record, oldest first: the connections its guest made
+   * through the daemon's egress proxy (TCP to the ports rules by name cover), with
+   * host, address, port, method and path (plain HTTP), allowed or refused and why,
+   * bytes each way; the last `limit` (1..10000, default 1000).
+   */
+  async egress(opts: { limit?: number } = {}): Promise<EgressEntry[]> {
+    const query: Record<string, string> = {};
+    if (opts.limit !== undefined) query.limit = String(Math.trunc(opts.limit));
+    const d = await this.client.json("GET", `/v1/sandboxes/${seg(this.id)}/egress`, { query });
+    const entries = Array.isArray(d.entries) ? (d.entries as Json[]) : [];
+    return entries.map(egressFromJson);
   }
 
   async tree(): Promise<SandboxTree> {

@@ -7,6 +7,7 @@ mod branch;
 mod code;
 mod create;
 mod diff;
+mod egress;
 mod env;
 mod events;
 mod exec;
@@ -19,6 +20,7 @@ mod merge;
 pub mod metadata;
 mod metrics;
 mod network;
+mod network_names;
 mod pack;
 mod ports;
 mod process;
@@ -42,6 +44,7 @@ pub use code::{
 };
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
+pub use egress::{EgressEntry, EgressList, EgressQuery};
 pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
 pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
@@ -56,8 +59,8 @@ pub use logs::{LogsQuery, LOG_CAP};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use metrics::{MetricSample, MetricsList, MetricsQuery};
 pub use network::{
-    parse_cidr, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView, SetNetworkRequest,
-    MAX_NETWORK_RULES,
+    parse_cidr, DnsCounts, NameRule, NetworkMode, NetworkPolicy, NetworkRequest, NetworkView,
+    SetNetworkRequest, MAX_NETWORK_RULES,
 };
 pub use pack::{ImportQuery, PackEvent, PackOrigin, PullSnapshotRequest, PushSnapshotRequest};
 pub use ports::{ExposePortRequest, ExposedPort, PortList, ProxyInfo};

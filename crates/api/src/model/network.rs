@@ -4,9 +4,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::{RequestError, Result};
+pub use crate::model::network_names::NameRule;
 
-/// Most CIDRs in `allow_out` plus `deny_out`: each becomes one element of an nftables
-/// set, so the limit is about request sizes, not speed.
+/// Most entries (CIDRs and names) in `allow_out` plus `deny_out`: each CIDR becomes one
+/// element of an nftables set, each name a pattern every DNS question and proxied
+/// connection is matched against, so the limit is about request sizes, not speed.
 pub const MAX_NETWORK_RULES: usize = 256;
 
 /// What traffic a sandbox may start.
@@ -42,23 +44,59 @@ pub struct NetworkRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NetworkPolicy {
     pub mode: NetworkMode,
-    /// None: every destination not denied (and not always refused).
+    /// None: every destination not denied (and not always refused). Some: an allow
+    /// list, whose CIDRs these are (possibly none) and whose names are `allow_names`.
     pub allow_out: Option<Vec<Ipv4Net>>,
     pub deny_out: Vec<Ipv4Net>,
+    /// The names of the allow list (only with `allow_out` Some).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_names: Vec<NameRule>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny_names: Vec<NameRule>,
+}
+
+impl NetworkPolicy {
+    /// Whether any rule is by name (then TCP to the ports they name goes through the
+    /// daemon's egress proxy).
+    pub fn has_names(&self) -> bool {
+        !self.allow_names.is_empty() || !self.deny_names.is_empty()
+    }
+}
+
+/// A list's CIDRs and names.
+type Rules = (Vec<Ipv4Net>, Vec<NameRule>);
+
+fn parse_rules(list: &[String]) -> Result<Rules> {
+    let mut rules: Rules = Default::default();
+    for s in list {
+        if NameRule::looks_like_name(s) {
+            rules.1.push(NameRule::parse(s)?);
+        } else {
+            rules.0.push(parse_cidr(s)?);
+        }
+    }
+    Ok(rules)
 }
 
 impl NetworkRequest {
     pub fn policy(&self) -> Result<NetworkPolicy> {
-        let allow = self.allow_out.as_deref().map(parse_cidrs).transpose()?;
-        let deny = parse_cidrs(self.deny_out.as_deref().unwrap_or_default())?;
-        let rules = allow.as_ref().map_or(0, Vec::len) + deny.len();
+        let allow = self.allow_out.as_deref().map(parse_rules).transpose()?;
+        let (deny, deny_names) = parse_rules(self.deny_out.as_deref().unwrap_or_default())?;
+        let (allow, allow_names) = match allow {
+            Some((cidrs, names)) => (Some(cidrs), names),
+            None => (None, Vec::new()),
+        };
+        let rules =
+            allow.as_ref().map_or(0, Vec::len) + allow_names.len() + deny.len() + deny_names.len();
         if rules > MAX_NETWORK_RULES {
             return Err(RequestError::invalid(format!(
                 "allow_out and deny_out hold {rules} entries; at most {MAX_NETWORK_RULES}"
             )));
         }
         let mode = self.network.unwrap_or_default();
-        if mode == NetworkMode::None && (allow.is_some() || !deny.is_empty()) {
+        if mode == NetworkMode::None
+            && (allow.is_some() || !deny.is_empty() || !deny_names.is_empty())
+        {
             return Err(RequestError::invalid(
                 "allow_out and deny_out need network \"egress\" (\"none\" allows nothing)",
             ));
@@ -67,6 +105,8 @@ impl NetworkRequest {
             mode,
             allow_out: allow,
             deny_out: deny,
+            allow_names,
+            deny_names,
         })
     }
 }
@@ -80,11 +120,13 @@ pub struct SetNetworkRequest {
     /// `egress` (default) or `none`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkMode>,
-    /// Only these IPv4 CIDRs (or single addresses) may be reached (DNS too, as at create).
+    /// Only these may be reached: IPv4 CIDRs (or single addresses), and names
+    /// (`pypi.org`, `*.github.com`, optionally `:port`; TCP on ports 80 and 443 by
+    /// default), as at create. Names resolve only when listed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 256)]
     pub allow_out: Option<Vec<String>>,
-    /// These IPv4 CIDRs are refused, even when `allow_out` contains them.
+    /// These IPv4 CIDRs and names are refused, even when `allow_out` contains them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 256)]
     pub deny_out: Option<Vec<String>>,
@@ -126,10 +168,6 @@ pub fn parse_cidr(s: &str) -> Result<Ipv4Net> {
     Ok(net)
 }
 
-fn parse_cidrs(list: &[String]) -> Result<Vec<Ipv4Net>> {
-    list.iter().map(|s| parse_cidr(s)).collect()
-}
-
 /// A sandbox's network as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct NetworkView {
@@ -143,17 +181,47 @@ pub struct NetworkView {
     /// nftables (false: the daemon runs without the isolated network; see
     /// `GET /v1/info`).
     pub isolated: bool,
+    /// The questions the sandbox's resolver handled since the daemon started (absent
+    /// without the isolated network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsCounts>,
+}
+
+/// What a sandbox's resolver did with the guest's DNS questions (counted in memory:
+/// they start again at zero with the daemon).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DnsCounts {
+    /// Messages received.
+    pub queries: u64,
+    /// Answered from the upstream (or, for AAAA, answered empty by the resolver).
+    pub forwarded: u64,
+    /// Answered REFUSED (the policy forbids the name, or the query is odd).
+    pub refused: u64,
+    /// Answered SERVFAIL (the upstream failed or answered badly).
+    pub failed: u64,
+    /// Not answered: more queries or connections at once than the resolver takes.
+    pub dropped: u64,
 }
 
 impl NetworkView {
     pub fn new(policy: &NetworkPolicy, address: Option<String>, isolated: bool) -> NetworkView {
-        let show = |v: &[Ipv4Net]| v.iter().map(ToString::to_string).collect();
+        let show = |v: &[Ipv4Net], names: &[NameRule]| {
+            v.iter()
+                .map(ToString::to_string)
+                .chain(names.iter().map(ToString::to_string))
+                .collect()
+        };
         NetworkView {
             mode: policy.mode,
-            allow_out: policy.allow_out.as_deref().map(show).unwrap_or_default(),
-            deny_out: show(&policy.deny_out),
+            allow_out: policy
+                .allow_out
+                .as_deref()
+                .map(|a| show(a, &policy.allow_names))
+                .unwrap_or_default(),
+            deny_out: show(&policy.deny_out, &policy.deny_names),
             address,
             isolated,
+            dns: None,
         }
     }
 }
@@ -219,5 +287,48 @@ mod tests {
             .unwrap();
         assert_eq!(p.allow_out.unwrap()[0].to_string(), "10.77.0.0/24");
         assert_eq!(p.deny_out[0].to_string(), "10.77.0.9/32");
+    }
+
+    #[test]
+    fn lists_take_names_next_to_cidrs() {
+        let p = req(
+            None,
+            Some(&["10.77.0.0/24", "PyPI.org", "*.github.com:8443"]),
+            &["evil.github.com", "10.77.0.9"],
+        )
+        .policy()
+        .unwrap();
+        assert_eq!(p.allow_out.as_ref().unwrap().len(), 1);
+        assert_eq!(p.allow_names[0].pattern, "pypi.org");
+        assert_eq!(p.allow_names[1].ports(), [8443]);
+        assert_eq!(p.deny_names[0].pattern, "evil.github.com");
+        assert!(p.has_names());
+        let view = NetworkView::new(&p, None, true);
+        assert_eq!(
+            view.allow_out,
+            ["10.77.0.0/24", "pypi.org", "*.github.com:8443"]
+        );
+        assert_eq!(view.deny_out, ["10.77.0.9/32", "evil.github.com"]);
+        // Only names: still an allow list (of no CIDR).
+        let p = req(None, Some(&["pypi.org"]), &[]).policy().unwrap();
+        assert_eq!(p.allow_out, Some(vec![]));
+        // Bad names are the caller's 400 with the reason; bad CIDRs stay CIDR errors.
+        for (bad, why) in [("*.com", "two labels"), ("a.*.b.com", "first label")] {
+            let e = req(None, Some(&[bad]), &[])
+                .policy()
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        let e = req(None, Some(&["10.0.0.1/8"]), &[]).policy().unwrap_err();
+        assert!(e.to_string().contains("not an IPv4 CIDR"), "{e}");
+        let e = req(Some(NetworkMode::None), None, &["pypi.org"])
+            .policy()
+            .unwrap_err();
+        assert!(e.to_string().contains("need network \"egress\""), "{e}");
+        // A record stored before names existed reads back.
+        let old: NetworkPolicy =
+            serde_json::from_str(r#"{"mode":"egress","allow_out":null,"deny_out":[]}"#).unwrap();
+        assert_eq!(old, NetworkPolicy::default());
     }
 }

@@ -7,6 +7,7 @@ pub mod cp;
 pub mod create;
 pub mod daemon_client;
 pub mod doctor;
+pub mod egress;
 pub mod events;
 pub mod exec;
 pub mod image;

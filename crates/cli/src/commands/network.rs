@@ -11,13 +11,14 @@ pub struct PolicyArgs {
     /// network policy.
     #[arg(long, value_enum)]
     pub network: Option<Network>,
-    /// Allow outbound traffic only to this IPv4 CIDR or address (repeatable). DNS
-    /// too: list the daemon's resolver (`zygote doctor`, network.dns) to resolve names.
-    #[arg(long = "allow-out", value_name = "CIDR")]
+    /// Allow outbound traffic only to this IPv4 CIDR or address, or this domain name
+    /// (`pypi.org`, `*.github.com`, optionally `:port`; TCP 80 and 443 by default)
+    /// (repeatable). Only names listed here resolve.
+    #[arg(long = "allow-out", value_name = "CIDR|NAME")]
     pub allow_out: Vec<String>,
-    /// Refuse outbound traffic to this IPv4 CIDR or address, even if allowed
-    /// (repeatable).
-    #[arg(long = "deny-out", value_name = "CIDR")]
+    /// Refuse outbound traffic to this IPv4 CIDR or address, or this domain name, even
+    /// if allowed (repeatable).
+    #[arg(long = "deny-out", value_name = "CIDR|NAME")]
     pub deny_out: Vec<String>,
 }
 

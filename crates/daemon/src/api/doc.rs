@@ -7,7 +7,7 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    code, events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes,
+    code, egress, events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes,
     snapshots, system, volumes, watch, PUBLIC,
 };
 
@@ -115,6 +115,7 @@ impl utoipa::Modify for CommonResponses {
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::set_network, sandboxes::branch, sandboxes::restore, sandboxes::logs,
         events::events,
+        egress::egress,
         metrics::metrics,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,
         pause::pause, pause::resume,

@@ -173,11 +173,12 @@ fn parameters_are_where_the_router_reads_them() {
         }
     }
     assert_eq!(
-        query_seen, 33,
+        query_seen, 35,
         "path, mode, special on three file routes; path, recursive on the watch; against, path, content on diff; \
          the list's metadata filter; offset, wait_ms, follow on process output; \
          cols, rows, cmd, env, cwd on pty; name on snapshot import; tail_bytes on logs; \
-         since_ms, until_ms, limit, order, level, search on events; start, end on metrics"
+         since_ms, until_ms, limit, order, level, search on events; start, end on metrics; \
+         limit, follow on egress"
     );
 }
 

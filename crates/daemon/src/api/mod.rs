@@ -8,6 +8,7 @@ mod auth;
 mod code;
 mod console;
 mod doc;
+mod egress;
 mod events;
 mod guest;
 mod images;
@@ -110,6 +111,7 @@ pub fn routes() -> Routes {
         )
         .add(Method::GET, "/v1/sandboxes/{id}/logs", sandboxes::logs)
         .add(Method::GET, "/v1/sandboxes/{id}/events", events::events)
+        .add(Method::GET, "/v1/sandboxes/{id}/egress", egress::egress)
         .add(Method::GET, "/v1/sandboxes/{id}/metrics", metrics::metrics)
         .add(Method::POST, "/v1/sandboxes/{id}/pause", pause::pause)
         .add(Method::POST, "/v1/sandboxes/{id}/resume", pause::resume)

@@ -73,8 +73,8 @@ pub struct NetworkConfig {
 }
 
 /// `PUT /sandboxes/{id}/network` (SandboxNetworkUpdateConfig): the new egress rules,
-/// replacing the old ones (a field left out is cleared). `dnsServers` matters only for
-/// domain names in `allowOut`, which zygote refuses; `rules` (HTTPS rewriting) is not
+/// replacing the old ones (a field left out is cleared). `dnsServers` is not served
+/// (the sandbox's resolver is the daemon's own); `rules` (HTTPS rewriting) is not
 /// served and is refused when given.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -151,7 +151,8 @@ pub struct Manager {
     /// How OCI registries are reached (which ones over plain HTTP).
     pub(crate) registries: zygote_oci::Transport,
     /// What happened to each sandbox (`GET /v1/sandboxes/{id}/events`).
-    pub(crate) event_log: EventLog,
+    pub(crate) event_log: Arc<EventLog>,
+    pub(crate) egress_log: Arc<crate::egress_log::EgressLog>,
     /// When each volume's helper sandbox was last used (`volume_guest`).
     helpers_used: Mutex<HashMap<String, std::time::Instant>>,
 }
@@ -165,6 +166,27 @@ impl Manager {
         dirs: Dirs,
         network: Network,
     ) -> Manager {
+        let event_log = Arc::new(EventLog::new(dirs.state.join("events")));
+        // Every DNS question of a sandbox goes to its event log, at debug level.
+        let log = event_log.clone();
+        network.observe_dns(Arc::new(move |q: &crate::network::dns::DnsLogEntry<'_>| {
+            log.record(
+                q.sandbox,
+                crate::model::EventLevel::Debug,
+                "dns query",
+                &[
+                    ("name", q.name.to_string()),
+                    ("type", q.qtype.to_string()),
+                    ("verdict", q.verdict.to_string()),
+                    ("detail", q.detail.to_string()),
+                ],
+            );
+        }));
+        let egress_log = Arc::new(crate::egress_log::EgressLog::new(dirs.state.join("egress")));
+        let record = egress_log.clone();
+        network.observe_egress(Arc::new(move |e: &crate::model::EgressEntry| {
+            record.record(e)
+        }));
         Manager {
             db,
             runtime,
@@ -179,7 +201,8 @@ impl Manager {
             faults: Mutex::new(HashMap::new()),
             metric_rings: Arc::default(),
             registries: zygote_oci::Transport::from_env(),
-            event_log: EventLog::new(dirs.state.join("events")),
+            event_log,
+            egress_log,
             dirs,
             helpers_used: Mutex::new(HashMap::new()),
         }
@@ -226,6 +249,7 @@ impl Manager {
         self.forget_agent(id);
         self.forget_agent_health(id);
         self.event_log.remove(id);
+        self.egress_log.remove(id);
         self.metric_rings.forget(id);
     }
 
@@ -473,6 +497,21 @@ impl Manager {
         Ok(EventList {
             events: self.event_log.read(id, q),
         })
+    }
+
+    /// `GET /v1/sandboxes/{id}/egress`: the last entries of the sandbox's egress record,
+    /// and (to follow it) the new ones of every sandbox from the moment they were read.
+    pub fn egress(
+        &self,
+        id: &str,
+        limit: usize,
+    ) -> Result<(
+        Vec<crate::model::EgressEntry>,
+        tokio::sync::broadcast::Receiver<crate::model::EgressEntry>,
+    )> {
+        self.sandbox_row(id)?;
+        let live = self.egress_log.subscribe();
+        Ok((self.egress_log.read(id, limit), live))
     }
 
     /// Where a sandbox's console log is (None: it has none now).

@@ -109,6 +109,7 @@ impl Manager {
         }
         let sandboxes: HashSet<String> = self.db.sandboxes()?.into_iter().map(|s| s.id).collect();
         self.event_log.remove_orphans(|id| sandboxes.contains(id));
+        self.egress_log.remove_orphans(|id| sandboxes.contains(id));
         for s in self.db.snapshots()? {
             keep.insert(s.data.disk_layer);
             keep.insert(s.data.dir);

@@ -1,7 +1,7 @@
-//! The guests' DNS under the egress policy (issue 33, defect 6): queries to the image's
-//! resolver (10.0.2.3) are forwarded to the daemon's `--dns` resolver, here the remote
-//! namespace's server, and leave only when `allow_out`/`deny_out` would let a
-//! connection to that resolver leave.
+//! The guests' DNS under the egress policy (issues 33 and 39): queries to the image's
+//! resolver (10.0.2.3) go to the daemon's resolver in the sandbox's namespace, which
+//! asks the upstream (`--dns-upstream`, here the remote namespace's server) only for
+//! names the policy allows: under an `allow_out` of addresses, none.
 use std::sync::atomic::Ordering;
 
 use zygote_daemon::client::Client;
@@ -25,9 +25,8 @@ async fn resolves(c: &Client, ids: &[&str]) -> Vec<bool> {
     futures_util::future::join_all(lookups).await
 }
 
-/// `allowed`: sandboxes whose policy lets a connection to the resolver leave;
-/// `blocked`: those whose policy does not. The blocked ones' queries must not even
-/// reach the resolver.
+/// `allowed`: sandboxes whose policy lets names be resolved; `blocked`: those whose
+/// policy does not. The blocked ones' queries must not even reach the upstream.
 pub async fn dns_obeys_the_policy(c: &Client, remote: &Remote, allowed: &[&str], blocked: &[&str]) {
     let before = remote.dns_queries.load(Ordering::SeqCst);
     let got = resolves(c, blocked).await;

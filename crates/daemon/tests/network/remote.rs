@@ -13,8 +13,9 @@ use std::time::Duration;
 pub const REMOTE_PORT: u16 = 8080;
 /// On `a`: a sink that counts the bytes every connection sends it.
 pub const SINK_PORT: u16 = 8081;
-/// The address the remote DNS server gives every name (a documentation address: only
-/// ever read from an answer, never contacted).
+/// The address the remote DNS server gives every name but those under `a.zygote.test`
+/// and `b.zygote.test` (a documentation address: only ever read from an answer, never
+/// contacted).
 pub const DNS_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 77);
 
 pub fn ip(args: &[&str]) {
@@ -50,7 +51,7 @@ pub fn serve(listener: TcpListener, marker: String) {
 /// The test's stand-in for the internet: namespace `ns` with addresses `a` and `b` on a
 /// veth whose host end has `host`, plus a link-local address `ll` routed there (a
 /// metadata service a guest must never reach). HTTP on `REMOTE_PORT` of `a`, `b` and
-/// `ll`; DNS (UDP) on `b`, counting the queries that arrive.
+/// `ll`; DNS (UDP and TCP) on `b`, counting the queries that arrive.
 pub struct Remote {
     ns: String,
     link: String,
@@ -121,6 +122,7 @@ impl Remote {
             "via",
             &r.a.to_string(),
         ]);
+        let _ = NAMED.set([r.a, r.b]);
         // A thread in the namespace binds the servers; their sockets stay there.
         let ns_file = std::fs::File::open(format!("/run/netns/{}", r.ns)).unwrap();
         let addrs = [r.a, r.b, r.ll];
@@ -135,6 +137,18 @@ impl Remote {
                 let l = TcpListener::bind((a, REMOTE_PORT)).expect("remote server");
                 serve(l, format!("remote-{a}"));
             }
+            // The ports rules by name cover by default (plain TCP on 443 too: the
+            // egress proxy judges the ClientHello, it never needs a TLS server).
+            for a in [addrs[0], addrs[1]] {
+                for port in [80, 443] {
+                    let l = TcpListener::bind((a, port)).expect("remote server");
+                    serve(l, format!("remote-{a}"));
+                }
+            }
+            serve_dns_tcp(
+                TcpListener::bind((dns, 53)).expect("remote DNS (TCP)"),
+                queries.clone(),
+            );
             serve_dns(UdpSocket::bind((dns, 53)).expect("remote DNS"), queries);
             sink(
                 TcpListener::bind((addrs[0], SINK_PORT)).expect("sink"),
@@ -144,6 +158,22 @@ impl Remote {
         .join()
         .unwrap();
         r
+    }
+
+    /// `zygote serve` arguments for a daemon listening on `listen` with `runtime`, whose
+    /// sandboxes' resolvers ask this namespace's DNS server.
+    pub fn daemon_args(&self, listen: &str, runtime: &str) -> Vec<String> {
+        let upstream = self.b.to_string();
+        [
+            "--listen",
+            listen,
+            "--runtime",
+            runtime,
+            "--dns-upstream",
+            &upstream,
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     fn remove(&self) {
@@ -193,6 +223,51 @@ fn serve_dns(socket: UdpSocket, queries: Arc<AtomicUsize>) {
     });
 }
 
+/// [`serve_dns`] over TCP (RFC 1035 4.2.2: each message after its 2-byte length).
+fn serve_dns_tcp(listener: TcpListener, queries: Arc<AtomicUsize>) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let queries = queries.clone();
+            std::thread::spawn(move || {
+                let mut conn = conn;
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut len = [0u8; 2];
+                while conn.read_exact(&mut len).is_ok() {
+                    let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                    if conn.read_exact(&mut query).is_err() {
+                        return;
+                    }
+                    queries.fetch_add(1, Ordering::SeqCst);
+                    let Some(answer) = dns_answer(&query) else {
+                        return;
+                    };
+                    let mut framed = (answer.len() as u16).to_be_bytes().to_vec();
+                    framed.extend_from_slice(&answer);
+                    if conn.write_all(&framed).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// The remote's `a` and `b`: names under `a.zygote.test` resolve to `a`, under
+/// `b.zygote.test` to `b`, every other name to [`DNS_ANSWER`].
+static NAMED: std::sync::OnceLock<[Ipv4Addr; 2]> = std::sync::OnceLock::new();
+
+/// The address the remote DNS gives `name` (labels joined by dots, lower-case).
+fn address_for(name: &str) -> Ipv4Addr {
+    let [a, b] = NAMED.get().copied().unwrap_or([DNS_ANSWER; 2]);
+    if name.ends_with(".a.zygote.test") {
+        a
+    } else if name.ends_with(".b.zygote.test") {
+        b
+    } else {
+        DNS_ANSWER
+    }
+}
+
 /// The answer to a one-question DNS query (RFC 1035 section 4.1), None if it is not one.
 fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
     let count = |at: usize| Some(u16::from_be_bytes([*query.get(at)?, *query.get(at + 1)?]));
@@ -201,9 +276,13 @@ fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
     }
     // The question: labels up to the empty one, then type and class.
     let mut end = 12;
+    let mut labels = Vec::new();
     while *query.get(end)? != 0 {
-        end += 1 + usize::from(query[end]);
+        let len = usize::from(query[end]);
+        labels.push(String::from_utf8_lossy(query.get(end + 1..end + 1 + len)?).to_lowercase());
+        end += 1 + len;
     }
+    let address = address_for(&labels.join("."));
     let is_a = count(end + 1)? == 1;
     let question = query.get(12..end + 5)?;
     let mut answer = query[..2].to_vec(); // the query's id
@@ -213,7 +292,7 @@ fn dns_answer(query: &[u8]) -> Option<Vec<u8>> {
     if is_a {
         // The name by a pointer to the question's, type A, class IN, TTL 60, 4 bytes.
         answer.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
-        answer.extend_from_slice(&DNS_ANSWER.octets());
+        answer.extend_from_slice(&address.octets());
     }
     Some(answer)
 }

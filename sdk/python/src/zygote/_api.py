@@ -42,6 +42,7 @@ from .models import (
     MetricSample,
     SandboxDiff,
     SandboxEvent,
+    EgressEntry,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -221,7 +222,9 @@ def cidrs(what: str, value: Optional[Sequence[str]]) -> Optional[list[str]]:
     if value is None:
         return None
     if isinstance(value, str):
-        raise TypeError(f"{what} takes a list of IPv4 CIDRs, not one string (write [{value!r}])")
+        raise TypeError(
+            f"{what} takes a list of IPv4 CIDRs and domain names, not one string (write [{value!r}])"
+        )
     return list(value)
 
 
@@ -404,6 +407,18 @@ def events(
         "GET",
         f"/v1/sandboxes/{seg(sid)}/events",
         lambda r: [SandboxEvent.from_json(e) for e in _json(r)["events"]],
+        params=params,
+    )
+
+
+def egress(sid: str, *, limit: Optional[int] = None) -> Call[list[EgressEntry]]:
+    params: dict[str, str] = {}
+    if limit is not None:
+        params["limit"] = str(int(limit))
+    return Call(
+        "GET",
+        f"/v1/sandboxes/{seg(sid)}/egress",
+        lambda r: [EgressEntry.from_json(e) for e in _json(r)["entries"]],
         params=params,
     )
 

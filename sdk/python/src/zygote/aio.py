@@ -25,6 +25,7 @@ from .models import (
     MetricSample,
     SandboxDiff,
     SandboxEvent,
+    EgressEntry,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -332,6 +333,13 @@ class AsyncSandbox(AsyncCodeInterpreter):
         """Brings a paused sandbox back where it was: the same processes, files
         and network; its clock is stepped to now."""
         return await self.client.call(_api.resume(self.id))
+
+    async def egress(self, *, limit: Optional[int] = None) -> List[EgressEntry]:
+        """This sandbox's egress record, oldest first: the connections its guest made
+        through the daemon's egress proxy (TCP to the ports rules by name cover), each
+        with host, address, port, method and path (plain HTTP), allowed or refused and
+        why, bytes each way; the last ``limit`` (1..10000, default 1000)."""
+        return await self.client.call(_api.egress(self.id, limit=limit))
 
     async def events(
         self,

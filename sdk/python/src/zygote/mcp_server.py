@@ -430,6 +430,36 @@ def build_server(
         }
 
     @server.tool()
+    async def sandbox_egress(sandbox_id: str, limit: int = 100) -> dict[str, Any]:
+        """The connections a sandbox's guest made under rules by name (its egress
+        record), oldest first: host, address, port, method and path on plain HTTP,
+        event (refused, open, closed, cut, failed) and why, bytes each way. The newest
+        `limit` (1..10000). Each branch child has its own record."""
+        try:
+            entries = await session.sandbox(sandbox_id).egress(limit=limit)
+        except ZygoteError as e:
+            raise _tool_error(e) from e
+        return {
+            "sandbox_id": sandbox_id,
+            "egress": [
+                {
+                    "event": e.event,
+                    "host": e.host,
+                    "address": e.address,
+                    "port": e.port,
+                    "method": e.method,
+                    "path": e.path,
+                    "reason": e.reason,
+                    "bytes_out": e.bytes_out,
+                    "bytes_in": e.bytes_in,
+                    "started_ms": e.started_ms,
+                    "ended_ms": e.ended_ms,
+                }
+                for e in entries
+            ],
+        }
+
+    @server.tool()
     async def kill_sandbox(sandbox_id: str) -> dict[str, Any]:
         """Stop and remove a sandbox."""
         try:

@@ -56,9 +56,9 @@ class NetworkInfo:
     mode: str
     """``egress`` (outbound traffic through NAT) or ``none`` (no traffic at all)."""
     allow_out: tuple[str, ...]
-    """When not empty, the only IPv4 CIDRs outbound traffic may reach."""
+    """When not empty, the only IPv4 CIDRs and domain names outbound traffic may reach."""
     deny_out: tuple[str, ...]
-    """IPv4 CIDRs always refused (applied before ``allow_out``)."""
+    """IPv4 CIDRs and domain names always refused (applied before ``allow_out``)."""
     address: Optional[str]
     """The guest's IPv4 address (None: the sandbox has no isolated network)."""
     isolated: bool
@@ -607,6 +607,49 @@ class SandboxEvent:
             level=str(d["level"]),
             message=str(d["message"]),
             fields={str(k): str(v) for k, v in (d.get("fields") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class EgressEntry:
+    """One entry of a sandbox's egress record (:meth:`zygote.Sandbox.egress`): a
+    connection its guest made through the daemon's egress proxy (rules by name)."""
+
+    sandbox: str
+    """The sandbox that made it (a branch child is a sandbox of its own)."""
+    event: str
+    """``refused``, ``open``, ``closed``, ``cut`` (by a policy change) or ``failed``."""
+    host: Optional[str]
+    """The host it named (TLS SNI or HTTP Host), if any."""
+    address: str
+    port: int
+    protocol: str
+    """``tls``, ``http`` or empty."""
+    method: Optional[str]
+    path: Optional[str]
+    """Plain HTTP only: the first request's method and path."""
+    reason: str
+    bytes_out: int
+    bytes_in: int
+    started_ms: int
+    ended_ms: Optional[int]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "EgressEntry":
+        return cls(
+            sandbox=str(d["sandbox"]),
+            event=str(d["event"]),
+            host=d.get("host"),
+            address=str(d["address"]),
+            port=int(d["port"]),
+            protocol=str(d.get("protocol") or ""),
+            method=d.get("method"),
+            path=d.get("path"),
+            reason=str(d.get("reason") or ""),
+            bytes_out=int(d.get("bytes_out") or 0),
+            bytes_in=int(d.get("bytes_in") or 0),
+            started_ms=int(d["started_ms"]),
+            ended_ms=None if d.get("ended_ms") is None else int(d["ended_ms"]),
         )
 
 

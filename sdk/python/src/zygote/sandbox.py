@@ -21,6 +21,7 @@ from .models import (
     MetricSample,
     SandboxDiff,
     SandboxEvent,
+    EgressEntry,
     SandboxInfo,
     SandboxTree,
     Snapshot,
@@ -256,9 +257,11 @@ class Sandbox(CodeInterpreter):
 
         ``network`` is ``"egress"`` (the daemon's default: outbound traffic
         through NAT) or ``"none"`` (no traffic at all). ``allow_out`` (IPv4
-        CIDRs such as ``"10.77.0.0/24"``, or single addresses) makes those the
-        only destinations allowed (an empty list allows none); ``deny_out``
-        destinations are always refused. Branch children inherit the policy.
+        CIDRs such as ``"10.77.0.0/24"``, single addresses, or domain names such
+        as ``"pypi.org"`` and ``"*.github.com"``, optionally ``":port"``; names
+        cover TCP 80 and 443 by default and are the only ones that resolve) makes
+        those the only destinations allowed (an empty list allows none);
+        ``deny_out`` destinations are always refused. Branch children inherit the policy.
 
         ``envs`` are environment variables every command in the sandbox gets
         (a command's own ``env`` wins); ``secrets`` too, but the daemon never
@@ -445,6 +448,13 @@ class Sandbox(CodeInterpreter):
         """Brings a paused sandbox back where it was: the same processes, files
         and network; its clock is stepped to now."""
         return self.client.call(_api.resume(self.id))
+
+    def egress(self, *, limit: Optional[int] = None) -> List[EgressEntry]:
+        """This sandbox's egress record, oldest first: the connections its guest made
+        through the daemon's egress proxy (TCP to the ports rules by name cover), each
+        with host, address, port, method and path (plain HTTP), allowed or refused and
+        why, bytes each way; the last ``limit`` (1..10000, default 1000)."""
+        return self.client.call(_api.egress(self.id, limit=limit))
 
     def events(
         self,

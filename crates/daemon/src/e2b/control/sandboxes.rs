@@ -15,8 +15,8 @@ use crate::e2b::model::{
 use crate::e2b::EnvdKeys;
 use crate::error::Error;
 use crate::model::{
-    CreateSandboxRequest, NetworkMode, NetworkView, SetNetworkRequest, SetTtlRequest, TtlAction,
-    VolumeMountSpec, MAX_TTL_SECS,
+    CreateSandboxRequest, NameRule, NetworkMode, NetworkView, SetNetworkRequest, SetTtlRequest,
+    TtlAction, VolumeMountSpec, MAX_TTL_SECS,
 };
 
 /// `POST /v2/sandboxes`: a sandbox from the image (or snapshot) `templateID` names.
@@ -109,43 +109,71 @@ fn template_envs(defaults: Option<&str>) -> std::collections::BTreeMap<String, S
 /// E2B's egress rules as zygote's policy. E2B lets through whatever `allowOut` names
 /// and whatever `denyOut` does not (`allow_internet_access: false` denies
 /// `0.0.0.0/0`); zygote's `allow_out` is a list of the only reachable destinations and
-/// its `deny_out` wins over it. So: everything denied → `allow_out` = E2B's allowOut
-/// (or `deny_out` = everything when there is none);
-/// otherwise `deny_out` = denyOut minus allowOut (split into the CIDRs that remain).
-/// zygote filters by address: a domain name is refused (400), not ignored.
+/// its `deny_out` wins over it. So: everything denied → `allow_out` = E2B's allowOut,
+/// CIDRs and domain names (or `deny_out` = everything when there is none; a denied
+/// name under an allow list is dropped: allow wins); otherwise `deny_out` = denyOut
+/// minus allowOut (split into the CIDRs that remain) plus denyOut's names. A domain
+/// name in allowOut next to a partial denyOut (an exception zygote's lists cannot
+/// hold: deny wins) is refused (400), as is a malformed entry.
 fn egress(internet: Option<bool>, net: Option<&NetworkConfig>) -> Result<Egress, ControlError> {
-    let parse = |field: &str, list: Option<&Vec<String>>| -> Result<Vec<Ipv4Net>, ControlError> {
-        list.into_iter()
-            .flatten()
-            .map(|s| {
-                s.parse::<Ipv4Net>()
-                    .or_else(|_| s.parse::<std::net::Ipv4Addr>().map(Ipv4Net::from))
-                    .map_err(|_| {
-                        ControlError::BadRequest(format!(
-                            "{field} entry {s:?} is not an IPv4 address or CIDR: zygote \
-                             filters egress by address, not by domain name"
-                        ))
-                    })
-            })
-            .collect()
+    let parse = |field: &str, list: Option<&Vec<String>>| -> Result<Rules, ControlError> {
+        let mut rules = Rules::default();
+        for s in list.into_iter().flatten() {
+            if NameRule::looks_like_name(s) {
+                let rule = NameRule::parse(s)
+                    .map_err(|e| ControlError::BadRequest(format!("{field}: {e}")))?;
+                rules.names.push(rule.to_string());
+                continue;
+            }
+            let net = s
+                .parse::<Ipv4Net>()
+                .or_else(|_| s.parse::<std::net::Ipv4Addr>().map(Ipv4Net::from))
+                .map_err(|_| {
+                    ControlError::BadRequest(format!(
+                        "{field} entry {s:?} is not an IPv4 address or CIDR, nor a domain name"
+                    ))
+                })?;
+            rules.cidrs.push(net);
+        }
+        Ok(rules)
     };
     let allow = parse("allowOut", net.and_then(|n| n.allow_out.as_ref()))?;
     let mut deny = parse("denyOut", net.and_then(|n| n.deny_out.as_ref()))?;
     if internet == Some(false) {
-        deny.push(Ipv4Net::default());
+        deny.cidrs.push(Ipv4Net::default());
     }
     let strings = |v: Vec<Ipv4Net>| v.iter().map(|n| n.to_string()).collect::<Vec<_>>();
-    if deny.iter().any(|d| d.prefix_len() == 0) {
-        return Ok(match allow.is_empty() {
+    if deny.cidrs.iter().any(|d| d.prefix_len() == 0) {
+        return Ok(match allow.cidrs.is_empty() && allow.names.is_empty() {
             true => (None, Some(vec![Ipv4Net::default().to_string()])),
-            false => (Some(strings(allow)), None),
+            false => {
+                let mut list = strings(allow.cidrs);
+                list.extend(allow.names);
+                (Some(list), None)
+            }
         });
     }
-    let mut left = Vec::new();
-    for d in deny {
-        subtract(d, &allow, &mut left);
+    if !allow.names.is_empty() {
+        return Err(ControlError::BadRequest(
+            "allowOut domain names need denyOut [\"0.0.0.0/0\"] (or allow_internet_access \
+             false) here: zygote cannot make a named exception to a partial denyOut"
+                .into(),
+        ));
     }
-    Ok((None, (!left.is_empty()).then(|| strings(left))))
+    let mut left = Vec::new();
+    for d in deny.cidrs {
+        subtract(d, &allow.cidrs, &mut left);
+    }
+    let mut deny_out = strings(left);
+    deny_out.extend(deny.names);
+    Ok((None, (!deny_out.is_empty()).then_some(deny_out)))
+}
+
+/// One E2B list: its CIDRs and its domain names (checked, in zygote's spelling).
+#[derive(Default)]
+struct Rules {
+    cidrs: Vec<Ipv4Net>,
+    names: Vec<String>,
 }
 
 /// `allow_out` and `deny_out` of a [`CreateSandboxRequest`].
@@ -370,7 +398,40 @@ mod tests {
             egress(None, Some(&cfg(&["8.8.0.0/16"], &["8.8.8.8"]))).unwrap(),
             (None, None)
         );
+        // Domain names: an allow list under a total deny; denied names pass on.
+        assert_eq!(
+            egress(
+                None,
+                Some(&cfg(
+                    &["Example.com", "*.pypi.org", "1.1.1.1"],
+                    &["0.0.0.0/0"]
+                ))
+            )
+            .unwrap(),
+            (
+                Some(vec![
+                    "1.1.1.1/32".to_string(),
+                    "example.com".to_string(),
+                    "*.pypi.org".to_string()
+                ]),
+                None
+            )
+        );
+        assert_eq!(
+            egress(None, Some(&cfg(&[], &["evil.org", "10.0.0.0/8"]))).unwrap(),
+            (
+                None,
+                Some(vec!["10.0.0.0/8".to_string(), "evil.org".to_string()])
+            )
+        );
         let e = egress(None, Some(&cfg(&["example.com"], &[]))).unwrap_err();
-        assert!(e.to_string().contains("\"example.com\""), "{e}");
+        assert!(e.to_string().contains("need denyOut"), "{e}");
+        let e = egress(None, Some(&cfg(&["*.com"], &["0.0.0.0/0"]))).unwrap_err();
+        assert!(
+            e.to_string().contains("\"*.com\" is not a name rule"),
+            "{e}"
+        );
+        let e = egress(None, Some(&cfg(&["10.0.0.0/33"], &[]))).unwrap_err();
+        assert!(e.to_string().contains("not an IPv4 address or CIDR"), "{e}");
     }
 }
