@@ -341,9 +341,11 @@ async fn tcp_connection(mut conn: TcpStream, r: &Resolver) {
         let reply = r.answer(&query, false).await;
         drop(permit);
         let Some(reply) = reply else { return };
-        let mut framed = (reply.len().min(usize::from(u16::MAX)) as u16)
-            .to_be_bytes()
-            .to_vec();
+        // A reply longer than TCP's 2-byte length cannot be framed: close instead.
+        let Ok(len) = u16::try_from(reply.len()) else {
+            return;
+        };
+        let mut framed = len.to_be_bytes().to_vec();
         framed.extend_from_slice(&reply);
         if timeout(TCP_IDLE, conn.write_all(&framed)).await.is_err() {
             return;
