@@ -4,48 +4,15 @@
 mod support;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress};
 use zygote_probe_abi as abi;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig};
-use zygote_vmm::memory::GuestRam;
 use zygote_vmm::probe::{self, ProbeOptions};
 use zygote_vmm::vmm::branch::{BranchRequest, ChildContext};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 use zygote_vmm::vmm::RestoreConfig;
 use zygote_vmm::Vmm;
-
-fn scratch(i: usize) -> GuestAddress {
-    GuestAddress(abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)
-}
-
-/// Ask the guest to re-verify its earlier writes and do a fresh write+read; true if ok.
-fn blk_command(ram: &GuestRam, cmd: u64) -> bool {
-    let mem = ram.memory();
-    mem.write_obj(cmd, scratch(abi::SCRATCH_BLK_CMD)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_ACK)).unwrap() != cmd {
-        assert!(
-            Instant::now() < deadline,
-            "guest never acknowledged block command {cmd}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_RESULT))
-        .unwrap()
-        == 1
-}
-
-fn make_image(path: &std::path::Path) -> Vec<u8> {
-    let mut data = vec![0x33u8; 1 << 20];
-    for w in 0..64u64 {
-        let at = 8 * w as usize;
-        data[at..at + 8].copy_from_slice(&abi::blk_base_word(w).to_le_bytes());
-    }
-    std::fs::write(path, &data).unwrap();
-    data
-}
 
 #[test]
 fn branch_and_restore_carry_a_live_block_device() {
@@ -54,7 +21,7 @@ fn branch_and_restore_carry_a_live_block_device() {
     };
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("root.img");
-    let base = make_image(&image);
+    let base = support::make_blk_image(&image);
     let disk = Arc::new(Mutex::new(Block::open(BlockConfig::cow(&image)).unwrap()));
     let mut vm = probe::boot_probe_with_devices(
         &elf,
@@ -71,14 +38,18 @@ fn branch_and_restore_carry_a_live_block_device() {
         |l| l == abi::REPORT_READY,
     )
     .unwrap();
-    assert!(blk_command(vm.vmm.guest_ram(), 1), "parent drives its disk");
+    assert!(
+        support::blk_command(vm.vmm.guest_ram(), 1),
+        "parent drives its disk"
+    );
 
     // Branch: the child gets its own block device over the parent's written pages.
     let mut fds = [0; 2];
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let (r, w) = (fds[0], fds[1]);
     let child_main = move |ctx: ChildContext| -> i32 {
-        let ok = blk_command(ctx.vmm.guest_ram(), 2) && blk_command(ctx.vmm.guest_ram(), 3);
+        let ok = support::blk_command(ctx.vmm.guest_ram(), 2)
+            && support::blk_command(ctx.vmm.guest_ram(), 3);
         let byte = [ok as u8];
         unsafe { libc::write(w, byte.as_ptr().cast(), 1) };
         0
@@ -112,7 +83,7 @@ fn branch_and_restore_carry_a_live_block_device() {
         "the child's guest drove the restored device successfully"
     );
     assert!(
-        blk_command(vm.vmm.guest_ram(), 4),
+        support::blk_command(vm.vmm.guest_ram(), 4),
         "the parent's device is unaffected"
     );
     assert_eq!(vm.vmm.reap_children(true).len(), 1);
@@ -128,10 +99,10 @@ fn branch_and_restore_carry_a_live_block_device() {
     let mut restored =
         Vmm::restore_snapshot(&snap, RestoreConfig::new(support::sink(), false), true).unwrap();
     assert!(
-        blk_command(restored.guest_ram(), 5),
+        support::blk_command(restored.guest_ram(), 5),
         "restored guest drives its disk"
     );
-    assert!(blk_command(restored.guest_ram(), 6));
+    assert!(support::blk_command(restored.guest_ram(), 6));
     restored.pause().unwrap();
     restored.shutdown();
     assert_eq!(

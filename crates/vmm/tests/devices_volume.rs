@@ -6,13 +6,11 @@ mod support;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use vm_memory::{Bytes, GuestAddress};
 use zygote_probe_abi as abi;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig, DiskFile};
 use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
-use zygote_vmm::memory::GuestRam;
 use zygote_vmm::probe::{self, ProbeOptions};
 use zygote_vmm::vmm::branch::{BranchError, BranchRequest, ChildContext};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
@@ -20,25 +18,6 @@ use zygote_vmm::vmm::RestoreConfig;
 use zygote_vmm::Vmm;
 
 const ID: &str = "vol-0123456789ab";
-
-fn scratch(i: usize) -> GuestAddress {
-    GuestAddress(abi::MAILBOX_GPA + abi::MAILBOX_OFF_SCRATCH + 8 * i as u64)
-}
-
-/// Ask the blkspin guest to re-verify its earlier writes and write the spin sector with
-/// `cmd`'s pattern; true if it succeeded.
-fn blk_command(ram: &GuestRam, cmd: u64) -> bool {
-    let mem = ram.memory();
-    mem.write_obj(cmd, scratch(abi::SCRATCH_BLK_CMD)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_ACK)).unwrap() != cmd {
-        assert!(Instant::now() < deadline, "guest never acknowledged {cmd}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    mem.read_obj::<u64>(scratch(abi::SCRATCH_BLK_RESULT))
-        .unwrap()
-        == 1
-}
 
 /// Which command last wrote the spin sector of `file` (0: none of 1..=16).
 fn spin_of(file: &Path) -> u64 {
@@ -48,15 +27,6 @@ fn spin_of(file: &Path) -> u64 {
     (1..=16)
         .find(|&c| abi::blk_spin_word(c, 0) == word)
         .unwrap_or(0)
-}
-
-fn make_image(path: &Path) {
-    let mut data = vec![0x33u8; 1 << 20];
-    for w in 0..64u64 {
-        let at = 8 * w as usize;
-        data[at..at + 8].copy_from_slice(&abi::blk_base_word(w).to_le_bytes());
-    }
-    std::fs::write(path, &data).unwrap();
 }
 
 fn view(path: &Path) -> DiskFile {
@@ -73,7 +43,7 @@ fn branch_one(vmm: &mut Vmm, disk_files: Vec<DiskFile>, cmd: u64) -> Result<bool
     assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
     let (r, w) = (fds[0], fds[1]);
     let child_main = move |ctx: ChildContext| -> i32 {
-        let ok = blk_command(ctx.vmm.guest_ram(), cmd);
+        let ok = support::blk_command(ctx.vmm.guest_ram(), cmd);
         unsafe { libc::write(w, [ok as u8].as_ptr().cast(), 1) };
         0
     };
@@ -118,7 +88,7 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
     };
     let dir = tempfile::tempdir().unwrap();
     let volume = dir.path().join("volume.img");
-    make_image(&volume);
+    support::make_blk_image(&volume);
     let disk = Block::open(BlockConfig {
         id: Some(ID.into()),
         ..BlockConfig::persistent(&volume)
@@ -139,7 +109,7 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
         |l| l == abi::REPORT_READY,
     )
     .unwrap();
-    assert!(blk_command(vm.vmm.guest_ram(), 1));
+    assert!(support::blk_command(vm.vmm.guest_ram(), 1));
     assert_eq!(spin_of(&volume), 1, "the owner's writes reach the volume");
 
     // A child without a file of its own would write the parent's: refused, parent runs.
@@ -147,7 +117,10 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
         Err(BranchError::SharedPersistentDisk { index: 0, id }) => assert_eq!(id, ID),
         other => panic!("a branch sharing the volume must be refused, got {other:?}"),
     }
-    assert!(blk_command(vm.vmm.guest_ram(), 2), "the parent runs on");
+    assert!(
+        support::blk_command(vm.vmm.guest_ram(), 2),
+        "the parent runs on"
+    );
     assert_eq!(spin_of(&volume), 2);
 
     // The daemon's way: paused, the volume frozen, then the branch; the child writes
@@ -163,7 +136,7 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
     );
     assert_eq!(spin_of(&frozen), 2, "nor the frozen copy");
     vm.vmm.resume().unwrap();
-    assert!(blk_command(vm.vmm.guest_ram(), 4));
+    assert!(support::blk_command(vm.vmm.guest_ram(), 4));
     assert_eq!(spin_of(&volume), 4, "the parent still owns the volume");
     assert_eq!(spin_of(&frozen), 2);
     assert_eq!(vm.vmm.reap_children(true).len(), 1);
@@ -190,7 +163,7 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
     assert!(err.to_string().contains("vol-other"), "{err}");
     let mut restored = restore(vec![view(&frozen_snap)]).unwrap();
     assert!(
-        blk_command(restored.guest_ram(), 5),
+        support::blk_command(restored.guest_ram(), 5),
         "restored guest drives its view"
     );
     assert_eq!(
