@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 
 use zygote_vmm::devices::virtio::block::DiskFile;
 
-use super::volume_files::{freeze_by, frozen, link_or_copy, sparse_copy};
+pub(super) use super::volume_files::frozen_in;
+use super::volume_files::{freeze_by, link_or_copy, sparse_copy};
 use super::{BootSource, RuntimeError, StartSpec, VolumeDisk};
 
 /// The disks a VM started from `spec` gets (linking a snapshot's frozen copies into
@@ -123,11 +124,6 @@ pub(super) fn remove<'a>(disks: impl IntoIterator<Item = &'a VolumeDisk>) {
     for d in disks {
         let _ = std::fs::remove_file(&d.file);
     }
-}
-
-/// The frozen copies a completed capture of `disks` into `dir` holds.
-pub(super) fn frozen_in(disks: &[VolumeDisk], dir: &Path) -> Vec<VolumeDisk> {
-    disks.iter().map(|d| frozen(d, dir)).collect()
 }
 
 #[cfg(test)]

@@ -435,11 +435,7 @@ impl Runtime for QemuRuntime {
             disk_layer: vm.disk.clone(),
             accel: vm.accel.clone(),
             pause_ms: None,
-            volumes: vm
-                .volumes
-                .iter()
-                .map(|v| qemu_volumes::frozen(v, snap_dir))
-                .collect(),
+            volumes: qemu_volumes::frozen_in(&vm.volumes, snap_dir),
         }))
     }
 

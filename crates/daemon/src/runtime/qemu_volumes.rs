@@ -19,7 +19,7 @@ use zygote_qemu::ExtraDisk;
 
 use super::{BootSource, RuntimeError, StartSpec, VolumeDisk};
 
-pub(super) use super::volume_files::{freeze, frozen};
+pub(super) use super::volume_files::{freeze, frozen_in};
 
 /// The disks a VM started from `spec` gets, making the copy-on-write layers of a VM
 /// started from a capture (in its directory, removed with it).

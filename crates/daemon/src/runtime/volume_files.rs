@@ -25,6 +25,11 @@ pub(super) fn frozen(disk: &VolumeDisk, snap_dir: &Path) -> VolumeDisk {
     }
 }
 
+/// The frozen copies a completed capture of `disks` into `dir` holds.
+pub(super) fn frozen_in(disks: &[VolumeDisk], dir: &Path) -> Vec<VolumeDisk> {
+    disks.iter().map(|d| frozen(d, dir)).collect()
+}
+
 /// Copies each of `disks` into `snap_dir` (the VM must be stopped), synced.
 pub(super) fn freeze(
     disks: &[VolumeDisk],
