@@ -60,6 +60,8 @@ pub async fn list(State(st): State<AppState>, Path(id): Path<String>) -> Result<
     request_body = CreateContextRequest,
     responses((status = 201, description = "A new context with its own kernel (started \
                 before the answer)", body = CodeContext),
+              (status = 400, description = "A language other than python, a cwd that is \
+                not an absolute guest path (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused", body = ErrorBody),
               (status = 422, description = NO_INTERPRETER, body = ErrorBody),
@@ -80,6 +82,7 @@ pub async fn create(
            ("context" = String, Path, description = "Context id")),
     responses((status = 204, description = "The context has a fresh kernel (its state is \
                 gone); also how a context whose kernel died is brought back"),
+              (status = 400, description = "A malformed context id (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox or context", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused", body = ErrorBody),
               (status = 422, description = NO_INTERPRETER, body = ErrorBody),
@@ -99,6 +102,7 @@ pub async fn restart(
            ("context" = String, Path, description = "Context id")),
     responses((status = 204, description = "The context and its kernel are gone \
                 (`default` comes back, empty, on its next use)"),
+              (status = 400, description = "A malformed context id (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox or context", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused", body = ErrorBody),
               (status = 422, description = NO_INTERPRETER, body = ErrorBody),

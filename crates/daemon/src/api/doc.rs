@@ -128,6 +128,8 @@ impl utoipa::Modify for CommonResponses {
         packs::export, packs::import, packs::push, packs::pull,
         volumes::list, volumes::create, volumes::get, volumes::delete,
     ),
+    // Types used only in query parameters are not collected from the paths.
+    components(schemas(crate::model::EventOrder)),
     modifiers(&BearerAuth, &CommonResponses),
     security(("bearer" = [])),
 )]
