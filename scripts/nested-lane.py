@@ -122,6 +122,20 @@ FULL = SMOKE + [
         "daemon/network_kvm", 900, "zygote-daemon", "network",
         ["--exact", "kvm_sandbox_networking", "--nocapture"],
     ),
+    # Issue 39 on the kvm runtime: DNS under the policy, rules by name, secrets bound to
+    # hosts (the last one in the `python` image, staged like `base`).
+    Step(
+        "daemon/network_dns_kvm", 900, "zygote-daemon", "network_dns",
+        ["--exact", "kvm_dns_is_the_daemons_and_obeys_the_policy", "--nocapture"],
+    ),
+    Step(
+        "daemon/network_names_kvm", 900, "zygote-daemon", "network_names",
+        ["--exact", "kvm_rules_by_name", "--nocapture"],
+    ),
+    Step(
+        "daemon/network_secrets_kvm", 900, "zygote-daemon", "network_secrets",
+        ["--exact", "kvm_secrets_bound_to_hosts", "--nocapture"],
+    ),
     Step("sdk/tree_search", 1200, serve=True),
     Step("cli/doctor", 120, zygote=["doctor"]),
 ]
@@ -274,6 +288,10 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         # L1 cannot build it (no package mirror there): E2B's default template, as here.
         images.append(cached_image(
             "base", "build it first: `zygote image build base` (or scripts/e2b-test.sh)"))
+    if needs_python_image(steps):
+        images.append(cached_image(
+            "python", "build it first: `zygote image build python` (or the network_secrets "
+            "test, which builds it)"))
     exes = test_executables(steps)
     for b in ["zygote", "zygoted"]:
         if not (RELEASE / b).is_file():
@@ -412,6 +430,10 @@ CLIENTS = {
 
 def needs_base_image(steps: list[Step]) -> bool:
     return any(s.serve and s.client == "e2b" for s in steps)
+
+
+def needs_python_image(steps: list[Step]) -> bool:
+    return any(s.target == "network_secrets" for s in steps)
 
 
 def l1_registers(sock: Path) -> str:

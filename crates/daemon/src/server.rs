@@ -68,6 +68,11 @@ pub struct ServeArgs {
     /// old name.
     #[arg(long = "dns-upstream", alias = "dns", value_name = "IPV4")]
     pub dns: Option<std::net::Ipv4Addr>,
+    /// PEM certificates the egress proxy trusts, next to this host's roots
+    /// (/etc/ssl/certs), when it relays a secret bound to hosts to their server (for a
+    /// private CA; secrets go only to servers that prove their name).
+    #[arg(long, value_name = "PEM")]
+    pub egress_trust: Option<std::path::PathBuf>,
     /// Pull from this registry (`host[:port]`) over plain HTTP, as docker's
     /// insecure-registries (loopback registries always are); repeatable. Also
     /// $ZYGOTE_INSECURE_REGISTRIES, comma-separated.
@@ -165,8 +170,13 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     for l in &cgroups.info().limitations {
         tracing::warn!("cgroups: {l}");
     }
-    let network = Network::start(args.network, &dirs.state, args.dns)
-        .map_err(|e| Error::Internal(e.to_string()))?;
+    let network = Network::start(
+        args.network,
+        &dirs.state,
+        args.dns,
+        args.egress_trust.as_deref(),
+    )
+    .map_err(|e| Error::Internal(e.to_string()))?;
     tracing::info!("network: {:?}", network.info());
     let manager = Arc::new(
         Manager::new(db, selected.runtime, info, cgroups, dirs, network)

@@ -9,7 +9,8 @@
 //! policy change applies to the next question; hostile TCP framing is cut off; a
 //! branch child has its own resolver; after a kill -9 the restarted daemon serves
 //! again; questions are counted and in the event log. No packet leaves this machine.
-//! Needs root, iproute2, nftables and the qemu runtime (skips, saying why).
+//! Needs root, iproute2, nftables and the qemu runtime (`kvm_`: the kvm runtime, in the
+//! nested lane; skips, saying why).
 mod common;
 #[path = "network/probe.rs"]
 mod probe;
@@ -125,11 +126,28 @@ async fn qemu_dns_is_the_daemons_and_obeys_the_policy() {
         eprintln!("skipping qemu_dns_is_the_daemons_and_obeys_the_policy: {why}");
         return;
     }
+    suite("qemu").await;
+}
+
+/// The same on the kvm runtime (the nested lane; skips where KVM cannot boot Linux).
+#[tokio::test(flavor = "multi_thread")]
+async fn kvm_dns_is_the_daemons_and_obeys_the_policy() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipping kvm_dns_is_the_daemons_and_obeys_the_policy: {why}");
+        return;
+    }
+    if !zygote_vmm::host::linux_guests_or_skip("the kvm DNS under the policy suite") {
+        return;
+    }
+    suite("kvm").await;
+}
+
+async fn suite(runtime: &str) {
     let t0 = Instant::now();
     common::guest_assets();
     let remote = Remote::start();
     let scratch = Scratch::new();
-    let args = remote.daemon_args("127.0.0.1:0", "qemu");
+    let args = remote.daemon_args("127.0.0.1:0", runtime);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();

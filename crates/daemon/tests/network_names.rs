@@ -8,7 +8,7 @@
 //! /v1/sandboxes/{id}/egress`) lists what happened, per sandbox (a branch child's
 //! apart). The test's "remote" namespace ([`remote`]) is the DNS server and the web
 //! servers; no packet leaves this machine. Needs root, iproute2, nftables and the qemu
-//! runtime (skips, saying why).
+//! runtime (`kvm_`: the kvm runtime, in the nested lane; skips, saying why).
 mod common;
 #[path = "network/probe.rs"]
 mod probe;
@@ -112,12 +112,29 @@ async fn qemu_rules_by_name() {
         eprintln!("skipping qemu_rules_by_name: {why}");
         return;
     }
+    suite("qemu").await;
+}
+
+/// The same on the kvm runtime (the nested lane; skips where KVM cannot boot Linux).
+#[tokio::test(flavor = "multi_thread")]
+async fn kvm_rules_by_name() {
+    if let Some(why) = unavailable() {
+        eprintln!("skipping kvm_rules_by_name: {why}");
+        return;
+    }
+    if !zygote_vmm::host::linux_guests_or_skip("the kvm rules by name suite") {
+        return;
+    }
+    suite("kvm").await;
+}
+
+async fn suite(runtime: &str) {
     let t0 = Instant::now();
     common::guest_assets();
     let remote = Remote::start();
     let (a, b) = (remote.a.to_string(), remote.b.to_string());
     let scratch = Scratch::new();
-    let args = remote.daemon_args("127.0.0.1:0", "qemu");
+    let args = remote.daemon_args("127.0.0.1:0", runtime);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let d = start_daemon(&scratch.state, &args);
     let c = d.client();

@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use egress::ca::EgressTls;
+use egress::secrets::{intercept_ports, SecretBinding};
 use plan::SlotPlan;
 use zygote_api::model::{NetworkInfo, NetworkMode, NetworkPolicy, NetworkView};
 
@@ -112,16 +114,22 @@ pub struct Network {
     /// Names this daemon's namespaces (`zygote-<instance>-<sandbox>`), derived from its
     /// state directory: daemons sharing a host never touch each other's.
     instance: String,
+    /// The egress CA (secrets bound to hosts), or why there is none.
+    egress_tls: Result<std::sync::Arc<EgressTls>, String>,
 }
 
 impl Network {
     /// Picks the backend and, for the isolated one, enables IPv4 forwarding and installs
     /// the host's rules. `dns`: the upstream resolver of the sandboxes' resolvers (None:
     /// the host's). Called on a tokio runtime, whose tasks serve the resolvers.
+    ///
+    /// `egress_trust`: PEM certificates the egress proxy trusts, next to the host's
+    /// roots, when it relays a secret to a server (`egress::ca`).
     pub fn start(
         choice: BackendChoice,
         state_dir: &Path,
         dns: Option<Ipv4Addr>,
+        egress_trust: Option<&Path>,
     ) -> Result<Network, NetError> {
         let instance = instance_of(state_dir);
         let backend = match choice {
@@ -160,11 +168,35 @@ impl Network {
             Backend::User { .. } => None,
         };
         let resolvers = dns::Resolvers::new(upstream, tokio::runtime::Handle::try_current().ok());
+        let mut egress_tls = Err("the network is not isolated".to_string());
+        if let Backend::Isolated { .. } = backend {
+            egress_tls = EgressTls::open(&state_dir.join("egress-ca"), egress_trust)
+                .map(std::sync::Arc::new)
+                .map_err(|e| e.to_string());
+            match &egress_tls {
+                Ok(tls) => resolvers.set_tls(tls.clone()),
+                // A trust file named but unreadable is the operator's mistake: say so.
+                Err(e) if egress_trust.is_some() => {
+                    return Err(NetError::Unavailable(e.clone()));
+                }
+                Err(e) => tracing::warn!("network: {e}; secrets bound to hosts are refused"),
+            }
+        }
         Ok(Network {
             backend,
             resolvers,
             instance,
+            egress_tls,
         })
+    }
+
+    /// The egress CA's certificate (PEM), which a sandbox with secrets bound to hosts
+    /// must trust; Err says why such secrets cannot be had here.
+    pub fn egress_ca(&self) -> Result<&str, String> {
+        match &self.egress_tls {
+            Ok(tls) => Ok(&tls.ca_pem),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     /// Called with every entry of a sandbox's egress record.
@@ -222,6 +254,7 @@ impl Network {
         &self,
         sandbox: &str,
         policy: &NetworkPolicy,
+        secrets: &[SecretBinding],
     ) -> Result<Option<Attachment>, NetError> {
         let Backend::Isolated { dns } = &self.backend else {
             return Ok(None);
@@ -245,8 +278,14 @@ impl Network {
                         Some(&plan::ns_link_cmds(&p)),
                     )
                 })
-                .and_then(|()| host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns)))
-                .and_then(|()| self.resolvers.serve(sandbox, &att, vec![policy.clone()]))
+                .and_then(|()| {
+                    let ports = intercept_ports(secrets);
+                    host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns, &ports))
+                })
+                .and_then(|()| {
+                    self.resolvers
+                        .serve(sandbox, &att, vec![policy.clone()], secrets.to_vec())
+                })
                 .and_then(|()| {
                     host::run(
                         "ip",
@@ -283,7 +322,7 @@ impl Network {
     /// After a daemon restart: the namespace is still there and its rules are the
     /// policy's (loaded again: idempotent); its resolver is made again (the sockets
     /// died with the daemon that made them).
-    pub fn reattach(&self, rec: &NetRecord) -> Result<(), NetError> {
+    pub fn reattach(&self, rec: &NetRecord, secrets: &[SecretBinding]) -> Result<(), NetError> {
         let (Backend::Isolated { dns }, Some(att)) = (&self.backend, &rec.attachment) else {
             return Ok(());
         };
@@ -293,20 +332,27 @@ impl Network {
                 att.netns
             )));
         }
+        let ports = intercept_ports(secrets);
         host::nft(
             Some(&att.netns),
-            &plan::ns_rules(&att.plan(), &rec.policy, *dns),
+            &plan::ns_rules(&att.plan(), &rec.policy, *dns, &ports),
         )?;
-        self.serve_dns(att, &rec.policy)
+        self.serve_dns(att, &rec.policy, secrets)
     }
 
     /// Starts (or updates) the resolver of `att`'s sandbox.
-    fn serve_dns(&self, att: &Attachment, policy: &NetworkPolicy) -> Result<(), NetError> {
+    fn serve_dns(
+        &self,
+        att: &Attachment,
+        policy: &NetworkPolicy,
+        secrets: &[SecretBinding],
+    ) -> Result<(), NetError> {
         let sandbox = att
             .netns
             .strip_prefix(&netns_prefix(&self.instance))
             .unwrap_or(&att.netns);
-        self.resolvers.serve(sandbox, att, vec![policy.clone()])
+        self.resolvers
+            .serve(sandbox, att, vec![policy.clone()], secrets.to_vec())
     }
 
     /// Loads the rules of a policy change into `att`'s namespace: `new`'s alone, or
@@ -318,16 +364,22 @@ impl Network {
         att: &Attachment,
         old: Option<&NetworkPolicy>,
         new: &NetworkPolicy,
+        secrets: &[SecretBinding],
     ) -> Result<(), NetError> {
         let Backend::Isolated { dns } = &self.backend else {
             return Ok(());
         };
+        // The secrets' ports stay with the proxy whatever the policy.
+        let ports = intercept_ports(secrets);
         let (rules, policies) = match old {
             Some(old) => (
-                plan::ns_rules_between(&att.plan(), old, new, *dns),
+                plan::ns_rules_between(&att.plan(), old, new, *dns, &ports),
                 vec![old.clone(), new.clone()],
             ),
-            None => (plan::ns_rules(&att.plan(), new, *dns), vec![new.clone()]),
+            None => (
+                plan::ns_rules(&att.plan(), new, *dns, &ports),
+                vec![new.clone()],
+            ),
         };
         host::nft(Some(&att.netns), &rules)?;
         // The resolver follows the same steps: both policies, then the new one.
@@ -337,7 +389,13 @@ impl Network {
 
     /// `rec`'s namespace, made unless it has a usable one (a restore reuses the
     /// sandbox's), and what the runtime gives the guest. Blocking.
-    pub fn ensure(&self, sandbox: &str, rec: &mut NetRecord) -> Result<GuestNet, NetError> {
+    /// `secrets`: the sandbox's secrets bound to hosts, which its egress proxy swaps in.
+    pub fn ensure(
+        &self,
+        sandbox: &str,
+        rec: &mut NetRecord,
+        secrets: &[SecretBinding],
+    ) -> Result<GuestNet, NetError> {
         let usable = rec
             .attachment
             .as_ref()
@@ -346,10 +404,11 @@ impl Network {
             if let Some(old) = rec.attachment.take() {
                 self.detach(&old);
             }
-            rec.attachment = self.attach(sandbox, &rec.policy)?;
+            rec.attachment = self.attach(sandbox, &rec.policy, secrets)?;
         } else if let Some(att) = &rec.attachment {
-            // A namespace reused (a resume): its resolver runs, or runs again.
-            self.serve_dns(att, &rec.policy)?;
+            // A namespace reused (a resume, a restore: the same sandbox, so the same
+            // secrets and rules): its resolver runs, or runs again.
+            self.serve_dns(att, &rec.policy, secrets)?;
         }
         Ok(self.guest_net(rec))
     }

@@ -127,8 +127,16 @@ pub fn ns_link_cmds(p: &SlotPlan) -> String {
 /// else of the namespace; the namespace itself (the daemon's sockets in it, or a VM
 /// process gone rogue) may open connections only to the upstream's port 53, so the
 /// resolver is the only way out that is not the guest's own, policed, traffic.
-pub fn ns_rules(p: &SlotPlan, policy: &NetworkPolicy, dns: Option<Ipv4Addr>) -> String {
-    ns_rules_all(p, &[policy], dns)
+///
+/// `intercept`: ports whose TCP connections the egress proxy must see whatever the
+/// rules (those of secrets bound to hosts, `crate::egress::secrets`).
+pub fn ns_rules(
+    p: &SlotPlan,
+    policy: &NetworkPolicy,
+    dns: Option<Ipv4Addr>,
+    intercept: &[u16],
+) -> String {
+    ns_rules_all(p, &[policy], dns, intercept)
 }
 
 /// The namespace's ruleset while a sandbox's policy changes from `old` to `new`: a
@@ -141,12 +149,18 @@ pub fn ns_rules_between(
     old: &NetworkPolicy,
     new: &NetworkPolicy,
     dns: Option<Ipv4Addr>,
+    intercept: &[u16],
 ) -> String {
-    ns_rules_all(p, &[old, new], dns)
+    ns_rules_all(p, &[old, new], dns, intercept)
 }
 
 /// The ruleset letting out only what every policy of `policies` lets out.
-fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>) -> String {
+fn ns_rules_all(
+    p: &SlotPlan,
+    policies: &[&NetworkPolicy],
+    dns: Option<Ipv4Addr>,
+    intercept: &[u16],
+) -> String {
     let mut r = String::new();
     let set = |r: &mut String, name: &str, nets: &[ipnet::Ipv4Net]| {
         let _ = writeln!(r, "  set {name} {{ type ipv4_addr; flags interval;");
@@ -182,8 +196,12 @@ fn ns_rules_all(p: &SlotPlan, policies: &[&NetworkPolicy], dns: Option<Ipv4Addr>
         );
     }
     // Rules by name: TCP to the ports they cover goes to the egress proxy
-    // (`crate::egress`), which judges the name each connection gives.
-    let named = crate::egress::judge::named_ports(policies.iter().copied());
+    // (`crate::egress`), which judges the name each connection gives; so does TCP to
+    // the ports of secrets bound to hosts, which it relays with the values swapped in.
+    let mut named = crate::egress::judge::named_ports(policies.iter().copied());
+    named.extend_from_slice(intercept);
+    named.sort_unstable();
+    named.dedup();
     if egress && !named.is_empty() {
         let list: Vec<String> = named.iter().map(ToString::to_string).collect();
         let _ = writeln!(
@@ -331,6 +349,7 @@ mod tests {
             &SlotPlan::new(3),
             &policy,
             Some(Ipv4Addr::new(192, 0, 2, 53)),
+            &[],
         );
         let at = |needle: &str| r.find(needle).unwrap_or_else(|| panic!("{needle}: {r}"));
         assert!(at("ip daddr 169.254.0.0/16 drop") < at("ip daddr @deny_out drop"));
@@ -376,7 +395,7 @@ mod tests {
             },
         ];
         for policy in &policies {
-            let r = ns_rules(&SlotPlan::new(3), policy, Some(upstream));
+            let r = ns_rules(&SlotPlan::new(3), policy, Some(upstream), &[]);
             assert!(!r.contains(&format!("dnat ip to {upstream}")), "{r}");
             for proto in ["udp", "tcp"] {
                 let dnat = format!(
@@ -409,7 +428,7 @@ mod tests {
             );
         }
         // No upstream: the namespace sends nothing of its own.
-        let r = ns_rules(&SlotPlan::new(3), &policies[0], None);
+        let r = ns_rules(&SlotPlan::new(3), &policies[0], None, &[]);
         assert!(
             !chain(&r, "output").iter().any(|l| l.contains("dport 53")),
             "{r}"
@@ -430,22 +449,38 @@ mod tests {
             .unwrap()
         };
         let named = req(&["pypi.org", "internal.example.com:8443", "10.77.0.0/24"]);
-        let r = ns_rules(&SlotPlan::new(3), &named, None);
+        let r = ns_rules(&SlotPlan::new(3), &named, None, &[]);
         let redirect = "iifname \"tap0\" tcp dport { 80, 443, 8443 } redirect to :15080";
         assert!(chain(&r, "prerouting").contains(&redirect), "{r}");
         assert!(r.contains("elements = { 10.77.0.0/24 }"), "{r}");
         let cidrs = req(&["10.77.0.0/24"]);
-        let r = ns_rules(&SlotPlan::new(3), &cidrs, None);
+        let r = ns_rules(&SlotPlan::new(3), &cidrs, None, &[]);
         assert!(!r.contains("redirect"), "{r}");
         // While changing from names to CIDRs, both are in force.
-        let r = ns_rules_between(&SlotPlan::new(3), &named, &cidrs, None);
+        let r = ns_rules_between(&SlotPlan::new(3), &named, &cidrs, None, &[]);
         assert!(r.contains("redirect to :15080"), "{r}");
         let none = NetworkPolicy {
             mode: NetworkMode::None,
             ..Default::default()
         };
-        let r = ns_rules_between(&SlotPlan::new(3), &named, &none, None);
+        let r = ns_rules_between(&SlotPlan::new(3), &named, &none, None, &[]);
         assert!(!r.contains("redirect"), "{r}");
+    }
+
+    #[test]
+    fn secret_ports_go_to_the_egress_proxy_under_any_egress_policy() {
+        let open = NetworkPolicy::default();
+        let r = ns_rules(&SlotPlan::new(3), &open, None, &[]);
+        assert!(!r.contains("redirect"), "{r}");
+        let r = ns_rules(&SlotPlan::new(3), &open, None, &[8443, 443]);
+        let redirect = "iifname \"tap0\" tcp dport { 443, 8443 } redirect to :15080";
+        assert!(chain(&r, "prerouting").contains(&redirect), "{r}");
+        let none = NetworkPolicy {
+            mode: NetworkMode::None,
+            ..Default::default()
+        };
+        let r = ns_rules(&SlotPlan::new(3), &none, None, &[443]);
+        assert!(!r.contains("redirect"), "nothing goes out under none: {r}");
     }
 
     #[test]
@@ -458,6 +493,7 @@ mod tests {
             &SlotPlan::new(3),
             &policy,
             Some(Ipv4Addr::new(192, 0, 2, 53)),
+            &[],
         );
         assert!(!r.contains("jump egress"), "{r}");
         assert!(r.contains("policy drop"), "{r}");
@@ -496,7 +532,7 @@ mod tests {
             ..Default::default()
         };
         let resolver = Ipv4Addr::new(192, 0, 2, 53);
-        let r = ns_rules_between(&SlotPlan::new(3), &old, &new, Some(resolver));
+        let r = ns_rules_between(&SlotPlan::new(3), &old, &new, Some(resolver), &[]);
         let egress = chain(&r, "egress");
         assert_eq!(
             &egress[2..],
@@ -513,14 +549,14 @@ mod tests {
             mode: NetworkMode::None,
             ..Default::default()
         };
-        let r = ns_rules_between(&SlotPlan::new(3), &new, &none, Some(resolver));
+        let r = ns_rules_between(&SlotPlan::new(3), &new, &none, Some(resolver), &[]);
         assert!(!r.contains("jump egress"), "{r}");
-        let r = ns_rules_between(&SlotPlan::new(3), &none, &new, Some(resolver));
+        let r = ns_rules_between(&SlotPlan::new(3), &none, &new, Some(resolver), &[]);
         assert!(!r.contains("jump egress"), "{r}");
         // Guest-sent packets of open connections meet the policy before `established`
         // lets anything through, so a change cuts connections opened before it.
         for (policy, verdict) in [(&new, "jump egress"), (&none, "drop")] {
-            let r = ns_rules(&SlotPlan::new(3), policy, Some(resolver));
+            let r = ns_rules(&SlotPlan::new(3), policy, Some(resolver), &[]);
             assert_eq!(
                 chain(&r, "forward")[1..3],
                 [

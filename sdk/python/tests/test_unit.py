@@ -237,17 +237,27 @@ def test_envs_secrets_and_per_child_env_are_sent_as_the_api_takes_them(fake: Fak
         sb = Sandbox.create(
             client=c,
             envs={"TASK": "root"},
-            secrets={"TOKEN": {"value": "s3cret", "inherit": False}, "KEY": "k"},
+            secrets={
+                "TOKEN": {"value": "s3cret", "inherit": False},
+                "KEY": "k",
+                "API": {"value": "sk", "hosts": ["api.openai.com"]},
+            },
         )
         sb.branch(n=2, env=[{"SEED": "1"}, {"SEED": "2"}])
         with pytest.raises(ValueError, match="one mapping per child"):
             sb.branch(n=2, env=[{"SEED": "1"}])
         with pytest.raises(TypeError, match="secret 'X'"):
             Sandbox.create(client=c, secrets={"X": 3})
+        with pytest.raises(TypeError, match="hosts is a list"):
+            Sandbox.create(client=c, secrets={"X": {"value": "v", "hosts": "api.openai.com"}})
     assert json.loads(fake.requests[0].body) == {
         "image": "minimal",
         "envs": {"TASK": "root"},
-        "secrets": {"TOKEN": {"value": "s3cret", "inherit": False}, "KEY": {"value": "k"}},
+        "secrets": {
+            "TOKEN": {"value": "s3cret", "inherit": False},
+            "KEY": {"value": "k"},
+            "API": {"value": "sk", "hosts": ["api.openai.com"]},
+        },
     }
     assert json.loads(fake.requests[1].body) == {"count": 2, "env": [{"SEED": "1"}, {"SEED": "2"}]}
     assert len(fake.requests) == 2

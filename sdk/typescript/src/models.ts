@@ -365,6 +365,8 @@ export interface EgressEntry {
   bytesIn: number;
   startedMs: number;
   endedMs: number | null;
+  /** Names of the secrets bound to hosts whose values went out on it. */
+  secrets: string[];
 }
 
 /** Filters of `sb.events()`. */
@@ -572,6 +574,7 @@ export function egressFromJson(d: Json): EgressEntry {
     bytesIn: num(d.bytes_in),
     startedMs: num(d.started_ms),
     endedMs: optNum(d.ended_ms),
+    secrets: strs(d.secrets),
   };
 }
 

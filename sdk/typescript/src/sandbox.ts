@@ -130,6 +130,13 @@ export interface SecretSpec {
   value: string;
   /** Whether branch children get it too (default true). */
   inherit?: boolean;
+  /**
+   * Binds the secret to these hosts (`api.openai.com`, `*.example.com`,
+   * optionally `:port`; 443 by default): commands see only a placeholder, and
+   * the daemon's egress proxy puts the value into the headers of HTTPS requests
+   * to those hosts alone, so it never enters the guest.
+   */
+  hosts?: readonly string[];
 }
 
 /** What network a sandbox gets: see {@link CreateOptions.network}. */

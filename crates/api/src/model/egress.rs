@@ -38,6 +38,10 @@ pub struct EgressEntry {
     pub started_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<u64>,
+    /// Names of the secrets whose values the proxy put in this connection's requests
+    /// (secrets bound to hosts; the values never appear here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// `GET /v1/sandboxes/{id}/egress`.

@@ -7,11 +7,20 @@
 //! the environment of the processes started through the API. That is all "not
 //! inherited" can mean for a fork: a process of the parent that already read a secret
 //! still holds it in the child's copy of its memory.
+//!
+//! A secret bound to hosts (`"hosts": ["api.openai.com"]`) is stronger: execs get a
+//! placeholder (`zygote-secret-<32 hex>`, made at create, the same in branch children)
+//! and the sandbox's egress proxy puts the value in its place in HTTPS requests to those
+//! hosts only (`zygote_net::egress::secrets`). The value never enters the guest, so no
+//! snapshot, pack or branch child can hold it, and deleting the sandbox revokes it. Such
+//! a sandbox's execs also get the variables that make common TLS stacks trust the
+//! daemon's egress CA ([`CA_ENV`]).
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::NameRule;
 use crate::error::{RequestError, Result};
 
 /// Most variables (envs and secrets together) per sandbox.
@@ -21,6 +30,23 @@ pub const MAX_ENV_VALUE: usize = 32 * 1024;
 /// Most bytes of names and values together.
 pub const MAX_ENV_BYTES: usize = 256 * 1024;
 
+/// Where the daemon puts its egress CA in a guest whose sandbox has secrets bound to
+/// hosts, and the CA bundle it adds it to.
+pub const GUEST_EGRESS_CA: &str = "/etc/zygote/egress-ca.pem";
+pub const GUEST_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// What such a sandbox's execs get (below its envs): OpenSSL (curl, Python's `ssl`),
+/// Python's requests and Node read the CA from these.
+pub const CA_ENV: [(&str, &str); 4] = [
+    ("SSL_CERT_FILE", GUEST_CA_BUNDLE),
+    ("REQUESTS_CA_BUNDLE", GUEST_CA_BUNDLE),
+    ("CURL_CA_BUNDLE", GUEST_CA_BUNDLE),
+    ("NODE_EXTRA_CA_CERTS", GUEST_EGRESS_CA),
+];
+
+/// Hosts one secret may be bound to.
+pub const MAX_SECRET_HOSTS: usize = 16;
+
 /// A secret as given at create.
 #[derive(Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -29,6 +55,13 @@ pub struct SecretSpec {
     /// Whether branch children get it too (default true).
     #[serde(default = "yes")]
     pub inherit: bool,
+    /// Bind the secret to these hosts (names or `*.` wildcards, `:port` optional, 443
+    /// when absent): execs then see a placeholder, and the sandbox's egress proxy puts
+    /// the value in its place in the headers of HTTPS requests to these hosts only,
+    /// after verifying their certificates. At most 16. Needs the isolated network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 16)]
+    pub hosts: Option<Vec<String>>,
 }
 
 fn yes() -> bool {
@@ -40,9 +73,10 @@ impl std::fmt::Debug for SecretSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "SecretSpec {{ value: <{} bytes>, inherit: {} }}",
+            "SecretSpec {{ value: <{} bytes>, inherit: {}, hosts: {:?} }}",
             self.value.len(),
-            self.inherit
+            self.inherit,
+            self.hosts
         )
     }
 }
@@ -114,6 +148,29 @@ impl ImageRun {
 pub struct StoredSecret {
     pub value: String,
     pub inherit: bool,
+    /// Where the value may go (empty: it is an ordinary secret, given to execs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<NameRule>,
+    /// What execs see instead of the value when `hosts` is not empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placeholder: Option<String>,
+}
+
+impl StoredSecret {
+    /// What an exec's environment holds for it.
+    pub fn exec_value(&self) -> &str {
+        self.placeholder.as_deref().unwrap_or(&self.value)
+    }
+}
+
+/// A fresh placeholder: not guessable, so a guest cannot name another sandbox's secret.
+fn new_placeholder() -> String {
+    let mut buf = [0u8; 16];
+    // SAFETY: getrandom writes at most buf.len() bytes into buf.
+    let got = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    assert_eq!(got, buf.len() as isize, "getrandom failed");
+    let hex: String = buf.iter().map(|b| format!("{b:02x}")).collect();
+    format!("zygote-secret-{hex}")
 }
 
 impl std::fmt::Debug for SandboxEnv {
@@ -123,6 +180,23 @@ impl std::fmt::Debug for SandboxEnv {
             .field("secrets", &self.secrets.keys().collect::<Vec<_>>())
             .finish()
     }
+}
+
+/// A secret's `hosts`, checked (name rules; at most [`MAX_SECRET_HOSTS`]).
+fn bound_hosts(name: &str, hosts: &[String]) -> Result<Vec<NameRule>> {
+    if hosts.len() > MAX_SECRET_HOSTS {
+        return Err(RequestError::invalid(format!(
+            "secret {name}: {} hosts; at most {MAX_SECRET_HOSTS}",
+            hosts.len()
+        )));
+    }
+    hosts
+        .iter()
+        .map(|h| {
+            NameRule::parse(h)
+                .map_err(|e| RequestError::invalid(format!("secret {name}: hosts: {e}")))
+        })
+        .collect()
 }
 
 fn valid_name(k: &str) -> bool {
@@ -184,13 +258,16 @@ impl SandboxEnv {
             secrets: secrets
                 .iter()
                 .map(|(k, s)| {
+                    let hosts = bound_hosts(k, s.hosts.as_deref().unwrap_or_default())?;
                     let stored = StoredSecret {
                         value: s.value.clone(),
                         inherit: s.inherit,
+                        placeholder: (!hosts.is_empty()).then(new_placeholder),
+                        hosts,
                     };
-                    (k.clone(), stored)
+                    Ok((k.clone(), stored))
                 })
-                .collect(),
+                .collect::<Result<_>>()?,
         };
         env.validate()?;
         Ok(env)
@@ -225,13 +302,26 @@ impl SandboxEnv {
     /// What an exec's environment starts from (its own `env` goes over it).
     pub fn exec_env(&self) -> BTreeMap<String, String> {
         let mut env = self.image.env.clone();
+        if self.has_bound_secrets() {
+            env.extend(CA_ENV.map(|(k, v)| (k.to_string(), v.to_string())));
+        }
         env.extend(self.vars.clone());
         env.extend(
             self.secrets
                 .iter()
-                .map(|(k, s)| (k.clone(), s.value.clone())),
+                .map(|(k, s)| (k.clone(), s.exec_value().to_string())),
         );
         env
+    }
+
+    /// Whether a secret is bound to hosts (the guest must then trust the egress CA).
+    pub fn has_bound_secrets(&self) -> bool {
+        self.secrets.values().any(|s| !s.hosts.is_empty())
+    }
+
+    /// The secrets bound to hosts: (name, secret).
+    pub fn bound_secrets(&self) -> impl Iterator<Item = (&String, &StoredSecret)> {
+        self.secrets.iter().filter(|(_, s)| !s.hosts.is_empty())
     }
 
     /// Names of the secrets (values are never shown).
@@ -258,6 +348,7 @@ mod tests {
                 SecretSpec {
                     value: "k".into(),
                     inherit: true,
+                    hosts: None,
                 },
             ),
             (
@@ -265,6 +356,7 @@ mod tests {
                 SecretSpec {
                     value: "d".into(),
                     inherit: false,
+                    hosts: None,
                 },
             ),
         ]);
@@ -306,8 +398,85 @@ mod tests {
             SecretSpec {
                 value: "s".into(),
                 inherit: true,
+                hosts: None,
             },
         )]);
         assert!(SandboxEnv::new(&map(&[("A", "x")]), &both).is_err());
+    }
+
+    fn bound(value: &str, hosts: &[&str], inherit: bool) -> SecretSpec {
+        SecretSpec {
+            value: value.into(),
+            inherit,
+            hosts: Some(hosts.iter().map(|h| h.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn secrets_bound_to_hosts_give_execs_placeholders_and_the_ca() {
+        let secrets = BTreeMap::from([
+            (
+                "KEY".to_string(),
+                bound("sk-real", &["api.openai.com"], true),
+            ),
+            (
+                "ONCE".to_string(),
+                bound("o-real", &["*.example.com:8443"], false),
+            ),
+        ]);
+        let env = SandboxEnv::new(&map(&[("SSL_CERT_FILE", "/mine.pem")]), &secrets).unwrap();
+        let exec = env.exec_env();
+        let key = &exec["KEY"];
+        assert!(
+            key.starts_with("zygote-secret-") && key.len() == 14 + 32,
+            "{key}"
+        );
+        assert!(!exec.values().any(|v| v.contains("real")), "{exec:?}");
+        assert_eq!(exec["SSL_CERT_FILE"], "/mine.pem", "the sandbox's envs win");
+        assert_eq!(exec["NODE_EXTRA_CA_CERTS"], GUEST_EGRESS_CA);
+        assert_ne!(exec["KEY"], exec["ONCE"]);
+        // Another sandbox made from the same request gets other placeholders.
+        let other = SandboxEnv::new(&BTreeMap::new(), &secrets).unwrap();
+        assert_ne!(other.exec_env()["KEY"], *key);
+        // A child keeps the placeholder (its memory holds the parent's), and only the
+        // inherited secrets.
+        let child = env.for_child(None).unwrap();
+        assert_eq!(child.exec_env()["KEY"], *key);
+        assert_eq!(child.bound_secrets().count(), 1);
+        // The stored form keeps value, hosts and placeholder (a daemon restart).
+        let json = serde_json::to_string(&env).unwrap();
+        let back: SandboxEnv = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, env);
+        // Without hosts, nothing changes: the value itself, no CA variables.
+        let plain = BTreeMap::from([(
+            "P".to_string(),
+            SecretSpec {
+                value: "p".into(),
+                inherit: true,
+                hosts: None,
+            },
+        )]);
+        let env = SandboxEnv::new(&BTreeMap::new(), &plain).unwrap();
+        assert_eq!(env.exec_env(), map(&[("P", "p")]));
+    }
+
+    #[test]
+    fn bad_hosts_are_refused_with_the_reason() {
+        for hosts in [
+            vec!["*.com"],
+            vec!["bad host"],
+            vec!["10.0.0.1"],
+            vec!["a.example:0"],
+        ] {
+            let secrets = BTreeMap::from([("K".to_string(), bound("v", &hosts, true))]);
+            let e = SandboxEnv::new(&BTreeMap::new(), &secrets).unwrap_err();
+            assert!(e.to_string().contains("secret K: hosts"), "{e}");
+        }
+        let many: Vec<String> = (0..=MAX_SECRET_HOSTS)
+            .map(|i| format!("h{i}.example"))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let secrets = BTreeMap::from([("K".to_string(), bound("v", &many, true))]);
+        assert!(SandboxEnv::new(&BTreeMap::new(), &secrets).is_err());
     }
 }

@@ -45,7 +45,10 @@ pub use code::{
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use egress::{EgressEntry, EgressList, EgressQuery};
-pub use env::{validate_vars, ImageRun, SandboxEnv, SecretSpec};
+pub use env::{
+    validate_vars, ImageRun, SandboxEnv, SecretSpec, CA_ENV, GUEST_CA_BUNDLE, GUEST_EGRESS_CA,
+    MAX_SECRET_HOSTS,
+};
 pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
     MAX_EVENT_SEARCH,

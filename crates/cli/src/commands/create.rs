@@ -61,6 +61,11 @@ pub struct CreateArgs {
     /// A secret that branch children do not get (repeatable).
     #[arg(long = "secret-not-inherited", value_name = "KEY[=VALUE]")]
     secret_not_inherited: Vec<String>,
+    /// Binds secret KEY to HOST (a name or `*.` wildcard, `:PORT` optional, 443 when
+    /// absent; repeatable): the guest then sees a placeholder and the sandbox's egress
+    /// proxy puts the value into HTTPS requests to HOST only.
+    #[arg(long = "secret-host", value_name = "KEY=HOST")]
+    secret_host: Vec<String>,
     /// A label on the sandbox, kept by its branch children; `zygote ps --filter
     /// KEY=VALUE` finds it (repeatable).
     #[arg(
@@ -208,13 +213,33 @@ fn request_body(
         .iter()
         .map(|a| key_value("--env", a, lookup))
         .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
-    let secrets = (args.secret.iter().map(|a| (a, true)))
+    let mut secrets = (args.secret.iter().map(|a| (a, true)))
         .chain(args.secret_not_inherited.iter().map(|a| (a, false)))
         .map(|(a, inherit)| {
             let (k, value) = key_value("--secret", a, lookup)?;
-            Ok((k, SecretSpec { value, inherit }))
+            let hosts = None;
+            Ok((
+                k,
+                SecretSpec {
+                    value,
+                    inherit,
+                    hosts,
+                },
+            ))
         })
-        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+        .collect::<anyhow::Result<BTreeMap<String, SecretSpec>>>()?;
+    for a in &args.secret_host {
+        let (k, host) = a
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--secret-host {a:?}: want KEY=HOST"))?;
+        let secret = secrets.get_mut(k).ok_or_else(|| {
+            anyhow::anyhow!("--secret-host {a:?}: {k} is not given with --secret")
+        })?;
+        secret
+            .hosts
+            .get_or_insert_with(Vec::new)
+            .push(host.to_string());
+    }
     let metadata = args
         .metadata
         .iter()
@@ -363,6 +388,29 @@ mod tests {
         let cli = Cli::try_parse_from(["zygote", "-e", "UNSET_ANYWHERE"]).unwrap();
         let err = request_body(&cli.create, &|_| None).unwrap_err();
         assert!(err.to_string().contains("not set in this shell"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_bound_to_hosts_by_name() {
+        let body = body_of(&[
+            "--secret",
+            "OPENAI_API_KEY=sk",
+            "--secret-host",
+            "OPENAI_API_KEY=api.openai.com",
+            "--secret-host",
+            "OPENAI_API_KEY=*.openai.azure.com:8443",
+        ]);
+        assert_eq!(
+            body["secrets"],
+            json!({"OPENAI_API_KEY": {"value": "sk", "inherit": true,
+                   "hosts": ["api.openai.com", "*.openai.azure.com:8443"]}})
+        );
+        for bad in ["OTHER=api.openai.com", "no-equals"] {
+            let cli =
+                Cli::try_parse_from(["zygote", "--secret", "K=v", "--secret-host", bad]).unwrap();
+            let err = request_body(&cli.create, &|_| None).unwrap_err();
+            assert!(err.to_string().contains("--secret-host"), "{err}");
+        }
     }
 }
 

@@ -68,6 +68,9 @@ fn line(e: &EgressEntry) -> String {
     if e.event != "refused" {
         out.push_str(&format!(" out={} in={}", e.bytes_out, e.bytes_in));
     }
+    if !e.secrets.is_empty() {
+        out.push_str(&format!(" secrets={}", e.secrets.join(",")));
+    }
     out.push_str(&format!(" ({})", e.reason));
     out
 }
@@ -92,11 +95,21 @@ mod tests {
             bytes_in: 20,
             started_ms: 3_600_000,
             ended_ms: Some(3_601_500),
+            secrets: Vec::new(),
         };
         assert_eq!(
             line(&e),
             "01:00:01.500 closed  pypi.org 192.0.2.10:80 GET /simple/ out=10 in=20 \
              (allow_out names pypi.org (pypi.org))"
+        );
+        let used = EgressEntry {
+            secrets: vec!["KEY".into()],
+            ..e
+        };
+        assert!(
+            line(&used).contains("in=20 secrets=KEY ("),
+            "{}",
+            line(&used)
         );
     }
 }

@@ -21,6 +21,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 use tokio::sync::OwnedMutexGuard;
 
 use super::capacity::check_capacity;
+use super::egress_secrets::secret_bindings;
 use super::events::Events;
 use super::{new_id, now, Manager, STATE_CREATING};
 use crate::db::{SandboxRow, SnapshotRow};
@@ -30,6 +31,7 @@ use crate::model::{
     BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases, Origin,
     SandboxEnv, SnapshotKind, Validate,
 };
+use crate::network::egress::secrets::SecretBinding;
 use crate::network::{NetRecord, Network};
 use crate::runtime::{
     BranchProgress, ChildPhases as RuntimePhases, RuntimeError, SnapshotData, StartSpec, VmRecord,
@@ -185,12 +187,17 @@ impl Manager {
             let (rt, net) = (self.runtime.clone(), self.network.clone());
             let ids: Vec<String> = job.children.iter().map(|c| c.id.clone()).collect();
             let mut nets: Vec<NetRecord> = job.children.iter().map(|c| c.network.clone()).collect();
+            let secrets: Vec<Vec<SecretBinding>> = job
+                .children
+                .iter()
+                .map(|c| secret_bindings(&c.env))
+                .collect();
             let (mut vm, mut specs) = (job.vm.clone(), specs);
             let point_dir = self.dirs.snapshots.join(&job.point_id);
             let keep_point = job.keep_point;
             tokio::task::spawn_blocking(move || {
                 let t = Instant::now();
-                let attached = attach_all(&net, &ids, &mut nets, &mut specs);
+                let attached = attach_all(&net, &ids, &secrets, &mut nets, &mut specs);
                 let _ = tx.send(Progress::Networks(nets, t.elapsed()));
                 attached?;
                 let progress = Forward(tx);
@@ -398,14 +405,16 @@ fn child_row(
 fn attach_all(
     net: &Network,
     ids: &[String],
+    secrets: &[Vec<SecretBinding>],
     nets: &mut [NetRecord],
     specs: &mut [StartSpec],
 ) -> std::result::Result<(), RuntimeError> {
     let results: Vec<_> = std::thread::scope(|s| {
         let handles: Vec<_> = ids
             .iter()
+            .zip(secrets)
             .zip(nets.iter_mut())
-            .map(|(id, rec)| s.spawn(move || net.ensure(id, rec)))
+            .map(|((id, secrets), rec)| s.spawn(move || net.ensure(id, rec, secrets)))
             .collect();
         handles
             .into_iter()

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::{unbounded_channel, UnboundedSender};
 
+use super::egress_secrets::secret_bindings;
 use super::events::Events;
 use super::{new_id, now, ttl, Manager, STATE_CREATING, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
@@ -15,6 +16,7 @@ use crate::model::{
     CheckedCreate, CreateEvent, CreateSandboxRequest, EventLevel, ImageRun, Origin, Sandbox,
     DEFAULT_MEM_MIB,
 };
+use crate::network::egress::secrets::SecretBinding;
 use crate::network::NetRecord;
 use crate::runtime::guest_agent::AgentAuth;
 use crate::runtime::{BootSource, RuntimeError, StartSpec, VmRecord, VolumeDisk};
@@ -79,6 +81,7 @@ impl Manager {
         self.network
             .check(&policy)
             .map_err(|e| Error::Unsupported(e.to_string()))?;
+        self.check_bound_secrets(&env, policy.mode)?;
         let volumes = self.volume_disks(req.volumes.as_deref().unwrap_or_default())?;
         if let Some(name) = &req.name {
             let taken = self.db.sandboxes()?.into_iter().any(|s| {
@@ -348,17 +351,20 @@ impl Manager {
     }
 
     /// Starts `spec`'s VM (blocking) after making the sandbox's network namespace (or
-    /// finding the one it has); `rec` comes back with the namespace recorded either way,
+    /// finding the one it has), whose egress proxy gets `secrets`; `rec` comes back with the namespace recorded either way,
     /// so a failed start's clean-up removes it.
     pub(super) fn start_with_network(
         &self,
         id: &str,
         mut rec: NetRecord,
+        secrets: Vec<SecretBinding>,
         mut spec: StartSpec,
     ) -> impl FnOnce() -> (NetRecord, std::result::Result<VmRecord, RuntimeError>) {
         let (net, rt, id) = (self.network.clone(), self.runtime.clone(), id.to_string());
         move || {
-            let started = net.ensure(&id, &mut rec).map_err(RuntimeError::from);
+            let started = net
+                .ensure(&id, &mut rec, &secrets)
+                .map_err(RuntimeError::from);
             let result = started.and_then(|guest| {
                 spec.net = guest;
                 rt.start(&spec)
@@ -402,12 +408,19 @@ impl Manager {
         let _ = recorded.send(());
         let spec = spec?;
         let started = Instant::now();
-        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let secrets = secret_bindings(&row.env);
+        let start = self.start_with_network(&row.id, row.network.clone(), secrets, spec);
         let (net, result) = self.blocking(start).await?;
         row.network = net;
         let result = match result {
             Ok(vm) if !volumes.is_empty() => self.mount_volumes(&row.id, vm, volumes).await,
             other => other.map_err(Error::from),
+        };
+        // The guest learns the egress CA (a snapshot's may have it already, or not: its
+        // sandbox may have had no bound secret).
+        let result = match result {
+            Ok(vm) => self.install_egress_ca(&row.id, &row.env, vm).await,
+            other => other,
         };
         let this = self.clone();
         match result {

@@ -13,6 +13,7 @@ mod code;
 mod code_wire;
 mod create;
 mod diff;
+mod egress_secrets;
 mod event_notes;
 mod events;
 mod exec_cancel;

@@ -35,6 +35,7 @@ impl Manager {
         }
         let old = row.network.policy.clone();
         let att = row.network.attachment.clone();
+        let secrets = super::egress_secrets::secret_bindings(&row.env);
         // Without a namespace (the user backend), `none` is QEMU's `restrict`, fixed
         // when the VM starts: a running VM cannot switch (a paused one takes it at resume).
         if att.is_none()
@@ -48,13 +49,14 @@ impl Manager {
             ));
         }
         if let Some(att) = &att {
-            let (net, att, old, new) = (
+            let (net, att, old, new, secrets) = (
                 self.network.clone(),
                 att.clone(),
                 old.clone(),
                 policy.clone(),
+                secrets.clone(),
             );
-            self.blocking(move || net.load_policy(&att, Some(&old), &new))
+            self.blocking(move || net.load_policy(&att, Some(&old), &new, &secrets))
                 .await?
                 .map_err(|e| Error::Internal(format!("network: {e}")))?;
         }
@@ -64,7 +66,7 @@ impl Manager {
         crate::fault::point("network.recorded");
         if let Some(att) = att {
             let net = self.network.clone();
-            self.blocking(move || net.load_policy(&att, None, &policy))
+            self.blocking(move || net.load_policy(&att, None, &policy, &secrets))
                 .await?
                 .map_err(|e| Error::Internal(format!("network: {e}")))?;
         }

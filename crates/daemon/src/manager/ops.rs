@@ -1,6 +1,7 @@
 //! Branch, snapshot, restore and snapshot deletion.
 use std::sync::Arc;
 
+use super::egress_secrets::secret_bindings;
 use super::{new_id, now, Manager, STATE_CREATING, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
 use crate::db::{PendingCapture, SandboxRow, SnapshotRow};
 use crate::error::{Error, Result};
@@ -145,7 +146,12 @@ impl Manager {
             boot_token,
         )?;
         self.forget_agent(id);
-        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let start = self.start_with_network(
+            &row.id,
+            row.network.clone(),
+            secret_bindings(&row.env),
+            spec,
+        );
         let (net, result) = self.blocking(start).await?;
         row.network = net;
         fault::point("restore.started");

@@ -16,6 +16,7 @@
 //! it started is killed and the sandbox is paused again, its state still on disk.
 use std::time::{Duration, Instant};
 
+use super::egress_secrets::secret_bindings;
 use super::ttl::{deadline, ttl_left, ttl_on_resume};
 use super::{new_id, now, random_hex, Manager, STATE_DEAD, STATE_PAUSED, STATE_RUNNING};
 use crate::db::{SandboxRow, SnapshotRow};
@@ -187,7 +188,12 @@ impl Manager {
         spec.disk = park.disk.clone();
         self.forget_agent(&row.id);
         let net_before = row.network.attachment.clone();
-        let start = self.start_with_network(&row.id, row.network.clone(), spec);
+        let start = self.start_with_network(
+            &row.id,
+            row.network.clone(),
+            secret_bindings(&row.env),
+            spec,
+        );
         let (net, result) = self.blocking(start).await?;
         row.network = net;
         match result {

@@ -2,6 +2,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::egress_secrets::secret_bindings;
 use super::recovery::kill_unrecorded;
 use super::{
     now, pause, Manager, STATE_CREATING, STATE_DEAD, STATE_DELETING, STATE_PAUSED, STATE_RUNNING,
@@ -114,7 +115,11 @@ impl Manager {
                                     crate::network::host::netns_path(&a.netns).exists()
                                 }))
                     })
-                    .filter_map(|r| net.reattach(&r.network).err().map(|e| (r.id.clone(), e)))
+                    .filter_map(|r| {
+                        net.reattach(&r.network, &secret_bindings(&r.env))
+                            .err()
+                            .map(|e| (r.id.clone(), e))
+                    })
                     .collect::<Vec<_>>()
             })
             .await?;

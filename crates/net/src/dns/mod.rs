@@ -22,7 +22,9 @@ use tokio::runtime::Handle;
 use tokio::task::AbortHandle;
 use zygote_api::model::{DnsCounts, NetworkPolicy};
 
+use crate::egress::ca::EgressTls;
 use crate::egress::proxy::{self, EgressObserver, PROXY_PORT};
+use crate::egress::secrets::SecretBinding;
 use crate::netns::in_netns;
 use crate::plan::GATEWAY;
 use crate::{Attachment, NetError};
@@ -67,6 +69,8 @@ pub struct Resolvers {
     observer: Mutex<Option<DnsObserver>>,
     egress_observer: Mutex<Option<EgressObserver>>,
     running: Mutex<HashMap<String, Running>>,
+    /// The egress CA (None until set: secrets bound to hosts go out as placeholders).
+    tls: Mutex<Option<Arc<EgressTls>>>,
 }
 
 impl Resolvers {
@@ -79,6 +83,7 @@ impl Resolvers {
             observer: Mutex::new(None),
             egress_observer: Mutex::new(None),
             running: Mutex::new(HashMap::new()),
+            tls: Mutex::new(None),
         }
     }
 
@@ -97,19 +102,25 @@ impl Resolvers {
             .unwrap_or_else(|e| e.into_inner()) = Some(observer);
     }
 
+    pub fn set_tls(&self, tls: Arc<EgressTls>) {
+        *self.tls.lock().unwrap_or_else(|e| e.into_inner()) = Some(tls);
+    }
+
     /// Starts `sandbox`'s resolver and egress proxy in `att`'s namespace under
-    /// `policies`, or, when they run already, gives them `policies`. Blocking (the
-    /// sockets are made on a thread in the namespace).
+    /// `policies` with `secrets`, or, when they run already, gives them `policies` and
+    /// `secrets`. Blocking (the sockets are made on a thread in the namespace).
     pub fn serve(
         &self,
         sandbox: &str,
         att: &Attachment,
         policies: Vec<NetworkPolicy>,
+        secrets: Vec<SecretBinding>,
     ) -> Result<(), NetError> {
         let Some(runtime) = &self.runtime else {
             return Ok(());
         };
         if self.set_policies(&att.netns, policies.clone()) {
+            self.set_secrets(&att.netns, secrets);
             return Ok(());
         }
         let netns = crate::host::netns_path(&att.netns);
@@ -132,13 +143,19 @@ impl Resolvers {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let resolver = Arc::new(Resolver::new(
+        let mut resolver = Resolver::new(
             sandbox.to_string(),
             netns,
             self.upstream,
             policies,
             observer,
-        ));
+        );
+        resolver.tls = self.tls.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        *resolver
+            .secrets
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = secrets;
+        let resolver = Arc::new(resolver);
         let _enter = runtime.enter();
         let egress_observer = self
             .egress_observer
@@ -196,6 +213,22 @@ impl Resolvers {
                         "egress: {cut} connection(s) cut by a policy change"
                     );
                 }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives a running egress proxy `secrets` (those it held no longer go out); false
+    /// if none runs for `netns`.
+    pub fn set_secrets(&self, netns: &str, secrets: Vec<SecretBinding>) -> bool {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        match running.get(netns) {
+            Some(r) => {
+                *r.resolver
+                    .secrets
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner()) = secrets;
                 true
             }
             None => false,

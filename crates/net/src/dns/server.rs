@@ -23,8 +23,10 @@ use zygote_api::model::{DnsCounts, NetworkPolicy};
 use super::message::{Answer, AnswerError, GuestQuery, MAX_ANSWER_BYTES, MAX_QUERY_BYTES};
 use super::policy::{decide, Decision};
 use super::DnsObserver;
+use crate::egress::ca::EgressTls;
 use crate::egress::judge::AnswerBook;
 use crate::egress::proxy::LiveConnections;
+use crate::egress::secrets::SecretBinding;
 use crate::netns::{in_netns_async, random_u16};
 
 /// Guest queries being answered at once (UDP and TCP together), per sandbox.
@@ -76,6 +78,10 @@ pub struct Resolver {
     pub book: Mutex<AnswerBook>,
     /// The egress proxy's open connections.
     pub live: LiveConnections,
+    /// The sandbox's secrets bound to hosts (`crate::egress::secrets`).
+    pub secrets: RwLock<Vec<SecretBinding>>,
+    /// The daemon's egress CA and upstream trust (None: secrets are never swapped in).
+    pub tls: Option<Arc<EgressTls>>,
     in_flight: Arc<Semaphore>,
     tcp_connections: Arc<Semaphore>,
 }
@@ -104,6 +110,8 @@ impl Resolver {
             observer,
             book: Mutex::default(),
             live: LiveConnections::default(),
+            secrets: RwLock::new(Vec::new()),
+            tls: None,
             in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             tcp_connections: Arc::new(Semaphore::new(MAX_TCP_CONNECTIONS)),
         }

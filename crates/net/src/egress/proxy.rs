@@ -7,6 +7,9 @@
 //! (marked [`PROXY_MARK`], which the namespace's output chain lets out) and splices the
 //! two, counting bytes. Every connection, refused or not, goes to the egress record.
 //!
+//! HTTPS connections to a host that one of the sandbox's secrets is bound to are not
+//! spliced but relayed by `super::intercept`, which swaps the secrets in.
+//!
 //! Open connections stay listed with what they were judged on; a policy change judges
 //! them again and cuts those the new policy refuses ([`LiveConnections::recheck`]).
 use std::collections::HashMap;
@@ -23,7 +26,9 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::timeout;
 use zygote_api::model::{EgressEntry, NetworkPolicy};
 
+use super::intercept::{relay, GuestIo};
 use super::judge::{judge, Attempt, Verdict};
+use super::secrets::{bound_for, SecretBinding};
 use super::sniff::{sniff, Sniffed, MAX_SNIFF_BYTES};
 use crate::dns::server::Resolver;
 use crate::netns::in_netns_async;
@@ -249,7 +254,7 @@ async fn handle(mut guest: TcpStream, r: &Resolver, observer: Option<&EgressObse
             Live {
                 addr: *dst.ip(),
                 port: dst.port(),
-                name,
+                name: name.clone(),
                 cut: cut.clone(),
             },
         );
@@ -258,15 +263,68 @@ async fn handle(mut guest: TcpStream, r: &Resolver, observer: Option<&EgressObse
         cut.notify_one();
     }
     entry.event = "open".into();
+    // HTTPS to a host a secret is bound to: relayed with the placeholders swapped.
+    let bound = match (&name, entry.protocol.as_str(), &r.tls) {
+        (Ok(host), "tls", Some(tls)) => {
+            let secrets = r.secrets.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let bound: Vec<SecretBinding> = bound_for(&secrets, host, dst.port())
+                .into_iter()
+                .cloned()
+                .collect();
+            (!bound.is_empty()).then(|| (host.clone(), bound, tls.clone()))
+        }
+        _ => None,
+    };
+    if bound.is_some() {
+        entry.reason = format!(
+            "{}; secrets bound to this host are swapped in",
+            entry.reason
+        );
+    }
     note(&entry);
-    let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
-    let cut_by_policy = splice(guest, upstream, &first, &sent, &received, &cut).await;
+    let mut failed = false;
+    let (cut_by_policy, sent, received) = match bound {
+        Some((host, secrets, tls)) => {
+            let io = GuestIo::new(guest, first);
+            let (sent, received) = (io.sent.clone(), io.received.clone());
+            let relayed = tokio::select! {
+                done = relay(io, upstream, &host, secrets, &tls) => Some(done),
+                _ = cut.notified() => None,
+            };
+            if let Some(done) = &relayed {
+                entry.secrets = done.secrets.clone();
+                if let Some(why) = &done.failure {
+                    entry.reason = why.clone();
+                    failed = true;
+                }
+            }
+            (
+                relayed.is_none(),
+                sent.load(Ordering::Relaxed),
+                received.load(Ordering::Relaxed),
+            )
+        }
+        None => {
+            let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
+            let cut = splice(guest, upstream, &first, &sent, &received, &cut).await;
+            (
+                cut,
+                sent.load(Ordering::Relaxed),
+                received.load(Ordering::Relaxed),
+            )
+        }
+    };
     r.live
         .open
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&id);
-    entry.event = if cut_by_policy { "cut" } else { "closed" }.into();
+    entry.event = match (cut_by_policy, failed) {
+        (true, _) => "cut",
+        (false, true) => "failed",
+        (false, false) => "closed",
+    }
+    .into();
     if cut_by_policy {
         entry.reason = if r.live.closing.load(Ordering::SeqCst) {
             "cut: the sandbox's network went away".into()
@@ -274,8 +332,8 @@ async fn handle(mut guest: TcpStream, r: &Resolver, observer: Option<&EgressObse
             "cut: the sandbox's policy changed and no longer allows it".into()
         };
     }
-    entry.bytes_out = sent.load(Ordering::Relaxed);
-    entry.bytes_in = received.load(Ordering::Relaxed);
+    entry.bytes_out = sent;
+    entry.bytes_in = received;
     entry.ended_ms = Some(now_ms());
     note(&entry);
 }

@@ -202,7 +202,8 @@ def delete_volume(volume: str) -> Call[None]:
 
 def secret_specs(secrets: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
     """``{"NAME": "value"}`` (inherited by branch children) or
-    ``{"NAME": {"value": "...", "inherit": False}}``, as the API takes them."""
+    ``{"NAME": {"value": "...", "inherit": False, "hosts": ["api.example.com"]}}``,
+    as the API takes them."""
     if secrets is None:
         return None
     out: dict[str, Any] = {}
@@ -212,7 +213,13 @@ def secret_specs(secrets: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any
         elif isinstance(spec, Mapping) and isinstance(spec.get("value"), str):
             out[name] = dict(spec)
         else:
-            raise TypeError(f"secret {name!r}: give a string or {{'value': str, 'inherit': bool}}")
+            raise TypeError(
+                f"secret {name!r}: give a string or "
+                "{'value': str, 'inherit': bool, 'hosts': [str, ...]}"
+            )
+        hosts = out[name].get("hosts")
+        if isinstance(hosts, str):
+            raise TypeError(f"secret {name!r}: hosts is a list of names, not one string")
     return out
 
 

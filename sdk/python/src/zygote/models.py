@@ -633,6 +633,8 @@ class EgressEntry:
     bytes_in: int
     started_ms: int
     ended_ms: Optional[int]
+    secrets: tuple[str, ...] = ()
+    """Names of the secrets bound to hosts whose values went out on it."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "EgressEntry":
@@ -650,6 +652,7 @@ class EgressEntry:
             bytes_in=int(d.get("bytes_in") or 0),
             started_ms=int(d["started_ms"]),
             ended_ms=None if d.get("ended_ms") is None else int(d["ended_ms"]),
+            secrets=tuple(str(n) for n in (d.get("secrets") or ())),
         )
 
 

@@ -267,6 +267,10 @@ class Sandbox(CodeInterpreter):
         (a command's own ``env`` wins); ``secrets`` too, but the daemon never
         shows their values, and one given as ``{"value": ..., "inherit": False}``
         is not passed to branch children. Neither is written into the guest.
+        A secret given as ``{"value": ..., "hosts": ["api.openai.com"]}`` is bound
+        to those hosts: commands see only a placeholder, and the daemon's egress
+        proxy puts the value into the headers of HTTPS requests to those hosts
+        alone, so it never enters the guest (nor a snapshot or branch child).
 
         ``metadata`` are your own labels (``{"team": "search"}``; at most 63
         keys of 1-128 characters of ``A-Za-z0-9._-/``, values up to 1024 bytes;

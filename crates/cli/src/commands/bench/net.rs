@@ -111,7 +111,7 @@ impl Daemon {
             // the user backend `start` only computes the name, and `sweep` removes what
             // is left of this daemon's namespaces (nothing, if the deletes went through).
             let choice = zygote_net::BackendChoice::User;
-            match zygote_net::Network::start(choice, &self.state, None) {
+            match zygote_net::Network::start(choice, &self.state, None, None) {
                 Ok(n) => n.sweep(&Default::default()),
                 Err(e) => eprintln!("net: clean-up: namespaces: {e}"),
             }
