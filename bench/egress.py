@@ -45,11 +45,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-ZYGOTED = ROOT / "target/release/zygoted"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import private_daemon  # noqa: E402
 
 # Runs inside the remote namespace (`ip netns exec`): DNS on :53/udp, HTTP on :80, sink on
 # :9000 (prints "sink <bytes> <seconds>" per connection).
@@ -142,29 +141,10 @@ class Remote:
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
 
 
-class Daemon:
+class Daemon(private_daemon.Daemon):
     def __init__(self, state: Path, dns: str) -> None:
-        self.proc = subprocess.Popen(
-            [str(ZYGOTED), "--state-dir", str(state), "--listen", "127.0.0.1:0", "--runtime",
-             "qemu", "--network", "isolated", "--proxy-listen", "none", "--dns-upstream", dns],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env=dict(os.environ, ZYGOTE_LOG="warn"))
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("zygoted listening on "):
-                self.url = line.split()[-1].rstrip("/")
-                self.token = (state / "token").read_text().strip()
-                return
-        sys.exit("zygoted did not announce its address")
-
-    def call(self, method: str, path: str, body: object = None) -> object:
-        req = urllib.request.Request(
-            self.url + path, method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            text = r.read()
-        return json.loads(text) if text else None
+        super().__init__(state, "--runtime", "qemu", "--network", "isolated",
+                         "--proxy-listen", "none", "--dns-upstream", dns)
 
     def create(self, **body: object) -> str:
         return self.call("POST", "/v1/sandboxes", {"image": "minimal", **body})["sandboxes"][0]["id"]
@@ -174,13 +154,6 @@ class Daemon:
         if r["exit_code"] != 0:
             raise SystemExit(f"{sb}: {script[:60]}...: exit {r['exit_code']}: {r['stderr']}")
         return r["stdout"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
 
 
 def loop_ms(d: Daemon, sb: str, n: int, body: str) -> float:

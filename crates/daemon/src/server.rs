@@ -73,6 +73,11 @@ pub struct ServeArgs {
     /// private CA; secrets go only to servers that prove their name).
     #[arg(long, value_name = "PEM")]
     pub egress_trust: Option<std::path::PathBuf>,
+    /// Network namespaces kept made ahead (isolated network), so that a create or a
+    /// branch child only loads its rules: each is a namespace with a veth pair, a tap and
+    /// rules that let nothing through. 0: each is made when needed.
+    #[arg(long, value_name = "N", default_value_t = 4)]
+    pub network_spares: usize,
     /// Pull from this registry (`host[:port]`) over plain HTTP, as docker's
     /// insecure-registries (loopback registries always are); repeatable. Also
     /// $ZYGOTE_INSECURE_REGISTRIES, comma-separated.
@@ -183,6 +188,8 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
             .with_insecure_registries(args.insecure_registries.clone()),
     );
     manager.reattach_all().await?;
+    // After the start-up sweep, which removes every namespace no sandbox owns.
+    manager.network.keep_spares(args.network_spares);
     tokio::spawn(manager.clone().watch());
     tokio::spawn(manager.clone().reap_expired());
     match metrics_interval(args.metrics_interval)? {
@@ -215,8 +222,9 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         Some(Arc::new(envd)),
     )
     .await?;
+    let network = state.manager.network.clone();
     let app = api::app(state);
-    let shutdown = async {
+    let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("installing a SIGTERM handler");
         tokio::select! {
@@ -224,6 +232,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down (VMs keep running)");
+        network.release_spares();
     };
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);

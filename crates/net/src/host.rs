@@ -99,6 +99,52 @@ pub fn remove(netns: &str, host_link: Option<&str>) {
     }
 }
 
+/// Gives named namespace `old` the name `new` (a spare taken by a sandbox): `new` is
+/// bound to the same namespace, then `old` unmounted and unlinked (a mount under the
+/// shared `/run/netns` cannot be moved). No process is run. A crash in between leaves
+/// both names, and the next start's sweep removes whichever no sandbox owns.
+pub fn rename_netns(old: &str, new: &str) -> Result<(), NetError> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let (from, to) = (netns_path(old), netns_path(new));
+    let fail = |what: &str, e: std::io::Error| NetError::Command {
+        what: format!("naming namespace {old} {new}: {what}"),
+        message: e.to_string(),
+    };
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).expect("no NUL in a netns path");
+    let (cfrom, cto) = (c(&from), c(&to));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&to)
+        .map_err(|e| fail("creating the mount point", e))?;
+    // SAFETY: both paths are NUL-terminated C strings that live across the call; a bind
+    // mount takes no filesystem type or data.
+    let bound = unsafe {
+        libc::mount(
+            cfrom.as_ptr(),
+            cto.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    };
+    if bound != 0 {
+        let e = std::io::Error::last_os_error();
+        let _ = std::fs::remove_file(&to);
+        return Err(fail("bind mount", e));
+    }
+    // SAFETY: as above; MNT_DETACH unmounts even if the name is in use.
+    if unsafe { libc::umount2(cfrom.as_ptr(), libc::MNT_DETACH) } != 0 {
+        tracing::warn!(
+            "naming namespace {old} {new}: unmounting the old name: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let _ = std::fs::remove_file(&from);
+    Ok(())
+}
+
 /// The host's first IPv4 resolver that is not on loopback (a namespace cannot reach
 /// the host's loopback), from `resolv.conf` text.
 pub fn upstream_dns(resolv_conf: &str) -> Option<std::net::Ipv4Addr> {

@@ -16,6 +16,7 @@ pub mod egress;
 pub mod host;
 pub mod netns;
 pub mod plan;
+mod spares;
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
@@ -116,6 +117,8 @@ pub struct Network {
     instance: String,
     /// The egress CA (secrets bound to hosts), or why there is none.
     egress_tls: Result<std::sync::Arc<EgressTls>, String>,
+    /// Namespaces made ahead.
+    spares: std::sync::Arc<spares::Spares>,
 }
 
 impl Network {
@@ -185,6 +188,10 @@ impl Network {
         Ok(Network {
             backend,
             resolvers,
+            spares: spares::Spares::new(
+                netns_prefix(&instance),
+                Box::new(move |p| plan::ns_rules(p, &NetworkPolicy::default(), upstream, &[])),
+            ),
             instance,
             egress_tls,
         })
@@ -248,8 +255,9 @@ impl Network {
         format!("{}{sandbox}", netns_prefix(&self.instance))
     }
 
-    /// Makes `sandbox`'s namespace, links, tap and rules (blocking; ~tens of ms). None
-    /// under the user backend. On error nothing is left.
+    /// Makes `sandbox`'s namespace, links, tap and rules (blocking; ~tens of ms), or
+    /// takes a spare one made ahead and gives it the rules (`spares`). None under the
+    /// user backend. On error nothing is left.
     pub fn attach(
         &self,
         sandbox: &str,
@@ -259,70 +267,77 @@ impl Network {
         let Backend::Isolated { dns } = &self.backend else {
             return Ok(None);
         };
+        let ports = intercept_ports(secrets);
+        let rules = |p: &SlotPlan| plan::ns_rules(p, policy, *dns, &ports);
         let netns = self.netns_name(sandbox);
-        // A leftover of an attempt a crash interrupted (and a resolver still holding
-        // a namespace of that name).
+        // A leftover of an attempt a crash interrupted (and a resolver still holding a
+        // namespace of that name).
         self.resolvers.stop(&netns);
         host::remove(&netns, None);
-        host::run("ip", &["netns", "add", &netns], None)?;
-        let made = claim_slot(&netns).and_then(|p| {
-            let att = Attachment {
-                slot: p.slot,
-                netns: netns.clone(),
-            };
-            let rest = host::in_netns(&netns, plan::NS_SYSCTL_SCRIPT, None)
-                .and_then(|()| {
-                    host::run(
-                        "ip",
-                        &["-n", &netns, "-batch", "-"],
-                        Some(&plan::ns_link_cmds(&p)),
-                    )
-                })
-                .and_then(|()| {
-                    let ports = intercept_ports(secrets);
-                    host::nft(Some(&netns), &plan::ns_rules(&p, policy, *dns, &ports))
-                })
-                .and_then(|()| {
-                    self.resolvers
-                        .serve(sandbox, &att, vec![policy.clone()], secrets.to_vec())
-                })
-                .and_then(|()| {
-                    host::run(
-                        "ip",
-                        &[
-                            "route",
-                            "add",
-                            &format!("{}/32", p.guest),
-                            "via",
-                            &p.ns_addr.to_string(),
-                            "dev",
-                            &p.host_link,
-                        ],
-                        None,
-                    )
-                });
-            match rest {
-                Ok(()) => Ok(att),
-                Err(e) => {
-                    self.resolvers.stop(&netns);
-                    host::remove(&netns, Some(&p.host_link));
-                    Err(e)
+        let att = match self.spares.take() {
+            Some(spare) => {
+                self.spares.refill();
+                // Named after its sandbox, as one made here would be; then its rules,
+                // unless it holds them already.
+                let att = Attachment {
+                    slot: spare.att.slot,
+                    netns,
+                };
+                let wanted = rules(&att.plan());
+                let ready = host::rename_netns(&spare.att.netns, &att.netns)
+                    .map_err(|e| (e, &spare.att))
+                    .and_then(|()| match wanted == spare.rules {
+                        true => Ok(()),
+                        false => host::nft(Some(&att.netns), &wanted).map_err(|e| (e, &att)),
+                    });
+                if let Err((e, named)) = ready {
+                    host::remove(&named.netns, Some(&named.plan().host_link));
+                    return Err(e);
                 }
+                att
             }
-        });
-        match made {
-            Ok(att) => Ok(Some(att)),
+            None => spares::build(&netns, &mut |p: &SlotPlan| rules(p))?,
+        };
+        let served = self
+            .resolvers
+            .serve(sandbox, &att, vec![policy.clone()], secrets.to_vec());
+        match served {
+            Ok(()) => Ok(Some(att)),
             Err(e) => {
-                host::remove(&netns, None);
+                self.resolvers.stop(&att.netns);
+                host::remove(&att.netns, Some(&att.plan().host_link));
                 Err(e)
             }
         }
     }
 
+    /// Keeps `n` namespaces made ahead for creates and branch children to take (0:
+    /// none); made on a thread of their own. Call after [`Network::sweep`].
+    pub fn keep_spares(&self, n: usize) {
+        if self.isolated() {
+            self.spares.keep(n);
+        }
+    }
+
+    /// How many spare namespaces are ready.
+    pub fn spares_ready(&self) -> usize {
+        self.spares.ready_count()
+    }
+
+    /// Removes the spare namespaces (the daemon stops).
+    pub fn release_spares(&self) {
+        self.spares.keep(0);
+    }
+
     /// After a daemon restart: the namespace is still there and its rules are the
     /// policy's (loaded again: idempotent); its resolver is made again (the sockets
     /// died with the daemon that made them).
-    pub fn reattach(&self, rec: &NetRecord, secrets: &[SecretBinding]) -> Result<(), NetError> {
+    pub fn reattach(
+        &self,
+        sandbox: &str,
+        rec: &NetRecord,
+        secrets: &[SecretBinding],
+    ) -> Result<(), NetError> {
         let (Backend::Isolated { dns }, Some(att)) = (&self.backend, &rec.attachment) else {
             return Ok(());
         };
@@ -337,22 +352,8 @@ impl Network {
             Some(&att.netns),
             &plan::ns_rules(&att.plan(), &rec.policy, *dns, &ports),
         )?;
-        self.serve_dns(att, &rec.policy, secrets)
-    }
-
-    /// Starts (or updates) the resolver of `att`'s sandbox.
-    fn serve_dns(
-        &self,
-        att: &Attachment,
-        policy: &NetworkPolicy,
-        secrets: &[SecretBinding],
-    ) -> Result<(), NetError> {
-        let sandbox = att
-            .netns
-            .strip_prefix(&netns_prefix(&self.instance))
-            .unwrap_or(&att.netns);
         self.resolvers
-            .serve(sandbox, att, vec![policy.clone()], secrets.to_vec())
+            .serve(sandbox, att, vec![rec.policy.clone()], secrets.to_vec())
     }
 
     /// Loads the rules of a policy change into `att`'s namespace: `new`'s alone, or
@@ -408,7 +409,8 @@ impl Network {
         } else if let Some(att) = &rec.attachment {
             // A namespace reused (a resume, a restore: the same sandbox, so the same
             // secrets and rules): its resolver runs, or runs again.
-            self.serve_dns(att, &rec.policy, secrets)?;
+            self.resolvers
+                .serve(sandbox, att, vec![rec.policy.clone()], secrets.to_vec())?;
         }
         Ok(self.guest_net(rec))
     }
@@ -422,8 +424,9 @@ impl Network {
     /// Removes this daemon's namespaces that no sandbox in `keep` owns (crash leftovers).
     pub fn sweep(&self, keep: &HashSet<String>) {
         let prefix = netns_prefix(&self.instance);
+        let spares = self.spares.names();
         for name in host::netns_names() {
-            if name.starts_with(&prefix) && !keep.contains(&name) {
+            if name.starts_with(&prefix) && !keep.contains(&name) && !spares.contains(&name) {
                 tracing::info!("network: removing leftover namespace {name}");
                 host::remove(&name, None);
             }

@@ -116,7 +116,7 @@ impl Manager {
                                 }))
                     })
                     .filter_map(|r| {
-                        net.reattach(&r.network, &secret_bindings(&r.env))
+                        net.reattach(&r.id, &r.network, &secret_bindings(&r.env))
                             .err()
                             .map(|e| (r.id.clone(), e))
                     })
