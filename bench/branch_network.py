@@ -61,6 +61,11 @@ def main() -> None:
                       f"reply {reply:.0f} ms", file=sys.stderr, flush=True)
     finally:
         for d in daemons:
+            # A daemon's stop leaves its VMs running (by design): delete the parent first.
+            try:
+                d.call("DELETE", f"/v1/sandboxes/{d.parent}")  # type: ignore[attr-defined]
+            except Exception as e:  # noqa: BLE001 - clean-up goes on
+                print(f"deleting {d.parent}: {e}", file=sys.stderr)  # type: ignore[attr-defined]
             d.stop()
         tmp.cleanup()
     med = {k: {m: round(statistics.median(v), 2) for m, v in s.items()} for k, s in samples.items()}

@@ -94,6 +94,10 @@ impl Spares {
                     loaded.clone()
                 });
                 match made {
+                    // Released meanwhile (the daemon stops): not kept.
+                    Ok(att) if me.want.load(Ordering::SeqCst) == 0 => {
+                        host::remove(&att.netns, Some(&att.plan().host_link));
+                    }
                     Ok(att) => me
                         .ready
                         .lock()
