@@ -113,8 +113,14 @@ impl Spares {
         });
     }
 
-    /// Removes the ready ones (the daemon stops, or keeps none).
+    /// Removes the ready ones (the daemon stops, or keeps none), after waiting a little
+    /// for a refill under way (which then removes what it made instead of keeping it),
+    /// so that a stopping daemon does not leave one half made.
     pub(crate) fn release(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while self.filling.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let gone = std::mem::take(&mut *self.ready.lock().unwrap_or_else(|e| e.into_inner()));
         for s in gone {
             host::remove(&s.att.netns, Some(&s.att.plan().host_link));
