@@ -19,6 +19,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use rustls::crypto::ring::default_provider;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
@@ -169,7 +170,7 @@ impl EgressTls {
 
 /// Whether the certificate in `pem` carries `key`'s public key.
 fn same_key(pem: &str, key: &KeyPair) -> bool {
-    let Some(der) = pem_blocks(pem, "CERTIFICATE").into_iter().next() else {
+    let Some(Ok(der)) = CertificateDer::pem_slice_iter(pem.as_bytes()).next() else {
         return false;
     };
     let public = rcgen::PublicKeyData::der_bytes(key);
@@ -189,14 +190,14 @@ fn client_config(extra_trust: Option<&Path>) -> Result<ClientConfig, CaError> {
             why,
         };
         let text = std::fs::read_to_string(path).map_err(|e| trust(e.to_string()))?;
-        let blocks = pem_blocks(&text, "CERTIFICATE");
+        let blocks = CertificateDer::pem_slice_iter(text.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| trust(e.to_string()))?;
         if blocks.is_empty() {
             return Err(trust("no PEM certificate in it".into()));
         }
         for der in blocks {
-            roots
-                .add(CertificateDer::from(der))
-                .map_err(|e| trust(e.to_string()))?;
+            roots.add(der).map_err(|e| trust(e.to_string()))?;
         }
     } else if added == 0 {
         tracing::warn!(
@@ -210,26 +211,6 @@ fn client_config(extra_trust: Option<&Path>) -> Result<ClientConfig, CaError> {
         .with_no_client_auth();
     cfg.alpn_protocols = vec![ALPN.to_vec()];
     Ok(cfg)
-}
-
-/// The DER bytes of every `label` block of a PEM text.
-fn pem_blocks(text: &str, label: &str) -> Vec<Vec<u8>> {
-    let (begin, end) = (
-        format!("-----BEGIN {label}-----"),
-        format!("-----END {label}-----"),
-    );
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(&begin) {
-        let body = &rest[start + begin.len()..];
-        let Some(stop) = body.find(&end) else { break };
-        let b64: String = body[..stop].split_whitespace().collect();
-        if let Some(der) = super::secrets::base64_decode(&b64) {
-            out.push(der);
-        }
-        rest = &body[stop + end.len()..];
-    }
-    out
 }
 
 #[cfg(test)]
@@ -254,8 +235,8 @@ mod tests {
         assert_eq!(mode & 0o077, 0, "the key is root's only");
         // A leaf issued after a restart verifies against the CA written before it.
         let mut roots = RootCertStore::empty();
-        for der in pem_blocks(&first.ca_pem, "CERTIFICATE") {
-            roots.add(CertificateDer::from(der)).unwrap();
+        for der in CertificateDer::pem_slice_iter(first.ca_pem.as_bytes()) {
+            roots.add(der.unwrap()).unwrap();
         }
         let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
             Arc::new(roots),

@@ -9,6 +9,9 @@
 //! value does not reach the guest by that road either (bodies are not rewritten).
 use std::fmt;
 
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use base64::Engine as _;
 use zygote_api::model::NameRule;
 
 /// Hosts one secret may have.
@@ -127,26 +130,17 @@ fn note(used: &mut Vec<String>, name: &str) {
     }
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+/// Standard base64 as `Basic` credentials carry it: padding optional, trailing bits
+/// not checked (what a client sends is swapped if it decodes at all).
+const BASIC_B64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
 
 fn base64_encode(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    BASIC_B64.encode(bytes)
 }
 
 /// The decoded credentials of `Basic <base64>` (None: another scheme, or not base64 of
@@ -160,22 +154,8 @@ fn basic_credentials(header: &str) -> Option<String> {
 }
 
 /// Standard base64 (padding optional); None on any other byte.
-pub(crate) fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    let text = text.trim_end_matches('=');
-    let mut bits = 0u32;
-    let mut nbits = 0;
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    for c in text.bytes() {
-        let v = B64.iter().position(|&b| b == c)? as u32;
-        bits = (bits << 6) | v;
-        nbits += 6;
-        if nbits >= 8 {
-            nbits -= 8;
-            out.push((bits >> nbits) as u8);
-            bits &= (1 << nbits) - 1;
-        }
-    }
-    Some(out)
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    BASIC_B64.decode(text).ok()
 }
 
 #[cfg(test)]
