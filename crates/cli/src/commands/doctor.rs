@@ -30,7 +30,9 @@
 //!   `namespaces` (count of /run/netns/zygote-*), `ip_forward`, `route_clashes[]`
 //!   (host routes overlapping 10.213.0.0/16 or 10.214.0.0/16; null when `ip` did
 //!   not run), `nameservers[]`, `dns` (first non-loopback IPv4 nameserver),
-//!   `host_table` (`nft list table inet zygote` succeeded; null unless root).
+//!   `host_table` (`nft list table inet zygote` succeeded; null unless root),
+//!   `egress_redirect` (`nft --check` accepted a `redirect` rule, which the egress
+//!   proxy needs; null unless root).
 //! - `runtimes`: `kvm`, `probe`, `qemu` (booleans), `qemu_accel` ("kvm" |
 //!   "tcg" | null), `default_runtime` ("kvm" | "qemu" | null: null when no
 //!   runtime can boot Linux guests).
@@ -162,6 +164,10 @@ mod tests {
         assert_eq!(n.netns_dir, Path::new("/run/netns").is_dir());
         // Asked only as root (an unprivileged nft cannot read the ruleset).
         assert_eq!(n.host_table.is_some(), f.host.root && n.nft.path.is_some());
+        assert_eq!(
+            n.egress_redirect.is_some(),
+            f.host.root && n.nft.path.is_some()
+        );
         assert_eq!(n.route_clashes.is_some(), n.ip.path.is_some());
         let forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok();
         assert_eq!(n.ip_forward, forward.and_then(|s| s.trim().parse().ok()));

@@ -328,6 +328,7 @@ fn isolated_host() -> Facts {
         nameservers: vec!["10.255.255.53".into()],
         dns: Some("10.255.255.53".into()),
         host_table: Some(true),
+        egress_redirect: Some(true),
     };
     f
 }
@@ -350,7 +351,7 @@ fn isolated_networking_when_everything_is_present() {
         .iter()
         .filter(|f| f.check.starts_with("network."))
         .collect();
-    assert_eq!(net.len(), 5, "{net:?}");
+    assert_eq!(net.len(), 6, "{net:?}");
     assert!(net.iter().all(|f| f.status == Status::Ok), "{net:?}");
 }
 
@@ -462,4 +463,25 @@ fn forwarding_off_and_missing_host_table() {
     assert!(rules.detail.contains("inet zygote"), "{}", rules.detail);
     f.network.namespaces = 0;
     assert_eq!(finding(&classify(&f), "network.rules").status, Status::Ok);
+}
+
+#[test]
+fn a_kernel_without_nft_redirect_is_warned_about_with_what_fails() {
+    let mut f = isolated_host();
+    f.network.egress_redirect = Some(false);
+    let r = classify(&f);
+    // Isolation itself still works: only the proxy's redirect is missing.
+    assert_eq!(r.network_backend, "isolated");
+    let redirect = finding(&r, "network.egress_redirect");
+    assert_eq!(redirect.status, Status::Warn);
+    assert!(
+        redirect.detail.contains("CONFIG_NFT_REDIR"),
+        "{}",
+        redirect.detail
+    );
+    assert!(
+        redirect.detail.contains("bound to hosts"),
+        "{}",
+        redirect.detail
+    );
 }

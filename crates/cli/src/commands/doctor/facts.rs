@@ -220,6 +220,11 @@ pub struct NetworkFacts {
     /// `nft list table inet zygote` succeeded: the host's rules are loaded (None: not
     /// asked, which needs root and `nft`).
     pub host_table: Option<bool>,
+    /// The kernel accepts an nftables `redirect` rule (loaded for real in a throwaway
+    /// network namespace: the host's rules are untouched). Rules by name and secrets bound to
+    /// hosts send guests' connections to the egress proxy that way. None: not asked
+    /// (needs root and `nft`).
+    pub egress_redirect: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -284,6 +289,11 @@ fn gather_network(root: bool) -> NetworkFacts {
             .status()
             .is_ok_and(|s| s.success())
     });
+    let egress_redirect = nft
+        .path
+        .as_ref()
+        .filter(|_| root)
+        .map(|path| nft_accepts(path, REDIRECT_CHECK));
     let resolv = fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     let namespaces = fs::read_dir(net_host::NETNS_DIR)
         .map(|d| {
@@ -304,7 +314,33 @@ fn gather_network(root: bool) -> NetworkFacts {
         nameservers: parse::nameservers(&resolv),
         dns: net_host::upstream_dns(&resolv).map(|a| a.to_string()),
         host_table,
+        egress_redirect,
     }
+}
+
+/// A table with one `redirect` rule, as the egress proxy's (crates/net plan.rs) needs.
+/// `nft --check` would not do: the kernel validates chain types only at commit.
+const REDIRECT_CHECK: &str = "table inet zygote_doctor_check {\n\
+    chain redirect_check { type nat hook prerouting priority -100; \
+    tcp dport 1 redirect to :2; }\n}\n";
+
+/// `nft -f -` loaded `ruleset` in a network namespace of its own, which dies with it.
+fn nft_accepts(nft: &str, ruleset: &str) -> bool {
+    use std::io::Write;
+    let Ok(mut child) = Command::new("unshare")
+        .args(["--net", nft, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let wrote = child
+        .stdin
+        .take()
+        .is_some_and(|mut stdin| stdin.write_all(ruleset.as_bytes()).is_ok());
+    child.wait().is_ok_and(|s| s.success()) && wrote
 }
 
 /// A program found like `find_program`, and the first line its first version
@@ -587,4 +623,39 @@ fn access(path: impl AsRef<Path>, mode: libc::c_int) -> bool {
 
 fn read_bracketed(path: &str) -> Option<String> {
     parse::bracketed(&fs::read_to_string(path).ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The check can fail: the kernel (through nft) refuses what it cannot load, and
+    /// nothing checked is left behind.
+    #[test]
+    fn nft_check_refuses_what_the_kernel_cannot_load_and_loads_nothing() {
+        let nft = tool("nft", &[&["-V"]]);
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let (Some(path), true) = (nft.path, root) else {
+            eprintln!("skipped: needs root and nft");
+            return;
+        };
+        assert!(
+            nft_accepts(&path, REDIRECT_CHECK),
+            "this host runs the egress proxy"
+        );
+        // Parses, but the kernel allows `redirect` only in nat chains.
+        let filter_chain = REDIRECT_CHECK.replace(
+            "type nat hook prerouting priority -100",
+            "type filter hook input priority 0",
+        );
+        assert_ne!(filter_chain, REDIRECT_CHECK);
+        assert!(!nft_accepts(&path, &filter_chain));
+        let tables = Command::new(&path)
+            .args(["list", "tables"])
+            .output()
+            .unwrap();
+        let tables = String::from_utf8_lossy(&tables.stdout);
+        assert!(!tables.contains("zygote_doctor_check"), "{tables}");
+    }
 }

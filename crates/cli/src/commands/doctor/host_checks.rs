@@ -553,4 +553,20 @@ pub(super) fn network_findings(facts: &Facts, out: &mut Out) {
         ),
         None => {}
     }
+
+    match n.egress_redirect {
+        Some(true) => out.add(
+            "network.egress_redirect",
+            Status::Ok,
+            "the kernel accepts nftables redirect rules (the egress proxy's)",
+        ),
+        Some(false) => out.add(
+            "network.egress_redirect",
+            Status::Warn,
+            "the kernel refused an nftables `redirect` rule (CONFIG_NFT_REDIR, module \
+             nft_redir): sandboxes whose egress rules name hosts or whose secrets are bound \
+             to hosts will fail to start; address-only (CIDR) rules still work",
+        ),
+        None => {}
+    }
 }
