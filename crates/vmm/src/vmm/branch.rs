@@ -118,22 +118,25 @@ pub enum BranchError {
 /// A persistent disk's writes reach its file: two VMs must never share one, so each
 /// child must be given a file of its own for every persistent disk of the parent.
 fn check_children_own_their_disks(state: &VmState, req: &BranchRequest) -> Result<(), BranchError> {
-    let persistent = state.devices.virtio.iter().filter_map(|d| match &d.device {
-        DeviceState::Block(b) if b.config.mode == DiskMode::Persistent => Some(&b.config),
-        _ => None,
-    });
-    for config in persistent {
-        for index in 0..req.count {
-            let files = (req.child_devices)(index).disk_files;
-            if !files.iter().any(|f| config.is_named(f)) {
-                return Err(BranchError::SharedPersistentDisk {
-                    index,
-                    id: config.id.clone().unwrap_or_default(),
-                });
-            }
+    for index in 0..req.count {
+        if let Some(id) = unowned_persistent_disk(state, &(req.child_devices)(index)) {
+            return Err(BranchError::SharedPersistentDisk { index, id });
         }
     }
     Ok(())
+}
+
+/// The id of a persistent disk in `state` that `host` gives no file of its own.
+pub(super) fn unowned_persistent_disk(state: &VmState, host: &DeviceHostConfig) -> Option<String> {
+    state.devices.virtio.iter().find_map(|d| match &d.device {
+        DeviceState::Block(b)
+            if b.config.mode == DiskMode::Persistent
+                && !host.disk_files.iter().any(|f| b.config.is_named(f)) =>
+        {
+            Some(b.config.id.clone().unwrap_or_default())
+        }
+        _ => None,
+    })
 }
 
 /// Status a spawner reports for a child it could not fork.
@@ -157,7 +160,7 @@ pub(super) fn close_fds_except(keep: &mut [RawFd]) {
 }
 
 /// Move this process into the cgroup `dir` (cgroup v2: write our pid to cgroup.procs).
-fn join_cgroup(dir: Option<PathBuf>) -> Result<(), VmmError> {
+pub(super) fn join_cgroup(dir: Option<PathBuf>) -> Result<(), VmmError> {
     let Some(dir) = dir else { return Ok(()) };
     // SAFETY: getpid cannot fail.
     let pid = unsafe { libc::getpid() };
@@ -167,7 +170,7 @@ fn join_cgroup(dir: Option<PathBuf>) -> Result<(), VmmError> {
 
 /// Move this (single-threaded, freshly forked) process into the network namespace
 /// `file` names, so that the tap it opens next is that namespace's.
-fn join_netns(file: Option<PathBuf>) -> Result<(), VmmError> {
+pub(super) fn join_netns(file: Option<PathBuf>) -> Result<(), VmmError> {
     let Some(file) = file else { return Ok(()) };
     let ns = std::fs::File::open(&file).map_err(|e| {
         VmmError::Device(format!("opening network namespace {}: {e}", file.display()))
@@ -312,7 +315,7 @@ impl Vmm {
     }
 
     /// Drop what belongs to the parent VMM: its kvm_run mappings and every fd.
-    fn release_parent_objects(&mut self, ready_w: RawFd, keep_fds: &[RawFd]) {
+    pub(super) fn release_parent_objects(&mut self, ready_w: RawFd, keep_fds: &[RawFd]) {
         for v in &self.vcpus {
             let m = v.kvm_run_mapping();
             // SAFETY: the parent's kvm_run pages; no thread in this process uses them.
@@ -321,8 +324,10 @@ impl Vmm {
         let mut keep = keep_fds.to_vec();
         keep.push(ready_w);
         close_fds_except(&mut keep);
-        // This process's own children list starts empty.
+        // This process's own children list starts empty, and the parent's warm
+        // spawners are not this process's to kill (their sockets are closed above).
         self.children.clear();
+        std::mem::forget(std::mem::take(&mut self.spawners));
     }
 
     /// Runs in a forked child of the parent (count == 1): never returns.
@@ -382,6 +387,7 @@ impl Vmm {
             pid: unsafe { libc::getpid() },
             restore_ns: t.elapsed().as_nanos() as u64,
             ready_mono_ns: ready::mono_ns(),
+            mismatches: 0,
         };
         record.send(ready_w);
         // SAFETY: readiness is reported; the child main doesn't need the pipe.
@@ -437,6 +443,7 @@ impl Vmm {
                         pid: -1,
                         restore_ns: 0,
                         ready_mono_ns: ready::mono_ns(),
+                        mismatches: 0,
                     }
                     .send(ready_w);
                     break;

@@ -32,8 +32,10 @@ use crate::vstate::vm::{HostKvm, Vm, VmError};
 
 pub mod branch;
 pub mod diagnose;
+pub mod dirty;
 pub(crate) mod ready;
 pub mod snapshot;
+pub mod warm;
 
 /// What to boot.
 pub struct VmConfig {
@@ -131,13 +133,8 @@ struct Platform {
     cmdline: String,
 }
 
-fn build_platform(
-    host: &HostKvm,
-    ram: &GuestRam,
-    serial_out: SerialOut,
-    virtio_devices: &[DeviceSlot],
-    cmdline: &str,
-) -> Result<Platform, VmmError> {
+/// A new KVM VM over `ram`: memory slots, interrupt controllers and PIT.
+fn new_vm(host: &HostKvm, ram: &GuestRam) -> Result<Vm, VmmError> {
     // Where a new VM's time goes (KVM_CREATE_VM dominates under nested emulation).
     let t = Instant::now();
     let vm = Vm::new(host)?;
@@ -146,7 +143,42 @@ fn build_platform(
     let memory = t.elapsed() - create_vm;
     vm.create_platform()?;
     tracing::debug!(?create_vm, ?memory, irqchip = ?(t.elapsed() - create_vm - memory), "VM created");
+    Ok(vm)
+}
 
+/// Everything of a VM that does not depend on its state: the KVM VM over the guest
+/// RAM (memory slots, irqchip, PIT) and its vCPUs. A warm spawner builds this ahead of
+/// the branch it serves; a restore builds it on the spot.
+pub(crate) struct PrebuiltVm {
+    host: HostKvm,
+    vm: Vm,
+    vcpus: Vec<Vcpu>,
+}
+
+impl PrebuiltVm {
+    pub(crate) fn new(ram: &GuestRam, vcpus: usize) -> Result<Self, VmmError> {
+        let host = HostKvm::open()?;
+        if vcpus == 0 || vcpus > host.max_vcpus {
+            return Err(VmmError::TooManyVcpus {
+                requested: vcpus as u8,
+                kvm_max: host.max_vcpus,
+            });
+        }
+        let vm = new_vm(&host, ram)?;
+        let vcpus = (0..vcpus)
+            .map(|i| Vcpu::new(&vm, i as u8))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { host, vm, vcpus })
+    }
+}
+
+fn build_platform(
+    vm: Vm,
+    ram: &GuestRam,
+    serial_out: SerialOut,
+    virtio_devices: &[DeviceSlot],
+    cmdline: &str,
+) -> Result<Platform, VmmError> {
     let (events_tx, events_rx) = channel();
     let serial_irq =
         EventFd::new(libc::EFD_NONBLOCK).map_err(|e| VmmError::Device(format!("eventfd: {e}")))?;
@@ -208,6 +240,18 @@ fn build_platform(
     })
 }
 
+/// Guest RAM must have the layout the state was captured with.
+fn check_layout(ram: &GuestRam, state: &VmState) -> Result<(), VmmError> {
+    let layout = ram.layout();
+    if layout.ranges != state.memory.ranges {
+        return Err(VmmError::LayoutMismatch {
+            saved: state.memory.ranges.clone(),
+            ram: layout.ranges,
+        });
+    }
+    Ok(())
+}
+
 /// A running (or paused) VM.
 pub struct Vmm {
     // Field order is drop order: vCPU threads stop before the VM fd closes, and the VM
@@ -226,12 +270,18 @@ pub struct Vmm {
     paused: bool,
     /// Branch children not yet reaped.
     children: Vec<libc::pid_t>,
-    /// KVM dirty logging is on (since the last full/live snapshot or restore).
+    /// A snapshot is the base for diffs (since the last full/live snapshot or
+    /// restore): `unsaved_dirty` collects what the next diff must write.
     dirty_logging: bool,
+    /// KVM's dirty log is on for all RAM (for diffs or for warm spawners).
+    kvm_log_on: bool,
+    /// Warm spawners forked ahead of branches (see `warm`).
+    spawners: Vec<warm::Spawner>,
+    spawner_sources: dirty::DirtySources,
     /// The snapshot a `diff` layers on.
     last_snapshot: Option<PathBuf>,
-    /// Pages a failed diff snapshot took out of KVM's dirty log: the next diff must
-    /// still write them (bitmap over all RAM; empty when none).
+    /// Pages the next diff snapshot must write that are no longer in the logs: read
+    /// out for a spawner, or by a failed diff (bitmap over all RAM; empty: none).
     unsaved_dirty: Vec<u64>,
 }
 
@@ -262,7 +312,8 @@ impl Vmm {
             .iter()
             .map(|d| (d.clone(), None))
             .collect();
-        let platform = build_platform(&host, &ram, cfg.serial_out, &slots, &cfg.cmdline)?;
+        let vm = new_vm(&host, &ram)?;
+        let platform = build_platform(vm, &ram, cfg.serial_out, &slots, &cfg.cmdline)?;
 
         let (kernel, setup_header) = boot::load_kernel(ram.memory(), &cfg.kernel)?;
         let ranges = ram.layout().ranges;
@@ -311,15 +362,25 @@ impl Vmm {
         state: &VmState,
         cfg: RestoreConfig,
     ) -> Result<Self, VmmError> {
-        let layout = ram.layout();
-        if layout.ranges != state.memory.ranges {
-            return Err(VmmError::LayoutMismatch {
-                saved: state.memory.ranges.clone(),
-                ram: layout.ranges,
-            });
-        }
+        check_layout(&ram, state)?;
+        let prebuilt = PrebuiltVm::new(&ram, state.vcpus.len())?;
+        Self::restore_prebuilt(prebuilt, ram, state, cfg)
+    }
+
+    /// [`Vmm::restore`] onto a VM built ahead (a warm spawner's).
+    pub(crate) fn restore_prebuilt(
+        prebuilt: PrebuiltVm,
+        ram: Arc<GuestRam>,
+        state: &VmState,
+        cfg: RestoreConfig,
+    ) -> Result<Self, VmmError> {
+        check_layout(&ram, state)?;
         let t = Instant::now();
-        let host = HostKvm::open()?;
+        let PrebuiltVm {
+            host,
+            vm,
+            vcpus: mut made_ahead,
+        } = prebuilt;
         if state.vcpus.is_empty() || state.vcpus.len() > host.max_vcpus {
             return Err(VmmError::TooManyVcpus {
                 requested: state.vcpus.len() as u8,
@@ -341,7 +402,7 @@ impl Vmm {
             ));
         }
         let devices = t.elapsed();
-        let mut platform = build_platform(&host, &ram, cfg.serial_out, &slots, "")?;
+        let mut platform = build_platform(vm, &ram, cfg.serial_out, &slots, "")?;
         let platform_built = t.elapsed();
         platform.cmdline = state.cmdline.clone();
         capture::restore_platform(&platform.vm.fd, &state.platform)?;
@@ -350,7 +411,10 @@ impl Vmm {
         };
         let mut vcpus = Vec::new();
         for st in &state.vcpus {
-            let vcpu = Vcpu::new(&platform.vm, st.index)?;
+            let vcpu = match made_ahead.iter().position(|v| v.index == st.index) {
+                Some(i) => made_ahead.swap_remove(i),
+                None => Vcpu::new(&platform.vm, st.index)?,
+            };
             capture::restore_vcpu(&vcpu.fd, st, xsave)?;
             vcpus.push(vcpu);
         }
@@ -419,6 +483,9 @@ impl Vmm {
             paused: start_paused,
             children: Vec::new(),
             dirty_logging: false,
+            kvm_log_on: false,
+            spawners: Vec::new(),
+            spawner_sources: Default::default(),
             last_snapshot: None,
             unsaved_dirty: Vec::new(),
         })

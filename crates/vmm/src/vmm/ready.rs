@@ -28,6 +28,9 @@ pub struct ReadyRecord {
     pub pid: i32,
     pub restore_ns: u64,
     pub ready_mono_ns: u64,
+    /// Warm branch with verification only: guest pages that differed from the
+    /// parent's at the branch instant (saturating).
+    pub mismatches: u32,
 }
 
 impl ReadyRecord {
@@ -36,6 +39,7 @@ impl ReadyRecord {
         b[..4].copy_from_slice(&self.index.to_le_bytes());
         b[4..8].copy_from_slice(&self.status.to_le_bytes());
         b[8..12].copy_from_slice(&self.pid.to_le_bytes());
+        b[12..16].copy_from_slice(&self.mismatches.to_le_bytes());
         b[16..24].copy_from_slice(&self.restore_ns.to_le_bytes());
         b[24..32].copy_from_slice(&self.ready_mono_ns.to_le_bytes());
         b
@@ -50,6 +54,7 @@ impl ReadyRecord {
             pid: u32_at(8) as i32,
             restore_ns: u64_at(16),
             ready_mono_ns: u64_at(24),
+            mismatches: u32_at(12),
         }
     }
 
@@ -121,6 +126,7 @@ mod tests {
             pid: 4242,
             restore_ns: 1_234_567,
             ready_mono_ns: u64::MAX - 3,
+            mismatches: 77,
         };
         assert_eq!(ReadyRecord::decode(&r.encode()), r);
     }
@@ -135,6 +141,7 @@ mod tests {
             pid: 1,
             restore_ns: 0,
             ready_mono_ns: mono_ns(),
+            mismatches: 0,
         };
         ok(1).send(fds[1]);
         ok(0).send(fds[1]);

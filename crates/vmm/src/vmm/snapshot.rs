@@ -222,7 +222,7 @@ impl Vmm {
                 );
                 if written.is_err() {
                     // Those pages are out of KVM's log now: the next diff writes them.
-                    self.unsaved_dirty = bitmap;
+                    super::dirty::or_into(&mut self.unsaved_dirty, &bitmap);
                 }
                 written
             }
@@ -238,7 +238,7 @@ impl Vmm {
                 let written =
                     self.write_from_frozen_copy(dest, mode, state, None, started, was_paused);
                 if written.is_err() {
-                    self.unsaved_dirty = owed;
+                    super::dirty::or_into(&mut self.unsaved_dirty, &owed);
                 }
                 written
             }
@@ -355,34 +355,6 @@ impl Vmm {
         .unwrap_or(101);
         // Exit without running the parent's destructors.
         super::branch::exit_now(code)
-    }
-
-    /// Pages written since the last snapshot: the guest's (KVM's log, cleared by the
-    /// read), the VMM's for it (devices filling buffers and rings, tracked by
-    /// vm-memory), and any a failed snapshot left owed.
-    fn take_dirty_pages(&mut self) -> Result<Vec<u64>, VmmError> {
-        let mut bitmap = self.vm.take_dirty_log(&self.ram)?;
-        for (w, h) in bitmap.iter_mut().zip(self.ram.take_host_dirty()) {
-            *w |= h;
-        }
-        for (w, u) in bitmap
-            .iter_mut()
-            .zip(std::mem::take(&mut self.unsaved_dirty))
-        {
-            *w |= u;
-        }
-        Ok(bitmap)
-    }
-
-    fn start_dirty_log(&mut self) -> Result<(), VmmError> {
-        self.vm.set_dirty_logging(&self.ram, true)?;
-        // Enabling starts a fresh log, but drain anything already recorded to be sure,
-        // and the VMM's own record of its writes too.
-        self.vm.take_dirty_log(&self.ram)?;
-        self.ram.take_host_dirty();
-        self.unsaved_dirty.clear();
-        self.dirty_logging = true;
-        Ok(())
     }
 
     /// Rebuild a VM from the snapshot at `dir` (following diff layers to their base).
