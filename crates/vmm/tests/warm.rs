@@ -76,6 +76,7 @@ fn warm_branch(vm: &mut ProbeVm, board: &ProgressBoard, wait: Duration) -> WarmR
             payload: b"",
             fds: &[],
             ready_timeout: Duration::from_secs(30),
+            max_pages: u64::MAX,
             verify: true,
         })
         .unwrap();
@@ -184,6 +185,7 @@ fn a_missed_source_of_dirty_pages_is_caught() {
             payload: b"",
             fds: &[],
             ready_timeout: Duration::from_secs(30),
+            max_pages: u64::MAX,
             verify: true,
         })
         .unwrap();
@@ -205,6 +207,7 @@ fn a_missed_source_of_dirty_pages_is_caught() {
             payload: b"",
             fds: &[],
             ready_timeout: Duration::from_secs(30),
+            max_pages: u64::MAX,
             verify: true,
         })
         .unwrap();
@@ -222,6 +225,7 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         payload: b"",
         fds: &[],
         ready_timeout: Duration::from_secs(5),
+        max_pages: u64::MAX,
         verify: false,
     });
     assert!(matches!(no, Err(WarmError::NoSpawner)), "{no:?}");
@@ -239,6 +243,21 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
     let listed = vm.vmm.spawners().unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].pid, pid);
+    // A spawner further behind than the caller allows is refused before any pause
+    // (the guest's heartbeat page alone is written continuously), and kept.
+    std::thread::sleep(Duration::from_millis(20));
+    let stale = vm.vmm.branch_warm(&WarmBranchRequest {
+        payload: b"",
+        fds: &[],
+        ready_timeout: Duration::from_secs(5),
+        max_pages: 0,
+        verify: false,
+    });
+    assert!(
+        matches!(stale, Err(WarmError::TooStale { pages, max: 0 }) if pages >= 1),
+        "{stale:?}"
+    );
+    assert_eq!(vm.vmm.spawners().unwrap().len(), 1);
     // SAFETY: killing the spawner we made.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -250,6 +269,7 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         payload: b"",
         fds: &[],
         ready_timeout: Duration::from_secs(5),
+        max_pages: u64::MAX,
         verify: false,
     });
     assert!(matches!(no, Err(WarmError::NoSpawner)), "{no:?}");

@@ -142,13 +142,7 @@ impl Vm {
                 .get_dirty_log(slot as u32, r.size as usize)
                 .map_err(ioctl("KVM_GET_DIRTY_LOG"))?;
             let pages = (r.size / 4096) as usize;
-            bitmap.resize((bit + pages).div_ceil(64), 0);
-            for page in 0..pages {
-                if log[page / 64] & (1 << (page % 64)) != 0 {
-                    let b = bit + page;
-                    bitmap[b / 64] |= 1 << (b % 64);
-                }
-            }
+            crate::memory::append_bits(&mut bitmap, bit, &log, pages);
             bit += pages;
         }
         Ok(bitmap)

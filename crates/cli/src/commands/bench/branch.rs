@@ -1,6 +1,7 @@
-//! `zygote bench branch`: pause time and time-to-running of fork-based branching against
-//! live, diff and full snapshots of the same live VM, interleaved in one run, with an
-//! idle guest and with a guest that keeps rewriting a window of its memory.
+//! `zygote bench branch`: pause time and time-to-running of fork-based and warm
+//! (spawner-based) branching against live, diff and full snapshots of the same live VM,
+//! interleaved in one run, with an idle guest and with a guest that keeps rewriting a
+//! window of its memory.
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -9,7 +10,8 @@ use zygote_vmm::probe;
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 
 use super::branch_measure::{
-    bare_fork_baseline, boot_populated, run_scenario, Samples, Scenario, MODES,
+    bare_fork_baseline, boot_populated, run_scenario, tracking_cost, Samples, Scenario,
+    BRANCH_MODES, MODES,
 };
 use super::plot::{self, Panel, Series};
 use super::stats::{ms, percentile, Summary};
@@ -30,6 +32,11 @@ pub struct BranchBenchArgs {
     /// advanced in the child's memory) before the bench fails.
     #[arg(long, default_value_t = 10_000)]
     progress_timeout_ms: u64,
+    /// Also run, per round, an untimed warm branch whose child compares its RAM with a
+    /// witness copy of the parent's, and report the differing pages
+    /// (`memory_mismatches`, which must be 0).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    verify: bool,
     /// Where snapshots are written (deleted after each measurement).
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -47,14 +54,14 @@ struct ModeResult {
     pause_ms: Summary,
     /// Every pause, in run order (for plots and re-analysis).
     pause_samples_ms: Vec<f64>,
-    /// fork only: from the request until the child's VM was rebuilt and its vCPU threads
-    /// started, as the child reports it. Not proof that its guest executes.
+    /// Branches only: from the request until the child's VM was built and its vCPU
+    /// threads started, as the child reports it. Not proof that its guest executes.
     vcpus_started_ms: Option<Summary>,
-    /// fork only: from the request until the child's guest had demonstrably run: its
-    /// heartbeat rose in the child's own memory past the value the child first read.
+    /// Branches only: from the request until the child's guest had demonstrably run:
+    /// its heartbeat rose in the child's own memory past the value the child first read.
     guest_running_ms: Option<Summary>,
-    /// Until the operation was complete: snapshot on disk; for fork, the later of the
-    /// child's guest running and the branch call returning.
+    /// Until the operation was complete: snapshot on disk; for a branch, the later of
+    /// the child's guest running and the branch call returning.
     total_ms: Summary,
     /// Snapshots: guest pages written, median.
     pages_written_p50: Option<f64>,
@@ -77,6 +84,25 @@ struct ScenarioResult {
     /// fork only, per round: from the child's vCPU threads starting until its guest had
     /// run (what the old definition of "child running" left out).
     guest_after_vcpus_started_ms: Summary,
+    /// warm only: parts of the pause (stop + capture, last read of the dirty logs,
+    /// writing the pages into the spawner, sending the state), pages written, and the
+    /// child's restore into its ready VM.
+    warm_capture_ms: Summary,
+    warm_dirty_read_ms: Summary,
+    warm_copy_ms: Summary,
+    warm_send_ms: Summary,
+    warm_pages_copied_p50: Option<f64>,
+    /// warm only, before the pause (while the guest ran): catching the spawner up.
+    warm_catch_up_ms: Summary,
+    warm_caught_up_pages_p50: Option<f64>,
+    warm_child_restore_ms: Summary,
+    /// Verified warm branches (untimed) and the pages their children found different
+    /// from the parent's at the branch instant, in all: must be 0.
+    verified_branches: usize,
+    memory_mismatches: u64,
+    /// warm pause p50 / fork pause p50, and the same for the guest running.
+    warm_over_fork_pause: f64,
+    warm_over_fork_guest_running: f64,
     /// full pause p50 / fork pause p50.
     full_over_fork: f64,
     /// fork-mode pause p50 / bare fork p50 (same run).
@@ -98,6 +124,12 @@ struct BranchBench {
     /// slot, which this host's KVM charges per guest page. The floor for forking a
     /// process that owns a VM.
     kvm_slot_fork_ms: Summary,
+    /// Dirtying guests only: its passes over the window per second with no dirty
+    /// tracking and with a warm spawner kept (median; same run), and their ratio (the
+    /// cost of keeping spawners is 1 - ratio).
+    progress_without_tracking: Option<f64>,
+    progress_with_spawner: Option<f64>,
+    progress_with_spawner_ratio: Option<f64>,
     scenarios: Vec<ScenarioResult>,
 }
 
@@ -125,18 +157,36 @@ fn summarize(
             mode,
             pause_ms: Summary::of(&s.pause[k]),
             pause_samples_ms: samples_ms(&s.pause[k]),
-            vcpus_started_ms: (k == 0).then(|| Summary::of(&s.vcpus_started)),
-            guest_running_ms: (k == 0).then(|| Summary::of(&s.guest_ran)),
+            vcpus_started_ms: (k < BRANCH_MODES).then(|| Summary::of(&s.vcpus_started[k])),
+            guest_running_ms: (k < BRANCH_MODES).then(|| Summary::of(&s.guest_ran[k])),
             total_ms: Summary::of(&s.total[k]),
             pages_written_p50: median(s.pages_written[k].iter().map(|&p| p as f64)),
         })
         .collect();
     let fork_p50 = modes[0].pause_ms.p50;
+    let running_p50 = |k: usize| {
+        modes[k]
+            .guest_running_ms
+            .as_ref()
+            .map_or(f64::NAN, |s| s.p50)
+    };
     ScenarioResult {
         scenario: name,
         dirty_mib,
         dirty_passes_per_s: median(s.passes_per_s.iter().copied()),
-        full_over_fork: modes[3].pause_ms.p50 / fork_p50,
+        warm_capture_ms: Summary::of(&s.warm_capture),
+        warm_dirty_read_ms: Summary::of(&s.warm_dirty_read),
+        warm_copy_ms: Summary::of(&s.warm_copy),
+        warm_send_ms: Summary::of(&s.warm_send),
+        warm_pages_copied_p50: median(s.warm_pages.iter().map(|&p| p as f64)),
+        warm_catch_up_ms: Summary::of(&s.warm_catch_up),
+        warm_caught_up_pages_p50: median(s.warm_caught_up_pages.iter().map(|&p| p as f64)),
+        warm_child_restore_ms: Summary::of(&s.warm_restore),
+        verified_branches: s.verified,
+        memory_mismatches: s.memory_mismatches,
+        warm_over_fork_pause: modes[1].pause_ms.p50 / fork_p50,
+        warm_over_fork_guest_running: running_p50(1) / running_p50(0),
+        full_over_fork: modes[4].pause_ms.p50 / fork_p50,
         fork_pause_over_bare_fork: fork_p50 / bare.p50,
         fork_pause_over_kvm_slot_fork: fork_p50 / kvm_slot.p50,
         modes,
@@ -145,9 +195,9 @@ fn summarize(
         fork_resume_ms: Summary::of(&s.resume),
         child_restore_ms: Summary::of(&s.child_restore),
         guest_after_vcpus_started_ms: Summary::of(
-            &s.guest_ran
+            &s.guest_ran[0]
                 .iter()
-                .zip(&s.vcpus_started)
+                .zip(&s.vcpus_started[0])
                 .map(|(ran, started)| ran.saturating_sub(*started))
                 .collect::<Vec<_>>(),
         ),
@@ -182,6 +232,16 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
         args.mem_mib
     );
     let (mut vm, populated_pages) = boot_populated(args.mem_mib)?;
+    let progress = if window_pages > 0 {
+        eprintln!("the guest's progress without dirty tracking, then with a warm spawner kept...");
+        Some(tracking_cost(
+            &mut vm,
+            window_pages,
+            args.iterations.max(5),
+        )?)
+    } else {
+        None
+    };
     // Diffs need a base snapshot of this VM.
     vm.vmm
         .snapshot(SnapshotMode::Full, &work.path().join("base"))?;
@@ -193,7 +253,7 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
             continue;
         }
         eprintln!(
-            "scenario {name}: {} rounds of fork, live, diff, full{}",
+            "scenario {name}: {} rounds of fork, warm, live, diff, full{}",
             args.iterations,
             if pages > 0 {
                 format!(" while the guest rewrites {dirty_mib} MiB")
@@ -209,6 +269,7 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
                 iterations: args.iterations,
                 work: work.path(),
                 progress_timeout: Duration::from_millis(args.progress_timeout_ms),
+                verify: args.verify,
             },
         )?;
         scenarios.push(summarize(name, dirty_mib, &samples, &bare, &kvm_slot));
@@ -221,6 +282,9 @@ pub fn run(args: BranchBenchArgs) -> anyhow::Result<i32> {
         populated_pages,
         bare_fork_ms: bare,
         kvm_slot_fork_ms: kvm_slot,
+        progress_without_tracking: progress.map(|p| p.0),
+        progress_with_spawner: progress.map(|p| p.1),
+        progress_with_spawner_ratio: progress.map(|(without, with)| with / without),
         scenarios,
     };
     if let Some(path) = &args.plot {
@@ -262,6 +326,7 @@ fn plot(path: &std::path::Path, r: &BranchBench) -> anyhow::Result<()> {
 fn mode_label(mode: &str) -> &'static str {
     match mode {
         "fork" => "fork branch",
+        "warm" => "warm branch",
         "live" => "live snapshot",
         "diff" => "diff snapshot",
         "full" => "full snapshot",
@@ -324,6 +389,24 @@ fn print_table(r: &BranchBench) {
             ms(sc.guest_after_vcpus_started_ms.p90),
         );
         println!(
+            "warm: catch-up before the pause {} ({:.0} pages); pause p50 parts: pause+capture {} + \
+             dirty logs {} + copy {} ({:.0} pages); state sent after {}; child restore {}; \
+             warm/fork: pause {:.2}x, guest ran {:.2}x; {} verified warm branches, {} memory \
+             mismatches",
+            ms(sc.warm_catch_up_ms.p50),
+            sc.warm_caught_up_pages_p50.unwrap_or(0.0),
+            ms(sc.warm_capture_ms.p50),
+            ms(sc.warm_dirty_read_ms.p50),
+            ms(sc.warm_copy_ms.p50),
+            sc.warm_pages_copied_p50.unwrap_or(0.0),
+            ms(sc.warm_send_ms.p50),
+            ms(sc.warm_child_restore_ms.p50),
+            sc.warm_over_fork_pause,
+            sc.warm_over_fork_guest_running,
+            sc.verified_branches,
+            sc.memory_mismatches,
+        );
+        println!(
             "full/fork pause {:.0}x; fork pause / bare fork {:.2}x; / KVM-slot fork {:.2}x",
             sc.full_over_fork, sc.fork_pause_over_bare_fork, sc.fork_pause_over_kvm_slot_fork
         );
@@ -335,6 +418,13 @@ fn print_table(r: &BranchBench) {
         ms(r.bare_fork_ms.p50),
         ms(r.kvm_slot_fork_ms.p50)
     );
+    if let (Some(without), Some(with)) = (r.progress_without_tracking, r.progress_with_spawner) {
+        println!(
+            "guest progress: {without:.1} passes/s without dirty tracking, {with:.1} with a warm \
+             spawner kept ({:.1}%)",
+            (with / without - 1.0) * 100.0
+        );
+    }
     println!(
         "vCPUs started: the child's VM rebuilt and its threads running; guest ran: its \
          heartbeat advanced in the child's memory (the child's guest executed)"

@@ -1,6 +1,6 @@
 //! The measuring half of `zygote bench branch`: the same-run fork(2) baselines, booting
-//! the populated probe VM, and one scenario's interleaved rounds of fork branch and
-//! live, diff and full snapshots.
+//! the populated probe VM, and one scenario's interleaved rounds of fork branch, warm
+//! branch (through a spawner kept while the guest ran) and live, diff and full snapshots.
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -9,6 +9,7 @@ use zygote_vmm::probe::progress::{self, Posted, ProgressBoard};
 use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
 use zygote_vmm::vmm::branch::{BranchRequest, ChildContext, ChildMain};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
+use zygote_vmm::vmm::warm::{ChildSetup, Payload, SpawnerSetup, WarmBranchRequest};
 
 use super::stats::ms;
 use crate::commands::progress::Steps;
@@ -17,7 +18,9 @@ use crate::commands::progress::Steps;
 pub const POPULATE_FLOOR: u64 = 32 << 20;
 
 /// Modes in the order each round runs them.
-pub const MODES: [&str; 4] = ["fork", "live", "diff", "full"];
+pub const MODES: [&str; 5] = ["fork", "warm", "live", "diff", "full"];
+/// The branch modes (a child whose guest must run) among `MODES`.
+pub const BRANCH_MODES: usize = 2;
 
 /// fork(2) cost of a process holding `mem_mib` of populated THP memory: the floor for a
 /// fork-based branch on this host. With `kvm_slot`, the memory is also registered as
@@ -124,21 +127,35 @@ pub fn boot_populated(mem_mib: u64) -> anyhow::Result<(ProbeVm, u64)> {
 /// What one scenario measured, raw. Index k of the per-mode arrays is `MODES[k]`.
 #[derive(Default)]
 pub struct Samples {
-    pub pause: [Vec<Duration>; 4],
-    /// Until the operation was complete: snapshot on disk; for fork, the child's guest
-    /// ran (the later of that and the branch call returning).
-    pub total: [Vec<Duration>; 4],
-    /// Snapshots only (fork writes nothing).
-    pub pages_written: [Vec<u64>; 4],
-    /// fork: from the request until the child's VM was rebuilt and its vCPU threads
+    pub pause: [Vec<Duration>; 5],
+    /// Until the operation was complete: snapshot on disk; for a branch, the child's
+    /// guest ran (the later of that and the branch call returning).
+    pub total: [Vec<Duration>; 5],
+    /// Snapshots only (a branch writes nothing).
+    pub pages_written: [Vec<u64>; 5],
+    /// Branches: from the request until the child's VM was built and its vCPU threads
     /// started (the child's own readiness report).
-    pub vcpus_started: Vec<Duration>,
-    /// fork: from the request until the child's guest had demonstrably run.
-    pub guest_ran: Vec<Duration>,
+    pub vcpus_started: [Vec<Duration>; 5],
+    /// Branches: from the request until the child's guest had demonstrably run.
+    pub guest_ran: [Vec<Duration>; 5],
     pub capture: Vec<Duration>,
     pub fork: Vec<Duration>,
     pub resume: Vec<Duration>,
     pub child_restore: Vec<Duration>,
+    /// Warm branches: parts of the pause, pages written into the spawner, the child's
+    /// restore into its ready VM.
+    pub warm_capture: Vec<Duration>,
+    pub warm_dirty_read: Vec<Duration>,
+    pub warm_copy: Vec<Duration>,
+    pub warm_send: Vec<Duration>,
+    pub warm_pages: Vec<u64>,
+    pub warm_catch_up: Vec<Duration>,
+    pub warm_caught_up_pages: Vec<u64>,
+    pub warm_restore: Vec<Duration>,
+    /// Extra warm branches (untimed) whose child compared its RAM with a witness of
+    /// the parent's: how many, and the differing pages they found in all.
+    pub verified: usize,
+    pub memory_mismatches: u64,
     /// Dirtying only: finished passes over the window per second, measured while the
     /// bench waits between measurements.
     pub passes_per_s: Vec<f64>,
@@ -153,6 +170,8 @@ pub struct Scenario<'a> {
     pub work: &'a Path,
     /// How long a child may take to show its guest ran.
     pub progress_timeout: Duration,
+    /// Also run an untimed, verified warm branch per round.
+    pub verify: bool,
 }
 
 /// Let the guest run between measurements. Idle: a moment (its heartbeat page gets
@@ -228,17 +247,38 @@ pub fn run_scenario(vm: &mut ProbeVm, sc: &Scenario) -> anyhow::Result<Samples> 
         };
         s.pause[0].push(r.pause);
         s.total[0].push(returned.max(ran));
-        s.vcpus_started.push(r.children[0].ready_after);
-        s.guest_ran.push(ran);
+        s.vcpus_started[0].push(r.children[0].ready_after);
+        s.guest_ran[0].push(ran);
         s.capture.push(r.capture);
         s.fork.push(r.fork);
         s.resume.push(r.resume);
         s.child_restore.push(r.children[0].restore);
 
+        // Warm: the spawner is forked before the guest runs on, so it is as stale as a
+        // kept one would be.
+        let (r, returned, ran) = warm_round(vm, sc, &board, false)?;
+        s.pause[1].push(r.pause);
+        s.total[1].push(returned.max(ran));
+        s.vcpus_started[1].push(r.child.ready_after);
+        s.guest_ran[1].push(ran);
+        s.warm_capture.push(r.capture);
+        s.warm_dirty_read.push(r.dirty_read);
+        s.warm_copy.push(r.copy);
+        s.warm_send.push(r.send);
+        s.warm_pages.push(r.pages_copied);
+        s.warm_catch_up.push(r.catch_up);
+        s.warm_caught_up_pages.push(r.pages_caught_up);
+        s.warm_restore.push(r.child.restore);
+        if sc.verify {
+            let (r, ..) = warm_round(vm, sc, &board, true)?;
+            s.verified += 1;
+            s.memory_mismatches += r.memory_mismatches.unwrap_or(0);
+        }
+
         for (slot, mode) in [
-            (1, SnapshotMode::Live),
-            (2, SnapshotMode::Diff),
-            (3, SnapshotMode::Full),
+            (2, SnapshotMode::Live),
+            (3, SnapshotMode::Diff),
+            (4, SnapshotMode::Full),
         ] {
             s.passes_per_s.extend(settle(vm, sc.window_pages)?);
             let dir = sc.work.join(format!("{}-{mode:?}-{i}", sc.name));
@@ -249,14 +289,115 @@ pub fn run_scenario(vm: &mut ProbeVm, sc: &Scenario) -> anyhow::Result<Samples> 
             std::fs::remove_dir_all(&dir)?;
         }
         steps.step(format!(
-            "fork pause {} ms, guest ran {} ms; diff pause {} ms ({} pages)",
+            "fork pause {} ms, guest ran {} ms; warm pause {} ms, guest ran {} ms; diff pause {} ms ({} pages)",
             ms(s.pause[0][i].as_secs_f64() * 1e3),
-            ms(ran.as_secs_f64() * 1e3),
-            ms(s.pause[2][i].as_secs_f64() * 1e3),
-            s.pages_written[2][i]
+            ms(s.guest_ran[0][i].as_secs_f64() * 1e3),
+            ms(s.pause[1][i].as_secs_f64() * 1e3),
+            ms(s.guest_ran[1][i].as_secs_f64() * 1e3),
+            ms(s.pause[3][i].as_secs_f64() * 1e3),
+            s.pages_written[3][i]
         ));
     }
     steps.finish();
     probe::set_dirty_window(vm.vmm.guest_ram(), 0)?;
     Ok(s)
+}
+
+fn warm_child(_: &mut Payload) -> ChildSetup {
+    ChildSetup {
+        serial: sink(0),
+        devices: Default::default(),
+        netns: None,
+    }
+}
+
+/// One warm branch: fork a spawner, wait until its VM is built, let the guest run on
+/// as between any two measurements, branch through it. Returns the report, the time
+/// until the call returned and until the child's guest demonstrably ran.
+fn warm_round(
+    vm: &mut ProbeVm,
+    sc: &Scenario,
+    board: &ProgressBoard,
+    verify: bool,
+) -> anyhow::Result<(zygote_vmm::vmm::warm::WarmReport, Duration, Duration)> {
+    let timeout = sc.progress_timeout;
+    let child_main = |ctx: ChildContext, _: Payload| -> i32 {
+        let outcome = progress::wait_for_progress(ctx.vmm.guest_ram(), timeout);
+        board.post(ctx.index, &outcome);
+        i32::from(outcome.is_err())
+    };
+    vm.vmm.prepare_spawner(&SpawnerSetup {
+        cgroup: None,
+        child: &warm_child,
+        child_main: &child_main,
+        keep_fds: vec![],
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !vm.vmm.spawners()?.iter().any(|s| s.ready) {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{}: no warm spawner was built in 30 s",
+            sc.name
+        );
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    settle(vm, sc.window_pages)?;
+    board.clear();
+    let start_ns = progress::mono_ns();
+    let started = Instant::now();
+    let r = vm.vmm.branch_warm(&WarmBranchRequest {
+        payload: b"",
+        fds: &[],
+        ready_timeout: Duration::from_secs(30),
+        max_pages: u64::MAX,
+        verify,
+    })?;
+    let returned = started.elapsed();
+    let posted = board.collect(
+        Instant::now() + timeout + Duration::from_secs(1),
+        Duration::from_micros(200),
+    );
+    vm.vmm.reap_children(true);
+    match posted[0] {
+        Some(Posted::Proven(p)) => Ok((r, returned, p.since(start_ns))),
+        other => anyhow::bail!(
+            "{}: the warm child's guest did not run ({other:?} within {timeout:?})",
+            sc.name
+        ),
+    }
+}
+
+/// The guest's own progress (passes over its dirty window per second) with no dirty
+/// tracking, then with a warm spawner kept (KVM's dirty log on, the VMM reading it):
+/// medians of `rounds` settles each. Call before anything turns the log on.
+pub fn tracking_cost(
+    vm: &mut ProbeVm,
+    window_pages: u64,
+    rounds: usize,
+) -> anyhow::Result<(f64, f64)> {
+    probe::set_dirty_window(vm.vmm.guest_ram(), window_pages)?;
+    let rate = |vm: &mut ProbeVm, kept: bool| -> anyhow::Result<f64> {
+        let mut v = Vec::new();
+        for _ in 0..rounds {
+            if kept {
+                // What keeping a spawner adds between branches: reading the logs.
+                vm.vmm.spawners()?;
+            }
+            v.extend(settle(vm, window_pages)?);
+        }
+        v.sort_by(|a, b| a.total_cmp(b));
+        Ok(v[v.len() / 2])
+    };
+    let without = rate(vm, false)?;
+    let child_main = |_: ChildContext, _: Payload| -> i32 { 0 };
+    let pid = vm.vmm.prepare_spawner(&SpawnerSetup {
+        cgroup: None,
+        child: &warm_child,
+        child_main: &child_main,
+        keep_fds: vec![],
+    })?;
+    let with = rate(vm, true)?;
+    vm.vmm.drop_spawner(pid);
+    probe::set_dirty_window(vm.vmm.guest_ram(), 0)?;
+    Ok((without, with))
 }
