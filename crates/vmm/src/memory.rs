@@ -61,7 +61,7 @@ pub fn ram_ranges(mem_bytes: u64) -> Vec<(u64, u64)> {
 pub(crate) fn append_bits(bitmap: &mut Vec<u64>, at: usize, words: &[u64], pages: usize) {
     bitmap.resize((at + pages).div_ceil(64), 0);
     let bit = |p: usize| words.get(p / 64).is_some_and(|w| w & (1 << (p % 64)) != 0);
-    if at % 64 == 0 {
+    if at.is_multiple_of(64) {
         let whole = pages / 64;
         for (dst, src) in bitmap[at / 64..].iter_mut().zip(words.iter().take(whole)) {
             *dst |= src;
