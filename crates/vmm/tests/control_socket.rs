@@ -309,6 +309,7 @@ fn snapshot_paths_are_checked_and_confined_to_the_root() {
         std::fs::create_dir(dir.join("snaps")).unwrap();
         ServeOptions {
             snapshots: SnapshotConfinement::under(&dir.join("snaps")).unwrap(),
+            warm_spawners: 0,
         }
     }) else {
         return;

@@ -40,6 +40,7 @@ fn child(_: &mut Payload) -> ChildSetup {
     ChildSetup {
         serial: support::sink(),
         devices: Default::default(),
+        cgroup: None,
         netns: None,
     }
 }

@@ -84,6 +84,11 @@ pub struct VmServeArgs {
     /// resolving symlinks); branch children inherit the limit.
     #[arg(long, value_name = "DIR")]
     snapshot_root: Option<PathBuf>,
+    /// Keep this many warm spawners: processes forked ahead with the child's KVM VM
+    /// already built, caught up with the guest's writes, so that a single-child branch
+    /// needs no fork and no VM build (0: every branch forks). Branch children inherit it.
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    warm_spawners: usize,
 }
 
 /// `ID=FILE` of `--volume`/`--volume-view`: ids are limited to what the 20-byte GET_ID
@@ -124,6 +129,7 @@ pub fn run(args: VmServeArgs) -> anyhow::Result<i32> {
             Some(dir) => SnapshotConfinement::under(dir)?,
             None => SnapshotConfinement::default(),
         },
+        warm_spawners: args.warm_spawners,
     };
     // The socket first: a VMM already serving this path is found before a VM is built
     // for nothing, and a stale file is replaced. Requests that arrive while the VM

@@ -8,6 +8,7 @@ pub mod client;
 pub mod conn;
 pub mod protocol;
 pub mod server;
+mod warm;
 
 pub use client::ControlClient;
 pub use protocol::{Reply, Request};

@@ -108,6 +108,9 @@ pub struct StatusInfo {
     pub children: Vec<i32>,
     /// The snapshot the next `diff` would layer on.
     pub last_snapshot: Option<PathBuf>,
+    /// Warm spawners kept for the next branch (`--warm-spawners`).
+    #[serde(default)]
+    pub spawners: Vec<crate::vmm::warm::SpawnerInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -127,6 +130,9 @@ pub struct BranchInfo {
     pub children: Vec<ChildInfo>,
     pub pause_ms: f64,
     pub spawner: Option<i32>,
+    /// The child came from a warm spawner (no fork, its VM built ahead).
+    #[serde(default)]
+    pub warm: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -32,6 +32,8 @@ const LAST_REPLY_LIMIT: Duration = Duration::from_secs(1);
 pub struct ServeOptions {
     /// Where `snapshot` may write (see `CONTROL.md`).
     pub snapshots: SnapshotConfinement,
+    /// Warm spawners to keep ready for single-child branches (0: every branch forks).
+    pub warm_spawners: usize,
 }
 
 /// Where a VMM process writes why its VM ended: `<socket>.exit`.
@@ -70,6 +72,7 @@ pub fn serve_listener(vmm: Vmm, listener: UnixListener, socket: &Path, opts: Ser
         vmm: Some(vmm),
         socket: socket.to_path_buf(),
         opts,
+        maintained: None,
     };
     let code = server.run(&listener);
     let _ = std::fs::remove_file(socket);
@@ -80,6 +83,8 @@ struct Server {
     vmm: Option<Vmm>,
     socket: PathBuf,
     opts: ServeOptions,
+    /// When warm spawners were last looked after.
+    maintained: Option<Instant>,
 }
 
 enum Flow {
@@ -99,6 +104,9 @@ impl Server {
         loop {
             if let Some(code) = self.check_guest_ended() {
                 return code;
+            }
+            if let Some(vmm) = self.vmm.as_mut() {
+                super::warm::maintain(vmm, &self.opts, &mut self.maintained);
             }
             conns.poll(listener, GUEST_CHECK_INTERVAL);
             for id in conns.ready() {
@@ -242,6 +250,7 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
         exit,
         children: vmm.children().to_vec(),
         last_snapshot: vmm.last_snapshot().map(Path::to_path_buf),
+        spawners: vmm.spawners().unwrap_or_default(),
     }
 }
 
@@ -271,6 +280,19 @@ fn branch(
         }
     }
     let listener_fds: Vec<RawFd> = listeners.iter().map(AsRawFd::as_raw_fd).collect();
+    if let ([spec], None) = (children, point) {
+        match super::warm::branch(vmm, spec, listener_fds[0], timeout_ms, opts) {
+            None => {} // no spawner could take it: fork
+            Some(Ok(info)) => return Reply::ok(info),
+            Some(Err(e)) => {
+                remove_sockets(children);
+                return match e {
+                    crate::vmm::warm::WarmError::Vmm(e) => Reply::err("stopped", e),
+                    e => Reply::err("branch_failed", e),
+                };
+            }
+        }
+    }
     let serial = |i: usize| console_sink(children[i].console.as_deref());
     let devices = |i: usize| DeviceHostConfig {
         vsock_uds: children[i].vsock.clone(),
@@ -318,6 +340,7 @@ fn branch(
                 .collect(),
             pause_ms: r.pause.as_secs_f64() * 1e3,
             spawner: r.spawner,
+            warm: false,
         }),
         Err(e) => {
             remove_sockets(children);

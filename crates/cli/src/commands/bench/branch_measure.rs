@@ -307,6 +307,7 @@ fn warm_child(_: &mut Payload) -> ChildSetup {
     ChildSetup {
         serial: sink(0),
         devices: Default::default(),
+        cgroup: None,
         netns: None,
     }
 }

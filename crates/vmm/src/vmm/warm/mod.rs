@@ -54,6 +54,11 @@ pub struct ChildSetup {
     pub serial: SerialOut,
     /// Its own vsock socket, tap, disk files.
     pub devices: DeviceHostConfig,
+    /// A cgroup (v2 directory) joined when the branch arrives. The VM was built
+    /// before, in the spawner's cgroup (`SpawnerSetup::cgroup`): KVM's memory for it
+    /// stays charged there; everything after (the guest's copies of pages, threads) is
+    /// the child's.
+    pub cgroup: Option<PathBuf>,
     /// A network namespace joined before the devices' host resources are opened.
     pub netns: Option<PathBuf>,
 }
@@ -284,6 +289,42 @@ impl Vmm {
             self.drain_dirty()?;
         }
         Ok(self.spawners.iter().map(Spawner::info).collect())
+    }
+
+    /// Catch every ready spawner up with the running guest (see `catch_up`), so that
+    /// its stale pages, the memory they hold and the next branch's copy stay small.
+    /// Returns the pages written. A spawner that fails is dropped.
+    pub fn catch_up_spawners(&mut self) -> Result<u64, WarmError> {
+        self.ensure_running()?;
+        self.spawners.retain_mut(|s| s.poll_ready().is_ok());
+        if self.paused {
+            return Ok(0);
+        }
+        self.drain_dirty()?;
+        let mut total = 0;
+        let mut i = 0;
+        while i < self.spawners.len() {
+            if !self.spawners[i].ready {
+                i += 1;
+                continue;
+            }
+            let before = self.spawners.len();
+            match self.catch_up(i) {
+                Ok(n) => total += n,
+                Err(WarmError::Copy { pid, source, .. }) if self.spawners.len() < before => {
+                    tracing::warn!(pid, %source, "warm spawner dropped: catching it up failed");
+                    continue; // removed: `i` is the next one now
+                }
+                Err(e) => return Err(e),
+            }
+            i += 1;
+        }
+        Ok(total)
+    }
+
+    /// Spawners kept (ready or building), as of the last look at them.
+    pub fn spawner_count(&self) -> usize {
+        self.spawners.len()
     }
 
     /// End the spawner `pid`. False: no such spawner.

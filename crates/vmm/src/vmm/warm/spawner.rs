@@ -86,7 +86,7 @@ impl Vmm {
                 "no file of its own for the persistent disk {id:?}: it would write into the \
                  parent's"
             ))),
-            None => join_netns(child.netns),
+            None => join_cgroup(child.cgroup).and_then(|()| join_netns(child.netns)),
         }
         .and_then(|()| {
             let cfg = RestoreConfig {

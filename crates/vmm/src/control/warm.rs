@@ -1,0 +1,131 @@
+//! Warm spawners in a served VMM (see `vmm::warm`): the loop keeps `warm_spawners` of
+//! them ready and caught up between requests, and a branch into one child with no
+//! point to keep goes through one when it is cheaper than a fork. Everything else (and
+//! any warm failure before the pause) takes the fork path, so a reply never depends on
+//! a spawner being there.
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::net::UnixListener;
+use std::time::{Duration, Instant};
+
+use super::protocol::{BranchInfo, ChildInfo, ChildSpec};
+use super::server::{console_sink, serve_listener, ServeOptions};
+use crate::devices::virtio::persist::DeviceHostConfig;
+use crate::vmm::branch::ChildContext;
+use crate::vmm::warm::{
+    ChildSetup, Payload, SpawnerSetup, WarmBranchRequest, WarmError, DEFAULT_MAX_PAGES,
+};
+use crate::Vmm;
+
+/// How often the loop catches spawners up (reads the dirty logs, writes what changed)
+/// while it is busy with requests; a missing spawner is forked at once.
+const MAINTAIN_EVERY: Duration = Duration::from_millis(50);
+
+/// Keep `opts.warm_spawners` spawners: catch the ready ones up with the guest, and fork
+/// one more when fewer are kept (one per call: each fork pauses the guest briefly).
+pub fn maintain(vmm: &mut Vmm, opts: &ServeOptions, last: &mut Option<Instant>) {
+    if opts.warm_spawners == 0 || vmm.is_paused() {
+        return;
+    }
+    let missing = vmm.spawner_count() < opts.warm_spawners;
+    if !missing && last.is_some_and(|t| t.elapsed() < MAINTAIN_EVERY) {
+        return;
+    }
+    *last = Some(Instant::now());
+    if let Err(e) = vmm.catch_up_spawners() {
+        tracing::warn!(%e, "catching warm spawners up");
+        return;
+    }
+    let kept = match vmm.spawners() {
+        Ok(s) => s.len(),
+        Err(_) => return, // the guest has ended: the loop sees it next
+    };
+    if kept < opts.warm_spawners {
+        prepare(vmm, opts);
+    }
+}
+
+/// The child a spawner becomes, from the branch's payload: the child's `ChildSpec` as
+/// JSON (its control socket is already bound by the parent; the listener comes as the
+/// payload's first fd).
+fn child_setup(payload: &mut Payload) -> ChildSetup {
+    let spec: ChildSpec = serde_json::from_slice(&payload.bytes).unwrap_or_else(|e| {
+        // The parent wrote it: unreadable means a bug. A setup without resources
+        // fails the restore of any VM with devices, which the parent then reports.
+        eprintln!("zygote: warm spawner: bad child description: {e}");
+        ChildSpec::default()
+    });
+    ChildSetup {
+        serial: console_sink(spec.console.as_deref()),
+        devices: DeviceHostConfig {
+            vsock_uds: spec.vsock.clone(),
+            net_tap: spec.tap.clone(),
+            disk_files: spec.disk_files.clone(),
+        },
+        cgroup: spec.cgroup.clone(),
+        netns: spec.netns.clone(),
+    }
+}
+
+fn prepare(vmm: &mut Vmm, opts: &ServeOptions) {
+    let opts = opts.clone();
+    let child_main = move |ctx: ChildContext, mut payload: Payload| -> i32 {
+        let Ok(spec) = serde_json::from_slice::<ChildSpec>(&payload.bytes) else {
+            return 1;
+        };
+        if payload.fds.is_empty() {
+            eprintln!("zygote: warm branch child: no listener was passed");
+            return 1;
+        }
+        let listener = UnixListener::from(OwnedFd::from(payload.fds.remove(0)));
+        serve_listener(ctx.vmm, listener, &spec.socket, opts.clone())
+    };
+    let setup = SpawnerSetup {
+        cgroup: None,
+        child: &child_setup,
+        child_main: &child_main,
+        keep_fds: Vec::new(),
+    };
+    if let Err(e) = vmm.prepare_spawner(&setup) {
+        tracing::warn!(%e, "preparing a warm spawner");
+    }
+}
+
+/// Branch into `spec`'s child through a warm spawner. None: no spawner could take it
+/// before the pause (none ready, or too far behind): the caller forks instead.
+pub fn branch(
+    vmm: &mut Vmm,
+    spec: &ChildSpec,
+    listener: RawFd,
+    timeout_ms: u64,
+    opts: &ServeOptions,
+) -> Option<Result<BranchInfo, WarmError>> {
+    if opts.warm_spawners == 0 {
+        return None;
+    }
+    let payload = serde_json::to_vec(spec).ok()?;
+    let result = vmm.branch_warm(&WarmBranchRequest {
+        payload: &payload,
+        fds: &[listener],
+        ready_timeout: Duration::from_millis(timeout_ms),
+        max_pages: DEFAULT_MAX_PAGES,
+        verify: false,
+    });
+    let info = match result {
+        Err(WarmError::NoSpawner | WarmError::TooStale { .. }) => return None,
+        Err(e) => return Some(Err(e)),
+        Ok(r) => BranchInfo {
+            children: vec![ChildInfo {
+                index: 0,
+                pid: r.child.pid,
+                socket: spec.socket.clone(),
+                ready_ms: r.child.ready_after.as_secs_f64() * 1e3,
+                restore_ms: r.child.restore.as_secs_f64() * 1e3,
+            }],
+            pause_ms: r.pause.as_secs_f64() * 1e3,
+            spawner: None,
+            warm: true,
+        },
+    };
+    // The replacement is forked by the loop's next `maintain`, after this reply left.
+    Some(Ok(info))
+}
