@@ -3,7 +3,7 @@
 //! point to keep goes through one when it is cheaper than a fork. Everything else (and
 //! any warm failure before the pause) takes the fork path, so a reply never depends on
 //! a spawner being there.
-use std::os::fd::{OwnedFd, RawFd};
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixListener;
 use std::time::{Duration, Instant};
 
@@ -76,7 +76,7 @@ fn prepare(vmm: &mut Vmm, opts: &ServeOptions) {
             eprintln!("zygote: warm branch child: no listener was passed");
             return 1;
         }
-        let listener = UnixListener::from(OwnedFd::from(payload.fds.remove(0)));
+        let listener = UnixListener::from(payload.fds.remove(0));
         serve_listener(ctx.vmm, listener, &spec.socket, opts.clone())
     };
     let setup = SpawnerSetup {
