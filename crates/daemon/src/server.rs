@@ -78,6 +78,13 @@ pub struct ServeArgs {
     /// rules that let nothing through. 0: each is made when needed.
     #[arg(long, value_name = "N", default_value_t = 4)]
     pub network_spares: usize,
+    /// kvm runtime: warm spawners each sandbox's VMM keeps, so that branching into one
+    /// child needs no fork and no VM build on its path (`zygote vm serve
+    /// --warm-spawners`). Each holds a KVM VM and the parent's memory as it was at its
+    /// fork, kept caught up. 0 (the default until measured with Linux guests): branches
+    /// fork.
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub warm_spawners: usize,
     /// Pull from this registry (`host[:port]`) over plain HTTP, as docker's
     /// insecure-registries (loopback registries always are); repeatable. Also
     /// $ZYGOTE_INSECURE_REGISTRIES, comma-separated.
@@ -158,7 +165,7 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
     let db = Db::open(&db_path)?;
     let dirs = Dirs::new(state.clone())?;
     let forced = args.runtime.as_deref();
-    let selected = runtime::select(forced)?;
+    let selected = runtime::select(forced, args.warm_spawners)?;
     let info = RuntimeInfo {
         name: selected.runtime.name().into(),
         reason: selected.reason.clone(),

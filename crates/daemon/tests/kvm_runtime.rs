@@ -368,6 +368,65 @@ fn wait_spinning(vm: &VmRecord) {
     }
 }
 
+/// With warm spawners (`zygote serve --warm-spawners`), a single-child branch is the
+/// spawner the VMM kept: no fork, its VM (with the vsock device) restored into the one
+/// it built ahead; the child serves its own sockets and its guest runs; destroying
+/// everything leaves no process behind.
+#[test]
+fn kvm_runtime_branches_a_child_through_a_warm_spawner() {
+    let Some(env) = setup() else { return };
+    let (bin, root) = (env.bin.clone(), env.root.clone());
+    let rt = KvmRuntime::with_probe(bin, "spin").with_warm_spawners(1);
+    let mut a = rt
+        .start(&spec(&root, "a", BootSource::Image(PathBuf::new())))
+        .expect("start");
+    wait_spinning(&a);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spawner = loop {
+        if let Some(s) = status(&a).spawners.iter().find(|s| s.ready) {
+            break s.pid;
+        }
+        assert!(Instant::now() < deadline, "no warm spawner ready");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let kid = [spec(&root, "w", BootSource::Image(PathBuf::new()))];
+    let point_dir = root.join("snapshots").join("warm-point");
+    std::fs::create_dir_all(&point_dir).unwrap();
+    let next = root.join("layers").join("after-warm");
+    let (_, results) = rt
+        .branch(&mut a, &point_dir, &next, &kid, false)
+        .expect("branch");
+    let child = results.into_iter().next().unwrap().expect("child");
+    assert_eq!(
+        child.process.pid as i32, spawner,
+        "the spawner became the child"
+    );
+    assert_eq!(status(&child).state, VmRunState::Running);
+    assert!(Path::new(&child.agent_addr).starts_with(&kid[0].dir));
+    let beat = read_word(&child, MAILBOX_HEARTBEAT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while read_word(&child, MAILBOX_HEARTBEAT) <= beat {
+        assert!(
+            Instant::now() < deadline,
+            "the warm child's guest does not run"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(status(&a).state, VmRunState::Running, "the parent runs on");
+    for vm in [&child, &a] {
+        rt.destroy(vm);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_under(&root).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        processes_under(&root).is_empty(),
+        "left running: {:?}",
+        processes_under(&root)
+    );
+}
+
 /// Pause to disk and resume in place: the state is saved under the park directory, the
 /// VMM process ends, and a VM started from it (`BootSource::Parked`) runs on with the
 /// guest memory it had (a host-written marker survives, the heartbeat goes on from

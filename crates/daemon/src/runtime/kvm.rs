@@ -60,9 +60,17 @@ pub struct KvmRuntime {
     guest: Guest,
     /// The connection that brought each VM up, until the daemon's first agent call.
     brought_up: BroughtUp,
+    /// Warm spawners each VMM keeps for single-child branches (0: branches fork).
+    warm_spawners: usize,
 }
 
 impl KvmRuntime {
+    /// Have each VMM keep `k` warm spawners (passed on to `vm serve`).
+    pub fn with_warm_spawners(mut self, k: usize) -> Self {
+        self.warm_spawners = k;
+        self
+    }
+
     /// The runtime for sandboxes: needs hardware virtualization (Linux guests
     /// do not boot under shadow-paging KVM), a usable /dev/kvm and the binary.
     pub fn new() -> Result<KvmRuntime, RuntimeError> {
@@ -81,6 +89,7 @@ impl KvmRuntime {
                 kernel: Mutex::new(None),
             },
             brought_up: BroughtUp::default(),
+            warm_spawners: 0,
         })
     }
 
@@ -93,6 +102,7 @@ impl KvmRuntime {
                 scenario: scenario.into(),
             },
             brought_up: BroughtUp::default(),
+            warm_spawners: 0,
         }
     }
 
@@ -145,6 +155,10 @@ impl KvmRuntime {
         if let Some(t) = tap(spec) {
             argv.push("--net".into());
             argv.push(t.tap.clone());
+        }
+        if self.warm_spawners > 0 {
+            argv.push("--warm-spawners".into());
+            argv.push(self.warm_spawners.to_string());
         }
         argv.extend(kvm_volumes::serve_args(volumes));
         Ok(argv)

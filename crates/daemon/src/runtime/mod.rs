@@ -447,8 +447,9 @@ pub struct Selected {
 /// `kvm` (zygote's VMM) when it can serve sandboxes here (hardware
 /// virtualization, usable /dev/kvm, the `zygote` binary), else `qemu`.
 /// `forced` ("kvm"/"qemu") skips the choice and fails if that runtime
-/// cannot work here.
-pub fn select(forced: Option<&str>) -> Result<Selected, RuntimeError> {
+/// cannot work here. `warm_spawners`: what the kvm runtime's VMMs keep (see
+/// `zygote vm serve --warm-spawners`).
+pub fn select(forced: Option<&str>, warm_spawners: usize) -> Result<Selected, RuntimeError> {
     let unavailable = |e: RuntimeError| match e {
         RuntimeError::Unavailable(m) => m,
         other => other.to_string(),
@@ -457,7 +458,8 @@ pub fn select(forced: Option<&str>) -> Result<Selected, RuntimeError> {
         Some("kvm") => Ok(Selected {
             runtime: Arc::new(
                 kvm::KvmRuntime::new()
-                    .map_err(|e| RuntimeError::Unavailable(format!("kvm: {}", unavailable(e))))?,
+                    .map_err(|e| RuntimeError::Unavailable(format!("kvm: {}", unavailable(e))))?
+                    .with_warm_spawners(warm_spawners),
             ),
             reason: "requested with --runtime kvm".into(),
             unavailable: Vec::new(),
@@ -472,7 +474,7 @@ pub fn select(forced: Option<&str>) -> Result<Selected, RuntimeError> {
         }),
         None => match kvm::KvmRuntime::new() {
             Ok(k) => Ok(Selected {
-                runtime: Arc::new(k),
+                runtime: Arc::new(k.with_warm_spawners(warm_spawners)),
                 reason: "hardware virtualization is available: zygote's VMM (fork-based \
                          branch, full/diff/live snapshots)"
                     .into(),
