@@ -90,6 +90,7 @@ SMOKE = [
 ]
 FULL = SMOKE + [
     Step("vmm/linux_snapshot", 900, "zygote-vmm", "linux_snapshot", ["--nocapture"]),
+    Step("vmm/linux_warm", 900, "zygote-vmm", "linux_warm", ["--nocapture"]),
     Step("vmm/unit", 600, "zygote-vmm", "", ["--test-threads=2"]),
     *[
         Step(f"vmm/{t}", 600, "zygote-vmm", t)
