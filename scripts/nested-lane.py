@@ -146,6 +146,9 @@ FULL = SMOKE + [
 FANOUT = ["bench", "api-fanout", "--runtime", "kvm", "--rounds", "1", "--mem-mib", "128"]
 BENCH = [
     Step("bench/linux", 3600, zygote=["bench", "linux", "--rounds", "10"]),
+    # The same with warm spawners (issue 36): 1-child branches skip the fork and VM build.
+    Step("bench/linux_warm", 3600,
+         zygote=["bench", "linux", "--rounds", "10", "--warm-spawners", "1", "--fanout", "0"]),
     Step("bench/api-fanout-64", 1200, zygote=FANOUT + ["--count", "64"]),
     Step("bench/api-fanout-256", 2400, zygote=FANOUT + ["--count", "256"]),
 ]

@@ -49,6 +49,10 @@ pub struct LinuxBenchArgs {
     /// Children of the final fan-out branch (0: skip it).
     #[arg(long, default_value_t = 16)]
     fanout: usize,
+    /// Warm spawners each VMM of the private daemon keeps (`zygote serve
+    /// --warm-spawners`; kvm runtime): 1-child branches then go through one.
+    #[arg(long, default_value_t = 0)]
+    warm_spawners: usize,
     /// Print only the JSON summary.
     #[arg(long)]
     json: bool,
@@ -57,6 +61,7 @@ pub struct LinuxBenchArgs {
 #[derive(Serialize)]
 struct LinuxBench {
     runtime: String,
+    warm_spawners: usize,
     mem_mib: u32,
     fill_mib: u32,
     rounds: usize,
@@ -293,7 +298,12 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
             eprintln!("{m}");
         }
     };
-    let runtime = ["--runtime".to_string(), args.runtime.clone()];
+    let runtime = [
+        "--runtime".to_string(),
+        args.runtime.clone(),
+        "--warm-spawners".to_string(),
+        args.warm_spawners.to_string(),
+    ];
     let state = StateDir::Temp {
         prefix: "zygote-bench-",
     };
@@ -395,6 +405,7 @@ pub fn run(args: LinuxBenchArgs) -> anyhow::Result<i32> {
         .collect();
     let result = LinuxBench {
         runtime: args.runtime.clone(),
+        warm_spawners: args.warm_spawners,
         mem_mib: args.mem_mib,
         fill_mib: args.fill_mib,
         rounds: args.rounds,
