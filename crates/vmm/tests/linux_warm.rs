@@ -91,6 +91,7 @@ fn warm_branches_of_a_busy_linux_guest_match_the_parent_page_for_page() {
                 fds: &[],
                 ready_timeout: Duration::from_secs(120),
                 max_pages: u64::MAX,
+                by_cost: false,
                 verify: true,
             })
             .expect("warm branch");

@@ -78,6 +78,7 @@ fn warm_branch(vm: &mut ProbeVm, board: &ProgressBoard, wait: Duration) -> WarmR
             fds: &[],
             ready_timeout: Duration::from_secs(30),
             max_pages: u64::MAX,
+            by_cost: false,
             verify: true,
         })
         .unwrap();
@@ -187,6 +188,7 @@ fn a_missed_source_of_dirty_pages_is_caught() {
             fds: &[],
             ready_timeout: Duration::from_secs(30),
             max_pages: u64::MAX,
+            by_cost: false,
             verify: true,
         })
         .unwrap();
@@ -209,6 +211,7 @@ fn a_missed_source_of_dirty_pages_is_caught() {
             fds: &[],
             ready_timeout: Duration::from_secs(30),
             max_pages: u64::MAX,
+            by_cost: false,
             verify: true,
         })
         .unwrap();
@@ -227,6 +230,7 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         fds: &[],
         ready_timeout: Duration::from_secs(5),
         max_pages: u64::MAX,
+        by_cost: false,
         verify: false,
     });
     assert!(matches!(no, Err(WarmError::NoSpawner)), "{no:?}");
@@ -252,6 +256,7 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         fds: &[],
         ready_timeout: Duration::from_secs(5),
         max_pages: 0,
+        by_cost: false,
         verify: false,
     });
     assert!(
@@ -271,6 +276,7 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         fds: &[],
         ready_timeout: Duration::from_secs(5),
         max_pages: u64::MAX,
+        by_cost: false,
         verify: false,
     });
     assert!(matches!(no, Err(WarmError::NoSpawner)), "{no:?}");

@@ -112,6 +112,10 @@ pub struct ChildPhases {
     /// The part of `vm_ms` the child spent building its VM over the inherited memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm_build_ms: Option<f64>,
+    /// Part of `vm_ms` (kvm, a child made from a warm spawner only): catching the
+    /// spawner up with the parent's memory before the pause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_catch_up_ms: Option<f64>,
     /// From its VM running to its agent answering, reidentified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_ms: Option<f64>,

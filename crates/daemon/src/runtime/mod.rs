@@ -402,6 +402,8 @@ pub struct ChildPhases {
     /// The part of `vm_ms` the child spent building its VM over the inherited memory
     /// (kvm only).
     pub vm_build_ms: Option<f64>,
+    /// The part of `vm_ms` spent catching a warm spawner up (kvm, warm branches only).
+    pub warm_catch_up_ms: Option<f64>,
     /// From the VM running to its agent answering, reidentified.
     pub agent_ms: f64,
 }

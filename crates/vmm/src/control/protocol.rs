@@ -123,6 +123,10 @@ pub struct ChildInfo {
     /// The part of that the child spent building its VM (new KVM VM, state, threads).
     #[serde(default)]
     pub restore_ms: f64,
+    /// Warm branch only: the part of `ready_ms` spent catching the spawner up before the
+    /// pause (writing the pages the guest changed since the last catch-up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catch_up_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

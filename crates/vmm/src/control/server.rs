@@ -336,6 +336,7 @@ fn branch(
                     socket: children[c.index].socket.clone(),
                     ready_ms: c.ready_after.as_secs_f64() * 1e3,
                     restore_ms: c.restore.as_secs_f64() * 1e3,
+                    catch_up_ms: None,
                 })
                 .collect(),
             pause_ms: r.pause.as_secs_f64() * 1e3,

@@ -108,6 +108,7 @@ pub fn branch(
         fds: &[listener],
         ready_timeout: Duration::from_millis(timeout_ms),
         max_pages: DEFAULT_MAX_PAGES,
+        by_cost: true,
         verify: false,
     });
     let info = match result {
@@ -120,6 +121,7 @@ pub fn branch(
                 socket: spec.socket.clone(),
                 ready_ms: r.child.ready_after.as_secs_f64() * 1e3,
                 restore_ms: r.child.restore.as_secs_f64() * 1e3,
+                catch_up_ms: Some(r.catch_up.as_secs_f64() * 1e3),
             }],
             pause_ms: r.pause.as_secs_f64() * 1e3,
             spawner: None,

@@ -151,6 +151,8 @@ pub struct Vmm {
     /// Warm spawners forked ahead of branches (see `warm`).
     spawners: Vec<warm::Spawner>,
     spawner_sources: dirty::DirtySources,
+    /// What copying into spawners, forking and building VMs cost here (warm::cost).
+    warm_costs: warm::cost::CostModel,
     /// The snapshot a `diff` layers on.
     last_snapshot: Option<PathBuf>,
     /// Pages the next diff snapshot must write that are no longer in the logs: read
@@ -359,6 +361,7 @@ impl Vmm {
             kvm_log_on: false,
             spawners: Vec::new(),
             spawner_sources: Default::default(),
+            warm_costs: Default::default(),
             last_snapshot: None,
             unsaved_dirty: Vec::new(),
         })

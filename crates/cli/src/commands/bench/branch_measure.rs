@@ -351,6 +351,7 @@ fn warm_round(
         fds: &[],
         ready_timeout: Duration::from_secs(30),
         max_pages: u64::MAX,
+        by_cost: false,
         verify,
     })?;
     let returned = started.elapsed();

@@ -38,6 +38,7 @@ use super::{Vmm, VmmError};
 use crate::devices::serial::SerialOut;
 use crate::devices::virtio::persist::DeviceHostConfig;
 
+pub mod cost;
 mod spawner;
 pub(crate) mod wire;
 
@@ -96,6 +97,9 @@ pub struct WarmBranchRequest<'a> {
     /// Refuse (`TooStale`, before pausing) when the best spawner would need more pages
     /// written than this: the fork path is cheaper then.
     pub max_pages: u64,
+    /// Also refuse when, by what this VMM has measured (its copies, forks and spawner
+    /// builds, `cost`), writing the pages would take longer than a fork and a VM build.
+    pub by_cost: bool,
     /// Compare the child's RAM with a witness copy of the parent's before it runs
     /// (copies all RAM during the pause: a test mode).
     pub verify: bool,
@@ -144,7 +148,7 @@ pub enum WarmError {
     Vmm(#[from] VmmError),
     #[error("no warm spawner is ready")]
     NoSpawner,
-    #[error("the readiest warm spawner is {pages} pages behind (at most {max} asked)")]
+    #[error("the readiest warm spawner is {pages} pages behind (at most {max} asked, or a fork is cheaper)")]
     TooStale { pages: u64, max: u64 },
     #[error("warm spawner socket: {0}")]
     Socket(std::io::Error),
@@ -255,6 +259,7 @@ impl Vmm {
         }
         // SAFETY: getpid cannot fail.
         let parent = unsafe { libc::getpid() };
+        let fork_started = Instant::now();
         // SAFETY: every other thread of this VMM is parked holding no locks; the child
         // never returns into the caller's frames.
         let pid = unsafe { libc::fork() };
@@ -262,6 +267,7 @@ impl Vmm {
             drop(ours);
             self.become_warm_spawner(theirs, setup, parent);
         }
+        self.warm_costs.forked(fork_started.elapsed());
         let fork_err = (pid < 0).then(std::io::Error::last_os_error);
         let resumed = if was_paused { Ok(()) } else { self.resume() };
         drop(theirs);
@@ -283,7 +289,7 @@ impl Vmm {
     /// The waiting spawners, after reading their reports (a spawner that died is
     /// dropped) and the dirty logs (so `stale_pages` is current).
     pub fn spawners(&mut self) -> Result<Vec<SpawnerInfo>, VmmError> {
-        self.spawners.retain_mut(|s| s.poll_ready().is_ok());
+        self.poll_spawners();
         if !self.spawners.is_empty() && self.exit.is_none() {
             // Safe while the guest runs: a page written during the read is in the next.
             self.drain_dirty()?;
@@ -296,7 +302,7 @@ impl Vmm {
     /// Returns the pages written. A spawner that fails is dropped.
     pub fn catch_up_spawners(&mut self) -> Result<u64, WarmError> {
         self.ensure_running()?;
-        self.spawners.retain_mut(|s| s.poll_ready().is_ok());
+        self.poll_spawners();
         if self.paused {
             return Ok(0);
         }
@@ -322,6 +328,28 @@ impl Vmm {
         Ok(total)
     }
 
+    /// Read the spawners' reports: drop those gone, note how long the newly built took
+    /// (from their fork to the report being seen: an upper bound).
+    fn poll_spawners(&mut self) {
+        let mut built = Vec::new();
+        self.spawners.retain_mut(|s| {
+            let was = s.ready;
+            let ok = s.poll_ready().is_ok();
+            if ok && s.ready && !was {
+                built.push(s.forked_at.elapsed());
+            }
+            ok
+        });
+        for took in built {
+            self.warm_costs.built(took);
+        }
+    }
+
+    /// What this VMM has measured of copies into spawners, forks and VM builds.
+    pub fn warm_costs(&self) -> &cost::CostModel {
+        &self.warm_costs
+    }
+
     /// Spawners kept (ready or building), as of the last look at them.
     pub fn spawner_count(&self) -> usize {
         self.spawners.len()
@@ -338,7 +366,7 @@ impl Vmm {
     /// pages). The spawner becomes the child: prepare another for the next branch.
     pub fn branch_warm(&mut self, req: &WarmBranchRequest) -> Result<WarmReport, WarmError> {
         self.ensure_running()?;
-        self.spawners.retain_mut(|s| s.poll_ready().is_ok());
+        self.poll_spawners();
         // Read the logs while the guest still runs: the paused read then finds only
         // what was written since, and the choice below sees the spawners' real cost.
         if !self.paused {
@@ -351,17 +379,19 @@ impl Vmm {
             return Err(WarmError::NoSpawner);
         };
         let stale = super::dirty::count(&self.spawners[pos].dirty);
-        if stale > req.max_pages {
+        let costly = req.by_cost && self.warm_costs.fork_is_cheaper(stale) == Some(true);
+        if stale > req.max_pages || costly {
             return Err(WarmError::TooStale {
                 pages: stale,
                 max: req.max_pages,
             });
         }
         let requested = Instant::now();
+        // "Ready after" counts from here: the catch-up is on the request's path.
+        let start_ns = ready::mono_ns();
         let pages_caught_up = if self.paused { 0 } else { self.catch_up(pos)? };
         let catch_up = requested.elapsed();
         let started = Instant::now();
-        let start_ns = ready::mono_ns();
         let was_paused = self.paused;
         let state = self.pause_and_capture()?;
         let capture = started.elapsed();
@@ -461,8 +491,12 @@ impl Vmm {
                 break;
             }
             let pages = std::mem::take(&mut s.dirty);
+            let t = Instant::now();
             match wire::copy_pages(s.pid, &self.ram, &pages) {
-                Ok(n) => total += n,
+                Ok(n) => {
+                    self.warm_costs.copied(n, t.elapsed());
+                    total += n;
+                }
                 Err(source) => {
                     // Its bitmap is gone and its memory half-written: it cannot serve.
                     let s = self.spawners.remove(pos);
@@ -495,6 +529,7 @@ impl Vmm {
             }
         })?;
         let copy = t.elapsed();
+        self.warm_costs.copied(pages, copy);
         let device_data = self
             .device_private_data()
             .map_err(|e| VmmError::Device(format!("reading device data: {e}")))?;
