@@ -116,6 +116,10 @@ pub struct ChildPhases {
     /// spawner up with the parent's memory before the pause.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_catch_up_ms: Option<f64>,
+    /// Part of `vm_ms` (warm spawner only): sending it the state and the devices'
+    /// private data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_state_ms: Option<f64>,
     /// From its VM running to its agent answering, reidentified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_ms: Option<f64>,

@@ -267,6 +267,7 @@ impl Manager {
                     vm_ms: rt.map(|p| p.vm_ms),
                     vm_build_ms: rt.and_then(|p| p.vm_build_ms),
                     warm_catch_up_ms: rt.and_then(|p| p.warm_catch_up_ms),
+                    warm_state_ms: rt.and_then(|p| p.warm_state_ms),
                     agent_ms: rt.map(|p| p.agent_ms),
                     recorded_ms: ms_since(job.started),
                 });

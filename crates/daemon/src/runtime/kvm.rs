@@ -547,6 +547,7 @@ impl Runtime for KvmRuntime {
                             vm_ms: asked_after.as_secs_f64() * 1e3 + c.ready_ms,
                             vm_build_ms: Some(c.restore_ms),
                             warm_catch_up_ms: c.catch_up_ms,
+                            warm_state_ms: c.state_ms,
                             agent_ms: up.elapsed().as_secs_f64() * 1e3,
                         },
                     );

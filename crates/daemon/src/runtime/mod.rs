@@ -404,6 +404,8 @@ pub struct ChildPhases {
     pub vm_build_ms: Option<f64>,
     /// The part of `vm_ms` spent catching a warm spawner up (kvm, warm branches only).
     pub warm_catch_up_ms: Option<f64>,
+    /// The part of `vm_ms` spent sending a warm spawner the state (kvm, warm only).
+    pub warm_state_ms: Option<f64>,
     /// From the VM running to its agent answering, reidentified.
     pub agent_ms: f64,
 }

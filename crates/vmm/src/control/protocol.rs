@@ -127,6 +127,12 @@ pub struct ChildInfo {
     /// pause (writing the pages the guest changed since the last catch-up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub catch_up_ms: Option<f64>,
+    /// Warm branch only: sending the spawner the state and the devices' private data
+    /// (after the parent resumed, before the child could restore), and its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

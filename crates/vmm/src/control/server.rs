@@ -337,6 +337,8 @@ fn branch(
                     ready_ms: c.ready_after.as_secs_f64() * 1e3,
                     restore_ms: c.restore.as_secs_f64() * 1e3,
                     catch_up_ms: None,
+                    state_ms: None,
+                    state_bytes: None,
                 })
                 .collect(),
             pause_ms: r.pause.as_secs_f64() * 1e3,

@@ -122,6 +122,8 @@ pub fn branch(
                 ready_ms: r.child.ready_after.as_secs_f64() * 1e3,
                 restore_ms: r.child.restore.as_secs_f64() * 1e3,
                 catch_up_ms: Some(r.catch_up.as_secs_f64() * 1e3),
+                state_ms: Some(r.send.as_secs_f64() * 1e3),
+                state_bytes: Some(r.state_bytes),
             }],
             pause_ms: r.pause.as_secs_f64() * 1e3,
             spawner: None,

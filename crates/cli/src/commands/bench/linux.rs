@@ -108,6 +108,7 @@ fn phase_columns(run: &BranchRun) -> Vec<(&'static str, f64)> {
             out.extend(c.vm_ms.map(|v| ("child vm up", v)));
             out.extend(c.vm_build_ms.map(|v| ("child vm build", v)));
             out.extend(c.warm_catch_up_ms.map(|v| ("child warm catch-up", v)));
+            out.extend(c.warm_state_ms.map(|v| ("child warm state sent", v)));
             out.extend(c.agent_ms.map(|v| ("child reidentify", v)));
             out.push(("child recorded", c.recorded_ms));
         }

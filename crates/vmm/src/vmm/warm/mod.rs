@@ -116,8 +116,10 @@ pub struct WarmReport {
     pub dirty_read: Duration,
     pub copy: Duration,
     pub resume: Duration,
-    /// After the pause: sending the state to the spawner.
+    /// After the pause: sending the state (and the devices' private data) to the
+    /// spawner, and how many bytes that was.
     pub send: Duration,
+    pub state_bytes: u64,
     /// Pages written into the spawner during the pause.
     pub pages_copied: u64,
     /// Before the pause, while the guest ran: pages written into the spawner to catch
@@ -419,11 +421,11 @@ impl Vmm {
                 witness: witness.is_some(),
                 start_ns,
             };
-            wire::send_go(&spawner.sock, &go, &fds).map_err(WarmError::Socket)?;
-            Ok((copy, pages))
+            let bytes = wire::send_go(&spawner.sock, &go, &fds).map_err(WarmError::Socket)?;
+            Ok((copy, pages, bytes))
         });
         let send = t.elapsed();
-        let (copy, pages_copied) = match sent {
+        let (copy, pages_copied, state_bytes) = match sent {
             Ok(w) => w,
             Err(e) => {
                 drop(spawner); // kills it: it may hold half the pages
@@ -473,6 +475,7 @@ impl Vmm {
             pages_copied,
             pages_caught_up,
             catch_up,
+            state_bytes,
             spawner_age,
             memory_mismatches: req.verify.then_some(u64::from(record.mismatches)),
         })

@@ -36,7 +36,8 @@ pub struct Go {
 }
 
 /// Send `go` with `fds` attached to its header. Blocks until the spawner has read it.
-pub fn send_go(sock: &UnixStream, go: &Go, fds: &[RawFd]) -> io::Result<()> {
+/// Returns the bytes sent.
+pub fn send_go(sock: &UnixStream, go: &Go, fds: &[RawFd]) -> io::Result<u64> {
     if fds.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -52,7 +53,8 @@ pub fn send_go(sock: &UnixStream, go: &Go, fds: &[RawFd]) -> io::Result<()> {
         .send_with_fds(&[&header[..]], fds)
         .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
     (&*sock).write_all(&header[sent..])?;
-    (&*sock).write_all(&body)
+    (&*sock).write_all(&body)?;
+    Ok((HEADER_LEN + body.len()) as u64)
 }
 
 /// Receive a go message and the fds that came with it. Ok(None): the parent closed
