@@ -174,48 +174,35 @@ fn a_missed_source_of_dirty_pages_is_caught() {
         child_main: &child_main,
         keep_fds: vec![],
     };
-    vm.vmm.prepare_spawner(&setup).unwrap();
-    wait_ready(&mut vm);
-    vm.vmm
-        .guest_ram()
-        .memory()
-        .write_obj(0x5eed_u64, untouched)
-        .unwrap();
-    let r = vm
-        .vmm
-        .branch_warm(&WarmBranchRequest {
-            payload: b"",
-            fds: &[],
-            ready_timeout: Duration::from_secs(30),
-            max_pages: u64::MAX,
-            by_cost: false,
-            verify: true,
-        })
-        .unwrap();
-    vm.vmm.reap_children(true);
+    // A spawner, then a page written by the VMM alone, then a verified branch.
+    let vmm_write_then_branch = |vm: &mut ProbeVm, value: u64| {
+        vm.vmm.prepare_spawner(&setup).unwrap();
+        wait_ready(vm);
+        vm.vmm
+            .guest_ram()
+            .memory()
+            .write_obj(value, untouched)
+            .unwrap();
+        let r = vm
+            .vmm
+            .branch_warm(&WarmBranchRequest {
+                payload: b"",
+                fds: &[],
+                ready_timeout: Duration::from_secs(30),
+                max_pages: u64::MAX,
+                by_cost: false,
+                verify: true,
+            })
+            .unwrap();
+        vm.vmm.reap_children(true);
+        r
+    };
+    let r = vmm_write_then_branch(&mut vm, 0x5eed);
     assert_eq!(r.memory_mismatches, Some(1), "{r:?}");
 
     // Both on again: the same write is carried.
     vm.vmm.set_spawner_dirty_sources(DirtySources::default());
-    vm.vmm.prepare_spawner(&setup).unwrap();
-    wait_ready(&mut vm);
-    vm.vmm
-        .guest_ram()
-        .memory()
-        .write_obj(0x5eed_5eed_u64, untouched)
-        .unwrap();
-    let r = vm
-        .vmm
-        .branch_warm(&WarmBranchRequest {
-            payload: b"",
-            fds: &[],
-            ready_timeout: Duration::from_secs(30),
-            max_pages: u64::MAX,
-            by_cost: false,
-            verify: true,
-        })
-        .unwrap();
-    vm.vmm.reap_children(true);
+    let r = vmm_write_then_branch(&mut vm, 0x5eed_5eed);
     assert_eq!(r.memory_mismatches, Some(0), "{r:?}");
     vm.vmm.shutdown();
 }

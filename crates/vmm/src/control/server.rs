@@ -250,7 +250,7 @@ fn status(vmm: &mut Vmm) -> StatusInfo {
         exit,
         children: vmm.children().to_vec(),
         last_snapshot: vmm.last_snapshot().map(Path::to_path_buf),
-        spawners: vmm.spawners().unwrap_or_default(),
+        spawners: vmm.spawners_as_last_read(),
     }
 }
 

@@ -347,6 +347,13 @@ impl Vmm {
         }
     }
 
+    /// The waiting spawners as last seen, without reading the dirty logs (`stale_pages`
+    /// as of the last read: the served loop reads them every 50 ms).
+    pub fn spawners_as_last_read(&mut self) -> Vec<SpawnerInfo> {
+        self.poll_spawners();
+        self.spawners.iter().map(Spawner::info).collect()
+    }
+
     /// What this VMM has measured of copies into spawners, forks and VM builds.
     pub fn warm_costs(&self) -> &cost::CostModel {
         &self.warm_costs
