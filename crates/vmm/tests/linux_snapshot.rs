@@ -27,6 +27,7 @@ fn restore_and_check(snap: &Path, uds: &Path, generation: &str) {
                 ..Default::default()
             },
             device_data: Vec::new(),
+            inherited_disks: Vec::new(),
         },
         true,
     )

@@ -148,7 +148,7 @@ fn a_missed_source_of_dirty_pages_is_caught() {
     // Without KVM's log, the pages the guest rewrites are missed.
     vm.vmm.set_spawner_dirty_sources(DirtySources {
         kvm: false,
-        host: true,
+        ..Default::default()
     });
     let r = warm_branch(&mut vm, &board, Duration::from_millis(50));
     assert!(
@@ -159,8 +159,8 @@ fn a_missed_source_of_dirty_pages_is_caught() {
     // Without the VMM's own record, a page only the VMM writes is missed. (A page the
     // guest never touches: above the window.)
     vm.vmm.set_spawner_dirty_sources(DirtySources {
-        kvm: true,
         host: false,
+        ..Default::default()
     });
     let untouched = GuestAddress(abi::DIRTY_WINDOW_GPA + (window + 16) * 4096);
     let child_main = |ctx: ChildContext, _: Payload| -> i32 {

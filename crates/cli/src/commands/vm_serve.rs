@@ -159,6 +159,7 @@ fn build(args: &VmServeArgs) -> anyhow::Result<Vmm> {
                     disk_files: disk_files(args),
                 },
                 device_data: Vec::new(),
+                inherited_disks: Vec::new(),
             },
             args.verify,
         )?

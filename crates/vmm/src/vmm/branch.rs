@@ -355,20 +355,22 @@ impl Vmm {
         req: &BranchRequest,
         t: Instant,
     ) -> i32 {
-        // The parent's device objects are still in this process's memory: copy their
-        // private data (e.g. a disk's CoW pages) into the child's new devices.
+        // The parent's device objects are still in this process's memory: its disks
+        // are adopted as they are, other private data is copied (see `inherit`).
         let result = join_cgroup((req.child_cgroup)(index))
             .and_then(|()| join_netns((req.child_netns)(index)))
             .and_then(|()| {
-                self.device_private_data()
-                    .map_err(|e| VmmError::Device(format!("reading device data: {e}")))
-            })
-            .and_then(|device_data| {
+                let device_host = (req.child_devices)(index);
+                let inherited_disks = self.inherited_disks(state, &device_host);
+                let device_data = self
+                    .private_data_not_inherited(&inherited_disks)
+                    .map_err(|e| VmmError::Device(format!("reading device data: {e}")))?;
                 let cfg = RestoreConfig {
                     serial_out: (req.child_serial)(index),
                     start_paused: false,
-                    device_host: (req.child_devices)(index),
+                    device_host,
                     device_data,
+                    inherited_disks,
                 };
                 Vmm::restore(self.ram.clone(), state, cfg)
             });

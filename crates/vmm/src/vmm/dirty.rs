@@ -6,7 +6,9 @@
 //! changed since my point": diff snapshots (since the last snapshot) and each warm
 //! spawner (since it was forked). So every read goes through [`Vmm::drain_dirty`],
 //! which hands what it found to every consumer: each spawner's own bitmap, and the
-//! pages owed to the next diff snapshot.
+//! pages owed to the next diff snapshot. The same read takes the copy-on-write disks'
+//! records of written pages, which only spawners need (they hold old copies of the
+//! disks too; see `inherit`).
 //!
 //! Bitmaps are one bit per 4 KiB page over all RAM in `GuestRam::ranges()` order
 //! (KVM's dirty-log layout), in `u64` words.
@@ -63,6 +65,8 @@ pub struct DirtySources {
     pub kvm: bool,
     /// vm-memory's bitmap: the VMM's own writes.
     pub host: bool,
+    /// Copy-on-write disks' records of the pages written (see `inherit`).
+    pub disk: bool,
 }
 
 impl Default for DirtySources {
@@ -70,6 +74,7 @@ impl Default for DirtySources {
         Self {
             kvm: true,
             host: true,
+            disk: true,
         }
     }
 }
@@ -97,6 +102,18 @@ impl Vmm {
             };
             for s in &mut self.spawners {
                 s.note_dirty(&for_spawners);
+            }
+        }
+        // The VMM's writes to copy-on-write disks, which spawners hold copies of too.
+        // Drained even with no spawner, so that a new one starts from nothing.
+        let disk_writes = self.take_disk_writes();
+        if told.disk {
+            for s in &mut self.spawners {
+                for (device, written) in disk_writes.iter().enumerate() {
+                    if let Some(w) = written {
+                        s.note_disk_writes(device, w);
+                    }
+                }
             }
         }
         if self.dirty_logging {

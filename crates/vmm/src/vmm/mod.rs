@@ -12,8 +12,10 @@ use crate::arch::mptable;
 use crate::devices::serial::{SerialDevice, SerialOut};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::persist::{
-    check_disk_files, restore_device, DeviceHostConfig, DeviceRestoreError, VirtioDeviceState,
+    adopt_block, check_disk_files, restore_device, DeviceHostConfig, DeviceRestoreError,
+    VirtioDeviceState,
 };
+use crate::devices::virtio::state::DeviceState;
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::BusError;
 use crate::event_loop::{EventLoop, EventRegistrar};
@@ -26,6 +28,7 @@ use crate::vstate::vm::{HostKvm, Vm, VmError};
 pub mod branch;
 pub mod diagnose;
 pub mod dirty;
+mod inherit;
 mod platform;
 pub(crate) mod ready;
 pub mod snapshot;
@@ -58,6 +61,9 @@ pub struct RestoreConfig {
     pub device_host: DeviceHostConfig,
     /// Per saved virtio device, the private data it wrote out (empty: none).
     pub device_data: Vec<Vec<u8>>,
+    /// Per saved virtio device, a copy-on-write disk this process inherited to adopt
+    /// instead (a fork(2) copy of the VMM: see `inherit`); empty: none.
+    pub inherited_disks: inherit::InheritedDisks,
 }
 
 impl RestoreConfig {
@@ -68,6 +74,7 @@ impl RestoreConfig {
             start_paused,
             device_host: DeviceHostConfig::default(),
             device_data: Vec::new(),
+            inherited_disks: Vec::new(),
         }
     }
 }
@@ -271,10 +278,12 @@ impl Vmm {
                 .map(Vec::as_slice)
                 .filter(|d| !d.is_empty());
             let reader = data.as_mut().map(|d| d as &mut dyn std::io::Read);
-            slots.push((
-                restore_device(&saved.device, &cfg.device_host, reader)?,
-                Some(saved),
-            ));
+            let inherited = cfg.inherited_disks.get(i).cloned().flatten();
+            let device = match (inherited, &saved.device) {
+                (Some(disk), DeviceState::Block(b)) => adopt_block(b, disk)?,
+                _ => restore_device(&saved.device, &cfg.device_host, reader)?,
+            };
+            slots.push((device, Some(saved)));
         }
         let devices = t.elapsed();
         let mut platform = build_platform(vm, &ram, cfg.serial_out, &slots, "")?;

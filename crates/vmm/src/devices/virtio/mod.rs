@@ -129,4 +129,9 @@ pub trait VirtioDevice: Send {
     fn write_private_data(&self, _out: &mut dyn std::io::Write) -> std::io::Result<()> {
         Ok(())
     }
+    /// This device as a block device, if it is one (its disk can be handed to a copy
+    /// of the VM without serializing it: see `Block::adopt`).
+    fn as_block(&self) -> Option<&block::Block> {
+        None
+    }
 }

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::block::{Block, DiskFile};
+use super::block::disk::Disk;
+use super::block::{Block, BlockState, DiskFile};
 use super::net::Net;
 use super::rng::Rng;
 use super::state::{DeviceState, QueueSnapshot};
@@ -84,6 +85,17 @@ pub fn check_disk_files(
         }
     }
     Ok(())
+}
+
+/// Re-create a block device over a copy-on-write disk this process inherited by
+/// fork(2) (see [`Block::adopt`]), not yet activated.
+pub fn adopt_block(
+    state: &BlockState,
+    disk: Arc<Mutex<Disk>>,
+) -> Result<Arc<Mutex<dyn VirtioDevice>>, DeviceRestoreError> {
+    Ok(Arc::new(Mutex::new(
+        Block::adopt(state, disk).map_err(|e| failed("block")(e.to_string()))?,
+    )))
 }
 
 /// Re-create a device from its saved state (not yet activated: its transport does that).

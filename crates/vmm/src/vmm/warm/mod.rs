@@ -33,6 +33,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::branch::{BranchedChild, ChildContext};
+use super::inherit::DiskWrites;
 use super::ready::{self, WaitError};
 use super::{Vmm, VmmError};
 use crate::devices::serial::SerialOut;
@@ -176,6 +177,9 @@ pub(crate) struct Spawner {
     sock: UnixStream,
     /// Pages written since its fork.
     dirty: Vec<u64>,
+    /// Per virtio device, the copy-on-write disk pages written since its fork (see
+    /// `inherit`): sent with the state at the branch.
+    disk_dirty: Vec<Vec<u64>>,
     ready: bool,
     forked_at: Instant,
 }
@@ -183,6 +187,23 @@ pub(crate) struct Spawner {
 impl Spawner {
     pub(super) fn note_dirty(&mut self, fresh: &[u64]) {
         super::dirty::or_into(&mut self.dirty, fresh);
+    }
+
+    pub(super) fn note_disk_writes(&mut self, device: usize, written: &[u64]) {
+        if self.disk_dirty.len() <= device {
+            self.disk_dirty.resize(device + 1, Vec::new());
+        }
+        super::dirty::or_into(&mut self.disk_dirty[device], written);
+    }
+
+    /// Pages a branch through it would send: RAM and disk.
+    fn stale_pages(&self) -> u64 {
+        super::dirty::count(&self.dirty)
+            + self
+                .disk_dirty
+                .iter()
+                .map(|d| super::dirty::count(d))
+                .sum::<u64>()
     }
 
     /// Read its "built" report if it has come. Err: it is gone (died, or failed to
@@ -219,6 +240,7 @@ impl Spawner {
         // is owned exactly once (pid, ready and forked_at are plain values).
         unsafe {
             drop(std::ptr::read(&this.dirty));
+            drop(std::ptr::read(&this.disk_dirty));
             std::ptr::read(&this.sock)
         }
     }
@@ -227,7 +249,7 @@ impl Spawner {
         SpawnerInfo {
             pid: self.pid,
             ready: self.ready,
-            stale_pages: super::dirty::count(&self.dirty),
+            stale_pages: self.stale_pages(),
             age_ms: self.forked_at.elapsed().as_millis() as u64,
         }
     }
@@ -281,6 +303,7 @@ impl Vmm {
             pid,
             sock: ours,
             dirty: Vec::new(),
+            disk_dirty: Vec::new(),
             ready: false,
             forked_at: Instant::now(),
         });
@@ -383,11 +406,11 @@ impl Vmm {
         }
         let Some(pos) = (0..self.spawners.len())
             .filter(|&i| self.spawners[i].ready)
-            .min_by_key(|&i| super::dirty::count(&self.spawners[i].dirty))
+            .min_by_key(|&i| self.spawners[i].stale_pages())
         else {
             return Err(WarmError::NoSpawner);
         };
-        let stale = super::dirty::count(&self.spawners[pos].dirty);
+        let stale = self.spawners[pos].stale_pages();
         let costly = req.by_cost && self.warm_costs.fork_is_cheaper(stale) == Some(true);
         if stale > req.max_pages || costly {
             return Err(WarmError::TooStale {
@@ -418,14 +441,25 @@ impl Vmm {
         let resume = resume_started.elapsed();
         // The pages are in place; the state is plain data and goes while the guest runs.
         let t = Instant::now();
-        let sent = paused_work.and_then(|(copy, pages, device_data, witness)| {
+        let sent = paused_work.and_then(|paused| {
+            let Paused {
+                copy,
+                pages,
+                disk_writes,
+                witness,
+            } = paused;
+            // The witness's memfd must stay open until the message is sent.
+            let (witness_ram, witness_device_data) = match witness {
+                Some(w) => (Some(w.ram), Some(w.device_data)),
+                None => (None, None),
+            };
             let mut fds = req.fds.to_vec();
-            fds.extend(witness.as_ref().map(AsRawFd::as_raw_fd));
+            fds.extend(witness_ram.as_ref().map(AsRawFd::as_raw_fd));
             let go = wire::Go {
                 state,
-                device_data,
+                disk_writes,
+                witness_device_data,
                 payload: req.payload.to_vec(),
-                witness: witness.is_some(),
                 start_ns,
             };
             let bytes = wire::send_go(&spawner.sock, &go, &fds).map_err(WarmError::Socket)?;
@@ -522,14 +556,13 @@ impl Vmm {
         Ok(total)
     }
 
-    /// The paused part of a warm branch: the pages, the devices' private data and,
-    /// when verifying, the witness.
-    #[allow(clippy::type_complexity)]
+    /// The paused part of a warm branch: the pages, the disk pages written since the
+    /// spawner's fork and, when verifying, the witness.
     fn copy_to_spawner(
         &mut self,
         spawner: &mut Spawner,
         req: &WarmBranchRequest,
-    ) -> Result<(Duration, u64, Vec<Vec<u8>>, Option<OwnedFd>), WarmError> {
+    ) -> Result<Paused, WarmError> {
         let t = Instant::now();
         let pages = wire::copy_pages(spawner.pid, &self.ram, &spawner.dirty).map_err(|source| {
             WarmError::Copy {
@@ -540,14 +573,39 @@ impl Vmm {
         })?;
         let copy = t.elapsed();
         self.warm_costs.copied(pages, copy);
-        let device_data = self
-            .device_private_data()
-            .map_err(|e| VmmError::Device(format!("reading device data: {e}")))?;
+        let disk_writes = self.read_disk_writes(&spawner.disk_dirty)?;
         let witness = if req.verify {
-            Some(wire::witness(&self.ram).map_err(WarmError::Witness)?)
+            Some(Witness {
+                ram: wire::witness(&self.ram).map_err(WarmError::Witness)?,
+                device_data: self
+                    .device_private_data()
+                    .map_err(|e| VmmError::Device(format!("reading device data: {e}")))?,
+            })
         } else {
             None
         };
-        Ok((copy, pages, device_data, witness))
+        Ok(Paused {
+            copy,
+            pages,
+            disk_writes,
+            witness,
+        })
     }
+}
+
+/// What the paused part of a warm branch gathered for the spawner.
+struct Paused {
+    /// Writing the pages into the spawner: how long, how many.
+    copy: Duration,
+    pages: u64,
+    disk_writes: Vec<DiskWrites>,
+    witness: Option<Witness>,
+}
+
+/// The parent at the branch instant, for a verifying spawner to compare against.
+struct Witness {
+    /// A copy of its RAM (a memfd).
+    ram: OwnedFd,
+    /// Every device's private data, whole (the disks' overlays).
+    device_data: Vec<Vec<u8>>,
 }

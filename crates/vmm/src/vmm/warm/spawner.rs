@@ -51,7 +51,8 @@ impl Vmm {
                 }
             };
             let t = Instant::now();
-            let mismatches = match go.witness.then(|| fds.pop()).flatten() {
+            let verifying = go.witness_device_data.is_some();
+            let mismatches = match verifying.then(|| fds.pop()).flatten() {
                 Some(w) => match wire::count_mismatches(&self.ram, &w) {
                     Ok(n) => n,
                     Err(e) => {
@@ -81,6 +82,7 @@ impl Vmm {
             fds,
         };
         let child = (setup.child)(&mut payload);
+        let mut mismatches = mismatches;
         let result = match unowned_persistent_disk(&go.state, &child.devices) {
             Some(id) => Err(VmmError::Device(format!(
                 "no file of its own for the persistent disk {id:?}: it would write into the \
@@ -88,12 +90,23 @@ impl Vmm {
             ))),
             None => join_cgroup(child.cgroup).and_then(|()| join_netns(child.netns)),
         }
+        // Its devices are the parent's as of its fork: bring their disks up to date,
+        // then it is where a fork-path child starts (see `inherit`).
+        .and_then(|()| self.apply_disk_writes(&go.disk_writes))
         .and_then(|()| {
+            let inherited_disks = self.inherited_disks(&go.state, &child.devices);
+            let device_data = self
+                .private_data_not_inherited(&inherited_disks)
+                .map_err(|e| VmmError::Device(format!("reading device data: {e}")))?;
+            if let Some(witness) = &go.witness_device_data {
+                mismatches += self.disk_mismatches(&go.state, &inherited_disks, witness);
+            }
             let cfg = RestoreConfig {
                 serial_out: child.serial,
                 start_paused: false,
                 device_host: child.devices,
-                device_data: go.device_data,
+                device_data,
+                inherited_disks,
             };
             Vmm::restore_prebuilt(prebuilt, self.ram.clone(), &go.state, cfg)
         });

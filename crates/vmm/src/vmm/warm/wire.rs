@@ -11,6 +11,7 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use crate::memory::GuestRam;
 use crate::persist::VmState;
 use crate::vmm::dirty::{self, PAGE_SIZE};
+use crate::vmm::inherit::DiskWrites;
 
 /// The spawner's one-byte report that its VM is built and it waits for a branch.
 pub const BUILT: u8 = b'B';
@@ -26,11 +27,15 @@ const MAX_BODY: u64 = 1 << 32;
 #[derive(Serialize, Deserialize)]
 pub struct Go {
     pub state: VmState,
-    pub device_data: Vec<Vec<u8>>,
+    /// Copy-on-write disk pages written since the spawner's fork, with contents: the
+    /// spawner's own copy of each disk is brought up to date and adopted (the devices'
+    /// private data is nothing else, so it is not sent).
+    pub disk_writes: Vec<DiskWrites>,
+    /// Verifying: every device's private data at the branch instant, whole, and the
+    /// last fd carried is a witness of the parent's RAM, to compare against.
+    pub witness_device_data: Option<Vec<Vec<u8>>>,
     /// The caller's own description of the child (see `SpawnerSetup::child`).
     pub payload: Vec<u8>,
-    /// The last fd carried is a witness of the parent's RAM to compare against.
-    pub witness: bool,
     /// CLOCK_MONOTONIC of the branch request, for the child's "ready after".
     pub start_ns: u64,
 }

@@ -39,8 +39,13 @@ pub struct CowImage {
     map_len: usize,
     /// One bit per 4 KiB page the guest has written (diverged from the base).
     dirty: Vec<u64>,
+    /// Pages written since the last [`CowImage::take_recent`] (same layout), for a
+    /// copy of this disk that must be brought up to date (a warm spawner's).
+    recent: Vec<u64>,
+    /// Whether `recent` has a bit set (saves scanning it on every read).
+    recent_any: bool,
     // Kept open so the mapping's file identity stays pinned for the VM's lifetime.
-    _file: File,
+    file: File,
 }
 
 // SAFETY: the mapping is owned by this value; all access goes through &mut self.
@@ -90,7 +95,9 @@ impl CowImage {
             size: size - size % 512,
             map_len,
             dirty: vec![0; pages.div_ceil(64) as usize],
-            _file: file,
+            recent: vec![0; pages.div_ceil(64) as usize],
+            recent_any: false,
+            file,
         })
     }
 
@@ -109,7 +116,38 @@ impl CowImage {
         }
         for page in off / PAGE..=(off + len - 1) / PAGE {
             self.dirty[(page / 64) as usize] |= 1 << (page % 64);
+            self.recent[(page / 64) as usize] |= 1 << (page % 64);
         }
+        self.recent_any = true;
+    }
+
+    /// Pages written since the last call (one bit per page, `u64` words), clearing
+    /// the record; None if there were none.
+    pub fn take_recent(&mut self) -> Option<Vec<u64>> {
+        if !self.recent_any {
+            return None;
+        }
+        self.recent_any = false;
+        let words = self.recent.len();
+        Some(std::mem::replace(&mut self.recent, vec![0; words]))
+    }
+
+    /// The written-pages bitmap (see [`CowImage::dirty_pages`]).
+    pub fn dirty_bitmap(&self) -> &[u64] {
+        &self.dirty
+    }
+
+    /// This process is a fork(2) copy of the VMM whose descriptors were all closed:
+    /// the mapping is intact (and this process's own, copy-on-write), but the file
+    /// handle's number is stale and may name something else by now. Open the file
+    /// again, so that dropping this image closes its own descriptor, not a stranger's.
+    pub fn reopen_after_fork(&mut self) -> Result<(), DiskError> {
+        let file = File::open(&self.path).map_err(|source| DiskError::Open {
+            path: self.path.clone(),
+            source,
+        })?;
+        std::mem::forget(std::mem::replace(&mut self.file, file));
+        Ok(())
     }
 
     /// Bytes of this VM's disk that differ from the base image: whole 4 KiB pages the

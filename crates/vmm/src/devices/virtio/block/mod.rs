@@ -121,6 +121,8 @@ pub enum BlockError {
     OverlayPage(u64),
     #[error("disk {0}: its copy-on-write pages cannot be restored onto a persistent file")]
     PersistentOverCow(String),
+    #[error("disk {path}: the copy this process inherited does not match the saved state: {why}")]
+    Inherited { path: PathBuf, why: String },
 }
 
 /// One virtio-blk device.
@@ -143,10 +145,14 @@ impl Block {
 
     /// A device over an arbitrary backend (tests, fuzzing).
     pub fn with_disk(config: BlockConfig, disk: Disk) -> Self {
+        Self::with_shared_disk(config, Arc::new(Mutex::new(disk)))
+    }
+
+    fn with_shared_disk(config: BlockConfig, disk: Arc<Mutex<Disk>>) -> Self {
         Self {
             id: config.id_bytes(),
             config,
-            disk: Arc::new(Mutex::new(disk)),
+            disk,
             active: None,
             acked_features: 0,
         }
@@ -207,6 +213,114 @@ impl Block {
             out.write_all(page).map_err(BlockError::Overlay)?;
         }
         Ok(())
+    }
+
+    /// The disk itself, shared: a fork(2) copy of this process holds its own copy of
+    /// it, which [`Block::adopt`] turns into that copy's device.
+    pub fn disk(&self) -> Arc<Mutex<Disk>> {
+        self.disk.clone()
+    }
+
+    /// Copy-on-write pages written since the last call (see [`CowImage::take_recent`]);
+    /// None for file disks or when nothing was written.
+    pub fn take_recent_writes(&self) -> Option<Vec<u64>> {
+        match &mut *self.disk.lock().unwrap() {
+            Disk::Cow(c) => c.take_recent(),
+            _ => None,
+        }
+    }
+
+    /// Write `pages` (4 KiB each, in order, from `data`) into the overlay, as
+    /// [`Block::restore`] does with a whole one: a copy inherited at an earlier instant
+    /// catching up with what its source wrote since.
+    pub fn apply_writes(&self, pages: &[u64], data: &[u8]) -> Result<(), BlockError> {
+        let mut disk = self.disk.lock().unwrap();
+        let Disk::Cow(c) = &mut *disk else {
+            return Err(BlockError::Inherited {
+                path: self.config.path.clone(),
+                why: "pages written to a disk that is not copy-on-write".into(),
+            });
+        };
+        if data.len() as u64 != pages.len() as u64 * PAGE {
+            return Err(BlockError::Overlay(std::io::Error::other(format!(
+                "{} bytes for {} pages",
+                data.len(),
+                pages.len()
+            ))));
+        }
+        for (&p, page) in pages.iter().zip(data.chunks_exact(PAGE as usize)) {
+            if !c.set_page(p, page) {
+                return Err(BlockError::OverlayPage(p));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pages of `state.overlay_pages` whose contents differ from `overlay` (bytes
+    /// in [`Block::write_overlay`]'s format), plus any written page the state does
+    /// not list: how far this disk is from the one `state` was saved from. Verification
+    /// only (it reads the whole overlay).
+    pub fn overlay_mismatches(&self, state: &BlockState, overlay: &[u8]) -> u64 {
+        let disk = self.disk.lock().unwrap();
+        let Disk::Cow(c) = &*disk else {
+            return state.overlay_pages.len() as u64;
+        };
+        let mut differ = 0;
+        for (i, &p) in state.overlay_pages.iter().enumerate() {
+            let want = overlay.get(i * PAGE as usize..(i + 1) * PAGE as usize);
+            if want.is_none() || c.page(p) != want {
+                differ += 1;
+            }
+        }
+        let extra = c
+            .dirty_pages()
+            .len()
+            .saturating_sub(state.overlay_pages.len());
+        differ + extra as u64
+    }
+
+    /// The device of a fork(2) copy of the VMM, over the copy-on-write disk it
+    /// inherited (`disk`, taken from its copy of the source's device): nothing is
+    /// re-read or copied, where [`Block::restore`] maps the image again and writes
+    /// the whole overlay into it. The disk must be the one `state` was saved from,
+    /// brought up to date with [`Block::apply_writes`]: same image, same size, the
+    /// same pages written.
+    pub fn adopt(state: &BlockState, disk: Arc<Mutex<Disk>>) -> Result<Self, BlockError> {
+        if state.virtio.device_type != DEVICE_TYPE_BLOCK {
+            return Err(BlockError::WrongDevice(state.virtio.device_type));
+        }
+        let path = state.config.path.clone();
+        let mismatch = |why: String| BlockError::Inherited {
+            path: path.clone(),
+            why,
+        };
+        {
+            let mut guard = disk.lock().unwrap();
+            let size = guard.size();
+            let Disk::Cow(c) = &mut *guard else {
+                return Err(mismatch("it is not copy-on-write".into()));
+            };
+            if state.config.mode != DiskMode::CopyOnWrite || c.path() != state.config.path {
+                return Err(mismatch(format!("it maps {}", c.path().display())));
+            }
+            if size != state.size {
+                return Err(mismatch(format!("{size} bytes, not {}", state.size)));
+            }
+            let written = c.dirty_pages();
+            if written != state.overlay_pages {
+                return Err(mismatch(format!(
+                    "{} pages written, {} saved",
+                    written.len(),
+                    state.overlay_pages.len()
+                )));
+            }
+            c.reopen_after_fork()?;
+            // What the source wrote before this copy was made is news to no one here.
+            c.take_recent();
+        }
+        let mut dev = Self::with_shared_disk(state.config.clone(), disk);
+        dev.acked_features = state.virtio.acked_features;
+        Ok(dev)
     }
 
     /// Re-open the disk named in `state` (or `file`, when the restorer names one for
@@ -385,6 +499,10 @@ impl VirtioDevice for Block {
     fn write_private_data(&self, out: &mut dyn Write) -> std::io::Result<()> {
         self.write_overlay(&self.save_state(), out)
             .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    fn as_block(&self) -> Option<&Block> {
+        Some(self)
     }
 }
 

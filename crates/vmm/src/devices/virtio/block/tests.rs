@@ -385,3 +385,93 @@ fn config_space_and_bad_images() {
     ));
     assert!(Block::open(BlockConfig::cow(dir.path().join("missing"))).is_err());
 }
+
+/// What a warm spawner relies on: the writes since a point are recorded apart from the
+/// overlay, a copy brought up to date with them is adopted, and one that missed a
+/// write is refused (a page it never wrote) or counted (a page's contents).
+#[test]
+fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = image(&dir, "root.img", 64 * 1024);
+    let source = Block::open(BlockConfig::cow(&path)).unwrap();
+    let write = |dev: &Block, off: u64, byte: u8| {
+        dev.disk()
+            .lock()
+            .unwrap()
+            .write_at(off, &[byte; 512])
+            .unwrap();
+    };
+    write(&source, 0, 1);
+    assert_eq!(dirty(source.take_recent_writes()), vec![0]);
+    assert_eq!(
+        source.take_recent_writes(),
+        None,
+        "a read clears the record"
+    );
+
+    // The "copy": the source's disk as it is now (a spawner forked here).
+    let copy = Block::open(BlockConfig::cow(&path)).unwrap();
+    let st = source.save_state();
+    let mut overlay = Vec::new();
+    source.write_overlay(&st, &mut overlay).unwrap();
+    copy.apply_writes(&st.overlay_pages, &overlay).unwrap();
+    copy.take_recent_writes();
+
+    // The source goes on: rewrites page 0, writes page 3.
+    write(&source, 100, 2);
+    write(&source, 3 * PAGE, 3);
+    let since = dirty(source.take_recent_writes());
+    assert_eq!(since, vec![0, 3]);
+    let state = source.save_state();
+    let mut whole = Vec::new();
+    source.write_overlay(&state, &mut whole).unwrap();
+    assert_eq!(
+        copy.overlay_mismatches(&state, &whole),
+        2,
+        "page 0 differs, 3 missing"
+    );
+
+    // Missing page 3 entirely: refused.
+    let err = Block::adopt(&state, copy.disk()).err().expect("refused");
+    assert!(
+        err.to_string().contains("1 pages written, 2 saved"),
+        "{err}"
+    );
+
+    // Caught up with exactly what was written since: identical, adopted.
+    let mut data = Vec::new();
+    for &p in &since {
+        let disk = source.disk();
+        let Disk::Cow(c) = &*disk.lock().unwrap() else {
+            panic!("a copy-on-write disk")
+        };
+        data.extend_from_slice(c.page(p).unwrap());
+    }
+    copy.apply_writes(&since, &data).unwrap();
+    assert_eq!(copy.overlay_mismatches(&state, &whole), 0);
+    let adopted = Block::adopt(&state, copy.disk()).unwrap();
+    let mut got = [0u8; 512];
+    adopted
+        .disk()
+        .lock()
+        .unwrap()
+        .read_at(100, &mut got)
+        .unwrap();
+    assert_eq!(got, [2; 512]);
+    assert_eq!(
+        adopted.take_recent_writes(),
+        None,
+        "nothing is news after adoption"
+    );
+
+    // Bad catch-up data is refused rather than half applied past the disk's end.
+    assert!(copy.apply_writes(&[1 << 40], &[0; PAGE as usize]).is_err());
+    assert!(copy.apply_writes(&[1], &[0; 10]).is_err());
+}
+
+fn dirty(bitmap: Option<Vec<u64>>) -> Vec<u64> {
+    let bitmap = bitmap.expect("writes recorded");
+    (0..bitmap.len() as u64 * 64)
+        .filter(|p| bitmap[(p / 64) as usize] & (1 << (p % 64)) != 0)
+        .collect()
+}
