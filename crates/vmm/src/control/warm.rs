@@ -112,7 +112,10 @@ pub fn branch(
         verify: false,
     });
     let info = match result {
-        Err(WarmError::NoSpawner | WarmError::TooStale { .. }) => return None,
+        Err(e @ (WarmError::NoSpawner | WarmError::TooStale { .. })) => {
+            tracing::info!(reason = %e, "branch forks instead of using a warm spawner");
+            return None;
+        }
         Err(e) => return Some(Err(e)),
         Ok(r) => BranchInfo {
             children: vec![ChildInfo {

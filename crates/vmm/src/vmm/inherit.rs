@@ -5,12 +5,14 @@
 //! disk writes in a private file mapping of this process, so a forked process already
 //! holds them, copy-on-write, like guest RAM. A branch child forked at the branch
 //! instant adopts its copy as it is. A warm spawner forked earlier adopts its copy
-//! once it has caught up: the source records, per disk, the pages written since the
-//! spawner was forked (drained with the RAM logs, see `dirty.rs`), and at the branch
-//! sends those pages' contents ([`DiskWrites`]) for the spawner to write over its old
-//! copies. Either way the overlay is never serialized whole, which was the largest
-//! part of a warm branch's state (and, in a fork child, a copy of every written page
-//! into a freshly mapped image).
+//! once it has caught up, as with guest RAM: the source records, per disk, the pages
+//! written since the spawner was forked (drained with the RAM logs, see `dirty.rs`),
+//! writes their contents into the spawner's mapping at the same addresses (while the
+//! guest runs, and the rest in the branch's pause), and at the branch tells it which
+//! pages were written ([`DiskPages`]) so that its copy's overlay is the parent's.
+//! Either way the overlay is never serialized whole, which was the largest part of a
+//! warm branch's state (and, in a fork child, a copy of every written page into a
+//! freshly mapped image).
 //!
 //! A disk that will not be adopted (a persistent disk, or one the restorer replaces
 //! with a file of its own) goes through `write_private_data` as before.
@@ -18,7 +20,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-use super::dirty::{self, PAGE_SIZE};
+use super::dirty;
+use super::warm::wire;
 use super::{Vmm, VmmError};
 use crate::devices::virtio::block::disk::Disk;
 use crate::devices::virtio::block::DiskMode;
@@ -30,15 +33,30 @@ use crate::persist::VmState;
 /// adopted rather than restored from bytes.
 pub type InheritedDisks = Vec<Option<Arc<Mutex<Disk>>>>;
 
-/// Pages of one disk written since a spawner was forked, with their contents.
+/// Pages of one disk written since a spawner was forked (4 KiB page numbers,
+/// ascending): the spawner records them as written in its copy of the disk.
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
-pub struct DiskWrites {
+pub struct DiskPages {
     /// Index of the virtio device.
     pub device: u32,
-    /// 4 KiB page numbers, ascending.
     pub pages: Vec<u64>,
-    /// The pages' contents, in order.
-    pub data: Vec<u8>,
+}
+
+/// How far a spawner's copy of one disk is behind: per page, one bit.
+#[derive(Debug, Default, Clone)]
+pub struct DiskLag {
+    /// Pages whose contents it lacks: written into it by the next catch-up or branch.
+    pub unsent: Vec<u64>,
+    /// Every page written since its fork: told at the branch, so that its copy's
+    /// record of written pages is the parent's.
+    pub written: Vec<u64>,
+}
+
+impl DiskLag {
+    pub fn note(&mut self, bitmap: &[u64]) {
+        dirty::or_into(&mut self.unsent, bitmap);
+        dirty::or_into(&mut self.written, bitmap);
+    }
 }
 
 impl Vmm {
@@ -99,67 +117,61 @@ impl Vmm {
             .collect()
     }
 
-    /// The contents of the pages in `written` (per device, a bitmap), read while paused.
-    pub(super) fn read_disk_writes(
+    /// Write the contents a spawner's disks lack (`lag[i].unsent`) from this process's
+    /// copy-on-write mappings into the same addresses of process `pid`, clearing them.
+    /// Each disk is locked meanwhile, so the block device's writes wait instead of
+    /// tearing a page mid-copy. Returns the pages written.
+    pub(super) fn copy_disk_pages(
         &self,
-        written: &[Vec<u64>],
-    ) -> Result<Vec<DiskWrites>, VmmError> {
-        let mut out = Vec::new();
-        for (i, bitmap) in written.iter().enumerate() {
-            if dirty::count(bitmap) == 0 {
+        pid: libc::pid_t,
+        lag: &mut [DiskLag],
+    ) -> std::io::Result<u64> {
+        let mut total = 0;
+        for (i, l) in lag.iter_mut().enumerate() {
+            if dirty::count(&l.unsent) == 0 {
                 continue;
             }
-            let dev = self.devices[i].lock().unwrap();
-            let Some(block) = dev.as_block() else {
+            let Some(disk) = self.devices[i].lock().unwrap().as_block().map(|b| b.disk()) else {
                 continue;
             };
-            let disk = block.disk();
-            let disk = disk.lock().unwrap();
-            let Disk::Cow(c) = &*disk else {
+            let guard = disk.lock().unwrap();
+            let Disk::Cow(c) = &*guard else {
                 continue;
             };
-            let mut w = DiskWrites {
-                device: i as u32,
-                ..Default::default()
-            };
-            for (first, n) in dirty::runs(bitmap) {
-                for p in first..first + n {
-                    let page = c.page(p).ok_or_else(|| {
-                        VmmError::Device(format!("disk page {p} of device {i} is outside it"))
-                    })?;
-                    w.pages.push(p);
-                    w.data.extend_from_slice(page);
-                }
+            // The bitmap is the disk's own record, so this is a bug check: a page past
+            // the mapping must never become an address in the spawner.
+            if dirty::runs(&l.unsent)
+                .last()
+                .is_some_and(|(f, n)| f + n > c.page_count())
+            {
+                return Err(std::io::Error::other(format!(
+                    "disk pages of device {i} past its end"
+                )));
             }
-            debug_assert_eq!(w.data.len() as u64, w.pages.len() as u64 * PAGE_SIZE);
-            out.push(w);
+            total += wire::copy_mapped_pages(pid, c.host_addr(), &l.unsent)?;
+            l.unsent.clear();
         }
-        Ok(out)
+        Ok(total)
     }
 
-    /// In a spawner: write what its source sent over this process's old copies.
-    pub(super) fn apply_disk_writes(&self, writes: &[DiskWrites]) -> Result<(), VmmError> {
-        for w in writes {
+    /// In a spawner: record the pages its source wrote since the fork (their contents
+    /// are in place) in its own copies of the disks.
+    pub(super) fn mark_disk_pages(&self, told: &[DiskPages]) -> Result<(), VmmError> {
+        for d in told {
+            let fail =
+                |why: String| VmmError::Device(format!("disk pages of device {}: {why}", d.device));
             let dev = self
                 .devices
-                .get(w.device as usize)
-                .ok_or_else(|| {
-                    VmmError::Device(format!(
-                        "disk writes for device {}: no such device",
-                        w.device
-                    ))
-                })?
+                .get(d.device as usize)
+                .ok_or_else(|| fail("no such device".into()))?
                 .lock()
                 .unwrap();
-            let block = dev.as_block().ok_or_else(|| {
-                VmmError::Device(format!(
-                    "disk writes for device {}: not a block device",
-                    w.device
-                ))
-            })?;
-            block.apply_writes(&w.pages, &w.data).map_err(|e| {
-                VmmError::Device(format!("disk writes for device {}: {e}", w.device))
-            })?;
+            let block = dev
+                .as_block()
+                .ok_or_else(|| fail("not a block device".into()))?;
+            block
+                .mark_written(&d.pages)
+                .map_err(|e| fail(e.to_string()))?;
         }
         Ok(())
     }

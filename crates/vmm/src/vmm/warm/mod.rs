@@ -18,6 +18,10 @@
 //! process_vm_writev(2) (the spawner is our child: same addresses, no ptrace rights
 //! needed beyond a parent's), sends the state and the child's description, and
 //! resumes. The spawner restores the state into its ready VM and runs: it is the child.
+//! The copy-on-write root disk is handled the same way, at page grain: the spawner's
+//! copy is the parent's at its fork, the parent records the disk pages it writes since
+//! (drained with the RAM logs), and the branch sends just those pages for the spawner
+//! to write over its copy and adopt (`inherit`); the overlay is never sent whole.
 //!
 //! What a spawner costs while it waits: its memory holds the old copy of every page
 //! the parent has rewritten since its fork (`stale_pages`), and the parent runs with
@@ -33,7 +37,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::branch::{BranchedChild, ChildContext};
-use super::inherit::DiskWrites;
+use super::inherit::{DiskLag, DiskPages};
 use super::ready::{self, WaitError};
 use super::{Vmm, VmmError};
 use crate::devices::serial::SerialOut;
@@ -177,9 +181,9 @@ pub(crate) struct Spawner {
     sock: UnixStream,
     /// Pages written since its fork.
     dirty: Vec<u64>,
-    /// Per virtio device, the copy-on-write disk pages written since its fork (see
-    /// `inherit`): sent with the state at the branch.
-    disk_dirty: Vec<Vec<u64>>,
+    /// Per virtio device, how far its copy of a copy-on-write disk is behind (see
+    /// `inherit`).
+    disks: Vec<DiskLag>,
     ready: bool,
     forked_at: Instant,
 }
@@ -190,19 +194,19 @@ impl Spawner {
     }
 
     pub(super) fn note_disk_writes(&mut self, device: usize, written: &[u64]) {
-        if self.disk_dirty.len() <= device {
-            self.disk_dirty.resize(device + 1, Vec::new());
+        if self.disks.len() <= device {
+            self.disks.resize(device + 1, DiskLag::default());
         }
-        super::dirty::or_into(&mut self.disk_dirty[device], written);
+        self.disks[device].note(written);
     }
 
-    /// Pages a branch through it would send: RAM and disk.
+    /// Pages a branch through it would write now: RAM and disk.
     fn stale_pages(&self) -> u64 {
         super::dirty::count(&self.dirty)
             + self
-                .disk_dirty
+                .disks
                 .iter()
-                .map(|d| super::dirty::count(d))
+                .map(|d| super::dirty::count(&d.unsent))
                 .sum::<u64>()
     }
 
@@ -240,7 +244,7 @@ impl Spawner {
         // is owned exactly once (pid, ready and forked_at are plain values).
         unsafe {
             drop(std::ptr::read(&this.dirty));
-            drop(std::ptr::read(&this.disk_dirty));
+            drop(std::ptr::read(&this.disks));
             std::ptr::read(&this.sock)
         }
     }
@@ -303,7 +307,7 @@ impl Vmm {
             pid,
             sock: ours,
             dirty: Vec::new(),
-            disk_dirty: Vec::new(),
+            disks: Vec::new(),
             ready: false,
             forked_at: Instant::now(),
         });
@@ -445,7 +449,7 @@ impl Vmm {
             let Paused {
                 copy,
                 pages,
-                disk_writes,
+                disk_pages,
                 witness,
             } = paused;
             // The witness's memfd must stay open until the message is sent.
@@ -457,7 +461,7 @@ impl Vmm {
             fds.extend(witness_ram.as_ref().map(AsRawFd::as_raw_fd));
             let go = wire::Go {
                 state,
-                disk_writes,
+                disk_pages,
                 witness_device_data,
                 payload: req.payload.to_vec(),
                 start_ns,
@@ -531,12 +535,17 @@ impl Vmm {
         let mut total = 0;
         for _ in 0..CATCH_UP_ROUNDS {
             let s = &mut self.spawners[pos];
-            if super::dirty::count(&s.dirty) <= CATCH_UP_BELOW {
+            if s.stale_pages() <= CATCH_UP_BELOW {
                 break;
             }
             let pages = std::mem::take(&mut s.dirty);
+            let mut disks = std::mem::take(&mut s.disks);
+            let pid = s.pid;
             let t = Instant::now();
-            match wire::copy_pages(s.pid, &self.ram, &pages) {
+            let copied = wire::copy_pages(pid, &self.ram, &pages)
+                .and_then(|n| Ok(n + self.copy_disk_pages(pid, &mut disks)?));
+            self.spawners[pos].disks = disks;
+            match copied {
                 Ok(n) => {
                     self.warm_costs.copied(n, t.elapsed());
                     total += n;
@@ -571,9 +580,28 @@ impl Vmm {
                 source,
             }
         })?;
+        let disk_copied = self
+            .copy_disk_pages(spawner.pid, &mut spawner.disks)
+            .map_err(|source| WarmError::Copy {
+                pid: spawner.pid,
+                pages: spawner.stale_pages(),
+                source,
+            })?;
+        let pages = pages + disk_copied;
         let copy = t.elapsed();
         self.warm_costs.copied(pages, copy);
-        let disk_writes = self.read_disk_writes(&spawner.disk_dirty)?;
+        let disk_pages = spawner
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| super::dirty::count(&l.written) > 0)
+            .map(|(i, l)| DiskPages {
+                device: i as u32,
+                pages: super::dirty::runs(&l.written)
+                    .flat_map(|(first, n)| first..first + n)
+                    .collect(),
+            })
+            .collect();
         let witness = if req.verify {
             Some(Witness {
                 ram: wire::witness(&self.ram).map_err(WarmError::Witness)?,
@@ -587,7 +615,7 @@ impl Vmm {
         Ok(Paused {
             copy,
             pages,
-            disk_writes,
+            disk_pages,
             witness,
         })
     }
@@ -595,10 +623,10 @@ impl Vmm {
 
 /// What the paused part of a warm branch gathered for the spawner.
 struct Paused {
-    /// Writing the pages into the spawner: how long, how many.
+    /// Writing the pages (RAM and disk) into the spawner: how long, how many.
     copy: Duration,
     pages: u64,
-    disk_writes: Vec<DiskWrites>,
+    disk_pages: Vec<DiskPages>,
     witness: Option<Witness>,
 }
 

@@ -92,7 +92,7 @@ impl Vmm {
         }
         // Its devices are the parent's as of its fork: bring their disks up to date,
         // then it is where a fork-path child starts (see `inherit`).
-        .and_then(|()| self.apply_disk_writes(&go.disk_writes))
+        .and_then(|()| self.mark_disk_pages(&go.disk_pages))
         .and_then(|()| {
             let inherited_disks = self.inherited_disks(&go.state, &child.devices);
             let device_data = self

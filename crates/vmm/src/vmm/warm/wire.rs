@@ -11,7 +11,7 @@ use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 use crate::memory::GuestRam;
 use crate::persist::VmState;
 use crate::vmm::dirty::{self, PAGE_SIZE};
-use crate::vmm::inherit::DiskWrites;
+use crate::vmm::inherit::DiskPages;
 
 /// The spawner's one-byte report that its VM is built and it waits for a branch.
 pub const BUILT: u8 = b'B';
@@ -27,10 +27,10 @@ const MAX_BODY: u64 = 1 << 32;
 #[derive(Serialize, Deserialize)]
 pub struct Go {
     pub state: VmState,
-    /// Copy-on-write disk pages written since the spawner's fork, with contents: the
-    /// spawner's own copy of each disk is brought up to date and adopted (the devices'
-    /// private data is nothing else, so it is not sent).
-    pub disk_writes: Vec<DiskWrites>,
+    /// Copy-on-write disk pages written since the spawner's fork (their contents are
+    /// already in its memory): the spawner records them in its own copy of each disk
+    /// and adopts it (the devices' private data is nothing else, so it is not sent).
+    pub disk_pages: Vec<DiskPages>,
     /// Verifying: every device's private data at the branch instant, whole, and the
     /// last fd carried is a witness of the parent's RAM, to compare against.
     pub witness_device_data: Option<Vec<Vec<u8>>>,
@@ -141,11 +141,30 @@ pub fn copy_pages(pid: libc::pid_t, ram: &GuestRam, bitmap: &[u64]) -> io::Resul
             page += n;
         }
     }
-    match write_vectored(pid, &runs) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => write_proc_mem(pid, &runs)?,
-        other => other?,
-    }
+    write_runs(pid, &runs)?;
     Ok(pages)
+}
+
+/// Like [`copy_pages`], for a mapping other than guest RAM that the spawner inherited
+/// at the same address: the pages set in `bitmap` (numbered from `base`, 4 KiB each,
+/// all inside the mapping) are written from this process's copy into the spawner's.
+pub fn copy_mapped_pages(pid: libc::pid_t, base: u64, bitmap: &[u64]) -> io::Result<u64> {
+    let runs: Vec<libc::iovec> = dirty::runs(bitmap)
+        .map(|(first, n)| libc::iovec {
+            iov_base: (base + first * PAGE_SIZE) as *mut libc::c_void,
+            iov_len: (n * PAGE_SIZE) as usize,
+        })
+        .collect();
+    write_runs(pid, &runs)?;
+    Ok(dirty::count(bitmap))
+}
+
+/// Write `runs` of this process's memory to the same addresses in `pid`.
+fn write_runs(pid: libc::pid_t, runs: &[libc::iovec]) -> io::Result<()> {
+    match write_vectored(pid, runs) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => write_proc_mem(pid, runs),
+        other => other,
+    }
 }
 
 /// process_vm_writev over `runs`, IOV_MAX at a time, resuming after partial writes.
@@ -157,8 +176,8 @@ fn write_vectored(pid: libc::pid_t, runs: &[libc::iovec]) -> io::Result<()> {
         let mut batch = runs[start..runs.len().min(start + BATCH)].to_vec();
         batch[0].iov_base = (batch[0].iov_base as usize + skip) as *mut libc::c_void;
         batch[0].iov_len -= skip;
-        // SAFETY: local and remote iovecs are the same guest-RAM ranges, mapped at the
-        // same address in both processes (the spawner is our fork).
+        // SAFETY: local and remote iovecs are the same ranges of a mapping (guest RAM, a
+        // disk) at the same address in both processes (the spawner is our fork).
         let n = unsafe {
             libc::process_vm_writev(
                 pid,
@@ -203,8 +222,8 @@ fn write_proc_mem(pid: libc::pid_t, runs: &[libc::iovec]) -> io::Result<()> {
         .write(true)
         .open(format!("/proc/{pid}/mem"))?;
     for r in runs {
-        // SAFETY: the run lies in this process's guest-RAM mapping, readable for its
-        // whole length.
+        // SAFETY: the run lies in one of this process's mappings (guest RAM, a disk),
+        // readable for its whole length.
         let bytes = unsafe { std::slice::from_raw_parts(r.iov_base as *const u8, r.iov_len) };
         mem.write_all_at(bytes, r.iov_base as u64)?;
     }

@@ -105,9 +105,15 @@ impl CowImage {
         &self.path
     }
 
-    /// Host address of the mapping (for /proc/self/smaps cross-checks).
+    /// Host address of the mapping (for /proc/self/smaps cross-checks, and for a warm
+    /// spawner's source, which writes into its copy at the same address).
     pub fn host_addr(&self) -> u64 {
         self.ptr as u64
+    }
+
+    /// 4 KiB pages mapped (the disk's size rounded up).
+    pub fn page_count(&self) -> u64 {
+        self.map_len as u64 / PAGE
     }
 
     fn mark_dirty(&mut self, off: u64, len: u64) {
@@ -132,9 +138,17 @@ impl CowImage {
         Some(std::mem::replace(&mut self.recent, vec![0; words]))
     }
 
-    /// The written-pages bitmap (see [`CowImage::dirty_pages`]).
-    pub fn dirty_bitmap(&self) -> &[u64] {
-        &self.dirty
+    /// Record `pages` as written without writing them: their contents were put in
+    /// this process's mapping from outside (a warm spawner's source writes them with
+    /// process_vm_writev). False if one lies outside the disk (nothing is recorded).
+    pub fn mark_written(&mut self, pages: &[u64]) -> bool {
+        if pages.iter().any(|&p| p >= self.page_count()) {
+            return false;
+        }
+        for &p in pages {
+            self.dirty[(p / 64) as usize] |= 1 << (p % 64);
+        }
+        true
     }
 
     /// This process is a fork(2) copy of the VMM whose descriptors were all closed:

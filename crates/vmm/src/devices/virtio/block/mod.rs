@@ -230,10 +230,10 @@ impl Block {
         }
     }
 
-    /// Write `pages` (4 KiB each, in order, from `data`) into the overlay, as
-    /// [`Block::restore`] does with a whole one: a copy inherited at an earlier instant
-    /// catching up with what its source wrote since.
-    pub fn apply_writes(&self, pages: &[u64], data: &[u8]) -> Result<(), BlockError> {
+    /// Record `pages` as written: a warm spawner's source has put their contents in
+    /// this process's copy of the mapping (at the same addresses) and says which they
+    /// are, so that the overlay matches its own (see `vmm::inherit`).
+    pub fn mark_written(&self, pages: &[u64]) -> Result<(), BlockError> {
         let mut disk = self.disk.lock().unwrap();
         let Disk::Cow(c) = &mut *disk else {
             return Err(BlockError::Inherited {
@@ -241,17 +241,9 @@ impl Block {
                 why: "pages written to a disk that is not copy-on-write".into(),
             });
         };
-        if data.len() as u64 != pages.len() as u64 * PAGE {
-            return Err(BlockError::Overlay(std::io::Error::other(format!(
-                "{} bytes for {} pages",
-                data.len(),
-                pages.len()
-            ))));
-        }
-        for (&p, page) in pages.iter().zip(data.chunks_exact(PAGE as usize)) {
-            if !c.set_page(p, page) {
-                return Err(BlockError::OverlayPage(p));
-            }
+        if !c.mark_written(pages) {
+            let outside = pages.iter().max().copied().unwrap_or_default();
+            return Err(BlockError::OverlayPage(outside));
         }
         Ok(())
     }
@@ -283,7 +275,7 @@ impl Block {
     /// inherited (`disk`, taken from its copy of the source's device): nothing is
     /// re-read or copied, where [`Block::restore`] maps the image again and writes
     /// the whole overlay into it. The disk must be the one `state` was saved from,
-    /// brought up to date with [`Block::apply_writes`]: same image, same size, the
+    /// brought up to date (see [`Block::mark_written`]): same image, same size, the
     /// same pages written.
     pub fn adopt(state: &BlockState, disk: Arc<Mutex<Disk>>) -> Result<Self, BlockError> {
         if state.virtio.device_type != DEVICE_TYPE_BLOCK {

@@ -387,8 +387,9 @@ fn config_space_and_bad_images() {
 }
 
 /// What a warm spawner relies on: the writes since a point are recorded apart from the
-/// overlay, a copy brought up to date with them is adopted, and one that missed a
-/// write is refused (a page it never wrote) or counted (a page's contents).
+/// overlay; a copy whose contents and record of written pages are brought up to date
+/// is adopted; one that lacks a written page is refused, and one with an old page's
+/// contents is counted.
 #[test]
 fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
     let dir = tempfile::tempdir().unwrap();
@@ -401,8 +402,16 @@ fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
             .write_at(off, &[byte; 512])
             .unwrap();
     };
+    let page_of = |dev: &Block, p: u64| {
+        let disk = dev.disk();
+        let guard = disk.lock().unwrap();
+        let Disk::Cow(c) = &*guard else {
+            panic!("a copy-on-write disk")
+        };
+        c.page(p).unwrap().to_vec()
+    };
     write(&source, 0, 1);
-    assert_eq!(dirty(source.take_recent_writes()), vec![0]);
+    assert_eq!(pages(source.take_recent_writes()), vec![0]);
     assert_eq!(
         source.take_recent_writes(),
         None,
@@ -411,16 +420,13 @@ fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
 
     // The "copy": the source's disk as it is now (a spawner forked here).
     let copy = Block::open(BlockConfig::cow(&path)).unwrap();
-    let st = source.save_state();
-    let mut overlay = Vec::new();
-    source.write_overlay(&st, &mut overlay).unwrap();
-    copy.apply_writes(&st.overlay_pages, &overlay).unwrap();
+    write(&copy, 0, 1);
     copy.take_recent_writes();
 
     // The source goes on: rewrites page 0, writes page 3.
     write(&source, 100, 2);
     write(&source, 3 * PAGE, 3);
-    let since = dirty(source.take_recent_writes());
+    let since = pages(source.take_recent_writes());
     assert_eq!(since, vec![0, 3]);
     let state = source.save_state();
     let mut whole = Vec::new();
@@ -431,23 +437,23 @@ fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
         "page 0 differs, 3 missing"
     );
 
-    // Missing page 3 entirely: refused.
+    // Page 3 not recorded as written: refused.
     let err = Block::adopt(&state, copy.disk()).err().expect("refused");
     assert!(
         err.to_string().contains("1 pages written, 2 saved"),
         "{err}"
     );
 
-    // Caught up with exactly what was written since: identical, adopted.
-    let mut data = Vec::new();
+    // Recorded but with old contents: adoptable, and verification counts them.
+    copy.mark_written(&since).unwrap();
+    assert_eq!(copy.overlay_mismatches(&state, &whole), 2);
+    // The contents put in from outside (here by hand), as the source does.
     for &p in &since {
-        let disk = source.disk();
-        let Disk::Cow(c) = &*disk.lock().unwrap() else {
-            panic!("a copy-on-write disk")
-        };
-        data.extend_from_slice(c.page(p).unwrap());
+        let data = page_of(&source, p);
+        let disk = copy.disk();
+        let mut guard = disk.lock().unwrap();
+        guard.write_at(p * PAGE, &data).unwrap();
     }
-    copy.apply_writes(&since, &data).unwrap();
     assert_eq!(copy.overlay_mismatches(&state, &whole), 0);
     let adopted = Block::adopt(&state, copy.disk()).unwrap();
     let mut got = [0u8; 512];
@@ -464,12 +470,12 @@ fn a_cow_copy_caught_up_with_recent_writes_is_adopted_and_a_stale_one_is_not() {
         "nothing is news after adoption"
     );
 
-    // Bad catch-up data is refused rather than half applied past the disk's end.
-    assert!(copy.apply_writes(&[1 << 40], &[0; PAGE as usize]).is_err());
-    assert!(copy.apply_writes(&[1], &[0; 10]).is_err());
+    // A page outside the disk is refused, and nothing of the list is recorded.
+    assert!(copy.mark_written(&[5, 1 << 40]).is_err());
+    assert_eq!(copy.save_state().overlay_pages, vec![0, 3]);
 }
 
-fn dirty(bitmap: Option<Vec<u64>>) -> Vec<u64> {
+fn pages(bitmap: Option<Vec<u64>>) -> Vec<u64> {
     let bitmap = bitmap.expect("writes recorded");
     (0..bitmap.len() as u64 * 64)
         .filter(|p| bitmap[(p / 64) as usize] & (1 << (p % 64)) != 0)
