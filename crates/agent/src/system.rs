@@ -5,8 +5,11 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::time::Instant;
 
-use zygote_proto::{ErrorBody, ErrorCode, ReidentifyReport, ReidentifyRequest, UnixTime};
+use zygote_proto::{
+    ErrorBody, ErrorCode, ReidentifyReport, ReidentifyRequest, ReidentifyTimes, UnixTime,
+};
 
 use crate::log;
 use crate::reaper::Reaper;
@@ -80,24 +83,34 @@ pub fn reidentify(
     if dry_run {
         return Ok(report);
     }
+    let mut took = ReidentifyTimes::default();
+    let mut t = Instant::now();
+    let mut lap = |part: &mut u64| {
+        *part = t.elapsed().as_micros() as u64;
+        t = Instant::now();
+    };
     if !req.entropy.is_empty() {
         report.entropy_credited = add_entropy(&req.entropy)?;
         report.crng_reseeded = report.entropy_credited && reseed_crng();
     }
+    lap(&mut took.entropy);
     if let Some(h) = &req.hostname {
         set_hostname(h)?;
         write_hostname_file(Path::new(ETC_HOSTNAME), h);
         write_hosts_file(Path::new(ETC_HOSTS), h);
         report.hostname_set = true;
     }
+    lap(&mut took.hostname);
     if let Some(t) = &req.time {
         set_clock(t)?;
         report.clock_set = true;
     }
+    lap(&mut took.clock);
     if let Some(plan) = &net {
         crate::netconf::apply(plan).map_err(|e| ErrorBody::from_io(&plan.interface, &e))?;
         report.net_set = true;
     }
+    lap(&mut took.net);
     // Last: the new machine-id comes from the CRNG reseeded above, and hooks
     // see the new hostname, clock and address.
     if let Some(id) = &req.identity {
@@ -108,6 +121,8 @@ pub fn reidentify(
             &mut report,
         )?;
     }
+    lap(&mut took.identity);
+    report.took_us = Some(took);
     Ok(report)
 }
 
@@ -486,6 +501,18 @@ mod tests {
         .unwrap();
         assert!(r.dry_run && !r.hostname_set && !r.clock_set && !r.entropy_credited);
         assert_eq!(r.entropy_bytes, 64);
+        assert_eq!(hostname(), before);
+        assert_eq!(r.took_us, None, "a dry run times nothing");
+
+        // Applied, an empty request changes nothing but still reports its parts' times.
+        let r = reidentify(
+            &ReidentifyRequest::default(),
+            false,
+            &Reaper::new(crate::reaper::ReapMode::PerChild).unwrap(),
+        )
+        .unwrap();
+        assert!(!r.dry_run && !r.hostname_set && !r.net_set && !r.machine_id_set);
+        assert!(r.took_us.is_some(), "{r:?}");
         assert_eq!(hostname(), before);
 
         let too_much = ReidentifyRequest {

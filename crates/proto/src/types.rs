@@ -664,6 +664,24 @@ pub struct ReidentifyReport {
     pub hooks: Vec<HookOutcome>,
     /// Nothing was changed: the agent runs with `--no-system-changes`.
     pub dry_run: bool,
+    /// How long each part took in the guest (absent from older agents and dry runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub took_us: Option<ReidentifyTimes>,
+}
+
+/// Microseconds each part of a `reidentify` took in the guest, for a branch child's
+/// bring-up phases (0: the part was not asked for).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReidentifyTimes {
+    /// Mixing (and crediting) the entropy, reseeding the CRNG.
+    pub entropy: u64,
+    /// Hostname, /etc/hostname and /etc/hosts.
+    pub hostname: u64,
+    pub clock: u64,
+    /// The interface's MAC, address and route.
+    pub net: u64,
+    /// machine-id, the generation counter and the `forked.d` hooks.
+    pub identity: u64,
 }
 
 fn is_false(b: &bool) -> bool {

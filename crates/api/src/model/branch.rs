@@ -123,8 +123,31 @@ pub struct ChildPhases {
     /// From its VM running to its agent answering, reidentified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_ms: Option<f64>,
+    /// Part of `agent_ms` (kvm): until the guest's agent took a connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_connect_ms: Option<f64>,
+    /// Part of `agent_ms` (kvm): hello and reidentify, answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reidentify_ms: Option<f64>,
+    /// What reidentify spent inside the guest, by part (agents that report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reidentify_parts: Option<ReidentifyParts>,
     /// From the request to the child recorded `running`.
     pub recorded_ms: f64,
+}
+
+/// The parts of a child's reidentify inside the guest, in milliseconds (0: not asked).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, Serialize, ToSchema)]
+pub struct ReidentifyParts {
+    /// Mixing in fresh entropy, reseeding the kernel's CRNG.
+    pub entropy_ms: f64,
+    /// Hostname, /etc/hostname, /etc/hosts.
+    pub hostname_ms: f64,
+    pub clock_ms: f64,
+    /// The network interface's MAC, address and route.
+    pub net_ms: f64,
+    /// machine-id, the generation counter, the `forked.d` hooks.
+    pub identity_ms: f64,
 }
 
 /// One line of the NDJSON stream of `POST /v1/sandboxes/{id}/branch` with `"stream":

@@ -36,6 +36,7 @@ mod watch;
 pub use agent::{AgentHealth, AgentState};
 pub use branch::{
     BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases,
+    ReidentifyParts,
 };
 pub use code::{
     validate_context_id, CodeContext, CodeContextList, CodeEvent, CodeRequest,

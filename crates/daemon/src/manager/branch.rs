@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::fault;
 use crate::model::{
     BranchEvent, BranchFailure, BranchPhases, BranchRequest, BranchResponse, ChildPhases, Origin,
-    SandboxEnv, SnapshotKind, Validate,
+    ReidentifyParts, SandboxEnv, SnapshotKind, Validate,
 };
 use crate::network::egress::secrets::SecretBinding;
 use crate::network::{NetRecord, Network};
@@ -269,6 +269,12 @@ impl Manager {
                     warm_catch_up_ms: rt.and_then(|p| p.warm_catch_up_ms),
                     warm_state_ms: rt.and_then(|p| p.warm_state_ms),
                     agent_ms: rt.map(|p| p.agent_ms),
+                    agent_connect_ms: rt.and_then(|p| p.agent).map(|a| a.connect_ms),
+                    reidentify_ms: rt.and_then(|p| p.agent).map(|a| a.reidentify_ms),
+                    reidentify_parts: rt
+                        .and_then(|p| p.agent)
+                        .and_then(|a| a.guest)
+                        .map(reidentify_parts),
                     recorded_ms: ms_since(job.started),
                 });
                 let id = job.children[i].id.clone();
@@ -427,4 +433,16 @@ fn attach_all(
         spec.net = r?;
     }
     Ok(())
+}
+
+/// The guest's microseconds per reidentify part, as the API's milliseconds.
+fn reidentify_parts(t: zygote_proto::ReidentifyTimes) -> ReidentifyParts {
+    let ms = |us: u64| us as f64 / 1e3;
+    ReidentifyParts {
+        entropy_ms: ms(t.entropy),
+        hostname_ms: ms(t.hostname),
+        clock_ms: ms(t.clock),
+        net_ms: ms(t.net),
+        identity_ms: ms(t.identity),
+    }
 }

@@ -6,7 +6,9 @@ use std::fs::File;
 use std::time::{Duration, Instant};
 
 use zygote_proto::client::{AgentClient, ClientError};
-use zygote_proto::{NetIdentity, ReidentifyReport, ReidentifyRequest, SandboxIdentity, UnixTime};
+use zygote_proto::{
+    NetIdentity, ReidentifyReport, ReidentifyRequest, ReidentifyTimes, SandboxIdentity, UnixTime,
+};
 
 use super::{GuestNet, RuntimeError};
 
@@ -40,6 +42,17 @@ fn authenticate_and_reidentify(
     let shown = auth.boot_token.as_deref().unwrap_or(&auth.token);
     let req = reidentify_request(who)?;
     client.hello_and_reidentify(shown, Some(&auth.token), req)
+}
+
+/// Where a guest's bring-up spent its time.
+#[derive(Debug, Clone, Copy)]
+pub struct BringUpTimes {
+    /// Until its agent took a connection (failed attempts and their pauses included).
+    pub connect: Duration,
+    /// Then hello and reidentify, answered.
+    pub reidentify: Duration,
+    /// The parts of reidentify inside the guest (agents that report them).
+    pub guest: Option<ReidentifyTimes>,
 }
 
 /// Who the guest is to become: what `reidentify` tells it.
@@ -121,8 +134,9 @@ pub fn bring_up(
     who: &GuestWho,
     auth: &AgentAuth,
     deadline: Instant,
-) -> Result<(AgentClient, ReidentifyReport), RuntimeError> {
+) -> Result<(AgentClient, ReidentifyReport, BringUpTimes), RuntimeError> {
     let mut attempts = 0u32;
+    let started = Instant::now();
     loop {
         attempts += 1;
         if !(target.alive)() {
@@ -130,15 +144,23 @@ pub fn bring_up(
         }
         let left = deadline.saturating_duration_since(Instant::now());
         let attempt = (target.connect)().and_then(|c| {
+            let connected = Instant::now();
             // A booting guest answers nothing, health checks included: the attempt's
             // deadline is the only limit.
             let c = c
                 .with_request_timeout(Some(left.min(target.attempt_limit)))
                 .with_liveness(None);
-            authenticate_and_reidentify(&c, auth, who).map(|r| (c, r))
+            authenticate_and_reidentify(&c, auth, who).map(|r| {
+                let times = BringUpTimes {
+                    connect: connected - started,
+                    reidentify: connected.elapsed(),
+                    guest: r.took_us,
+                };
+                (c, r, times)
+            })
         });
         match attempt {
-            Ok((c, report)) => {
+            Ok((c, report, times)) => {
                 if attempts > 1 {
                     tracing::debug!("agent answered on attempt {attempts}");
                 }
@@ -154,7 +176,7 @@ pub fn bring_up(
                 let c = c
                     .with_request_timeout(Some(zygote_proto::client::DEFAULT_REQUEST_TIMEOUT))
                     .with_liveness(Some(Default::default()));
-                return Ok((c, report));
+                return Ok((c, report, times));
             }
             Err(e) if e.is_transient() && Instant::now() + RETRY_PAUSE < deadline => {
                 std::thread::sleep(RETRY_PAUSE);

@@ -27,12 +27,14 @@ use zygote_vmm::control::protocol::{BranchInfo, SnapshotInfo, StatusInfo, VmRunS
 use zygote_vmm::control::{ControlClient, Request};
 use zygote_vmm::persist::snapshot_files::{device_data_file, SnapshotMode, MEMORY_FILE};
 
+use super::guest_agent::{self, BringUpTimes};
 use super::handoff::BroughtUp;
 use super::kvm_cmd::{self, Boot, VmFiles};
 use super::kvm_volumes;
-use super::{guest_agent, supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
+use super::{supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
 use super::{
-    BranchProgress, ChildPhases, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord, VolumeDisk,
+    AgentPhases, BranchProgress, ChildPhases, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord,
+    VolumeDisk,
 };
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
@@ -202,14 +204,20 @@ impl KvmRuntime {
     }
 
     /// From a VMM serving its socket to a guest answering with its identity.
-    fn bring_up(&self, rec: &mut VmRecord, spec: &StartSpec) -> Result<(), RuntimeError> {
+    /// Wait for the guest's agent and reidentify it; where the time went (None: a
+    /// probe guest, which has no agent).
+    fn bring_up(
+        &self,
+        rec: &mut VmRecord,
+        spec: &StartSpec,
+    ) -> Result<Option<BringUpTimes>, RuntimeError> {
         if !self.has_agent() {
             // Probe guests: the VMM answering `status` with a live VM is "up".
             let st = status(&rec.control)?;
             if st.state == VmRunState::Stopped {
                 return Err(RuntimeError::Boot(format!("the VM stopped: {:?}", st.exit)));
             }
-            return Ok(());
+            return Ok(None);
         }
         let connect = || AgentClient::connect_vsock_uds(&rec.agent_addr, DEFAULT_VSOCK_PORT);
         let alive = || rec.process.is_alive();
@@ -221,10 +229,11 @@ impl KvmRuntime {
             attempt_limit: Duration::from_secs(10),
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let (client, report) = guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
+        let (client, report, times) =
+            guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
         rec.fork_hooks = report.hooks;
         self.brought_up.keep(&rec.agent_addr, client);
-        Ok(())
+        Ok(Some(times))
     }
 }
 
@@ -534,7 +543,7 @@ impl Runtime for KvmRuntime {
             |i, spec| {
                 let child = info.children.iter().find(|c| c.index == i);
                 let up = Instant::now();
-                let rec = self.adopt_child(
+                let (rec, agent) = self.adopt_child(
                     spec,
                     &files[i],
                     child.map(|c| c.pid),
@@ -549,6 +558,11 @@ impl Runtime for KvmRuntime {
                             warm_catch_up_ms: c.catch_up_ms,
                             warm_state_ms: c.state_ms,
                             agent_ms: up.elapsed().as_secs_f64() * 1e3,
+                            agent: agent.map(|a| AgentPhases {
+                                connect_ms: a.connect.as_secs_f64() * 1e3,
+                                reidentify_ms: a.reidentify.as_secs_f64() * 1e3,
+                                guest: a.guest,
+                            }),
                         },
                     );
                 }
@@ -756,16 +770,18 @@ impl KvmRuntime {
         files: &VmFiles,
         pid: Option<i32>,
         volumes: Vec<VolumeDisk>,
-    ) -> Result<VmRecord, RuntimeError> {
+    ) -> Result<(VmRecord, Option<BringUpTimes>), RuntimeError> {
         let process = pid
             .and_then(|p| ProcId::of(p as u32))
             .ok_or_else(|| RuntimeError::Boot("the branch child is not running".into()))?;
         let mut rec = record(spec, files, process, None, volumes);
         // Its control socket was bound before the fork; only the guest needs waiting for.
-        if let Err(e) = self.bring_up(&mut rec, spec) {
-            supervisor::kill_and_wait(&rec.process, None);
-            return Err(boot_error(e, &spec.dir));
+        match self.bring_up(&mut rec, spec) {
+            Ok(times) => Ok((rec, times)),
+            Err(e) => {
+                supervisor::kill_and_wait(&rec.process, None);
+                Err(boot_error(e, &spec.dir))
+            }
         }
-        Ok(rec)
     }
 }

@@ -408,6 +408,19 @@ pub struct ChildPhases {
     pub warm_state_ms: Option<f64>,
     /// From the VM running to its agent answering, reidentified.
     pub agent_ms: f64,
+    /// The parts of `agent_ms` (runtimes that tell them apart).
+    pub agent: Option<AgentPhases>,
+}
+
+/// The parts of a child's `agent_ms`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AgentPhases {
+    /// Until the agent took a connection.
+    pub connect_ms: f64,
+    /// Hello and reidentify, answered.
+    pub reidentify_ms: f64,
+    /// Reidentify's parts inside the guest (agents that report them).
+    pub guest: Option<zygote_proto::ReidentifyTimes>,
 }
 
 /// A [`BranchProgress`] that keeps every child's result, for callers that want them

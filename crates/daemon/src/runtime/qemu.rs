@@ -200,7 +200,8 @@ impl QemuRuntime {
             attempt_limit: BOOT_TIMEOUT,
         };
         let deadline = Instant::now() + BOOT_TIMEOUT;
-        let (client, report) = guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
+        let (client, report, _) =
+            guest_agent::bring_up(&target, &spec.who(), &spec.auth, deadline)?;
         rec.fork_hooks = report.hooks;
         self.brought_up.keep(&rec.agent_addr, client);
         Ok(())

@@ -110,6 +110,17 @@ fn phase_columns(run: &BranchRun) -> Vec<(&'static str, f64)> {
             out.extend(c.warm_catch_up_ms.map(|v| ("child warm catch-up", v)));
             out.extend(c.warm_state_ms.map(|v| ("child warm state sent", v)));
             out.extend(c.agent_ms.map(|v| ("child reidentify", v)));
+            out.extend(c.agent_connect_ms.map(|v| ("child agent connect", v)));
+            out.extend(c.reidentify_ms.map(|v| ("child reidentify answered", v)));
+            if let Some(g) = c.reidentify_parts {
+                out.extend([
+                    ("guest entropy", g.entropy_ms),
+                    ("guest hostname", g.hostname_ms),
+                    ("guest clock", g.clock_ms),
+                    ("guest net", g.net_ms),
+                    ("guest machine-id+hooks", g.identity_ms),
+                ]);
+            }
             out.push(("child recorded", c.recorded_ms));
         }
     }
