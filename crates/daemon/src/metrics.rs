@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::db::SandboxRow;
 use crate::procs;
+use crate::runtime::SpawnerUse;
 
 /// Bucket upper bounds in seconds: from sub-millisecond forks to slow
 /// emulated boots.
@@ -74,7 +75,13 @@ fn render_counter(out: &mut String, name: &str, help: &str, value: &AtomicU64) {
 }
 
 impl Metrics {
-    pub fn render(&self, sandboxes: &[SandboxRow], snapshots: usize) -> String {
+    /// `spawners`: each sandbox's warm spawners (by id; absent: none).
+    pub fn render(
+        &self,
+        sandboxes: &[SandboxRow],
+        snapshots: usize,
+        spawners: &BTreeMap<String, Vec<SpawnerUse>>,
+    ) -> String {
         let mut out = String::new();
         let mut by_state: BTreeMap<&str, u64> = ["creating", "running", "paused", "dead"]
             .into_iter()
@@ -157,7 +164,34 @@ impl Metrics {
             "# HELP zygote_vm_memory_total_bytes Sum over VM processes.\n# TYPE zygote_vm_memory_total_bytes gauge\n\
              zygote_vm_memory_total_bytes{{kind=\"shared\"}} {shared}\nzygote_vm_memory_total_bytes{{kind=\"private\"}} {private}"
         );
+        render_spawners(&mut out, spawners);
         out
+    }
+}
+
+/// What warm spawners cost, per sandbox that keeps any: how many, the pages a branch
+/// through them would copy, and the host memory they hold alone.
+fn render_spawners(out: &mut String, spawners: &BTreeMap<String, Vec<SpawnerUse>>) {
+    out.push_str(
+        "# HELP zygote_warm_spawners Warm spawners a sandbox's VMM keeps for its next branch (ready ones have their VM built).\n\
+         # TYPE zygote_warm_spawners gauge\n\
+         # HELP zygote_warm_spawner_stale_pages Pages the sandbox wrote since its spawners last caught up (what a branch would copy).\n\
+         # TYPE zygote_warm_spawner_stale_pages gauge\n\
+         # HELP zygote_warm_spawner_private_bytes Host memory the spawners hold alone (old page copies, their VMs).\n\
+         # TYPE zygote_warm_spawner_private_bytes gauge\n",
+    );
+    for (id, list) in spawners.iter().filter(|(_, l)| !l.is_empty()) {
+        let ready = list.iter().filter(|s| s.ready).count();
+        let stale: u64 = list.iter().map(|s| s.stale_pages).sum();
+        let private: u64 = list.iter().map(|s| s.private_bytes).sum();
+        let _ = writeln!(
+            out,
+            "zygote_warm_spawners{{sandbox=\"{id}\",ready=\"true\"}} {ready}\n\
+             zygote_warm_spawners{{sandbox=\"{id}\",ready=\"false\"}} {}\n\
+             zygote_warm_spawner_stale_pages{{sandbox=\"{id}\"}} {stale}\n\
+             zygote_warm_spawner_private_bytes{{sandbox=\"{id}\"}} {private}",
+            list.len() - ready
+        );
     }
 }
 
@@ -183,10 +217,10 @@ mod tests {
     fn expired_sandboxes_are_counted() {
         let m = Metrics::default();
         assert!(m
-            .render(&[], 0)
+            .render(&[], 0, &BTreeMap::new())
             .contains("\nzygote_sandboxes_expired_total 0\n"));
         m.expired.fetch_add(2, Ordering::Relaxed);
-        let out = m.render(&[], 0);
+        let out = m.render(&[], 0, &BTreeMap::new());
         assert!(out.contains("# TYPE zygote_sandboxes_expired_total counter\n"));
         assert!(
             out.contains("\nzygote_sandboxes_expired_total 2\n"),
@@ -194,7 +228,38 @@ mod tests {
         );
         m.branch_children_failed.fetch_add(1, Ordering::Relaxed);
         assert!(m
-            .render(&[], 0)
+            .render(&[], 0, &BTreeMap::new())
             .contains("# TYPE zygote_branch_children_failed_total counter\nzygote_branch_children_failed_total 1\n"));
+    }
+
+    #[test]
+    fn warm_spawners_are_reported_per_sandbox() {
+        let spawner = |pid, ready, stale_pages| SpawnerUse {
+            pid,
+            ready,
+            stale_pages,
+            private_bytes: 4096 * stale_pages,
+        };
+        let spawners = BTreeMap::from([
+            (
+                "sb-a".to_string(),
+                vec![spawner(7, true, 3), spawner(8, false, 0)],
+            ),
+            ("sb-none".to_string(), vec![]),
+        ]);
+        let out = Metrics::default().render(&[], 0, &spawners);
+        for line in [
+            "zygote_warm_spawners{sandbox=\"sb-a\",ready=\"true\"} 1\n",
+            "zygote_warm_spawners{sandbox=\"sb-a\",ready=\"false\"} 1\n",
+            "zygote_warm_spawner_stale_pages{sandbox=\"sb-a\"} 3\n",
+            "zygote_warm_spawner_private_bytes{sandbox=\"sb-a\"} 12288\n",
+            "# TYPE zygote_warm_spawners gauge\n",
+        ] {
+            assert!(out.contains(line), "missing {line:?} in:\n{out}");
+        }
+        assert!(
+            !out.contains("sb-none"),
+            "a sandbox without spawners has no series"
+        );
     }
 }

@@ -389,6 +389,14 @@ fn kvm_runtime_branches_a_child_through_a_warm_spawner() {
         assert!(Instant::now() < deadline, "no warm spawner ready");
         std::thread::sleep(Duration::from_millis(20));
     };
+    // What the daemon's /metrics reports: the spawner, ready, with memory of its own.
+    let kept = rt.warm_spawners(&a);
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert!(kept[0].ready && kept[0].pid == spawner, "{kept:?}");
+    assert!(
+        kept[0].private_bytes > 0,
+        "its VM's memory is its own: {kept:?}"
+    );
     let kid = [spec(&root, "w", BootSource::Image(PathBuf::new()))];
     let point_dir = root.join("snapshots").join("warm-point");
     std::fs::create_dir_all(&point_dir).unwrap();

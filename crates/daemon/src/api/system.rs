@@ -26,7 +26,14 @@ pub async fn metrics(State(st): State<AppState>) -> Result<Response> {
     let text = tokio::task::spawn_blocking(move || -> Result<String> {
         let sandboxes = m.db.sandboxes()?;
         let snapshots = m.db.snapshots()?.len();
-        Ok(m.metrics.render(&sandboxes, snapshots))
+        let spawners = sandboxes
+            .iter()
+            .filter_map(|s| {
+                let list = m.runtime.warm_spawners(s.vm.as_ref()?);
+                (!list.is_empty()).then(|| (s.id.clone(), list))
+            })
+            .collect();
+        Ok(m.metrics.render(&sandboxes, snapshots, &spawners))
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))??;

@@ -33,8 +33,8 @@ use super::kvm_cmd::{self, Boot, VmFiles};
 use super::kvm_volumes;
 use super::{supervisor, BootSource, Exit, RunState, Runtime, RuntimeError};
 use super::{
-    AgentPhases, BranchProgress, ChildPhases, GuestNet, SnapshotData, StartSpec, TapNet, VmRecord,
-    VolumeDisk,
+    AgentPhases, BranchProgress, ChildPhases, GuestNet, SnapshotData, SpawnerUse, StartSpec,
+    TapNet, VmRecord, VolumeDisk,
 };
 use crate::model::SnapshotKind;
 use crate::procs::ProcId;
@@ -355,6 +355,24 @@ fn snapshot_data(dir: &Path, vm_dir: &Path, pause_ms: f64) -> SnapshotData {
 impl Runtime for KvmRuntime {
     fn name(&self) -> &'static str {
         "kvm"
+    }
+
+    fn warm_spawners(&self, vm: &VmRecord) -> Vec<SpawnerUse> {
+        if self.warm_spawners == 0 || !vm.process.is_alive() {
+            return Vec::new();
+        }
+        let Ok(st) = status(&vm.control) else {
+            return Vec::new();
+        };
+        st.spawners
+            .iter()
+            .map(|s| SpawnerUse {
+                pid: s.pid,
+                ready: s.ready,
+                stale_pages: s.stale_pages,
+                private_bytes: crate::procs::memory_use(s.pid as u32).map_or(0, |m| m.private),
+            })
+            .collect()
     }
 
     fn branch_mechanism(&self) -> &'static str {

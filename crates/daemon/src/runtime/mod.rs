@@ -225,6 +225,11 @@ pub trait Runtime: Send + Sync {
     fn name(&self) -> &'static str;
     /// One line on how branch works here (shown by `GET /v1/info`).
     fn branch_mechanism(&self) -> &'static str;
+    /// The warm spawners `vm`'s VMM keeps for its next branch (kvm with
+    /// `--warm-spawners`; none elsewhere), with what each costs.
+    fn warm_spawners(&self, _vm: &VmRecord) -> Vec<SpawnerUse> {
+        Vec::new()
+    }
     /// Whether VMs can have volume disks ([`StartSpec::volumes`]).
     fn volumes_supported(&self) -> bool {
         false
@@ -410,6 +415,19 @@ pub struct ChildPhases {
     pub agent_ms: f64,
     /// The parts of `agent_ms` (runtimes that tell them apart).
     pub agent: Option<AgentPhases>,
+}
+
+/// A warm spawner and its cost (see the VMM's `warm` module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpawnerUse {
+    pub pid: i32,
+    /// Its VM is built: the next one-child branch can go through it.
+    pub ready: bool,
+    /// Pages (RAM and disk) the parent wrote since its last catch-up: what a branch
+    /// through it would copy now.
+    pub stale_pages: u64,
+    /// Host memory it holds alone (old copies of pages, its VM's structures).
+    pub private_bytes: u64,
 }
 
 /// The parts of a child's `agent_ms`.
