@@ -90,3 +90,15 @@ def test_the_sdk_timeout_interrupts_and_the_state_stays(sbx):
         sbx.run_code("import time\ntime.sleep(600)", timeout=3)
     # The kernel was interrupted when the SDK gave up: the next cell runs at once.
     assert sbx.run_code("z", timeout=120).text == "5"
+
+
+def test_envs_hold_for_one_execution(sbx):
+    show = "import os; print(os.environ.get('ZYG_E2B'))"
+    ex = sbx.run_code(show, envs={"ZYG_E2B": "1"})
+    assert ex.error is None, ex.error
+    assert ex.logs.stdout == ["1\n"]
+    assert sbx.run_code(show).logs.stdout == ["None\n"]
+    failed = sbx.run_code("raise ValueError(os.environ['ZYG_E2B'])", envs={"ZYG_E2B": "boom"})
+    assert failed.error is not None and failed.error.name == "ValueError"
+    assert failed.error.value == "boom"
+    assert sbx.run_code(show).logs.stdout == ["None\n"]

@@ -284,6 +284,7 @@ fn code_status(e: &crate::manager::CodeError) -> (StatusCode, &'static str) {
     use StatusCode as S;
     match e {
         C::NoInterpreter(_) => (S::UNPROCESSABLE_ENTITY, "no_code_interpreter"),
+        C::EnvsUnsupported(_) => (S::UNPROCESSABLE_ENTITY, "code_envs_unsupported"),
         C::UnknownContext(_) => (S::NOT_FOUND, "code_context_not_found"),
         C::Refused(_) => (S::BAD_REQUEST, "invalid_argument"),
         C::LimitReached(_) => (S::TOO_MANY_REQUESTS, "code_context_limit"),

@@ -1,8 +1,9 @@
 //! The code interpreter live on the qemu runtime (issue 37): image `code-interpreter`,
 //! `POST /v1/sandboxes/{id}/code` and its contexts. State across calls, a matplotlib
-//! figure as a real PNG, bad input, timeout and client-disconnect interrupts, a kernel
-//! crash and restart, contexts, and a 50 MiB DataFrame branched into 4 children that
-//! each change it their own way (and draw different random numbers).
+//! figure as a real PNG, per-execution envs (restored after), bad input, timeout and
+//! client-disconnect interrupts, a kernel crash and restart, contexts, and a 50 MiB
+//! DataFrame branched into 4 children that each change it their own way (and draw
+//! different random numbers).
 mod common;
 
 use std::time::{Duration, Instant};
@@ -128,6 +129,89 @@ async fn code_interpreter_live() {
     assert_eq!(run(&c, &id, longest).await.text(), Some("42"));
     step(t0, "state kept across calls");
 
+    // envs: set for one execution only; afterwards each name is as it was (removed, or
+    // its old value back), also after an error or a timeout; silently (the executions
+    // are numbered on by one).
+    let with_envs = |src: &str, kv: &[(&str, &str)]| CodeRequest {
+        envs: Some(
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..code(src)
+    };
+    let show = "import os; print(os.environ.get('ZYG_A'))";
+    let mut counts = Vec::new();
+    for (req, want) in [
+        (code(show), "None\n"),
+        (with_envs(show, &[("ZYG_A", "1")]), "1\n"),
+        (code(show), "None\n"),
+    ] {
+        let ex = run(&c, &id, req).await;
+        assert_eq!((ex.stdout.as_str(), &ex.error), (want, &None), "{ex:?}");
+        counts.push(ex.execution_count.expect("a count"));
+    }
+    assert_eq!(
+        counts,
+        [counts[0], counts[0] + 1, counts[0] + 2],
+        "{counts:?}"
+    );
+    let home = value(
+        &c,
+        &id,
+        "os.environ['ZYG_B'] = 'mine'\nos.environ.get('HOME')",
+    )
+    .await;
+    let over = run(
+        &c,
+        &id,
+        with_envs(
+            "import subprocess\nprint(os.environ['ZYG_B'], os.environ['HOME'])\n\
+             print(subprocess.run(['sh', '-c', 'echo $ZYG_B'], capture_output=True, text=True).stdout)",
+            &[("ZYG_B", "once"), ("HOME", "/tmp")],
+        ),
+    )
+    .await;
+    assert_eq!(over.stdout, "once /tmp\nonce\n\n", "{over:?}");
+    let back = value(&c, &id, "os.environ['ZYG_B'], os.environ.get('HOME')").await;
+    assert_eq!(
+        back,
+        format!("('mine', {home})"),
+        "overridden names come back"
+    );
+    let raised = run(
+        &c,
+        &id,
+        with_envs(
+            "raise ValueError(os.environ['ZYG_A'])",
+            &[("ZYG_A", "boom")],
+        ),
+    )
+    .await;
+    let error = raised.error.as_ref().map(|e| (e.0.as_str(), e.1.as_str()));
+    assert_eq!(error, Some(("ValueError", "boom")), "{raised:?}");
+    assert_eq!(
+        run(&c, &id, code(show)).await.stdout,
+        "None\n",
+        "after an error"
+    );
+    let slow = CodeRequest {
+        timeout_ms: Some(3000),
+        ..with_envs("import time\ntime.sleep(600)", &[("ZYG_A", "t")])
+    };
+    let timed_out = run(&c, &id, slow).await;
+    let error = timed_out.error.as_ref().map(|e| e.0.as_str());
+    assert_eq!(error, Some("TimeoutError"), "{timed_out:?}");
+    assert_eq!(
+        run(&c, &id, code(show)).await.stdout,
+        "None\n",
+        "after a timeout"
+    );
+    step(
+        t0,
+        "envs for one execution, restored after it (also after an error and a timeout)",
+    );
+
     // A figure: a display result with a real PNG.
     let fig = run(
         &c,
@@ -172,11 +256,24 @@ async fn code_interpreter_live() {
             400,
             "invalid_argument",
         ),
+        (
+            json!({"code": "1", "envs": {"1A": "x"}}),
+            400,
+            "invalid_argument",
+        ),
+        (
+            json!({"code": "1", "envs": {"A": 1}}),
+            400,
+            "malformed_body",
+        ),
     ];
     for (body, status, want) in bad {
         assert_eq!(refused(&c, &path, body).await, (status, want.to_string()));
     }
-    step(t0, "bad input refused (language, context, empty, 20 MiB)");
+    step(
+        t0,
+        "bad input refused (language, context, empty, 20 MiB, envs)",
+    );
 
     // A timeout interrupts; the context and its state stay.
     let spin = run(
@@ -350,6 +447,14 @@ async fn code_interpreter_live() {
     )
     .await
     .expect("replace the relay");
+    // It never says it applies envs (as a server older than them): an execution with envs
+    // is refused, not run without them.
+    let envs = json!({"code": "1", "envs": {"ZYG_A": "1"}});
+    let path = format!("/v1/sandboxes/{child}/code");
+    assert_eq!(
+        refused(&c, &path, envs).await,
+        (422, "code_envs_unsupported".into())
+    );
     let lied = run(&c, child, code("1")).await;
     let data = match lied.results.first() {
         Some(CodeEvent::Result { data, .. }) => data.clone(),
@@ -363,7 +468,7 @@ async fn code_interpreter_live() {
     assert_eq!(failure.0, "code_server_malformed", "{failure:?}");
     step(
         t0,
-        &format!("a lying relay: fake PNG dropped, then {failure:?}"),
+        &format!("a lying relay: envs refused, fake PNG dropped, then {failure:?}"),
     );
 
     for sb in br.children.iter().chain([&id]) {

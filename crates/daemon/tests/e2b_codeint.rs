@@ -1,5 +1,5 @@
 //! E2B's code interpreter port (49999) over raw HTTP (issue 37): routing, tokens and bad
-//! input, answered before any kernel is involved. A `minimal` sandbox (no interpreter)
+//! input (env_vars that are not strings), answered before any kernel is involved. A `minimal` sandbox (no interpreter)
 //! is enough: what passes the checks ends as 422 no interpreter. The unchanged SDKs run
 //! against a real code-interpreter sandbox in sdk/e2b-compat (scripts/e2b-test.sh).
 mod common;
@@ -69,10 +69,23 @@ fn the_code_port_checks_tokens_and_input() {
     // Bad input, before the guest is asked.
     let a = call(Some(a_tok), "POST", "/execute", b"{\"code\": ");
     assert_eq!(a.status, 400, "{}", a.text());
-    let envs = br#"{"code": "1", "env_vars": {"A": "1"}}"#;
-    let a = call(Some(a_tok), "POST", "/execute", envs);
+    // env_vars: strings only, and the native bounds (names, count).
+    let a = call(
+        Some(a_tok),
+        "POST",
+        "/execute",
+        br#"{"code": "1", "env_vars": {"A": 1}}"#,
+    );
     assert_eq!(a.status, 400, "{}", a.text());
     assert!(a.text().contains("env_vars"), "{}", a.text());
+    let a = call(
+        Some(a_tok),
+        "POST",
+        "/execute",
+        br#"{"code": "1", "env_vars": {"1A": "x"}}"#,
+    );
+    assert_eq!(a.status, 400, "{}", a.text());
+    assert!(a.text().contains("not a variable name"), "{}", a.text());
     let a = call(
         Some(a_tok),
         "POST",
@@ -85,9 +98,12 @@ fn the_code_port_checks_tokens_and_input() {
     let a = call(Some(a_tok), "DELETE", "/contexts/..%2Fx", b"");
     assert_eq!(a.status, 400, "{}", a.text());
     assert_eq!(call(Some(a_tok), "GET", "/no/such", b"").status, 404);
-    // What passes reaches the guest, which has no interpreter: 422, saying so.
+    // What passes (env_vars included) reaches the guest, which has no interpreter: 422,
+    // saying so.
+    let envs = br#"{"code": "1", "env_vars": {"ZYG_A": "1"}}"#;
     for (tok, method, path, body) in [
         (Some(a_tok), "POST", "/execute", &code[..]),
+        (Some(a_tok), "POST", "/execute", &envs[..]),
         (None, "GET", "/contexts", b""),
         (None, "POST", "/contexts", b"{}"),
     ] {

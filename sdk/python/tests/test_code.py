@@ -38,10 +38,23 @@ def test_run_code_sends_the_request_and_gathers_the_execution(fake: FakeDaemon) 
     sb = Sandbox(SID, client=Client(fake.url, "t"))
     out: list[str] = []
     results: list[Result] = []
-    ex = sb.run_code("print('hi')\n42", context="c1", timeout=5, on_stdout=out.append, on_result=results.append)
+    ex = sb.run_code(
+        "print('hi')\n42",
+        context="c1",
+        timeout=5,
+        envs={"ZYG_A": "1"},
+        on_stdout=out.append,
+        on_result=results.append,
+    )
     req = fake.requests[0]
     assert (req.method, req.path) == ("POST", f"/v1/sandboxes/{SID}/code")
-    assert json.loads(req.body) == {"code": "print('hi')\n42", "language": "python", "context": "c1", "timeout_ms": 5000}
+    assert json.loads(req.body) == {
+        "code": "print('hi')\n42",
+        "language": "python",
+        "context": "c1",
+        "timeout_ms": 5000,
+        "envs": {"ZYG_A": "1"},
+    }
     assert isinstance(ex, Execution)
     assert out == ["hi\n"] and ex.logs.stdout == ["hi\n"]
     assert len(results) == 2 and ex.text == "42" and ex.execution_count == 3
@@ -60,7 +73,8 @@ def test_errors_and_broken_streams(fake: FakeDaemon) -> None:
     )
     sb = Sandbox(SID, client=Client(fake.url, "t"))
     seen: list[Any] = []
-    ex = sb.run_code("1/0", on_error=seen.append)
+    ex = sb.run_code("1/0", envs={}, on_error=seen.append)
+    assert "envs" not in json.loads(fake.requests[0].body), "empty envs are not sent"
     assert ex.error is not None and ex.error.name == "ZeroDivisionError" and seen == [ex.error]
     with pytest.raises(ZygoteError, match="without a done"):
         sb.run_code("print('x')")
@@ -101,7 +115,8 @@ def test_async_run_code_awaits_coroutine_callbacks(fake: FakeDaemon) -> None:
         from zygote import AsyncClient
 
         async with AsyncClient(fake.url, "t") as client:
-            return await AsyncSandbox(SID, client=client).run_code("x", on_stdout=on_stdout)
+            return await AsyncSandbox(SID, client=client).run_code("x", envs={"K": "v"}, on_stdout=on_stdout)
 
     ex = asyncio.run(main())
     assert got == ["hi\n"] and ex.text == "42"
+    assert json.loads(fake.requests[0].body)["envs"] == {"K": "v"}

@@ -625,7 +625,9 @@ def test_run_code_tool_against_a_fake_daemon() -> None:
     session = McpSession("--url", fake.url, "--token", "t")
     try:
         session.initialize()
-        got = structured(session.call("run_code", sandbox_id="sb-aaaaaaaaaaaa", code="x", timeout_seconds=2))
+        got = structured(
+            session.call("run_code", sandbox_id="sb-aaaaaaaaaaaa", code="x", timeout_seconds=2, envs={"ZYG_A": "1"})
+        )
         refused = session.call("run_code", sandbox_id="sb-aaaaaaaaaaaa", code="x")
         assert session.close() == 0
     finally:
@@ -634,5 +636,6 @@ def test_run_code_tool_against_a_fake_daemon() -> None:
     assert got["stdout"] == "hi\n" and got["execution_count"] == 2 and got["error"] is None
     assert got["results"][0]["images"] == [{"mime": "image/png", "data": png}]
     assert got["results"][1] == {"main": True, "formats": ["text/plain"], "text": "42"}
-    assert json.loads(fake.requests[0].body) == {"code": "x", "language": "python", "timeout_ms": 2000}
+    sent = json.loads(fake.requests[0].body)
+    assert sent == {"code": "x", "language": "python", "timeout_ms": 2000, "envs": {"ZYG_A": "1"}}
     assert refused["isError"] is True and "[no_code_interpreter]" in refused["content"][0]["text"]

@@ -59,6 +59,9 @@ export interface RunCodeOptions {
   context?: string | CodeContext;
   /** Interrupts the execution after this long (default 300 s); the state stays. */
   timeoutMs?: number;
+  /** Environment variables for this execution only: set in the kernel before the code
+   * runs, and as they were again after (also when it raised or timed out). */
+  envs?: Record<string, string>;
   onStdout?: Maybe<string>;
   onStderr?: Maybe<string>;
   onResult?: Maybe<Result>;
@@ -72,6 +75,7 @@ export async function runCode(client: Client, id: string, code: string, opts: Ru
   const body: Record<string, unknown> = { code, language: "python" };
   if (opts.context !== undefined) body.context = ctxId(opts.context);
   if (opts.timeoutMs !== undefined) body.timeout_ms = opts.timeoutMs;
+  if (opts.envs !== undefined && Object.keys(opts.envs).length > 0) body.envs = { ...opts.envs };
   const ex = new Execution();
   let done = false;
   let failure: Error | undefined;

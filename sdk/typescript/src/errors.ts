@@ -219,6 +219,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   // The code interpreter (runCode and its contexts).
   code_context_not_found: NotFoundError,
   no_code_interpreter: Unsupported,
+  code_envs_unsupported: Unsupported,
   code_context_limit: ConflictError,
 };
 

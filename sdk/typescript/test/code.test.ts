@@ -27,6 +27,7 @@ describe("runCode", () => {
     const ex = await sb.runCode("print('hi')\n42", {
       context: "c1",
       timeoutMs: 5000,
+      envs: { ZYG_A: "1" },
       onStdout: (t) => out.push(t),
       onResult: (r) => results.push(r),
     });
@@ -36,6 +37,7 @@ describe("runCode", () => {
       language: "python",
       context: "c1",
       timeout_ms: 5000,
+      envs: { ZYG_A: "1" },
     });
     assert.deepEqual(out, ["hi\n"]);
     assert.equal(results.length, 2);
@@ -59,7 +61,8 @@ describe("runCode", () => {
       { status: 422, json: { error: { code: "no_code_interpreter", message: "no interpreter" } } },
     ]);
     const sb = new Sandbox(SID, new Client({ url: fake.url, token: "t" }));
-    const ex = await sb.runCode("1/0");
+    const ex = await sb.runCode("1/0", { envs: {} });
+    assert.equal(JSON.parse(fake.requests.at(-1)!.body.toString("utf8")).envs, undefined, "empty envs are not sent");
     assert.equal(ex.error?.name, "ZeroDivisionError");
     await assert.rejects(sb.runCode("print('x')"), ServerError);
     await assert.rejects(sb.runCode("1", { context: "gone" }), NotFoundError);

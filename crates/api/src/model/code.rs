@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{in_range, validate_guest_path, Validate, MAX_EXEC_TIMEOUT_MS};
+use super::env::{VarLimits, MAX_ENV_BYTES, MAX_ENV_VALUE};
+use super::{in_range, validate_guest_path, validate_vars_within, Validate, MAX_EXEC_TIMEOUT_MS};
 use crate::error::{RequestError, Result};
 
 /// Most bytes of code one execution may carry (1 MiB): far more than any cell, and an
@@ -22,6 +23,14 @@ pub const CODE_LANGUAGE: &str = "python";
 pub const DEFAULT_CONTEXT: &str = "default";
 /// Timeout of an execution that names none: 5 minutes (E2B's default too).
 pub const DEFAULT_CODE_TIMEOUT_MS: u64 = 300_000;
+/// Bounds of an execution's `envs`: 64 variables, names of at most 128 bytes, values of
+/// at most 32 KiB, 256 KiB in all (what one process environment comfortably holds).
+pub const CODE_ENV_LIMITS: VarLimits = VarLimits {
+    vars: 64,
+    name_bytes: 128,
+    value_bytes: MAX_ENV_VALUE,
+    total_bytes: MAX_ENV_BYTES,
+};
 /// Mime types a result may carry; anything else a guest sends is dropped.
 pub const RESULT_MIME_TYPES: [&str; 10] = [
     "text/plain",
@@ -52,6 +61,14 @@ pub struct CodeRequest {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 86400000)]
     pub timeout_ms: Option<u64>,
+    /// Environment variables for this execution only (E2B's `envs`): set in the
+    /// context's kernel (`os.environ`, so also for the processes it starts) just before
+    /// the code runs; afterwards, also when it raised or timed out, each name is back to
+    /// what it was (removed if it did not exist). At most 64; names
+    /// `[A-Za-z_][A-Za-z0-9_]*` of 1..=128 bytes, values up to 32 KiB without NUL,
+    /// 256 KiB in all.
+    #[serde(default)]
+    pub envs: Option<BTreeMap<String, String>>,
 }
 
 impl CodeRequest {
@@ -107,6 +124,9 @@ impl Validate for CodeRequest {
         validate_context_id(self.context())?;
         if let Some(t) = self.timeout_ms {
             in_range("timeout_ms", t, 1, MAX_EXEC_TIMEOUT_MS)?;
+        }
+        if let Some(envs) = &self.envs {
+            validate_vars_within("envs", envs, &CODE_ENV_LIMITS)?;
         }
         Ok(())
     }
@@ -222,6 +242,68 @@ mod tests {
         assert!(r.validate().is_ok());
         r.timeout_ms = Some(0);
         assert!(r.validate().is_err());
+    }
+
+    fn with_envs(kv: &[(&str, &str)]) -> CodeRequest {
+        CodeRequest {
+            envs: Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..req("1")
+        }
+    }
+
+    fn refusal(r: &CodeRequest) -> String {
+        r.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn code_envs_bounds() {
+        assert!(with_envs(&[]).validate().is_ok());
+        assert!(with_envs(&[("ZYG_A", "1"), ("_x9", ""), ("PATH", "/bin")])
+            .validate()
+            .is_ok());
+        for bad in ["", "1A", "A-B", "A=B", "A B", "É", "A\0"] {
+            let msg = refusal(&with_envs(&[(bad, "x")]));
+            assert!(msg.contains("is not a variable name"), "{bad:?}: {msg}");
+        }
+        let name = "N".repeat(128);
+        assert!(with_envs(&[(&name, "x")]).validate().is_ok());
+        let long = "N".repeat(129);
+        let msg = refusal(&with_envs(&[(&long, "x")]));
+        assert!(msg.contains("at most 128"), "{msg}");
+        let msg = refusal(&with_envs(&[("A", "x\0y")]));
+        assert!(msg.contains("NUL"), "{msg}");
+        let value = "v".repeat(32 * 1024);
+        assert!(with_envs(&[("A", &value)]).validate().is_ok());
+        let big = "v".repeat(32 * 1024 + 1);
+        let msg = refusal(&with_envs(&[("A", &big)]));
+        assert!(msg.contains("32769 bytes, more than 32768"), "{msg}");
+        let names: Vec<String> = (0..65).map(|i| format!("V{i}")).collect();
+        let vars = |n: usize| {
+            names[..n]
+                .iter()
+                .map(|k| (k.as_str(), "x"))
+                .collect::<Vec<_>>()
+        };
+        assert!(with_envs(&vars(64)).validate().is_ok());
+        let msg = refusal(&with_envs(&vars(65)));
+        assert!(
+            msg.contains("65 variables") && msg.contains("at most 64"),
+            "{msg}"
+        );
+        // Many large values: the total bounds them.
+        let full: Vec<(&str, &str)> = names[..9]
+            .iter()
+            .map(|k| (k.as_str(), &value[..]))
+            .collect();
+        assert!(refusal(&with_envs(&full)).contains("262144 bytes"));
+        // Absent and null are the same.
+        let r: CodeRequest = serde_json::from_str(r#"{"code": "1", "envs": null}"#).unwrap();
+        assert!(r.envs.is_none() && r.validate().is_ok());
+        assert!(serde_json::from_str::<CodeRequest>(r#"{"code": "1", "envs": {"A": 1}}"#).is_err());
     }
 
     #[test]

@@ -29,6 +29,26 @@ pub const MAX_ENV_VARS: usize = 128;
 pub const MAX_ENV_VALUE: usize = 32 * 1024;
 /// Most bytes of names and values together.
 pub const MAX_ENV_BYTES: usize = 256 * 1024;
+/// Longest variable name.
+pub const MAX_ENV_NAME: usize = 256;
+
+/// Bounds of a set of environment variables (see [`validate_vars_within`]).
+#[derive(Debug, Clone, Copy)]
+pub struct VarLimits {
+    pub vars: usize,
+    pub name_bytes: usize,
+    pub value_bytes: usize,
+    /// Names and values together.
+    pub total_bytes: usize,
+}
+
+/// A sandbox's envs and secrets (and a branch child's additions).
+pub const SANDBOX_VAR_LIMITS: VarLimits = VarLimits {
+    vars: MAX_ENV_VARS,
+    name_bytes: MAX_ENV_NAME,
+    value_bytes: MAX_ENV_VALUE,
+    total_bytes: MAX_ENV_BYTES,
+};
 
 /// Where the daemon puts its egress CA in a guest whose sandbox has secrets bound to
 /// hosts, and the CA bundle it adds it to.
@@ -123,7 +143,7 @@ impl ImageRun {
                 .env
                 .iter()
                 .filter_map(|kv| kv.split_once('='))
-                .filter(|(k, _)| valid_name(k))
+                .filter(|(k, _)| valid_name(k, MAX_ENV_NAME))
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             cwd: c.working_dir.clone(),
@@ -199,23 +219,35 @@ fn bound_hosts(name: &str, hosts: &[String]) -> Result<Vec<NameRule>> {
         .collect()
 }
 
-fn valid_name(k: &str) -> bool {
+fn valid_name(k: &str, max: usize) -> bool {
     let mut b = k.bytes();
     matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
         && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
-        && k.len() <= 256
+        && k.len() <= max
 }
 
-/// Check names (`[A-Za-z_][A-Za-z0-9_]*`), values (no NUL, bounded) and the totals.
+/// Check names (`[A-Za-z_][A-Za-z0-9_]*`), values (no NUL, bounded) and the totals of a
+/// sandbox's variables ([`SANDBOX_VAR_LIMITS`]).
 pub fn validate_vars<'a>(
     what: &str,
     vars: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<()> {
+    validate_vars_within(what, vars, &SANDBOX_VAR_LIMITS)
+}
+
+/// As [`validate_vars`], within `limits`.
+pub fn validate_vars_within<'a>(
+    what: &str,
+    vars: impl IntoIterator<Item = (&'a String, &'a String)>,
+    limits: &VarLimits,
+) -> Result<()> {
     let (mut n, mut bytes) = (0usize, 0usize);
     for (k, v) in vars {
-        if !valid_name(k) {
+        if !valid_name(k, limits.name_bytes) {
             return Err(RequestError::invalid(format!(
-                "{what}: {k:?} is not a variable name (letters, digits and _, not starting with a digit, at most 256)"
+                "{what}: {:?} is not a variable name (letters, digits and _, not starting with a digit, at most {})",
+                k.chars().take(limits.name_bytes + 8).collect::<String>(),
+                limits.name_bytes
             )));
         }
         if v.contains('\0') {
@@ -223,18 +255,20 @@ pub fn validate_vars<'a>(
                 "{what}: the value of {k} contains a NUL byte"
             )));
         }
-        if v.len() > MAX_ENV_VALUE {
+        if v.len() > limits.value_bytes {
             return Err(RequestError::invalid(format!(
-                "{what}: the value of {k} is {} bytes, more than {MAX_ENV_VALUE}",
-                v.len()
+                "{what}: the value of {k} is {} bytes, more than {}",
+                v.len(),
+                limits.value_bytes
             )));
         }
         n += 1;
         bytes += k.len() + v.len();
     }
-    if n > MAX_ENV_VARS || bytes > MAX_ENV_BYTES {
+    if n > limits.vars || bytes > limits.total_bytes {
         return Err(RequestError::invalid(format!(
-            "{what}: {n} variables of {bytes} bytes; at most {MAX_ENV_VARS} variables and {MAX_ENV_BYTES} bytes"
+            "{what}: {n} variables of {bytes} bytes; at most {} variables and {} bytes",
+            limits.vars, limits.total_bytes
         )));
     }
     Ok(())

@@ -40,15 +40,15 @@ pub use branch::{
 };
 pub use code::{
     validate_context_id, CodeContext, CodeContextList, CodeEvent, CodeRequest,
-    CreateContextRequest, CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT, MAX_CODE_BYTES,
-    RESULT_MIME_TYPES,
+    CreateContextRequest, CODE_ENV_LIMITS, CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT,
+    MAX_CODE_BYTES, RESULT_MIME_TYPES,
 };
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use egress::{EgressEntry, EgressList, EgressQuery};
 pub use env::{
-    validate_vars, ImageRun, SandboxEnv, SecretSpec, CA_ENV, GUEST_CA_BUNDLE, GUEST_EGRESS_CA,
-    MAX_SECRET_HOSTS,
+    validate_vars, validate_vars_within, ImageRun, SandboxEnv, SecretSpec, VarLimits, CA_ENV,
+    GUEST_CA_BUNDLE, GUEST_EGRESS_CA, MAX_SECRET_HOSTS,
 };
 pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,

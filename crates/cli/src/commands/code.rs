@@ -1,7 +1,8 @@
 //! `zygote code ID -c '...'`: run Python in a sandbox's code interpreter (image
 //! `code-interpreter`). Output is printed as it comes, the cell's value and other text
 //! results after it, and each image result is saved to a file whose name is printed
-//! (the terminal cannot show it). `--contexts`, `--new-context`, `--restart` and
+//! (the terminal cannot show it). `--env K=V` (repeatable) sets variables for that one
+//! execution. `--contexts`, `--new-context`, `--restart` and
 //! `--remove` manage contexts.
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -23,6 +24,10 @@ pub struct CodeArgs {
     context: Option<String>,
     #[arg(long)]
     timeout_ms: Option<u64>,
+    /// Environment variable for this execution only, KEY=VALUE (repeatable): set in the
+    /// kernel before the code runs, as it was again after.
+    #[arg(long = "env", short = 'e')]
+    env: Vec<String>,
     /// Where image results are saved (as result-<n>.<ext>).
     #[arg(long, default_value = ".")]
     out_dir: PathBuf,
@@ -82,7 +87,7 @@ pub fn run(args: CodeArgs) -> anyhow::Result<i32> {
         block_on(client.delete_code_context(id, &ctx))?;
         return Ok(0);
     }
-    let code = match args.code {
+    let code = match args.code.clone() {
         Some(c) if c != "-" => c,
         _ => {
             let mut s = String::new();
@@ -90,12 +95,7 @@ pub fn run(args: CodeArgs) -> anyhow::Result<i32> {
             s
         }
     };
-    let req = CodeRequest {
-        code,
-        context: args.context,
-        timeout_ms: args.timeout_ms,
-        ..Default::default()
-    };
+    let req = code_request(&args, code)?;
     let mut saved = 0usize;
     let mut failed: Option<anyhow::Error> = None;
     let json = args.json;
@@ -116,6 +116,18 @@ pub fn run(args: CodeArgs) -> anyhow::Result<i32> {
         anyhow::bail!("{message} ({code})");
     }
     Ok(i32::from(execution.error.is_some()))
+}
+
+/// The `POST .../code` body for `code` with the options given.
+fn code_request(args: &CodeArgs, code: String) -> anyhow::Result<CodeRequest> {
+    let envs = super::exec::env_pairs(&args.env)?;
+    Ok(CodeRequest {
+        code,
+        context: args.context.clone(),
+        timeout_ms: args.timeout_ms,
+        envs: (!envs.is_empty()).then(|| envs.into_iter().collect()),
+        ..Default::default()
+    })
 }
 
 fn print_event(
@@ -167,4 +179,34 @@ fn print_event(
         CodeEvent::Done { .. } | CodeEvent::Failure { .. } => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        code: CodeArgs,
+    }
+
+    fn request(argv: &[&str]) -> anyhow::Result<CodeRequest> {
+        let cli = Cli::try_parse_from(std::iter::once("zygote").chain(argv.iter().copied()))
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        code_request(&cli.code, "1".into())
+    }
+
+    #[test]
+    fn env_flags_become_the_execution_envs() {
+        assert_eq!(request(&["sb-1", "-c", "1"]).unwrap().envs, None);
+        let req = request(&["sb-1", "--env", "A=1", "-e", "B=x=y", "-e", "C="]).unwrap();
+        let envs = req.envs.unwrap();
+        assert_eq!(envs["A"], "1");
+        assert_eq!(envs["B"], "x=y");
+        assert_eq!(envs["C"], "");
+        let e = request(&["sb-1", "--env", "NOVALUE"]).unwrap_err();
+        assert!(e.to_string().contains("want KEY=VALUE"), "{e}");
+    }
 }

@@ -34,6 +34,17 @@ pub struct ExecArgs {
     api: ApiArgs,
 }
 
+/// `--env KEY=VALUE` arguments as (name, value) pairs, in order.
+pub(super) fn env_pairs(args: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    args.iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| anyhow::anyhow!("--env {kv:?}: want KEY=VALUE"))
+        })
+        .collect()
+}
+
 pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
     let client = args.api.client()?;
     let mut req = ExecRequest {
@@ -44,12 +55,7 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
         background: args.detach,
         ..Default::default()
     };
-    for kv in &args.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--env {kv:?}: want KEY=VALUE"))?;
-        req.env.insert(k.into(), v.into());
-    }
+    req.env.extend(env_pairs(&args.env)?);
     if args.detach {
         let process: Process = block_on(client.json(
             Method::POST,

@@ -106,12 +106,7 @@ pub fn run(args: ShellArgs) -> anyhow::Result<i32> {
     if let Some(term) = std::env::var("TERM").ok().filter(|t| !t.is_empty()) {
         opts.env.push(("TERM".into(), term));
     }
-    for kv in &args.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--env {kv:?}: want KEY=VALUE"))?;
-        opts.env.push((k.into(), v.into()));
-    }
+    opts.env.extend(super::exec::env_pairs(&args.env)?);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

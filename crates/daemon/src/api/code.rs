@@ -14,6 +14,9 @@ use crate::model::{CodeContext, CodeContextList, CodeEvent, CodeRequest, CreateC
 
 const NO_INTERPRETER: &str = "The sandbox's image has no code interpreter \
     (no_code_interpreter: use image code-interpreter)";
+const NO_INTERPRETER_OR_ENVS: &str = "The sandbox's image has no code interpreter \
+    (no_code_interpreter: use image code-interpreter), or one older than per-execution \
+    envs, given here (code_envs_unsupported)";
 const SERVER_502: &str = "The sandbox's code server failed or sent a malformed answer \
     (code_server_error, code_server_malformed), or its agent cannot be reached \
     (agent_unreachable)";
@@ -28,11 +31,13 @@ const SERVER_502: &str = "The sandbox's code server failed or sent a malformed a
                 going away interrupts the execution",
                content_type = "application/x-ndjson", body = CodeEvent),
               (status = 400, description = "Empty code, code over 1 MiB, a language other \
-                than python, a malformed context id (invalid_argument)", body = ErrorBody),
+                than python, a malformed context id, envs out of bounds (more than 64, a \
+                name not [A-Za-z_][A-Za-z0-9_]* of 1..=128 bytes, a value over 32 KiB or \
+                with NUL, 256 KiB in all) (invalid_argument)", body = ErrorBody),
               (status = 404, description = "No such sandbox, or no such context in it \
                 (code_context_not_found)", body = ErrorBody),
               (status = 409, description = "Sandbox not running, or paused", body = ErrorBody),
-              (status = 422, description = NO_INTERPRETER, body = ErrorBody),
+              (status = 422, description = NO_INTERPRETER_OR_ENVS, body = ErrorBody),
               (status = 502, description = SERVER_502, body = ErrorBody)))]
 pub async fn run(
     State(st): State<AppState>,

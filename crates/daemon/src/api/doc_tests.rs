@@ -8,8 +8,8 @@ use utoipa::OpenApi;
 use super::ApiDoc;
 use crate::api::PUBLIC;
 use crate::model::{
-    BranchRequest, CreateSandboxRequest, ExecRequest, ExposePortRequest, SetTtlRequest, Validate,
-    MAX_ARGV, MAX_FILE_BYTES, MAX_JSON_BODY_BYTES,
+    BranchRequest, CodeRequest, CreateSandboxRequest, ExecRequest, ExposePortRequest,
+    SetTtlRequest, Validate, MAX_ARGV, MAX_FILE_BYTES, MAX_JSON_BODY_BYTES,
 };
 
 const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
@@ -388,4 +388,29 @@ fn operations_on_a_named_code_context_document_the_malformed_name() {
         }
     }
     assert_eq!(seen, 2);
+}
+
+#[test]
+fn code_envs_are_documented_as_validation_bounds_them() {
+    let doc = doc();
+    let envs = &doc["components"]["schemas"]["CodeRequest"]["properties"]["envs"];
+    assert_eq!(envs["additionalProperties"]["type"], "string", "{envs}");
+    let text = envs["description"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("At most 64") && text.contains("1..=128 bytes") && text.contains("32 KiB"),
+        "{envs}"
+    );
+    let code = "/v1/sandboxes/{id}/code";
+    let bad = doc["paths"][code]["post"]["responses"]["400"]["description"].to_string();
+    assert!(bad.contains("envs"), "{bad}");
+    let vars = |n: usize| {
+        let envs: serde_json::Map<String, Value> =
+            (0..n).map(|i| (format!("V{i}"), json!("x"))).collect();
+        json!({"code": "1", "envs": envs})
+    };
+    assert!(accepts::<CodeRequest>(&vars(64)));
+    assert!(!accepts::<CodeRequest>(&vars(65)));
+    assert!(!accepts::<CodeRequest>(
+        &json!({"code": "1", "envs": {"N".repeat(129): "x"}})
+    ));
 }

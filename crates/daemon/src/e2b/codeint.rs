@@ -11,7 +11,9 @@
 //!   "name","value","traceback"}` (the traceback one string), `{"type":
 //!   "number_of_executions","execution_count"}`, then `{"type":"end_of_execution"}`
 //!   (W2:models.py `_parse_output`). Its `timeout` is the client's: when it gives up it
-//!   closes the connection, which interrupts the kernel here as natively.
+//!   closes the connection, which interrupts the kernel here as natively. `env_vars`
+//!   (the SDK's `envs=`) must map names to strings; they become the native request's
+//!   `envs` (set for that execution only, then restored) with the native bounds.
 //! - `POST /contexts` `{language?, cwd?}` -> `{id, language, cwd}`; `GET /contexts` ->
 //!   a list of those; `DELETE /contexts/{id}`; `POST /contexts/{id}/restart`. The SDK
 //!   sends no access token on these four (it does on `/execute`), so a missing token is
@@ -20,6 +22,7 @@
 //!
 //! Errors are plain text with E2B's statuses as the SDK maps them (W2:models.py
 //! `format_exception`): 404 an unknown context (NotFoundException), 400 bad input.
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -148,20 +151,47 @@ async fn context_op(manager: &Arc<Manager>, id: &str, ctx: &str, op: ContextOp) 
     }
 }
 
-async fn execute(manager: &Arc<Manager>, id: &str, b: ExecuteBody) -> Response {
-    if b.env_vars.as_ref().is_some_and(|v| !v.is_empty()) {
-        return text(
-            StatusCode::BAD_REQUEST,
-            "env_vars are not supported by zygote's code interpreter: set them in the \
-             code (os.environ) or at sandbox creation (envs)",
-        );
+/// `env_vars` as the native `envs`: every value must be a string (else why not).
+fn env_vars(vars: Option<Map<String, Value>>) -> Result<Option<BTreeMap<String, String>>, String> {
+    let Some(vars) = vars.filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    vars.into_iter()
+        .map(|(k, v)| match v {
+            Value::String(s) => Ok((k, s)),
+            other => Err(format!(
+                "env_vars: the value of {:?} is {}, not a string",
+                k.chars().take(80).collect::<String>(),
+                json_kind(&other)
+            )),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
+}
+
+async fn execute(manager: &Arc<Manager>, id: &str, b: ExecuteBody) -> Response {
+    let envs = match env_vars(b.env_vars) {
+        Ok(envs) => envs,
+        Err(why) => return text(StatusCode::BAD_REQUEST, why),
+    };
     let req = CodeRequest {
         code: b.code,
         language: b.language,
         context: b.context_id,
         // The SDK's own timeout ends the request; the kernel is interrupted then.
         timeout_ms: Some(MAX_EXEC_TIMEOUT_MS),
+        envs,
     };
     let events = match manager.run_code(id, req).await {
         Ok(events) => events,
@@ -247,7 +277,27 @@ fn e2b_lines(event: CodeEvent) -> Vec<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
+
+    #[test]
+    fn env_vars_must_be_strings() {
+        let map = |v: Value| v.as_object().cloned();
+        assert_eq!(env_vars(None).unwrap(), None);
+        assert_eq!(env_vars(map(json!({}))).unwrap(), None);
+        let got = env_vars(map(json!({"A": "1", "B": ""}))).unwrap().unwrap();
+        assert_eq!(got["A"], "1");
+        assert_eq!(got["B"], "");
+        for (bad, kind) in [
+            (json!({"A": 1}), "a number"),
+            (json!({"A": null}), "null"),
+            (json!({"A": ["x"]}), "an array"),
+        ] {
+            let why = env_vars(map(bad)).unwrap_err();
+            assert_eq!(
+                why,
+                format!("env_vars: the value of \"A\" is {kind}, not a string")
+            );
+        }
+    }
 
     #[test]
     fn native_events_become_e2b_lines() {

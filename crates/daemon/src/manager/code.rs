@@ -46,6 +46,12 @@ pub enum CodeError {
          (E2B template code-interpreter-v1)"
     )]
     NoInterpreter(String),
+    #[error(
+        "sandbox {0}'s code server predates per-execution envs (the sandbox comes from an \
+         older code-interpreter image or a snapshot of one): the execution was interrupted as it started; \
+         set the variables in the code (os.environ) or use a sandbox from the current image"
+    )]
+    EnvsUnsupported(String),
     #[error("no code context {0:?} in this sandbox (create one with POST .../code/contexts)")]
     UnknownContext(String),
     #[error("the code server refused the request: {0}")]
@@ -184,15 +190,16 @@ impl Manager {
         req: CodeRequest,
     ) -> Result<mpsc::Receiver<CodeEvent>> {
         req.validate()?;
-        let request = json!({
-            "op": "execute",
-            "code": req.code,
-            "context": req.context(),
-            "timeout_ms": req.timeout_ms(),
-        });
+        let with_envs = req.envs.as_ref().is_some_and(|e| !e.is_empty());
+        let request = execute_request(&req);
         let mut relay = Relay::start(self, id, request, req.timeout_ms()).await?;
         match relay.next().await? {
-            Some(GuestLine::Started) => {}
+            // An older server ignores envs: its execution is stopped (dropping the relay
+            // interrupts it) rather than run without them.
+            Some(GuestLine::Started { envs: false }) if with_envs => {
+                return Err(CodeError::EnvsUnsupported(id.to_string()).into())
+            }
+            Some(GuestLine::Started { .. }) => {}
             Some(GuestLine::Failure { code, message }) => {
                 return Err(failure(code, message, req.context()))
             }
@@ -273,6 +280,20 @@ impl Manager {
     }
 }
 
+/// The code server's `execute` request line for `req` (`envs` only when there are some).
+fn execute_request(req: &CodeRequest) -> serde_json::Value {
+    let mut request = json!({
+        "op": "execute",
+        "code": req.code,
+        "context": req.context(),
+        "timeout_ms": req.timeout_ms(),
+    });
+    if let Some(envs) = req.envs.as_ref().filter(|e| !e.is_empty()) {
+        request["envs"] = json!(envs);
+    }
+    request
+}
+
 #[derive(Debug, Clone, Copy)]
 pub enum ContextOp {
     Restart,
@@ -285,5 +306,31 @@ fn broken(e: &Error) -> CodeEvent {
     CodeEvent::Failure {
         code: body.error.code,
         message: body.error.message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execute_requests_carry_envs_only_when_given() {
+        let mut req = CodeRequest {
+            code: "print(1)".into(),
+            ..Default::default()
+        };
+        let plain = json!({"op": "execute", "code": "print(1)", "context": "default",
+                           "timeout_ms": 300_000});
+        assert_eq!(execute_request(&req), plain);
+        req.envs = Some(Default::default());
+        assert_eq!(execute_request(&req), plain);
+        req.envs = Some([("ZYG_A".to_string(), "1".to_string())].into());
+        req.context = Some("c1".into());
+        req.timeout_ms = Some(5);
+        assert_eq!(
+            execute_request(&req),
+            json!({"op": "execute", "code": "print(1)", "context": "c1", "timeout_ms": 5,
+                   "envs": {"ZYG_A": "1"}})
+        );
     }
 }

@@ -40,7 +40,11 @@ pub enum WireError {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum RawLine {
-    Started,
+    Started {
+        /// The server applies the request's `envs` (servers older than them never say so).
+        #[serde(default)]
+        envs: bool,
+    },
     Stdout {
         text: String,
     },
@@ -85,8 +89,11 @@ struct RawContext {
 /// A checked line.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GuestLine {
-    /// The context exists and its kernel runs: the execution's events follow.
-    Started,
+    /// The context exists and its kernel runs: the execution's events follow. `envs`:
+    /// the server said it applies the request's envs.
+    Started {
+        envs: bool,
+    },
     Event(CodeEvent),
     Contexts(Vec<CodeContext>),
     Context(CodeContext),
@@ -139,7 +146,7 @@ pub fn parse_line(line: &[u8]) -> Result<GuestLine, WireError> {
     let raw: RawLine =
         serde_json::from_slice(line).map_err(|e| WireError::Invalid(e.to_string()))?;
     Ok(match raw {
-        RawLine::Started => GuestLine::Started,
+        RawLine::Started { envs } => GuestLine::Started { envs },
         RawLine::Stdout { text } => GuestLine::Event(CodeEvent::Stdout { text }),
         RawLine::Stderr { text } => GuestLine::Event(CodeEvent::Stderr { text }),
         RawLine::Result { main, data } => GuestLine::Event(CodeEvent::Result {
@@ -277,7 +284,14 @@ mod tests {
 
     #[test]
     fn known_lines_parse_and_unknown_ones_are_refused() {
-        assert_eq!(parse_line(br#"{"type":"started"}"#), Ok(GuestLine::Started));
+        assert_eq!(
+            parse_line(br#"{"type":"started"}"#),
+            Ok(GuestLine::Started { envs: false })
+        );
+        assert_eq!(
+            parse_line(br#"{"type":"started","envs":true}"#),
+            Ok(GuestLine::Started { envs: true })
+        );
         assert_eq!(
             parse_line(br#"{"type":"done","execution_count":7}"#),
             Ok(GuestLine::Event(CodeEvent::Done { execution_count: 7 }))
@@ -286,6 +300,7 @@ mod tests {
             &br#"{"type":"shell","cmd":"rm"}"#[..],
             br#"{"type":"done","execution_count":-1}"#,
             br#"{"type":"stdout","text":"x","extra":1}"#,
+            br#"{"type":"started","envs":"yes"}"#,
             br#"[1,2]"#,
             b"not json",
             br#"{"type":"context","id":"../etc","language":"python","cwd":"/"}"#,

@@ -10,8 +10,10 @@ request runs ``zygote-codeint`` (a shell relay that starts this server once, the
 its stdin/stdout to the Unix socket ``/run/zygote/codeint/server.sock``). A request is
 one JSON line; the answer is JSON lines, the connection's end closes it:
 
-    {"op": "execute", "code": "...", "context": "default", "timeout_ms": 60000}
-      -> {"type": "started"}   (the context exists and its kernel runs)
+    {"op": "execute", "code": "...", "context": "default", "timeout_ms": 60000,
+     "envs": {"NAME": "value"}}   (envs optional)
+      -> {"type": "started"}   (the context exists and its kernel runs; with
+                                 "envs": true when the request had envs)
          {"type": "stdout"|"stderr", "text": "..."}*
          {"type": "result", "main": bool, "data": {"text/plain": "...", "image/png": "<b64>"}}*
          {"type": "error", "name": "...", "value": "...", "traceback": ["..."]}?
@@ -27,6 +29,13 @@ client goes away); a kernel that does not become idle within ``INTERRUPT_GRACE``
 restarted. A kernel that dies (``os._exit``, out of memory) is reported as an error and
 stays dead until the context is restarted, so that nothing runs on silently lost state.
 
+An execution's ``envs`` are set in the kernel's ``os.environ`` (so also for the
+subprocesses it starts) just before its code runs, and what those names held before is
+put back (a name that did not exist is removed) once it is over: after an error, a
+timeout or a disconnect too. Both steps are silent (no execution counted, nothing left
+in the user's namespace). A kernel that died or was restarted meanwhile has nothing to
+restore.
+
 After a branch or restore (a new ``/run/zygote/generation``), each kernel reseeds
 ``random`` and numpy before its next execution (``zygote_guest.check()``), so children
 draw different numbers.
@@ -34,6 +43,7 @@ draw different numbers.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import queue
@@ -69,6 +79,16 @@ MIME_TYPES = (
 )
 # Silent setup run in each kernel before an execution after a fork (and at start).
 RESEED = "import zygote_guest as __zygote_guest\n__zygote_guest.check()\n"
+# A user expression (evaluated silently in the kernel, leaving no name behind) that sets
+# the environment variables of a JSON object (null: remove the name) and gives back, as
+# JSON, what those names held before. The object travels as a Python string literal
+# (%r of json.dumps), so no value can become code.
+SWAP_ENV = (
+    "(lambda os, json, new: (json.dumps({k: os.environ.get(k) for k in new}), "
+    "[os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v) "
+    "for k, v in new.items()])[0])(__import__('os'), __import__('json'), "
+    "__import__('json').loads(%r))"
+)
 
 
 def generation() -> int:
@@ -98,6 +118,9 @@ class Context:
         self.kc = None
         self.dead = False
         self.generation = -1
+        # Bumped by every (re)start: what an execution set in one kernel is not
+        # restored into another.
+        self.epoch = 0
 
     def describe(self) -> dict:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -120,6 +143,7 @@ class Context:
         self.kc.wait_for_ready(timeout=KERNEL_READY_SECONDS)
         self.dead = False
         self.generation = -1
+        self.epoch += 1
 
     def restart(self) -> None:
         if self.km is None:
@@ -206,6 +230,11 @@ class Server:
         code = req.get("code")
         if not isinstance(code, str) or not code.strip():
             raise Failure("bad_request", "code must be a non-empty string")
+        envs = req.get("envs") or {}
+        if not isinstance(envs, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in envs.items()
+        ):
+            raise Failure("bad_request", "envs must map names to strings")
         timeout_ms = req.get("timeout_ms")
         deadline = None
         if isinstance(timeout_ms, int) and timeout_ms > 0:
@@ -218,7 +247,8 @@ class Server:
                 except Exception as e:
                     ctx.km = None
                     raise Failure("kernel_failed", f"the kernel did not start: {e}")
-            send({"type": "started"})
+            # "envs": this server applies them (the daemon stops an older one's execution).
+            send({"type": "started", "envs": True} if envs else {"type": "started"})
             if ctx.dead or not ctx.alive():
                 ctx.dead = True
                 send(dead_kernel_error())
@@ -228,28 +258,70 @@ class Server:
             if gen != ctx.generation:
                 run_silently(ctx, RESEED)
                 ctx.generation = gen
-            Execution(ctx, conn, send, deadline).run(code)
+            saved = None
+            if envs:
+                saved = swap_env(ctx, envs)
+                if saved is None:
+                    send(env_error())
+                    send({"type": "done", "execution_count": 0})
+                    return
+            epoch = ctx.epoch
+            try:
+                Execution(ctx, conn, send, deadline).run(code)
+            finally:
+                if saved is not None and ctx.epoch == epoch and not ctx.dead and ctx.alive():
+                    swap_env(ctx, saved)
+
+
+def error_line(name: str, value: str) -> dict:
+    """An error of the server's own (no traceback)."""
+    return {"type": "error", "name": name, "value": value, "traceback": []}
 
 
 def dead_kernel_error() -> dict:
-    return {
-        "type": "error",
-        "name": "KernelDied",
-        "value": "the context's kernel exited (os._exit, a crash or out of memory); "
+    return error_line(
+        "KernelDied",
+        "the context's kernel exited (os._exit, a crash or out of memory); "
         "its state is lost: restart the context",
-        "traceback": [],
-    }
+    )
 
 
-def run_silently(ctx: Context, code: str) -> None:
-    msg_id = ctx.kc.execute(code, silent=True, store_history=False, stop_on_error=False)
+def env_error() -> dict:
+    return error_line(
+        "EnvError", "the execution's envs could not be set in the kernel: the code did not run"
+    )
+
+
+def swap_env(ctx: Context, values: dict) -> Optional[dict]:
+    """Sets ``values`` (None: remove) in the kernel's environment; what those names held
+    before, or None if the kernel did not say."""
+    expr = SWAP_ENV % json.dumps(values)
+    reply = run_silently(ctx, "pass", {"before": expr})
+    try:
+        got = reply["user_expressions"]["before"]
+        before = json.loads(ast.literal_eval(got["data"]["text/plain"]))
+    except (TypeError, KeyError, ValueError, SyntaxError):
+        return None
+    return before if isinstance(before, dict) else None
+
+
+def run_silently(ctx: Context, code: str, user_expressions: Optional[dict] = None) -> Optional[dict]:
+    """Runs ``code`` without counting an execution or showing output; the reply, if
+    the kernel gave one."""
+    msg_id = ctx.kc.execute(
+        code,
+        silent=True,
+        store_history=False,
+        user_expressions=user_expressions or {},
+        stop_on_error=False,
+    )
     end = time.monotonic() + 60
     while time.monotonic() < end:
         try:
             msg = ctx.kc.get_iopub_msg(timeout=POLL)
         except queue.Empty:
             if not ctx.alive():
-                return
+                return None
             continue
         if (
             msg.get("parent_header", {}).get("msg_id") == msg_id
@@ -257,7 +329,7 @@ def run_silently(ctx: Context, code: str) -> None:
             and msg["content"].get("execution_state") == "idle"
         ):
             break
-    drain_reply(ctx, msg_id, 5)
+    return drain_reply(ctx, msg_id, 5)
 
 
 def drain_reply(ctx: Context, msg_id: str, seconds: float) -> Optional[dict]:
@@ -278,12 +350,24 @@ class Execution:
     def __init__(self, ctx: Context, conn: socket.socket, send, deadline):
         self.ctx = ctx
         self.conn = conn
-        self.send = send
+        self._send = send
         self.deadline = deadline
         self.interrupted_at = None
         self.why = None
         self.count = None
         self.errored = False
+
+    def send(self, obj: dict) -> None:
+        """Sends a line; a client gone while its execution runs interrupts it (the
+        execution still ends as usual: its envs are restored after)."""
+        if self.why == "disconnect":
+            return
+        try:
+            self._send(obj)
+        except OSError:
+            if self.interrupted_at is None:
+                self.interrupt("disconnect")
+            self.why = "disconnect"
 
     def client_gone(self) -> bool:
         r, _, _ = select.select([self.conn], [], [], 0)
@@ -321,12 +405,7 @@ class Execution:
         if reply is not None and reply.get("status") == "aborted" and not self.errored:
             self.errored = True
             self.send(
-                {
-                    "type": "error",
-                    "name": "ExecutionAborted",
-                    "value": "the kernel aborted the execution without running it",
-                    "traceback": [],
-                }
+                error_line("ExecutionAborted", "the kernel aborted the execution without running it")
             )
         if self.why == "timeout" and not self.errored:
             self.send(timeout_error())
@@ -343,13 +422,11 @@ class Execution:
             # SIGINT did not stop it (a C loop ignoring signals): restart the kernel.
             self.ctx.restart()
             self.send(
-                {
-                    "type": "error",
-                    "name": "TimeoutError",
-                    "value": "the execution did not stop when interrupted: the "
+                error_line(
+                    "TimeoutError",
+                    "the execution did not stop when interrupted: the "
                     "context's kernel was restarted and its state is lost",
-                    "traceback": [],
-                }
+                )
             )
             raise Stop()
 
@@ -398,12 +475,7 @@ class Stop(Exception):
 
 
 def timeout_error() -> dict:
-    return {
-        "type": "error",
-        "name": "TimeoutError",
-        "value": "the execution was interrupted: it ran past its timeout",
-        "traceback": [],
-    }
+    return error_line("TimeoutError", "the execution was interrupted: it ran past its timeout")
 
 
 def default_cwd() -> str:

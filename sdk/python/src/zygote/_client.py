@@ -174,14 +174,16 @@ class Client:
         *,
         context: Optional[Union[str, CodeContext]] = None,
         timeout: Optional[float] = None,
+        envs: Optional[Mapping[str, str]] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         on_result: Optional[Callable[[Result], None]] = None,
         on_error: Optional[Callable[[ExecutionError], None]] = None,
     ) -> Execution:
         """Runs Python in the sandbox's code interpreter (image ``code-interpreter``),
-        calling the callbacks as events arrive; see :class:`~zygote.Execution`."""
-        body = _code.code_body(code, context=context, timeout=timeout)
+        calling the callbacks as events arrive; see :class:`~zygote.Execution`. ``envs``:
+        environment variables for this execution only."""
+        body = _code.code_body(code, context=context, timeout=timeout, envs=envs)
         collector = CodeCollector(on_stdout, on_stderr, on_result, on_error)
         for line in self._stream_lines(_code.code_path(sandbox_id), body, _code_timeout(timeout)):
             for cb, arg in collector.feed(line):
@@ -440,13 +442,14 @@ class AsyncClient:
         *,
         context: Optional[Union[str, CodeContext]] = None,
         timeout: Optional[float] = None,
+        envs: Optional[Mapping[str, str]] = None,
         on_stdout: Optional[_code.Callback] = None,
         on_stderr: Optional[_code.Callback] = None,
         on_result: Optional[_code.Callback] = None,
         on_error: Optional[_code.Callback] = None,
     ) -> Execution:
         """As :meth:`Client.run_code`; callbacks may be plain or coroutine functions."""
-        body = _code.code_body(code, context=context, timeout=timeout)
+        body = _code.code_body(code, context=context, timeout=timeout, envs=envs)
         collector = CodeCollector(on_stdout, on_stderr, on_result, on_error)
         async with self._stream(_code.code_path(sandbox_id), body, _code_timeout(timeout)) as resp:
             async for line in resp.aiter_lines():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Optional, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
 import httpx
 
@@ -106,13 +106,19 @@ def code_path(sid: str) -> str:
 
 
 def code_body(
-    code: str, *, context: Optional[Union[str, CodeContext]] = None, timeout: Optional[float] = None
+    code: str,
+    *,
+    context: Optional[Union[str, CodeContext]] = None,
+    timeout: Optional[float] = None,
+    envs: Optional[Mapping[str, str]] = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code, "language": "python"}
     if context is not None:
         body["context"] = context.id if isinstance(context, CodeContext) else context
     if timeout is not None:
         body["timeout_ms"] = max(1, int(timeout * 1000))
+    if envs:
+        body["envs"] = dict(envs)
     return body
 
 

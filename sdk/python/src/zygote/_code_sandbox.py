@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Mapping, Optional, Union
 
 from . import _code
 from ._code import CodeContext, Execution, ExecutionError, Result
@@ -25,13 +25,17 @@ class CodeInterpreter:
         *,
         context: Optional[Union[str, CodeContext]] = None,
         timeout: Optional[float] = None,
+        envs: Optional[Mapping[str, str]] = None,
         on_stdout: Optional[Callable[[str], None]] = None,
         on_stderr: Optional[Callable[[str], None]] = None,
         on_result: Optional[Callable[[Result], None]] = None,
         on_error: Optional[Callable[[ExecutionError], None]] = None,
     ) -> Execution:
         """Runs ``code`` in ``context`` (``default`` when absent); ``timeout`` seconds
-        (default 300) interrupt it, keeping the context's state. Output and results
+        (default 300) interrupt it, keeping the context's state. ``envs`` are
+        environment variables for this execution only: set in the kernel before the
+        code runs, and as they were again after (also when it raised or timed out).
+        Output and results
         reach the callbacks as they happen; the :class:`~zygote.Execution` holds them
         all, and ``.error`` what the code raised."""
         return self.client.run_code(
@@ -39,6 +43,7 @@ class CodeInterpreter:
             code,
             context=context,
             timeout=timeout,
+            envs=envs,
             on_stdout=on_stdout,
             on_stderr=on_stderr,
             on_result=on_result,

@@ -4,7 +4,7 @@ branch children)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from mcp.server.mcpserver.exceptions import ToolError
 
@@ -45,7 +45,11 @@ def register(server: "MCPServer[Any]", sandbox: "Any") -> None:
 
     @server.tool()
     async def run_code(
-        sandbox_id: str, code: str, context: Optional[str] = None, timeout_seconds: Optional[float] = None
+        sandbox_id: str,
+        code: str,
+        context: Optional[str] = None,
+        timeout_seconds: Optional[float] = None,
+        envs: Optional[Dict[str, str]] = None,
     ) -> dict[str, Any]:
         """Run Python in a sandbox created from image code-interpreter (numpy, pandas,
         matplotlib): a Jupyter kernel whose variables, imports and figures stay between
@@ -53,10 +57,11 @@ def register(server: "MCPServer[Any]", sandbox: "Any") -> None:
         Returns stdout, stderr, results (the last expression's value as text, displayed
         figures as base64 images), error (name, value, traceback) and execution_count.
         timeout_seconds (default 300) interrupts it, keeping the state; context names a
-        context other than the default one."""
+        context other than the default one; envs are environment variables for this
+        execution only (as they were again after it)."""
         sb: AsyncSandbox = sandbox(sandbox_id)
         try:
-            ex = await sb.run_code(code, context=context, timeout=timeout_seconds)
+            ex = await sb.run_code(code, context=context, timeout=timeout_seconds, envs=envs)
         except ZygoteError as e:
             raise ToolError(f"{e.message} [{e.code}]") from e
         return execution_json(ex)

@@ -330,6 +330,7 @@ _BY_CODE: dict[str, type[ZygoteError]] = {
     # The code interpreter (run_code and its contexts).
     "code_context_not_found": NotFoundError,
     "no_code_interpreter": Unsupported,
+    "code_envs_unsupported": Unsupported,
     "code_context_limit": ConflictError,
 }
 
