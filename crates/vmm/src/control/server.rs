@@ -72,7 +72,7 @@ pub fn serve_listener(vmm: Vmm, listener: UnixListener, socket: &Path, opts: Ser
         vmm: Some(vmm),
         socket: socket.to_path_buf(),
         opts,
-        maintained: None,
+        upkeep: super::warm::Upkeep::new(),
     };
     let code = server.run(&listener);
     let _ = std::fs::remove_file(socket);
@@ -83,8 +83,8 @@ struct Server {
     vmm: Option<Vmm>,
     socket: PathBuf,
     opts: ServeOptions,
-    /// When warm spawners were last looked after.
-    maintained: Option<Instant>,
+    /// When warm spawners were last looked after, and may next be forked.
+    upkeep: super::warm::Upkeep,
 }
 
 enum Flow {
@@ -106,7 +106,7 @@ impl Server {
                 return code;
             }
             if let Some(vmm) = self.vmm.as_mut() {
-                super::warm::maintain(vmm, &self.opts, &mut self.maintained);
+                super::warm::maintain(vmm, &self.opts, &mut self.upkeep);
             }
             conns.poll(listener, GUEST_CHECK_INTERVAL);
             for id in conns.ready() {
@@ -184,13 +184,16 @@ impl Server {
                 children,
                 point_snapshot,
                 ready_timeout_ms,
-            } => branch(
-                vmm,
-                &children,
-                point_snapshot.as_deref(),
-                ready_timeout_ms,
-                &self.opts,
-            ),
+            } => {
+                self.upkeep.branched();
+                branch(
+                    vmm,
+                    &children,
+                    point_snapshot.as_deref(),
+                    ready_timeout_ms,
+                    &self.opts,
+                )
+            }
             Request::Snapshot { mode, path } => snapshot(vmm, mode, &path, &self.opts),
             Request::ReadMemory { gpa, len } => {
                 if len > MAX_MEMORY_IO {
