@@ -3,12 +3,9 @@
 //! disk writes made before the fork/snapshot; the base image is never written.
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use zygote_probe_abi as abi;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig};
-use zygote_vmm::probe::{self, ProbeOptions};
 use zygote_vmm::vmm::branch::{BranchRequest, ChildContext};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 use zygote_vmm::vmm::RestoreConfig;
@@ -22,36 +19,19 @@ fn branch_and_restore_carry_a_live_block_device() {
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("root.img");
     let base = support::make_blk_image(&image);
-    let disk = Arc::new(Mutex::new(Block::open(BlockConfig::cow(&image)).unwrap()));
-    let mut vm = probe::boot_probe_with_devices(
-        &elf,
-        &ProbeOptions {
-            scenario: "blkspin".into(),
-            ..Default::default()
-        },
-        vec![disk],
-    )
-    .unwrap();
-    vm.wait_for_line(
-        Duration::from_secs(60),
-        |l| eprintln!("  | {l}"),
-        |l| l == abi::REPORT_READY,
-    )
-    .unwrap();
+    let mut vm = support::boot_blkspin(&elf, Block::open(BlockConfig::cow(&image)).unwrap());
     assert!(
         support::blk_command(vm.vmm.guest_ram(), 1),
         "parent drives its disk"
     );
 
     // Branch: the child gets its own block device over the parent's written pages.
-    let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let (r, w) = (fds[0], fds[1]);
+    let report = support::ChildReport::new();
+    let w = report.write_fd();
     let child_main = move |ctx: ChildContext| -> i32 {
         let ok = support::blk_command(ctx.vmm.guest_ram(), 2)
             && support::blk_command(ctx.vmm.guest_ram(), 3);
-        let byte = [ok as u8];
-        unsafe { libc::write(w, byte.as_ptr().cast(), 1) };
+        support::ChildReport::send(w, ok);
         0
     };
     let sink = |_: usize| support::sink();
@@ -67,19 +47,8 @@ fn branch_and_restore_carry_a_live_block_device() {
             ready_timeout: Duration::from_secs(30),
         })
         .unwrap();
-    let mut byte = [0u8; 1];
-    let mut pfd = libc::pollfd {
-        fd: r,
-        events: libc::POLLIN,
-        revents: 0,
-    };
     assert!(
-        unsafe { libc::poll(&mut pfd, 1, 60_000) } > 0,
-        "child reports"
-    );
-    assert_eq!(unsafe { libc::read(r, byte.as_mut_ptr().cast(), 1) }, 1);
-    assert_eq!(
-        byte[0], 1,
+        report.wait(),
         "the child's guest drove the restored device successfully"
     );
     assert!(

@@ -5,13 +5,11 @@
 mod support;
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zygote_probe_abi as abi;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig, DiskFile};
 use zygote_vmm::devices::virtio::persist::DeviceHostConfig;
-use zygote_vmm::probe::{self, ProbeOptions};
 use zygote_vmm::vmm::branch::{BranchError, BranchRequest, ChildContext};
 use zygote_vmm::vmm::snapshot::SnapshotMode;
 use zygote_vmm::vmm::RestoreConfig;
@@ -39,12 +37,10 @@ fn view(path: &Path) -> DiskFile {
 
 /// Branch `vm` into one child that runs `cmd` and reports whether it worked.
 fn branch_one(vmm: &mut Vmm, disk_files: Vec<DiskFile>, cmd: u64) -> Result<bool, BranchError> {
-    let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    let (r, w) = (fds[0], fds[1]);
+    let report = support::ChildReport::new();
+    let w = report.write_fd();
     let child_main = move |ctx: ChildContext| -> i32 {
-        let ok = support::blk_command(ctx.vmm.guest_ram(), cmd);
-        unsafe { libc::write(w, [ok as u8].as_ptr().cast(), 1) };
+        support::ChildReport::send(w, support::blk_command(ctx.vmm.guest_ram(), cmd));
         0
     };
     let sink = |_: usize| support::sink();
@@ -62,23 +58,7 @@ fn branch_one(vmm: &mut Vmm, disk_files: Vec<DiskFile>, cmd: u64) -> Result<bool
         keep_fds: vec![w],
         ready_timeout: Duration::from_secs(30),
     });
-    unsafe { libc::close(w) };
-    let reported = result.map(|_| {
-        let mut pfd = libc::pollfd {
-            fd: r,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        assert!(
-            unsafe { libc::poll(&mut pfd, 1, 60_000) } > 0,
-            "child reports"
-        );
-        let mut byte = [0u8; 1];
-        assert_eq!(unsafe { libc::read(r, byte.as_mut_ptr().cast(), 1) }, 1);
-        byte[0] == 1
-    });
-    unsafe { libc::close(r) };
-    reported
+    result.map(|_| report.wait())
 }
 
 #[test]
@@ -94,21 +74,7 @@ fn copies_of_a_vm_never_write_its_persistent_disk() {
         ..BlockConfig::persistent(&volume)
     })
     .unwrap();
-    let mut vm = probe::boot_probe_with_devices(
-        &elf,
-        &ProbeOptions {
-            scenario: "blkspin".into(),
-            ..Default::default()
-        },
-        vec![Arc::new(Mutex::new(disk))],
-    )
-    .unwrap();
-    vm.wait_for_line(
-        Duration::from_secs(60),
-        |l| eprintln!("  | {l}"),
-        |l| l == abi::REPORT_READY,
-    )
-    .unwrap();
+    let mut vm = support::boot_blkspin(&elf, disk);
     assert!(support::blk_command(vm.vmm.guest_ram(), 1));
     assert_eq!(spin_of(&volume), 1, "the owner's writes reach the volume");
 

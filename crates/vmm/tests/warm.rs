@@ -13,9 +13,7 @@ use zygote_vmm::probe::progress::{self, Posted, ProgressBoard};
 use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
 use zygote_vmm::vmm::branch::ChildContext;
 use zygote_vmm::vmm::dirty::DirtySources;
-use zygote_vmm::vmm::warm::{
-    ChildSetup, Payload, SpawnerSetup, WarmBranchRequest, WarmError, WarmReport,
-};
+use zygote_vmm::vmm::warm::{Payload, SpawnerSetup, WarmBranchRequest, WarmError, WarmReport};
 
 /// Above the dirty window's start (128 MiB), with room for a 4 MiB window.
 const MEM_MIB: u64 = 160;
@@ -36,23 +34,6 @@ fn boot(mem_mib: u64) -> Option<ProbeVm> {
     Some(vm)
 }
 
-fn child(_: &mut Payload) -> ChildSetup {
-    ChildSetup {
-        serial: support::sink(),
-        devices: Default::default(),
-        cgroup: None,
-        netns: None,
-    }
-}
-
-fn wait_ready(vm: &mut ProbeVm) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !vm.vmm.spawners().unwrap().iter().any(|s| s.ready) {
-        assert!(Instant::now() < deadline, "no spawner built its VM in 30 s");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-}
-
 /// Prepare a spawner, let the guest run (and dirty) for `wait`, branch with
 /// verification; the child proves its guest runs and exits.
 fn warm_branch(vm: &mut ProbeVm, board: &ProgressBoard, wait: Duration) -> WarmReport {
@@ -63,25 +44,15 @@ fn warm_branch(vm: &mut ProbeVm, board: &ProgressBoard, wait: Duration) -> WarmR
     };
     let setup = SpawnerSetup {
         cgroup: None,
-        child: &child,
+        child: &support::no_child_resources,
         child_main: &child_main,
         keep_fds: vec![],
     };
     vm.vmm.prepare_spawner(&setup).unwrap();
-    wait_ready(vm);
+    support::wait_for_ready_spawner(&mut vm.vmm);
     std::thread::sleep(wait);
     board.clear();
-    let report = vm
-        .vmm
-        .branch_warm(&WarmBranchRequest {
-            payload: b"",
-            fds: &[],
-            ready_timeout: Duration::from_secs(30),
-            max_pages: u64::MAX,
-            by_cost: false,
-            verify: true,
-        })
-        .unwrap();
+    let report = support::verified_warm_branch(&mut vm.vmm);
     let posted = board.collect(
         Instant::now() + Duration::from_secs(25),
         Duration::from_micros(200),
@@ -170,30 +141,20 @@ fn a_missed_source_of_dirty_pages_is_caught() {
     };
     let setup = SpawnerSetup {
         cgroup: None,
-        child: &child,
+        child: &support::no_child_resources,
         child_main: &child_main,
         keep_fds: vec![],
     };
     // A spawner, then a page written by the VMM alone, then a verified branch.
     let vmm_write_then_branch = |vm: &mut ProbeVm, value: u64| {
         vm.vmm.prepare_spawner(&setup).unwrap();
-        wait_ready(vm);
+        support::wait_for_ready_spawner(&mut vm.vmm);
         vm.vmm
             .guest_ram()
             .memory()
             .write_obj(value, untouched)
             .unwrap();
-        let r = vm
-            .vmm
-            .branch_warm(&WarmBranchRequest {
-                payload: b"",
-                fds: &[],
-                ready_timeout: Duration::from_secs(30),
-                max_pages: u64::MAX,
-                by_cost: false,
-                verify: true,
-            })
-            .unwrap();
+        let r = support::verified_warm_branch(&mut vm.vmm);
         vm.vmm.reap_children(true);
         r
     };
@@ -226,12 +187,12 @@ fn without_a_ready_spawner_the_caller_is_told_and_a_dead_one_is_dropped() {
         .vmm
         .prepare_spawner(&SpawnerSetup {
             cgroup: None,
-            child: &child,
+            child: &support::no_child_resources,
             child_main: &child_main,
             keep_fds: vec![],
         })
         .unwrap();
-    wait_ready(&mut vm);
+    support::wait_for_ready_spawner(&mut vm.vmm);
     let listed = vm.vmm.spawners().unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].pid, pid);

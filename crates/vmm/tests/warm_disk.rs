@@ -7,86 +7,40 @@
 //! caught. Skips with a reason when KVM is unavailable.
 mod support;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use zygote_probe_abi as abi;
+use support::ChildReport;
 use zygote_vmm::devices::virtio::block::{Block, BlockConfig};
-use zygote_vmm::probe::{self, ProbeOptions, ProbeVm};
+use zygote_vmm::probe::ProbeVm;
 use zygote_vmm::vmm::branch::ChildContext;
 use zygote_vmm::vmm::dirty::DirtySources;
-use zygote_vmm::vmm::warm::{ChildSetup, Payload, SpawnerSetup, WarmBranchRequest, WarmReport};
-
-fn child(_: &mut Payload) -> ChildSetup {
-    ChildSetup {
-        serial: support::sink(),
-        devices: Default::default(),
-        cgroup: None,
-        netns: None,
-    }
-}
+use zygote_vmm::vmm::warm::{Payload, SpawnerSetup, WarmReport};
 
 /// Prepare a spawner, let the guest write its disk (`cmd`) after the spawner's fork,
 /// branch with verification; the child's guest drives its disk once (`cmd + 100`) and
-/// the result comes back through a pipe.
+/// reports whether that worked.
 fn branch_after_disk_write(vm: &mut ProbeVm, cmd: u64) -> (WarmReport, bool) {
-    let mut fds = [0; 2];
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: fresh descriptors from pipe(2), owned here.
-    let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let w_raw = w.as_raw_fd();
+    let report = ChildReport::new();
+    let w = report.write_fd();
     let child_main = move |ctx: ChildContext, _: Payload| -> i32 {
-        let ok = support::blk_command(ctx.vmm.guest_ram(), cmd + 100);
-        let byte = [ok as u8];
-        unsafe { libc::write(w_raw, byte.as_ptr().cast(), 1) };
+        ChildReport::send(w, support::blk_command(ctx.vmm.guest_ram(), cmd + 100));
         0
     };
     let setup = SpawnerSetup {
         cgroup: None,
-        child: &child,
+        child: &support::no_child_resources,
         child_main: &child_main,
-        keep_fds: vec![w_raw],
+        keep_fds: vec![w],
     };
     vm.vmm.prepare_spawner(&setup).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !vm.vmm.spawners().unwrap().iter().any(|s| s.ready) {
-        assert!(Instant::now() < deadline, "no spawner built its VM in 30 s");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    support::wait_for_ready_spawner(&mut vm.vmm);
     // Rewrites the spin sector: a page the spawner's copy already holds, older.
     assert!(
         support::blk_command(vm.vmm.guest_ram(), cmd),
         "parent drives its disk"
     );
-    let report = vm
-        .vmm
-        .branch_warm(&WarmBranchRequest {
-            payload: b"",
-            fds: &[],
-            ready_timeout: Duration::from_secs(30),
-            max_pages: u64::MAX,
-            by_cost: false,
-            verify: true,
-        })
-        .unwrap();
-    drop(w);
-    let mut pfd = libc::pollfd {
-        fd: r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    assert!(
-        unsafe { libc::poll(&mut pfd, 1, 60_000) } > 0,
-        "child reports"
-    );
-    let mut byte = [0u8; 1];
-    assert_eq!(
-        unsafe { libc::read(r.as_raw_fd(), byte.as_mut_ptr().cast(), 1) },
-        1
-    );
+    let branched = support::verified_warm_branch(&mut vm.vmm);
+    let child_ok = report.wait();
     vm.vmm.reap_children(true);
-    (report, byte[0] == 1)
+    (branched, child_ok)
 }
 
 #[test]
@@ -97,18 +51,7 @@ fn a_warm_child_adopts_the_parents_disk_with_the_writes_since_its_spawner_forked
     let dir = tempfile::tempdir().unwrap();
     let image = dir.path().join("root.img");
     let base = support::make_blk_image(&image);
-    let disk = Arc::new(Mutex::new(Block::open(BlockConfig::cow(&image)).unwrap()));
-    let mut vm = probe::boot_probe_with_devices(
-        &elf,
-        &ProbeOptions {
-            scenario: "blkspin".into(),
-            ..Default::default()
-        },
-        vec![disk],
-    )
-    .unwrap();
-    vm.wait_for_line(Duration::from_secs(60), |_| {}, |l| l == abi::REPORT_READY)
-        .unwrap();
+    let mut vm = support::boot_blkspin(&elf, Block::open(BlockConfig::cow(&image)).unwrap());
     assert!(support::blk_command(vm.vmm.guest_ram(), 1));
 
     for round in 0..3 {

@@ -447,14 +447,7 @@ impl Vmm {
     /// Each virtio device's private data (see `VirtioDevice::write_private_data`), for
     /// a branch child or a snapshot. Call while paused, right after capturing state.
     pub fn device_private_data(&self) -> std::io::Result<Vec<Vec<u8>>> {
-        self.devices
-            .iter()
-            .map(|d| {
-                let mut buf = Vec::new();
-                d.lock().unwrap().write_private_data(&mut buf)?;
-                Ok(buf)
-            })
-            .collect()
+        self.private_data_not_inherited(&Vec::new())
     }
 
     /// Let paused vCPUs run again.
