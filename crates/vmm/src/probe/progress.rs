@@ -50,8 +50,12 @@ pub fn heartbeat(ram: &GuestRam) -> Result<u64, ProbeError> {
 /// (plus timer slack, ~0.1 ms in all) late. Fails with [`ProbeError::Stalled`] after
 /// `timeout`.
 pub fn wait_for_progress(ram: &GuestRam, timeout: Duration) -> Result<Progress, ProbeError> {
+    wait_beyond(ram, heartbeat(ram)?, timeout)
+}
+
+/// Waits until the heartbeat is larger than `before`, a value read earlier.
+fn wait_beyond(ram: &GuestRam, before: u64, timeout: Duration) -> Result<Progress, ProbeError> {
     let started = Instant::now();
-    let before = heartbeat(ram)?;
     loop {
         let now = heartbeat(ram)?;
         if now > before {
