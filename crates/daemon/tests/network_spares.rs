@@ -142,10 +142,56 @@ async fn qemu_namespaces_made_ahead() {
         "after kill -9: old spares swept, new ones made, sandboxes unchanged",
     );
 
+    // A restart that cannot isolate (here chosen: --network user) refuses to branch a
+    // sandbox whose VM has an isolated interface, saying why, rather than start children
+    // that could not restore it; the parent runs on. The next isolated start branches it.
+    d.kill9();
+    let mut user_args = args.clone();
+    user_args.extend(["--network", "user"]);
+    let d = start_daemon(&scratch.state, &user_args);
+    let c = d.client();
+    let refused = c
+        .json::<BranchResponse>(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/branch", open.id),
+            Some(&json!({"count": 1})),
+        )
+        .await;
+    match refused {
+        Err(zygote_daemon::client::ClientError::Api {
+            status, message, ..
+        }) => {
+            assert_eq!(status, 409, "{message}");
+            assert!(message.contains("without isolated networking"), "{message}");
+        }
+        other => panic!("a branch without isolation: {other:?}"),
+    }
+    assert_eq!(
+        common::sh(&c, &open.id, "echo alive").await.as_deref(),
+        Ok("alive\n")
+    );
+    d.kill9();
+    let d = start_daemon(&scratch.state, &args);
+    let c = d.client();
+    let again: BranchResponse = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/branch", open.id),
+            Some(&json!({"count": 1})),
+        )
+        .await
+        .expect("branch once isolated again");
+    assert_eq!(reach(&c, &again.children[0], &targets).await, [true, true]);
+    step(
+        t0,
+        "without isolation a branch of an isolated sandbox is refused (409), parent alive",
+    );
+
     // Deleting the sandboxes removes their namespaces; a graceful stop the spares.
     for id in [open.id.clone(), listed.id.clone()]
         .into_iter()
         .chain(branched.children.clone())
+        .chain(again.children.clone())
     {
         c.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
             .await

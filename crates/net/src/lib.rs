@@ -571,19 +571,38 @@ fn prepare_host() -> Result<(), NetError> {
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
         .map_err(|e| NetError::Unavailable(format!("enabling IPv4 forwarding: {e}")))?;
-    // Daemons starting together each replace the shared table; a transaction that meets
-    // another one's may be refused, so try again briefly before giving up.
+    // Daemons starting together each replace the shared table, and a transaction that
+    // meets another one's may be refused: they take turns (a lock no other program
+    // holds), and still try again briefly, for other programs' transactions. Giving up
+    // here means running without isolation, so the tries are worth their time.
+    let _turn = host_rules_turn();
     let mut tries = 0;
     loop {
         tries += 1;
         match host::nft(None, &plan::host_rules()) {
-            Err(e) if tries < 5 => {
+            Err(e) if tries < 10 => {
                 tracing::debug!("loading the host's rules (try {tries}): {e}");
                 std::thread::sleep(std::time::Duration::from_millis(20 * tries));
             }
             other => return other,
         }
     }
+}
+
+/// An exclusive lock on a file in /run, held until the returned file is dropped; None
+/// when the file cannot be opened or locked (then the retries alone must do).
+fn host_rules_turn() -> Option<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/zygote-host-rules.lock")
+        .map_err(|e| tracing::debug!("the host rules' lock: {e}"))
+        .ok()?;
+    // SAFETY: flock on a descriptor this function owns; it blocks until the lock is ours.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
+    locked.then_some(file)
 }
 
 /// A host route (not one of ours) overlapping the sandbox ranges.

@@ -95,6 +95,7 @@ impl Manager {
         let parent_guard = self.lock(parent_id).await;
         let parent = self.sandbox_row(parent_id)?;
         let vm = self.running_vm(&parent)?;
+        self.check_child_network(&parent)?;
         // A kept point is a full capture of the parent's memory.
         let kind = if keep_point {
             SnapshotKind::Full
@@ -404,6 +405,25 @@ fn child_row(
             resumed_from: None,
             ..parent.lifecycle.clone()
         },
+    }
+}
+
+impl Manager {
+    /// A child restores its parent's NIC as it was: a tap's state cannot be loaded into
+    /// user networking (QEMU refuses it; the kvm runtime would have no NIC to give). A
+    /// daemon that could not isolate at this start says so instead of starting children
+    /// that die loading their state.
+    fn check_child_network(&self, parent: &SandboxRow) -> Result<()> {
+        if parent.network.attachment.is_none() || self.network.isolated() {
+            return Ok(());
+        }
+        let why = self.network.info().reason.unwrap_or_default();
+        Err(Error::Conflict(format!(
+            "{} runs with an isolated network interface, but this daemon started without \
+             isolated networking ({why}): its children could not restore that interface; \
+             restart zygoted where it can isolate (see `zygote doctor`)",
+            parent.id
+        )))
     }
 }
 
