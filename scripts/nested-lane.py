@@ -137,6 +137,12 @@ FULL = SMOKE + [
         "daemon/network_secrets_kvm", 900, "zygote-daemon", "network_secrets",
         ["--exact", "kvm_secrets_bound_to_hosts", "--nocapture"],
     ),
+    # Issue 37 on the kvm runtime: the code interpreter's whole live suite (state, figures,
+    # envs, interrupts, contexts, a 50 MiB DataFrame branched into 4, snapshot/restore).
+    Step(
+        "daemon/code_interpreter_kvm", 2400, "zygote-daemon", "code_interpreter",
+        ["--exact", "kvm_code_interpreter_live", "--nocapture"],
+    ),
     Step("sdk/tree_search", 1200, serve=True),
     Step("cli/doctor", 120, zygote=["doctor"]),
 ]
@@ -292,6 +298,10 @@ def stage_l1(lane: str, steps: list[Step], work: Path) -> Path:
         # L1 cannot build it (no package mirror there): E2B's default template, as here.
         images.append(cached_image(
             "base", "build it first: `zygote image build base` (or scripts/e2b-test.sh)"))
+    if needs_code_interpreter_image(steps):
+        images.append(cached_image(
+            "code-interpreter", "build it first: `zygote image build code-interpreter` (or the "
+            "code_interpreter test, which builds it)"))
     if needs_python_image(steps):
         images.append(cached_image(
             "python", "build it first: `zygote image build python` (or the network_secrets "
@@ -434,6 +444,10 @@ CLIENTS = {
 
 def needs_base_image(steps: list[Step]) -> bool:
     return any(s.serve and s.client == "e2b" for s in steps)
+
+
+def needs_code_interpreter_image(steps: list[Step]) -> bool:
+    return any(s.target == "code_interpreter" for s in steps)
 
 
 def needs_python_image(steps: list[Step]) -> bool:
