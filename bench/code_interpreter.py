@@ -62,8 +62,29 @@ def timed(f) -> tuple[float, object]:
     return (time.monotonic() - t) * 1000, out
 
 
+GUEST_STATE = (
+    "tail -n 20 /run/zygote/codeint/server.log; dmesg | tail -n 15; free -m; uptime"
+)
+
+
+# Every execution may take this long: at N=16 the fresh sandboxes' first executions (the
+# kernel's start, pandas' import, the load) share 2 cores with 15 other emulated guests and
+# pass the default 300 s.
+RUN_TIMEOUT_S = 1800
+
+
 def value(sb, code: str) -> str:
-    ex = sb.run_code(code)
+    try:
+        ex = sb.run_code(code, timeout=RUN_TIMEOUT_S)
+    except Exception:
+        # What the guest knows of it (the code server's log, the kernel's, its memory),
+        # printed before the failure is raised: a failed run is worth its diagnosis.
+        try:
+            state = sb.client.exec(sb.id, ["sh", "-c", GUEST_STATE], timeout=60)
+            print(f"{sb.id}: guest state after the failure:\n{state.stdout}", file=sys.stderr)
+        except Exception as e:  # noqa: BLE001 - diagnosis only
+            print(f"{sb.id}: guest state unavailable: {e}", file=sys.stderr)
+        raise
     if ex.error is not None or ex.text is None:
         raise SystemExit(f"{sb.id}: {code!r}: {ex}")
     return ex.text

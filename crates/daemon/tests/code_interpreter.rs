@@ -347,13 +347,41 @@ async fn suite(test: &str, runtime: &str) {
         missing.error.as_ref().map(|e| e.0.as_str()),
         Some("NameError")
     );
+    // An execution that ignores the interrupt past its timeout: its context's kernel is
+    // restarted (its state lost), and the answer still ends as every answer does.
+    let deaf = run(
+        &c,
+        &id,
+        CodeRequest {
+            timeout_ms: Some(2000),
+            ..in_ctx("import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass")
+        },
+    )
+    .await;
+    let (name, why, _) = deaf.error.clone().expect("an error");
+    assert_eq!(name, "TimeoutError", "{deaf:?}");
+    assert!(why.contains("restarted"), "{deaf:?}");
+    assert_eq!(deaf.failure, None, "{deaf:?}");
+    assert!(deaf.execution_count.is_some(), "{deaf:?}");
+    assert_eq!(
+        run(&c, &id, in_ctx("'y' in dir()")).await.text(),
+        Some("False")
+    );
+    assert_eq!(
+        value(&c, &id, "x").await,
+        "42",
+        "the default context is untouched"
+    );
     let listed = c.code_contexts(&id).await.unwrap();
     assert!(listed.iter().any(|x| x.id == "default"), "{listed:?}");
     assert!(listed.contains(&ctx), "{listed:?}");
     c.delete_code_context(&id, &ctx.id).await.unwrap();
     let deleted = c.run_code(&id, &in_ctx("1"), |_| {}).await.unwrap_err();
     assert_eq!(deleted.code(), Some("code_context_not_found"), "{deleted}");
-    step(t0, "contexts: created, independent, listed, deleted");
+    step(
+        t0,
+        "contexts: created, independent, listed, deleted; a deaf one restarted at its timeout",
+    );
 
     // A kernel crash is reported; the context restarts on request.
     let crash = run(&c, &id, code("import os\nos._exit(3)")).await;

@@ -70,6 +70,8 @@ struct Relay {
     splitter: LineSplitter,
     ready: VecDeque<Vec<u8>>,
     stderr: Vec<u8>,
+    /// How the relay's exec ended, once it has (for the message of an early end).
+    ended: Option<String>,
 }
 
 impl Relay {
@@ -104,16 +106,20 @@ impl Relay {
             splitter: LineSplitter::default(),
             ready: VecDeque::new(),
             stderr: Vec::new(),
+            ended: None,
         })
     }
 
+    /// How the relay ended and what it wrote to stderr, for an error message: the
+    /// guest's word, shortened.
     fn stderr_tail(&self) -> String {
         let text = String::from_utf8_lossy(&self.stderr);
         let text = text.trim();
+        let ended = self.ended.as_deref().unwrap_or("its exec stream closed");
         if text.is_empty() {
-            String::new()
+            format!(" ({ended})")
         } else {
-            format!(" ({})", text.chars().take(500).collect::<String>())
+            format!(" ({ended}; {})", text.chars().take(500).collect::<String>())
         }
     }
 
@@ -136,7 +142,19 @@ impl Relay {
                     }
                 }
                 Some(ExecEvent::Started { .. }) => {}
-                Some(ExecEvent::Exit { .. }) | None => {
+                Some(ExecEvent::Exit {
+                    exit_code,
+                    signal,
+                    timed_out,
+                    duration_ms,
+                }) => {
+                    self.ended = Some(exit_description(exit_code, signal, timed_out, duration_ms));
+                    if self.splitter.leftover() > 0 {
+                        return Err(WireError::Truncated("an unfinished line".into()).into());
+                    }
+                    return Ok(None);
+                }
+                None => {
                     if self.splitter.leftover() > 0 {
                         return Err(WireError::Truncated("an unfinished line".into()).into());
                     }
@@ -158,6 +176,22 @@ impl Relay {
                 Err(CodeError::Server(format!("it answered nothing{}", self.stderr_tail())).into())
             }
         }
+    }
+}
+
+/// How the relay's exec ended, in words.
+fn exit_description(
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    duration_ms: u64,
+) -> String {
+    let after = format!("after {:.1} s", duration_ms as f64 / 1e3);
+    match (timed_out, signal, exit_code) {
+        (true, ..) => format!("the relay was stopped at its time limit, {after}"),
+        (false, Some(sig), _) => format!("the relay was killed by signal {sig} {after}"),
+        (false, None, Some(code)) => format!("the relay exited with code {code} {after}"),
+        (false, None, None) => format!("the relay ended {after}"),
     }
 }
 
@@ -312,6 +346,22 @@ fn broken(e: &Error) -> CodeEvent {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_early_end_says_how_the_relay_ended() {
+        assert_eq!(
+            exit_description(None, None, true, 630_000),
+            "the relay was stopped at its time limit, after 630.0 s"
+        );
+        assert_eq!(
+            exit_description(None, Some(9), false, 1500),
+            "the relay was killed by signal 9 after 1.5 s"
+        );
+        assert_eq!(
+            exit_description(Some(0), None, false, 42),
+            "the relay exited with code 0 after 0.0 s"
+        );
+    }
 
     #[test]
     fn execute_requests_carry_envs_only_when_given() {

@@ -420,14 +420,21 @@ class Execution:
                 self.interrupt("disconnect")
         elif now - self.interrupted_at > INTERRUPT_GRACE:
             # SIGINT did not stop it (a C loop ignoring signals): restart the kernel.
-            self.ctx.restart()
+            # The answer still ends with `done`, as every execution's does: a stream
+            # without one is a broken server to the daemon.
+            try:
+                self.ctx.restart()
+                what = "the context's kernel was restarted and its state is lost"
+            except Exception as e:  # the kernel is gone either way
+                self.ctx.dead = True
+                what = f"the context's kernel could not be restarted ({e}): restart the context"
             self.send(
                 error_line(
                     "TimeoutError",
-                    "the execution did not stop when interrupted: the "
-                    "context's kernel was restarted and its state is lost",
+                    f"the execution did not stop when interrupted: {what}",
                 )
             )
+            self.send({"type": "done", "execution_count": self.count or 0})
             raise Stop()
 
     def interrupt(self, why: str) -> None:
