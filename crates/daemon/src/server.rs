@@ -209,6 +209,7 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
         manager,
         token: Arc::new(token),
         proxy: None,
+        logins: Arc::new(crate::ui::LoginCodes::default()),
     })
 }
 
