@@ -1,29 +1,29 @@
 // Builds the console into dist/ (what zygoted embeds: crates/daemon/build.rs) with
 // esbuild: one JavaScript bundle (xterm.js included), one stylesheet (xterm's CSS
-// included), the page. With --tests, also the tests into build/test/ for node.
+// included), the page. With --tests, the tests instead, into build/test/ for node
+// (dist is left alone: rewriting it would make cargo rebuild the daemon).
 import { build } from "esbuild";
 import { copyFile, mkdir, readdir, rm } from "node:fs/promises";
 
-const tests = process.argv.includes("--tests");
+async function app() {
+  await rm("dist", { recursive: true, force: true });
+  await mkdir("dist", { recursive: true });
+  await build({
+    entryPoints: { app: "src/main.ts" },
+    bundle: true,
+    minify: true,
+    format: "esm",
+    target: "es2022",
+    outdir: "dist",
+    // app.css: src/style.css with xterm's stylesheet, which main.ts imports.
+    loader: { ".css": "css" },
+    logLevel: "warning",
+  });
+  await copyFile("src/index.html", "dist/index.html");
+  await copyFile("src/favicon.svg", "dist/favicon.svg");
+}
 
-await rm("dist", { recursive: true, force: true });
-await mkdir("dist", { recursive: true });
-await build({
-  entryPoints: { app: "src/main.ts" },
-  bundle: true,
-  minify: true,
-  sourcemap: false,
-  format: "esm",
-  target: "es2022",
-  outdir: "dist",
-  // app.css: src/style.css with xterm's stylesheet, which main.ts imports.
-  loader: { ".css": "css" },
-  logLevel: "warning",
-});
-await copyFile("src/index.html", "dist/index.html");
-await copyFile("src/favicon.svg", "dist/favicon.svg");
-
-if (tests) {
+async function tests() {
   await rm("build", { recursive: true, force: true });
   const entries = (await readdir("test")).filter((f) => f.endsWith(".ts"));
   await build({
@@ -39,3 +39,5 @@ if (tests) {
     logLevel: "warning",
   });
 }
+
+await (process.argv.includes("--tests") ? tests() : app());
