@@ -100,8 +100,10 @@ export class Api {
     return treeFromJson(await this.get(`/v1/sandboxes/${enc(id)}/tree`));
   }
 
+  /** One sandbox from `image`; the daemon answers once it runs (a SandboxList of one). */
   async create(image: string): Promise<SandboxInfo> {
-    return sandboxFromJson(await this.json("POST", "/v1/sandboxes", { image }));
+    const list = await this.json<{ sandboxes: Json[] }>("POST", "/v1/sandboxes", { image });
+    return sandboxFromJson(list.sandboxes[0]);
   }
 
   async branch(id: string, count: number): Promise<{ children: string[] }> {

@@ -24,7 +24,7 @@ export interface Layout {
   height: number;
 }
 
-export const NODE_W = 180;
+export const NODE_W = 210;
 export const NODE_H = 44;
 export const COL_GAP = 60;
 export const ROW_GAP = 12;

@@ -110,7 +110,8 @@ export class SandboxView {
 
   private async processes(): Promise<void> {
     const list = await this.api.processes(this.id);
-    const output = h("pre", { class: "output" });
+    // The output being read stays across polls, which redraw only the table.
+    const output = this.body.querySelector<HTMLPreElement>("pre.output") ?? h("pre", { class: "output" });
     const rows = list.map((p) =>
       h(
         "tr",
@@ -137,8 +138,6 @@ export class SandboxView {
         ),
       ),
     );
-    // Keep an output being read: the poll redraws only the table.
-    const old = this.body.querySelector("pre.output");
     const table = h(
       "table",
       {},
@@ -146,7 +145,7 @@ export class SandboxView {
       h("tbody", {}, ...rows),
     );
     const note = list.length ? null : h("p", { class: "muted" }, "no background processes (exec -d / background: true)");
-    this.body.replaceChildren(table, note ?? "", old ?? output);
+    this.body.replaceChildren(table, note ?? "", output);
   }
 
   private async files(): Promise<void> {

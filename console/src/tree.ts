@@ -1,7 +1,7 @@
 // The branch tree view: every sandbox of a lineage as a node of an SVG graph (its own
-// memory and disk, its snapshots and branch points), laid out by ./layout. Clicking a
-// node selects it; the panel opens it, keeps it (deleting its siblings), promotes it
-// (also replacing its parent), branches or deletes it.
+// memory and disk, how many snapshots and branch points were taken of it), laid out by
+// ./layout. Clicking a node selects it; the panel opens it, keeps it (deleting its
+// siblings), promotes it (also replacing its parent), branches or deletes it.
 import type { Api, SandboxTree, TreeNode } from "./api";
 import { bytes, clear, guarded, h, status, svg } from "./dom";
 import { layoutTree, NODE_H, NODE_W } from "./layout";
@@ -69,7 +69,7 @@ export class TreeView {
         svg(
           "text",
           { x: 8, y: 34, class: "sub" },
-          `${n.state} · ${bytes(n.uniqueMemoryBytes)} · ${bytes(n.diskBytes)}${points ? ` · ${points}⑂` : ""}`,
+          `${n.state} · ${bytes(n.uniqueMemoryBytes)} · ${bytes(n.diskBytes)}${points ? ` · ${points} snap` : ""}`,
         ),
         svg("title", {}, `${n.id}: own memory ${bytes(n.uniqueMemoryBytes)}, own disk ${bytes(n.diskBytes)}`),
       );
