@@ -151,6 +151,8 @@ async function branchAndDelete(page: Page, id: string): Promise<void> {
   await page.waitForFunction(() => document.querySelectorAll("[data-node]").length === 4, null, { timeout: SLOW });
   check((await nodes.count()) === 4, "4 nodes");
   await shot(page, "tree");
+  // The README's picture: the graph and its panel only.
+  await page.screenshot({ path: `${ARTIFACTS}/tree-readme.png`, clip: { x: 0, y: 40, width: 1400, height: 330 } });
 
   step("delete a child from the tree");
   const child = (await page.locator(`[data-node]:not([data-node="${id}"])`).first().getAttribute("data-node"))!;
