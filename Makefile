@@ -66,6 +66,7 @@ test-api: build
 # The web console in Debian's chromium (headless, playwright-core) against a private
 # zygoted on the qemu runtime, plus its node unit tests; screenshots in
 # target/console-artifacts/ (skips the browser part, saying why, without qemu or chromium).
+# ~15 s on the 2-core development machine (QEMU TCG), so it is part of `make test`.
 test-console: build guest
 	$(PHASE) test-console
 	bash scripts/console-test.sh
@@ -130,7 +131,7 @@ test-cold-path: build guest
 fresh-check:
 	bash scripts/fresh-check.sh
 
-test: lint test-cold-path test-rust test-api test-fuzz test-sdk test-e2b test-kvm-nested-smoke test-k8s
+test: lint test-cold-path test-rust test-api test-console test-fuzz test-sdk test-e2b test-kvm-nested-smoke test-k8s
 	$(PHASE) done
 
 demo: build guest

@@ -22,7 +22,10 @@ function chart(title: string, samples: MetricSample[], value: (s: MetricSample) 
       "svg",
       { viewBox: `0 0 ${W} ${H}`, width: W, height: H, preserveAspectRatio: "none" },
       svg("rect", { width: W, height: H, class: "frame" }),
-      samples.length > 1 ? svg("polyline", { points, class: "line" }) : null,
+      // One sample is a point, not yet a line.
+      samples.length > 1
+        ? svg("polyline", { points, class: "line" })
+        : svg("circle", { cx: W / 2, cy: H - (value(samples[0]) / top) * H, r: 3, class: "dot" }),
     ),
   );
 }
