@@ -83,22 +83,30 @@ async fn security_headers(req: Request, next: Next) -> Response {
     resp
 }
 
+/// The embedded files: `(path under dist, contents)`.
+type Assets = [(&'static str, &'static [u8])];
+
 async fn index() -> Response {
-    if !built() {
-        let html = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
-        return (StatusCode::SERVICE_UNAVAILABLE, html, NOT_BUILT).into_response();
-    }
-    serve("index.html")
+    index_of(ASSETS)
 }
 
 async fn asset(Path(path): Path<String>) -> Response {
-    serve(&path)
+    serve(ASSETS, &path)
+}
+
+/// The page at `/ui/`: the console's, or [`NOT_BUILT`] when there are no assets.
+fn index_of(assets: &Assets) -> Response {
+    if assets.is_empty() {
+        let html = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+        return (StatusCode::SERVICE_UNAVAILABLE, html, NOT_BUILT).into_response();
+    }
+    serve(assets, "index.html")
 }
 
 /// The embedded file at `path`, with its content type; 404 (in the API's error format)
 /// for anything else. Only the embedded names match, so no path reaches the filesystem.
-fn serve(path: &str) -> Response {
-    let Some((_, bytes)) = ASSETS.iter().find(|(p, _)| *p == path) else {
+fn serve(assets: &Assets, path: &str) -> Response {
+    let Some((_, bytes)) = assets.iter().find(|(p, _)| *p == path) else {
         return crate::error::Error::RouteNotFound {
             method: "GET".into(),
             path: format!("/ui/{path}"),
@@ -138,6 +146,49 @@ mod tests {
         assert_eq!(content_type("app.css"), "text/css; charset=utf-8");
         assert_eq!(content_type("a/b.svg"), "image/svg+xml");
         assert_eq!(content_type("LICENSE"), "application/octet-stream");
+    }
+
+    async fn body(resp: Response) -> String {
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn without_assets_the_page_says_the_console_was_not_built() {
+        let resp = index_of(&[]);
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let html = body(resp).await;
+        assert!(
+            html.contains("was not built") && html.contains("make build"),
+            "{html}"
+        );
+        assert!(
+            !html.contains("<script"),
+            "no console pretending to work: {html}"
+        );
+        assert_eq!(serve(&[], "app.js").status(), StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn only_embedded_names_are_served() {
+        let assets: &Assets = &[("index.html", b"<p>console</p>"), ("app.js", b"1")];
+        let resp = index_of(assets);
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(body(resp).await, "<p>console</p>");
+        let js = serve(assets, "app.js");
+        assert_eq!(
+            js.headers()[header::CONTENT_TYPE],
+            "text/javascript; charset=utf-8"
+        );
+        for other in ["app.css", "../app.js", "/app.js", "app.js/", ""] {
+            assert_eq!(
+                serve(assets, other).status(),
+                StatusCode::NOT_FOUND,
+                "{other:?}"
+            );
+        }
     }
 
     #[test]
