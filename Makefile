@@ -12,7 +12,8 @@ PROBE_ELF := guest/probe/target/x86_64-unknown-none/release/zygote-probe
 # time goes, and scripts/fresh-check.sh sums them per phase.
 PHASE = @printf '== [phase %s %s] %s\n' "$$(date +%T)" "$$(date +%s)"
 
-.PHONY: all setup build probe agent guest lint test test-rust test-api test-sdk test-e2b test-fuzz demo clean \
+.PHONY: all setup build probe agent console guest lint test test-rust test-api test-sdk test-e2b test-fuzz demo clean \
+	test-console \
 	test-cold-path fresh-check \
 	test-kvm-nested test-kvm-nested-smoke bench-nested \
 	test-k8s bench-k8s k8s-generate
@@ -31,7 +32,13 @@ agent:
 	$(PHASE) agent
 	$(CARGO) build --release -p zygote-agent --target x86_64-unknown-linux-musl
 
-build: setup probe agent
+# The web console (console/: TypeScript, esbuild) into console/dist, which the daemon
+# embeds at /ui: built before cargo so the daemon carries it.
+console: setup
+	$(PHASE) console
+	@bash scripts/console-build.sh
+
+build: setup probe agent console
 	$(PHASE) build
 	$(CARGO) build --release --workspace
 	@install -m 0755 $(PROBE_ELF) target/release/zygote-probe
@@ -55,6 +62,14 @@ test-rust: build guest
 test-api: build
 	$(PHASE) test-api
 	bash scripts/api-conformance.sh
+
+# The web console in Debian's chromium (headless, playwright-core) against a private
+# zygoted on the qemu runtime, plus its node unit tests; screenshots in
+# target/console-artifacts/ (skips the browser part, saying why, without qemu or chromium).
+# ~15 s on the 2-core development machine (QEMU TCG), so it is part of `make test`.
+test-console: build guest
+	$(PHASE) test-console
+	bash scripts/console-test.sh
 
 # Python and TypeScript SDKs (and the MCP server) against a live zygoted.
 test-sdk: build guest
@@ -116,7 +131,7 @@ test-cold-path: build guest
 fresh-check:
 	bash scripts/fresh-check.sh
 
-test: lint test-cold-path test-rust test-api test-fuzz test-sdk test-e2b test-kvm-nested-smoke test-k8s
+test: lint test-cold-path test-rust test-api test-console test-fuzz test-sdk test-e2b test-kvm-nested-smoke test-k8s
 	$(PHASE) done
 
 demo: build guest

@@ -99,18 +99,9 @@ EOF
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The daemon's cache: the user's kernel and built images (linked, never written:
-# an image is named by its hash), its own OCI blobs, pulled images and packs.
-USER_CACHE=${ZYGOTE_CACHE_DIR:-${HOME:-/root}/.cache/zygote}
-CACHE="$STATE/cache"
-mkdir -p "$CACHE/images/index"
-[ -d "$USER_CACHE/kernel" ] && ln -s "$USER_CACHE/kernel" "$CACHE/kernel"
-for f in "$USER_CACHE"/images/*.ext4 "$USER_CACHE"/images/*.json; do
-    [ -e "$f" ] && ln -s "$f" "$CACHE/images/"
-done
-for f in "$USER_CACHE"/images/index/*; do
-    [ -f "$f" ] && cp "$f" "$CACHE/images/index/"
-done
+# The daemon's cache: the user's kernel and built images (linked), its own OCI blobs,
+# pulled images and packs.
+CACHE=$(link_user_cache)
 
 say "starting zygoted (${DAEMON[*]}, state $STATE)"
 runtime_args=()

@@ -12,6 +12,7 @@ APT_PACKAGES=(
   docker-registry skopeo umoci  # OCI image tests: a real registry on loopback, images made by the tests
   apache2-utils  # htpasswd: the tests' registry with Basic auth
   openssl  # the tests' registry token server signs with it
+  chromium  # the web console's browser tests (scripts/console-test.sh, headless via playwright-core)
 )
 RUST_TARGETS=(x86_64-unknown-none x86_64-unknown-linux-musl)
 RUST_COMPONENTS=(rustfmt clippy)

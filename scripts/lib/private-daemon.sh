@@ -28,6 +28,44 @@ wait_for_daemon() {
     TOKEN=$(cat "$STATE/daemon/token")
 }
 
+# Makes the temporary state directory STATE for NAME's daemon and clears DAEMON_PID, URL
+# and TOKEN. Usage: new_private_state NAME
+new_private_state() {
+    STATE=$(mktemp -d "${TMPDIR:-/tmp}/zygote-$1.XXXXXX")
+    DAEMON_PID=""
+    URL=""
+    TOKEN=""
+}
+
+# An EXIT trap for a script whose only clean-up is its daemon: stops it, finishes after
+# it, and exits with the script's status (or 1 if anything was left behind).
+# Usage: trap 'private_daemon_exit NAME' EXIT
+private_daemon_exit() {
+    local status=$?
+    stop_daemon
+    finish_private_daemon "$1" "$status"
+    status=$?
+    echo "== $1: done (exit $status)"
+    exit "$status"
+}
+
+# Gives the daemon a cache of its own in $STATE/cache: the user's kernel and built images
+# (linked, never written: an image is named by its hash) and a copy of the image index;
+# what it pulls, converts and packs goes away with $STATE. Prints the directory, for
+# ZYGOTE_CACHE_DIR.
+link_user_cache() {
+    local user_cache=${ZYGOTE_CACHE_DIR:-${HOME:-/root}/.cache/zygote} cache="$STATE/cache" f
+    mkdir -p "$cache/images/index"
+    [ -d "$user_cache/kernel" ] && ln -s "$user_cache/kernel" "$cache/kernel"
+    for f in "$user_cache"/images/*.ext4 "$user_cache"/images/*.json; do
+        [ -e "$f" ] && ln -s "$f" "$cache/images/"
+    done
+    for f in "$user_cache"/images/index/*; do
+        [ -f "$f" ] && cp "$f" "$cache/images/index/"
+    done
+    echo "$cache"
+}
+
 # Stops the daemon (TERM, then KILL after 10 s).
 stop_daemon() {
     [ -n "$DAEMON_PID" ] && kill -0 "$DAEMON_PID" 2>/dev/null || return 0

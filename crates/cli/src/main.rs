@@ -96,6 +96,9 @@ enum Command {
     /// with `zygote create --volume NAME:/path`.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
+    /// Open the web console in a browser, logged in by a one-time URL (daemon; the token
+    /// is never in the URL). --no-open only prints it.
+    Ui(commands::ui::UiArgs),
 }
 
 fn main() {
@@ -142,6 +145,7 @@ fn main() {
         Command::Port(cmd) => commands::port::run(cmd),
         Command::Network(cmd) => commands::network::run(cmd),
         Command::Volume(cmd) => commands::volume::run(cmd),
+        Command::Ui(args) => commands::ui::run(args),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod runtime;
 pub mod server;
 pub mod token;
+pub mod ui;
 
 pub use zygote_api::{client, model, pty_client};
 pub use zygote_net as network;

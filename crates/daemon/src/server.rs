@@ -209,12 +209,16 @@ pub async fn build_state(args: &ServeArgs) -> Result<AppState> {
         manager,
         token: Arc::new(token),
         proxy: None,
+        logins: Arc::new(crate::ui::LoginCodes::default()),
     })
 }
 
 /// Serves until SIGINT/SIGTERM. VMs keep running when the daemon stops; the
 /// next start re-attaches to them.
 pub async fn serve(args: ServeArgs) -> Result<()> {
+    if !crate::ui::built() {
+        tracing::warn!("this zygoted was built without the web console: /ui says how to build it");
+    }
     let mut state = build_state(&args).await?;
     // Before the API: once the API's line is out, the proxy answers too.
     // E2B's envd is answered on the proxy (crate::e2b).

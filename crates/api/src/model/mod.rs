@@ -5,6 +5,7 @@
 mod agent;
 mod branch;
 mod code;
+mod console;
 mod create;
 mod diff;
 mod egress;
@@ -43,6 +44,7 @@ pub use code::{
     CreateContextRequest, CODE_ENV_LIMITS, CODE_LANGUAGE, DEFAULT_CODE_TIMEOUT_MS, DEFAULT_CONTEXT,
     MAX_CODE_BYTES, RESULT_MIME_TYPES,
 };
+pub use console::ConsoleLogin;
 pub use create::{CheckedCreate, CreateEvent, CreateSandboxRequest};
 pub use diff::{DiffChange, DiffEntry, DiffQuery, SandboxDiff};
 pub use egress::{EgressEntry, EgressList, EgressQuery};

@@ -33,6 +33,7 @@ pub mod snapshot_pack;
 pub mod stats;
 pub mod tree;
 pub mod ttl;
+pub mod ui;
 pub mod vm;
 pub mod vm_serve;
 pub mod volume;

@@ -7,8 +7,8 @@ use utoipa::openapi::{ContentBuilder, OpenApi as Document, Ref, ResponseBuilder}
 use utoipa::OpenApi;
 
 use super::{
-    code, egress, events, guest, images, metrics, packs, pause, ports, processes, pty, sandboxes,
-    snapshots, system, volumes, watch, PUBLIC,
+    code, console_login, egress, events, guest, images, metrics, packs, pause, ports, processes,
+    pty, sandboxes, snapshots, system, volumes, watch, PUBLIC,
 };
 
 struct BearerAuth;
@@ -110,7 +110,7 @@ impl utoipa::Modify for CommonResponses {
                        (argv, env, cwd and base64 stdin): larger requests get 413."
     ),
     paths(
-        system::healthz, system::metrics, system::openapi, system::info,
+        system::healthz, system::metrics, system::openapi, system::info, console_login::login,
         system::list_images, system::build_image, images::pull,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::set_network, sandboxes::branch, sandboxes::restore, sandboxes::logs,

@@ -7,6 +7,7 @@
 mod auth;
 mod code;
 mod console;
+mod console_login;
 mod doc;
 mod egress;
 mod events;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub token: Arc<String>,
     /// Where the port proxy listens (None: it is off); set once it is bound.
     pub proxy: Option<std::net::SocketAddr>,
+    /// The web console's one-time login codes ([`crate::ui`]).
+    pub logins: Arc<crate::ui::LoginCodes>,
 }
 
 pub struct Routes {
@@ -86,6 +89,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/metrics", system::metrics)
         .add(Method::GET, "/v1/openapi.json", system::openapi)
         .add(Method::GET, "/v1/info", system::info)
+        .add(Method::POST, "/v1/console/login", console_login::login)
         .add(Method::GET, "/v1/images", system::list_images)
         .add(Method::POST, "/v1/images", images::pull)
         .add(Method::POST, "/v1/images/build", system::build_image)
@@ -189,10 +193,12 @@ pub fn routes() -> Routes {
         .add(Method::DELETE, "/v1/volumes/{id}", volumes::delete)
 }
 
-/// The application: routes, auth, error fallbacks, body limit; and E2B's control plane
-/// under `/e2b`, with its own credential check ([`crate::e2b::control`]).
+/// The application: routes, auth, error fallbacks, body limit; E2B's control plane
+/// under `/e2b`, with its own credential check ([`crate::e2b::control`]); and the web
+/// console under `/ui` ([`crate::ui`]: public assets, a login by one-time code).
 pub fn app(state: AppState) -> Router {
     let e2b = crate::e2b::control::router(state.clone());
+    let console = crate::ui::router(state.clone());
     let api = routes()
         .router
         .fallback(route_not_found)
@@ -205,7 +211,7 @@ pub fn app(state: AppState) -> Router {
         // their routes' limits and say which in the 413.
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
         .with_state(state);
-    Router::new().nest("/e2b", e2b).merge(api)
+    Router::new().nest("/e2b", e2b).merge(console).merge(api)
 }
 
 async fn route_not_found(method: Method, uri: axum::http::Uri) -> Error {
