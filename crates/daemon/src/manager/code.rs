@@ -142,19 +142,17 @@ impl Relay {
                     }
                 }
                 Some(ExecEvent::Started { .. }) => {}
-                Some(ExecEvent::Exit {
-                    exit_code,
-                    signal,
-                    timed_out,
-                    duration_ms,
-                }) => {
-                    self.ended = Some(exit_description(exit_code, signal, timed_out, duration_ms));
-                    if self.splitter.leftover() > 0 {
-                        return Err(WireError::Truncated("an unfinished line".into()).into());
+                end @ (Some(ExecEvent::Exit { .. }) | None) => {
+                    if let Some(ExecEvent::Exit {
+                        exit_code,
+                        signal,
+                        timed_out,
+                        duration_ms,
+                    }) = end
+                    {
+                        self.ended =
+                            Some(exit_description(exit_code, signal, timed_out, duration_ms));
                     }
-                    return Ok(None);
-                }
-                None => {
                     if self.splitter.leftover() > 0 {
                         return Err(WireError::Truncated("an unfinished line".into()).into());
                     }
@@ -224,8 +222,8 @@ impl Manager {
         req: CodeRequest,
     ) -> Result<mpsc::Receiver<CodeEvent>> {
         req.validate()?;
-        let with_envs = req.envs.as_ref().is_some_and(|e| !e.is_empty());
         let request = execute_request(&req);
+        let with_envs = request.get("envs").is_some();
         let mut relay = Relay::start(self, id, request, req.timeout_ms()).await?;
         match relay.next().await? {
             // An older server ignores envs: its execution is stopped (dropping the relay
