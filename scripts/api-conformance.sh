@@ -70,12 +70,15 @@ esac
 # accepted, and the schema cannot say all that validation requires (`image` xor
 # `snapshot`, a non-empty argv[0], paths of at most 4096 bytes), nor that an integer
 # field takes `13` but not `13.0`; such requests get a documented 400.
+# GET /v1/events is left out: a Server-Sent Events stream never ends, so every example
+# would wait out the request timeout. Its 400s, 401 and 200 are checked by
+# crates/daemon/tests/live_events.rs.
 # One worker: hypothesis parses lambda sources with `ast`, which CPython 3.11 does not
 # do safely from two threads ("AST constructor recursion depth mismatch").
 say "schemathesis: ${ZYGOTE_API_EXAMPLES:-10} examples per operation against $URL"
 (cd "$STATE" && timeout --kill-after=10 300 "$ST" run "$URL/v1/openapi.json" \
     --header "Authorization: Bearer $TOKEN" \
-    --checks all --exclude-checks positive_data_acceptance \
+    --checks all --exclude-checks positive_data_acceptance --exclude-path /v1/events \
     --max-examples "${ZYGOTE_API_EXAMPLES:-10}" --seed "${ZYGOTE_API_SEED:-20261125}" \
     --workers 1 --generation-database none --request-timeout 30 --no-color \
     >"$STATE/schemathesis.txt" 2>&1)

@@ -174,7 +174,9 @@ impl Client {
 
     /// A new HTTP/1 connection to the daemon (upgradable, for WebSockets) sending bodies
     /// of type `B`.
-    pub(crate) async fn open<B>(&self) -> Result<hyper::client::conn::http1::SendRequest<B>, ClientError>
+    pub(crate) async fn open<B>(
+        &self,
+    ) -> Result<hyper::client::conn::http1::SendRequest<B>, ClientError>
     where
         B: hyper::body::Body + Send + 'static,
         B::Data: Send,

@@ -55,7 +55,9 @@ impl SseParser {
                 _ => {
                     self.line.push(b);
                     if self.line.len() + self.current.data.len() > MAX_MESSAGE_BYTES {
-                        return Err(format!("an event stream message over {MAX_MESSAGE_BYTES} bytes"));
+                        return Err(format!(
+                            "an event stream message over {MAX_MESSAGE_BYTES} bytes"
+                        ));
                     }
                 }
             }
@@ -272,7 +274,10 @@ mod tests {
                   \"message\":\"sandbox died\",\"fields\":{\"reason\":\"oom\"}}";
         match StreamMessage::decode(&m("sandbox", ev)).unwrap() {
             Some(StreamMessage::Event(e)) => {
-                assert_eq!((e.sandbox.as_str(), e.event.fields["reason"].as_str()), ("sb-1", "oom"))
+                assert_eq!(
+                    (e.sandbox.as_str(), e.event.fields["reason"].as_str()),
+                    ("sb-1", "oom")
+                )
             }
             other => panic!("{other:?}"),
         }

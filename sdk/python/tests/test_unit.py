@@ -871,3 +871,24 @@ def test_volume_calls_and_mounts_are_sent_as_the_api_takes_them() -> None:
     assert _api.get_volume("a/b").path == "/v1/volumes/a%2Fb"
     assert (_api.delete_volume("data").method, _api.list_volumes().path) == ("DELETE", "/v1/volumes")
     assert vol.attached_to is None and vol.size_mib == 64
+
+
+def test_sandbox_info_carries_its_disk_and_newest_metrics_sample() -> None:
+    sample = {
+        "timestamp": "2026-11-28T18:00:00Z",
+        "timestamp_unix": 1795888800,
+        "cpu_count": 2,
+        "cpu_used_pct": 12.5,
+        "mem_total": 512 << 20,
+        "mem_used": 100 << 20,
+        "mem_cache": 10 << 20,
+        "disk_total": 1 << 30,
+        "disk_used": 5 << 20,
+    }
+    sb = zygote.SandboxInfo.from_json(
+        {"id": "sb-1", "state": "running", "disk_bytes": 4096, "metrics": sample}
+    )
+    assert sb.disk_bytes == 4096
+    assert sb.metrics is not None and sb.metrics.mem_used == 100 << 20
+    old = zygote.SandboxInfo.from_json({"id": "sb-1", "state": "paused", "disk_bytes": None})
+    assert old.disk_bytes is None and old.metrics is None

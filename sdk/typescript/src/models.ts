@@ -40,6 +40,10 @@ export interface SandboxInfo {
   metadata: Record<string, string>;
   /** Commands and file calls resume it when it is paused. */
   autoResume: boolean;
+  /** Bytes its own writable disk layer holds on the host (null without a VM). */
+  diskBytes: number | null;
+  /** Its newest metrics sample (taken every few seconds while it runs), null before one. */
+  metrics: MetricSample | null;
   /** What its TTL running out does: `delete` or `pause`. */
   ttlAction: TtlAction;
   /** Unix seconds when it was paused, while it is paused. */
@@ -429,6 +433,8 @@ export function sandboxFromJson(d: Json): SandboxInfo {
     secrets: strs(d.secrets),
     metadata: strMap(d.metadata),
     autoResume: d.auto_resume === true,
+    diskBytes: optNum(d.disk_bytes),
+    metrics: d.metrics && typeof d.metrics === "object" ? metricFromJson(d.metrics as Json) : null,
     ttlAction: d.ttl_action === "pause" ? "pause" : "delete",
     pausedAt: optNum(d.paused_at),
     ttlLeftSecs: optNum(d.ttl_left_secs),

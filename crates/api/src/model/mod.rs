@@ -57,15 +57,15 @@ pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
     MAX_EVENT_SEARCH,
 };
-pub use live_events::{
-    parse_stream_id, stream_id, LiveEvent, LiveEventsQuery, StreamLagged, StreamReady, REPLAY_EVENTS,
-    SSE_LAGGED, SSE_READY, SSE_SANDBOX,
-};
 pub use exec::{parse_user, ExecEvent, ExecRequest, ExecResponse};
 pub use files::{DirListing, FileEntry, PathQuery, WriteResult};
 pub use fork::ForkHook;
 pub use image::{BuildEvent, BuildImageRequest, Image, ImageList, PullImageRequest};
 pub use limits::*;
+pub use live_events::{
+    parse_stream_id, stream_id, LiveEvent, LiveEventsQuery, StreamLagged, StreamReady,
+    REPLAY_EVENTS, SSE_LAGGED, SSE_READY, SSE_SANDBOX,
+};
 pub use logs::{LogsQuery, LOG_CAP};
 pub use merge::{MergeChange, MergeConflict, MergeReport, MergeRequest, OnConflict};
 pub use metrics::{MetricSample, MetricsList, MetricsQuery};

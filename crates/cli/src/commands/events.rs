@@ -161,7 +161,11 @@ fn print_event(sandbox: Option<&str>, e: &SandboxEvent, json: bool) -> anyhow::R
 }
 
 /// The newest `--limit` events of `id` that the flags ask for, oldest first.
-async fn history(client: &Client, id: &str, args: &EventsArgs) -> anyhow::Result<Vec<SandboxEvent>> {
+async fn history(
+    client: &Client,
+    id: &str,
+    args: &EventsArgs,
+) -> anyhow::Result<Vec<SandboxEvent>> {
     let now_ms = zygote_api::time::now() * 1000;
     let q = EventsQuery {
         since_ms: args.since.map(|s| now_ms.saturating_sub(s * 1000)),
@@ -191,7 +195,11 @@ fn line_of(sandbox: Option<&str>, e: &SandboxEvent) -> String {
         out.push_str(s);
         out.push(' ');
     }
-    out.push_str(&format!("{:<5} {}", e.level.as_str().to_uppercase(), e.message));
+    out.push_str(&format!(
+        "{:<5} {}",
+        e.level.as_str().to_uppercase(),
+        e.message
+    ));
     for (k, v) in &e.fields {
         out.push_str(&format!(" {k}={v}"));
     }
@@ -210,7 +218,10 @@ mod tests {
             message: "command ended".into(),
             fields: [("exit_code".to_string(), "1".to_string())].into(),
         };
-        assert_eq!(line_of(None, &e), "01:02:03.045 WARN  command ended exit_code=1");
+        assert_eq!(
+            line_of(None, &e),
+            "01:02:03.045 WARN  command ended exit_code=1"
+        );
         assert_eq!(
             line_of(Some("sb-1"), &e),
             "01:02:03.045 sb-1 WARN  command ended exit_code=1"

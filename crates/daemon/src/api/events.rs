@@ -10,10 +10,10 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
-use tokio_stream::wrappers::BroadcastStream;
 use futures_util::future::ready;
 use futures_util::StreamExt;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
 
 use super::{ApiQuery, AppState};
 use crate::error::{ErrorBody, Result};
@@ -66,9 +66,7 @@ pub async fn live(
 ) -> Result<Response> {
     q.validate()?;
     let hub = st.manager.event_hub();
-    let last_id = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok());
+    let last_id = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     let sub = hub.subscribe(last_id);
     let mut first = vec![sse(SSE_READY, &StreamReady { epoch: sub.epoch })];
     if let Some(missed) = sub.lost {
@@ -79,7 +77,12 @@ pub async fn live(
         let q = q.clone();
         move |e: &LiveEvent| q.matches(e)
     };
-    first.extend(sub.replay.iter().filter(|e| wanted(e)).map(|e| sandbox_event(e)));
+    first.extend(
+        sub.replay
+            .iter()
+            .filter(|e| wanted(e))
+            .map(|e| sandbox_event(e)),
+    );
     let live = BroadcastStream::new(sub.live).filter_map(move |got| {
         ready(match got {
             Ok(e) if q.matches(&e) => Some(sandbox_event(&e)),

@@ -144,6 +144,10 @@ class SandboxInfo:
     """Unix seconds when it was paused, while it is paused."""
     ttl_left_secs: Optional[int] = None
     """While paused with a TTL: the seconds it will have once resumed."""
+    disk_bytes: Optional[int] = None
+    """Bytes its own writable disk layer holds on the host (None without a VM)."""
+    metrics: Optional["MetricSample"] = None
+    """Its newest metrics sample (taken every few seconds while it runs), None before one."""
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "SandboxInfo":
@@ -172,6 +176,10 @@ class SandboxInfo:
             ttl_action=str(d.get("ttl_action") or "delete"),
             paused_at=_opt_int(d.get("paused_at")),
             ttl_left_secs=_opt_int(d.get("ttl_left_secs")),
+            disk_bytes=_opt_int(d.get("disk_bytes")),
+            metrics=(
+                MetricSample.from_json(d["metrics"]) if isinstance(d.get("metrics"), Mapping) else None
+            ),
             fork_hooks=tuple(
                 ForkHook.from_json(h) for h in (d.get("fork_hooks") or ()) if isinstance(h, Mapping)
             ),
