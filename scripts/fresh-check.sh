@@ -13,6 +13,8 @@
 #   FRESH_DIR=/path   work there instead of a new directory under $TMPDIR (kept on
 #                     failure either way, removed on success unless FRESH_KEEP=1)
 #   FRESH_ONLY=demo   stop after `make demo`
+#   FRESH_STEPS="demo test-console"   the make targets to run, in order (default
+#                     `demo test`): a shorter cold check of one part of `make test`
 # Takes an hour or more on 2 cores. Not part of `make test`.
 set -uo pipefail
 
@@ -83,8 +85,11 @@ run_step() {
     printf '%s\n' "$(( ended - started ))" >"$WORK/$name.secs"
 }
 
-run_step demo
-[ "${FRESH_ONLY:-}" = demo ] || run_step test
+steps=${FRESH_STEPS:-demo test}
+[ "${FRESH_ONLY:-}" = demo ] && steps=demo
+for step in $steps; do
+    run_step "$step"
+done
 say "fresh machine: make demo $(( $(cat "$WORK/demo.secs") / 60 )) min$(
     [ -f "$WORK/test.secs" ] && printf ', make test %s min' $(( $(cat "$WORK/test.secs") / 60 )))"
 if [ "${FRESH_KEEP:-0}" != 1 ]; then
