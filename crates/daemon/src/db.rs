@@ -175,9 +175,10 @@ impl SnapshotRow {
         id: String,
         name: Option<String>,
         kind: SnapshotKind,
-        data: SnapshotData,
+        mut data: SnapshotData,
         created_at: u64,
     ) -> SnapshotRow {
+        data.isolated_nic = source.network.attachment.is_some();
         SnapshotRow {
             id,
             name,

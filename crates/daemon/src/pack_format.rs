@@ -33,6 +33,10 @@ pub struct PackConfig {
     pub run: ImageRun,
     /// The name of the state file among the `state/*` files.
     pub state_file: String,
+    /// The state holds an isolated network interface (it starts only under a daemon
+    /// with isolated networking). Packs from before: false.
+    #[serde(default)]
+    pub isolated_nic: bool,
 }
 
 /// The pack's base image. `name` is what the exporting host called it, kept for

@@ -144,7 +144,26 @@ async fn qemu_namespaces_made_ahead() {
 
     // A restart that cannot isolate (here chosen: --network user) refuses to branch a
     // sandbox whose VM has an isolated interface, saying why, rather than start children
-    // that could not restore it; the parent runs on. The next isolated start branches it.
+    // that could not restore it; the parent runs on. So for every other state holding
+    // such an interface: a snapshot (and a sandbox from it), a paused sandbox's saved
+    // state. The next isolated start branches, creates and resumes them.
+    let snap: serde_json::Value = c
+        .json(
+            Method::POST,
+            "/v1/snapshots",
+            Some(&json!({"sandbox": open.id, "name": "isolated-nic"})),
+        )
+        .await
+        .expect("snapshot");
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    let _: serde_json::Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/pause", listed.id),
+            Some(&json!({})),
+        )
+        .await
+        .expect("pause");
     d.kill9();
     let mut user_args = args.clone();
     user_args.extend(["--network", "user"]);
@@ -166,6 +185,46 @@ async fn qemu_namespaces_made_ahead() {
         }
         other => panic!("a branch without isolation: {other:?}"),
     }
+    let refused_create = c
+        .json::<serde_json::Value>(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&json!({"snapshot": snap_id})),
+        )
+        .await;
+    let refused_resume = c
+        .json::<serde_json::Value>(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/resume", listed.id),
+            Some(&json!({})),
+        )
+        .await;
+    for (what, r) in [
+        ("create from the snapshot", refused_create),
+        ("resume", refused_resume),
+    ] {
+        match r {
+            Err(zygote_daemon::client::ClientError::Api {
+                status, message, ..
+            }) => {
+                assert_eq!(status, 409, "{what}: {message}");
+                assert!(
+                    message.contains("isolated network interface"),
+                    "{what}: {message}"
+                );
+            }
+            other => panic!("{what} without isolation: {other:?}"),
+        }
+    }
+    let listing: zygote_daemon::model::SandboxList = c
+        .json(Method::GET, "/v1/sandboxes", None::<&()>)
+        .await
+        .expect("list");
+    assert_eq!(
+        listing.sandboxes.len(),
+        4,
+        "a refused create left nothing behind"
+    );
     assert_eq!(
         common::sh(&c, &open.id, "echo alive").await.as_deref(),
         Ok("alive\n")
@@ -182,13 +241,27 @@ async fn qemu_namespaces_made_ahead() {
         .await
         .expect("branch once isolated again");
     assert_eq!(reach(&c, &again.children[0], &targets).await, [true, true]);
+    let from_snap = create(&c, json!({"snapshot": snap_id}), &scratch.cleanup)
+        .await
+        .remove(0);
+    assert_eq!(reach(&c, &from_snap.id, &targets).await, [true, true]);
+    let _: serde_json::Value = c
+        .json(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/resume", listed.id),
+            Some(&json!({})),
+        )
+        .await
+        .expect("resume once isolated again");
+    assert_eq!(reach(&c, &listed.id, &targets).await, [true, false]);
     step(
         t0,
-        "without isolation a branch of an isolated sandbox is refused (409), parent alive",
+        "without isolation, a branch, a create from a snapshot and a resume of states with \
+         an isolated interface are refused (409), parent alive; with it they work",
     );
 
     // Deleting the sandboxes removes their namespaces; a graceful stop the spares.
-    for id in [open.id.clone(), listed.id.clone()]
+    for id in [open.id.clone(), listed.id.clone(), from_snap.id.clone()]
         .into_iter()
         .chain(branched.children.clone())
         .chain(again.children.clone())

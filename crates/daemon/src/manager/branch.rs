@@ -95,7 +95,8 @@ impl Manager {
         let parent_guard = self.lock(parent_id).await;
         let parent = self.sandbox_row(parent_id)?;
         let vm = self.running_vm(&parent)?;
-        self.check_child_network(&parent)?;
+        let what = format!("{} (branching it)", parent.id);
+        self.check_restorable_nic(&what, parent.network.attachment.is_some())?;
         // A kept point is a full capture of the parent's memory.
         let kind = if keep_point {
             SnapshotKind::Full
@@ -413,16 +414,20 @@ impl Manager {
     /// user networking (QEMU refuses it; the kvm runtime would have no NIC to give). A
     /// daemon that could not isolate at this start says so instead of starting children
     /// that die loading their state.
-    fn check_child_network(&self, parent: &SandboxRow) -> Result<()> {
-        if parent.network.attachment.is_none() || self.network.isolated() {
+    /// Refuses to start a state that holds an isolated network interface (a branch
+    /// point, a snapshot, a pack, a paused sandbox's saved state) under a daemon that
+    /// started without isolated networking: the VM would die loading that interface's
+    /// state (QEMU: "error while loading state ... virtio-net", vnet_hdr missing), so
+    /// the caller gets a 409 that says why and what to do, and nothing is started.
+    pub(crate) fn check_restorable_nic(&self, what: &str, isolated_nic: bool) -> Result<()> {
+        if !isolated_nic || self.network.isolated() {
             return Ok(());
         }
         let why = self.network.info().reason.unwrap_or_default();
         Err(Error::Conflict(format!(
-            "{} runs with an isolated network interface, but this daemon started without \
-             isolated networking ({why}): its children could not restore that interface; \
-             restart zygoted where it can isolate (see `zygote doctor`)",
-            parent.id
+            "{what} holds an isolated network interface, but this daemon started without \
+             isolated networking ({why}): that interface's state cannot be restored; \
+             restart zygoted where it can isolate (see `zygote doctor`)"
         )))
     }
 }

@@ -290,7 +290,10 @@ impl Manager {
         Ok(made)
     }
 
+    /// Whether this daemon can start `snap`'s state: taken with its runtime, and with
+    /// an isolated network interface only if this daemon isolates.
     pub(crate) fn check_runtime(&self, snap: &SnapshotRow) -> Result<()> {
+        self.check_restorable_nic(&format!("snapshot {}", snap.id), snap.data.isolated_nic)?;
         if snap.runtime != self.runtime.name() {
             return Err(Error::Unsupported(format!(
                 "snapshot {} was taken with the {} runtime; this daemon runs {}",

@@ -147,6 +147,8 @@ impl Manager {
             return Err(e);
         }
         fault::point("pack-import.base-stored");
+        let mut data = data;
+        data.isolated_nic = config.isolated_nic;
         let row = SnapshotRow {
             id: id.clone(),
             name: name.or(config.snapshot.name.clone()),

@@ -71,6 +71,7 @@ impl Manager {
                     agent_token: token,
                     run: snap.run.clone(),
                     state_file: exported.state_file.clone(),
+                    isolated_nic: snap.data.isolated_nic,
                 };
                 let mut files = vec![("image".to_string(), image.path.clone())];
                 if let Some(disk) = &exported.disk {

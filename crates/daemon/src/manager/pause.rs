@@ -179,6 +179,8 @@ impl Manager {
             Some(p) if is_parked(row) => p.clone(),
             _ => return Err(wrong_state(row, "resume", "paused")),
         };
+        let what = format!("the saved state of {}", row.id);
+        self.check_restorable_nic(&what, row.network.attachment.is_some())?;
         let started = Instant::now();
         row.state = STATE_RESUMING.into();
         self.db.put_sandbox(row)?;

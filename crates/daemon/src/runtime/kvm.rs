@@ -349,6 +349,7 @@ fn snapshot_data(dir: &Path, vm_dir: &Path, pause_ms: f64) -> SnapshotData {
         disk_layer: vm_dir.join(device_data_file(0)),
         accel: ACCEL.into(),
         volumes: Vec::new(),
+        isolated_nic: false,
     }
 }
 

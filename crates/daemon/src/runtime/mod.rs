@@ -130,6 +130,11 @@ pub struct SnapshotData {
     /// from it read through their own layers); for a pause, the VM's own disks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeDisk>,
+    /// The state holds an isolated network interface (QEMU: a tap with vnet_hdr): it
+    /// can only be started by a daemon with isolated networking (records from before:
+    /// false, unknown).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub isolated_nic: bool,
 }
 
 impl SnapshotData {

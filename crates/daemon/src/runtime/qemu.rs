@@ -250,6 +250,7 @@ impl QemuRuntime {
             accel: vm.accel.clone(),
             pause_ms: Some(pause.as_secs_f64() * 1e3),
             volumes,
+            isolated_nic: false,
         };
         vm.disk = next_disk.to_path_buf();
         Ok(data)
@@ -437,6 +438,7 @@ impl Runtime for QemuRuntime {
             accel: vm.accel.clone(),
             pause_ms: None,
             volumes: qemu_volumes::frozen_in(&vm.volumes, snap_dir),
+            isolated_nic: false,
         }))
     }
 
@@ -448,6 +450,7 @@ impl Runtime for QemuRuntime {
             accel: vm.accel.clone(),
             pause_ms: None,
             volumes: vm.volumes.clone(),
+            isolated_nic: false,
         }
     }
 

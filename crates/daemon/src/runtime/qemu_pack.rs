@@ -140,6 +140,7 @@ pub(super) fn import(
         accel: accel.to_string(),
         pause_ms: None,
         volumes: Vec::new(),
+        isolated_nic: false,
     })
 }
 

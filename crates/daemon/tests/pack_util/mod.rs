@@ -110,6 +110,7 @@ impl PackParts {
             agent_token: "0".repeat(64),
             run: Default::default(),
             state_file: "state".into(),
+            isolated_nic: false,
         };
         let files = vec![
             ("image".to_string(), encode(work, "image", &base)),
