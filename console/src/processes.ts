@@ -104,6 +104,8 @@ export class ProcessesTab {
       if (p.state === "exited" && offset >= p.outputBytes) {
         this.logState.textContent = `process ${pid}: ${describe(p)} · ${size} · all output read`;
         this.logState.dataset.ended = "true";
+        // Its row still says running until the next refresh: now.
+        await this.refresh();
         return;
       }
       this.logState.textContent = `process ${pid}: ${describe(p)} · ${size} · following`;
