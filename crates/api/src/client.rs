@@ -174,7 +174,7 @@ impl Client {
 
     /// A new HTTP/1 connection to the daemon (upgradable, for WebSockets) sending bodies
     /// of type `B`.
-    async fn open<B>(&self) -> Result<hyper::client::conn::http1::SendRequest<B>, ClientError>
+    pub(crate) async fn open<B>(&self) -> Result<hyper::client::conn::http1::SendRequest<B>, ClientError>
     where
         B: hyper::body::Body + Send + 'static,
         B::Data: Send,
@@ -432,7 +432,7 @@ async fn whole_answer(resp: Response<Incoming>) -> Result<Bytes, ClientError> {
     Ok(bytes)
 }
 
-fn check(status: StatusCode, bytes: &[u8]) -> Result<(), ClientError> {
+pub(crate) fn check(status: StatusCode, bytes: &[u8]) -> Result<(), ClientError> {
     if status.is_success() {
         return Ok(());
     }

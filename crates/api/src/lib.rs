@@ -14,6 +14,7 @@ pub mod client;
 pub mod code_client;
 pub mod defaults;
 pub mod error;
+pub mod event_stream_client;
 pub mod model;
 pub mod pty_client;
 pub mod time;

@@ -81,7 +81,8 @@ enum Command {
     /// A sandbox's console output (daemon).
     Logs(commands::logs::LogsArgs),
     /// What happened to a sandbox and in it: started, branched, paused, commands,
-    /// snapshots, network and timeout changes (daemon).
+    /// snapshots, network and timeout changes; -f follows them, and without an id every
+    /// sandbox's events are followed as they happen (daemon).
     Events(commands::events::EventsArgs),
     /// A sandbox's egress record: the connections its guest made under rules by name,
     /// allowed or refused, bytes each way; --follow streams them (daemon).

@@ -10,6 +10,9 @@
 //! so a sandbox running a command a second cannot grow the daemon's disk. A line torn
 //! by a crash mid-append is skipped when read.
 //!
+//! Each event is also handed to the daemon-wide stream ([`crate::event_stream`],
+//! `GET /v1/events`), written or not.
+//!
 //! What goes in is the daemon's own words plus the caller's (commands, names); guest
 //! output never does. Every text is cut to [`MAX_TEXT`] bytes.
 use std::collections::BTreeMap;
@@ -18,6 +21,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::event_stream::EventHub;
 use crate::model::{EventLevel, EventOrder, EventsQuery, SandboxEvent};
 
 /// A log past this many bytes drops its older half.
@@ -27,6 +31,7 @@ pub const MAX_TEXT: usize = 1024;
 
 pub struct EventLog {
     dir: PathBuf,
+    hub: EventHub,
     /// One writer at a time: appends and the compaction that rewrites a log.
     write: Mutex<()>,
 }
@@ -35,6 +40,7 @@ impl EventLog {
     pub fn new(dir: PathBuf) -> EventLog {
         EventLog {
             dir,
+            hub: EventHub::default(),
             write: Mutex::new(()),
         }
     }
@@ -52,22 +58,31 @@ impl EventLog {
         message: &str,
         fields: &[(&str, String)],
     ) {
-        let event = SandboxEvent {
-            ts_ms: now_ms(),
-            level,
-            message: cut(message),
-            fields: fields
-                .iter()
-                .map(|(k, v)| (cut(k), cut(v)))
-                .collect::<BTreeMap<_, _>>(),
-        };
-        let Some(path) = self.path(sandbox) else {
-            return;
-        };
-        let _held = self.write.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = append(&self.dir, &path, &event) {
-            tracing::warn!(sandbox, "event log: {e}");
+        let event = entry(level, message, fields);
+        if let Some(path) = self.path(sandbox) {
+            let _held = self.write.lock().unwrap_or_else(|p| p.into_inner());
+            if let Err(e) = append(&self.dir, &path, &event) {
+                tracing::warn!(sandbox, "event log: {e}");
+            }
         }
+        self.hub.publish(sandbox, event);
+    }
+
+    /// Hands an event to the daemon-wide stream only: one about a sandbox whose log is
+    /// gone or not yet worth keeping (`sandbox deleted`, `sandbox creating`).
+    pub fn announce(
+        &self,
+        sandbox: &str,
+        level: EventLevel,
+        message: &str,
+        fields: &[(&str, String)],
+    ) {
+        self.hub.publish(sandbox, entry(level, message, fields));
+    }
+
+    /// The daemon-wide stream every recorded or announced event goes to.
+    pub fn hub(&self) -> &EventHub {
+        &self.hub
     }
 
     /// The events of `sandbox` that `q` asks for, in its order, at most its limit.
@@ -194,7 +209,19 @@ fn cut(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-fn now_ms() -> u64 {
+fn entry(level: EventLevel, message: &str, fields: &[(&str, String)]) -> SandboxEvent {
+    SandboxEvent {
+        ts_ms: now_ms(),
+        level,
+        message: cut(message),
+        fields: fields
+            .iter()
+            .map(|(k, v)| (cut(k), cut(v)))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

@@ -18,6 +18,7 @@ pub mod e2b;
 pub mod egress_log;
 pub mod error;
 pub mod event_log;
+pub mod event_stream;
 pub mod fault;
 pub mod ids;
 pub mod lifecycle;

@@ -234,6 +234,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
     )
     .await?;
     let network = state.manager.network.clone();
+    let manager = state.manager.clone();
     let app = api::app(state);
     let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -244,6 +245,7 @@ pub async fn serve(args: ServeArgs) -> Result<()> {
         }
         tracing::info!("shutting down (VMs keep running)");
         network.release_spares();
+        manager.event_hub().close();
     };
     if let Some(path) = &args.unix {
         let _ = std::fs::remove_file(path);

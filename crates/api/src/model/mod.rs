@@ -16,6 +16,7 @@ mod files;
 mod fork;
 mod image;
 pub mod limits;
+mod live_events;
 mod logs;
 mod merge;
 pub mod metadata;
@@ -55,6 +56,10 @@ pub use env::{
 pub use events::{
     EventLevel, EventList, EventOrder, EventsQuery, SandboxEvent, MAX_EVENTS_PER_QUERY,
     MAX_EVENT_SEARCH,
+};
+pub use live_events::{
+    parse_stream_id, stream_id, LiveEvent, LiveEventsQuery, StreamLagged, StreamReady, REPLAY_EVENTS,
+    SSE_LAGGED, SSE_READY, SSE_SANDBOX,
 };
 pub use exec::{parse_user, ExecEvent, ExecRequest, ExecResponse};
 pub use files::{DirListing, FileEntry, PathQuery, WriteResult};

@@ -135,6 +135,14 @@ pub struct Sandbox {
     /// them (a branch child, a sandbox from a snapshot).
     #[serde(default)]
     pub volumes: Vec<super::MountedVolume>,
+    /// Bytes its own writable disk layer holds on the host (what it wrote since its
+    /// image or branch point; null without a VM, e.g. paused to disk).
+    #[serde(default)]
+    pub disk_bytes: Option<u64>,
+    /// Its newest metrics sample (as in `GET /v1/sandboxes/{id}/metrics`: taken every
+    /// few seconds while it runs), null before the first one.
+    #[serde(default)]
+    pub metrics: Option<super::MetricSample>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]

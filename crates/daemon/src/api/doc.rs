@@ -114,7 +114,7 @@ impl utoipa::Modify for CommonResponses {
         system::list_images, system::build_image, images::pull,
         sandboxes::list, sandboxes::create, sandboxes::get, sandboxes::delete,
         sandboxes::set_ttl, sandboxes::set_network, sandboxes::branch, sandboxes::restore, sandboxes::logs,
-        events::events,
+        events::events, events::live,
         egress::egress,
         metrics::metrics,
         sandboxes::tree, sandboxes::keep, sandboxes::diff, sandboxes::merge,

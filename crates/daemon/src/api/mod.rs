@@ -93,6 +93,7 @@ pub fn routes() -> Routes {
         .add(Method::GET, "/v1/images", system::list_images)
         .add(Method::POST, "/v1/images", images::pull)
         .add(Method::POST, "/v1/images/build", system::build_image)
+        .add(Method::GET, "/v1/events", events::live)
         .add(Method::GET, "/v1/sandboxes", sandboxes::list)
         .add(Method::POST, "/v1/sandboxes", sandboxes::create)
         .add(Method::GET, "/v1/sandboxes/{id}", sandboxes::get)

@@ -76,6 +76,9 @@ impl Manager {
         });
         let rows: Vec<&SandboxRow> = std::iter::once(&*parent).chain(children.iter()).collect();
         self.db.commit(&rows, &[])?;
+        for c in children.iter() {
+            self.announce_creating(c);
+        }
         Ok(specs)
     }
 

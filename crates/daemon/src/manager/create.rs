@@ -312,6 +312,7 @@ impl Manager {
     ) -> Result<StartSpec> {
         let spec = self.prepare_unrecorded(row, source, boot_token)?;
         self.db.put_sandbox(row)?;
+        self.announce_creating(row);
         Ok(spec)
     }
 

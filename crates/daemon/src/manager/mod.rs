@@ -65,7 +65,10 @@ use crate::error::{Error, Result};
 use crate::event_log::EventLog;
 use crate::fault;
 use crate::metrics::Metrics;
-use crate::model::{EventList, EventsQuery, ForkHook, PackOrigin, RuntimeInfo, Sandbox, Snapshot};
+use crate::model::{
+    EventLevel, EventList, EventsQuery, ForkHook, Origin, PackOrigin, RuntimeInfo, Sandbox,
+    Snapshot,
+};
 use crate::network::Network;
 use crate::runtime::{console, Runtime, VmRecord};
 // Re-exported for the manager's modules (`super::now`, `super::new_id`).
@@ -254,6 +257,11 @@ impl Manager {
         self.metric_rings.forget(id);
     }
 
+    /// The daemon-wide event stream (`GET /v1/events`).
+    pub fn event_hub(&self) -> &crate::event_stream::EventHub {
+        self.event_log.hub()
+    }
+
     /// Records (Some) or clears (None) why a running sandbox's VM stopped on its own.
     pub(crate) fn set_fault(&self, id: &str, reason: Option<String>) {
         let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
@@ -340,6 +348,8 @@ impl Manager {
             secrets: r.env.secret_names(),
             agent: (r.vm.is_some() && r.state == STATE_RUNNING).then(|| self.agent_health(&r.id)),
             volumes: volumes::mounted(r),
+            disk_bytes: own_disk_bytes(r),
+            metrics: self.latest_metrics([r.id.as_str()]).remove(&r.id),
         }
     }
 
@@ -391,6 +401,25 @@ impl Manager {
             tracing::warn!("forgetting {}: {e}", row.id);
         }
         self.forget(&row.id);
+        self.announce_deleted(&row.id, "not started");
+    }
+
+    /// `sandbox deleted` on the event stream (its log went with it).
+    fn announce_deleted(&self, id: &str, reason: &str) {
+        let fields = [("reason", reason.to_string())];
+        self.event_log
+            .announce(id, EventLevel::Info, "sandbox deleted", &fields);
+    }
+
+    /// `sandbox creating` on the event stream: a new record, not yet worth a log entry
+    /// (`sandbox started` follows, or `sandbox deleted` if it never does).
+    pub(super) fn announce_creating(&self, row: &SandboxRow) {
+        let from = match &row.origin {
+            Origin::Branch { parent, .. } => ("parent", parent.clone()),
+            _ => ("runtime", row.runtime.clone()),
+        };
+        self.event_log
+            .announce(&row.id, EventLevel::Info, "sandbox creating", &[from]);
     }
 
     fn cleanup_files(&self, row: &SandboxRow) {
@@ -412,15 +441,17 @@ impl Manager {
 
     /// Kills the VM and removes everything the sandbox owns.
     pub async fn delete(self: &Arc<Self>, id: &str) -> Result<()> {
-        self.delete_if(id, |_| true).await.map(|_| ())
+        self.delete_if(id, "deleted", |_| true).await.map(|_| ())
     }
 
     /// [`Manager::delete`] if `condition` holds for the sandbox as it is
     /// once locked (the reaper re-checks the deadline there, as the TTL may
-    /// have changed since it looked); returns whether it was deleted.
+    /// have changed since it looked); returns whether it was deleted. `reason` goes
+    /// to the event stream's `sandbox deleted`.
     pub(crate) async fn delete_if(
         self: &Arc<Self>,
         id: &str,
+        reason: &str,
         condition: impl FnOnce(&SandboxRow) -> bool,
     ) -> Result<bool> {
         let Some((_guard, mut row)) = self.locked_if(id, condition).await? else {
@@ -430,14 +461,14 @@ impl Manager {
         row.state = STATE_DELETING.into();
         self.db.put_sandbox(&row)?;
         fault::point("delete.recorded");
-        self.finish_delete(&row).await?;
+        self.finish_delete(&row, reason).await?;
         Ok(true)
     }
 
     /// The deletion of a sandbox recorded as `deleting`: VM, files, cgroup, record, and
     /// the branch points only it still needed. Also run by start-up for a deletion a
     /// crash interrupted.
-    pub(crate) async fn finish_delete(&self, row: &SandboxRow) -> Result<()> {
+    pub(crate) async fn finish_delete(&self, row: &SandboxRow, reason: &str) -> Result<()> {
         if let Some(vm) = row.vm.clone() {
             let rt = self.runtime.clone();
             self.blocking(move || rt.destroy(&vm)).await?;
@@ -466,6 +497,7 @@ impl Manager {
         fault::point("delete.volumes-released");
         self.db.delete_sandbox(&row.id)?;
         self.forget(&row.id);
+        self.announce_deleted(&row.id, reason);
         tracing::info!("sandbox {} deleted", row.id);
         self.collect_garbage()
     }
@@ -552,4 +584,12 @@ impl Manager {
             }
         }
     }
+}
+
+/// Bytes the sandbox's own writable disk layer holds on the host (allocated blocks: a
+/// sparse layer counts what it wrote), while it has a VM.
+pub(crate) fn own_disk_bytes(r: &SandboxRow) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let vm = r.vm.as_ref()?;
+    std::fs::metadata(&vm.disk).ok().map(|m| m.blocks() * 512)
 }

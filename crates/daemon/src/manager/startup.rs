@@ -28,7 +28,7 @@ impl Manager {
                         "sandbox {}: finishing a deletion a crash interrupted",
                         row.id
                     );
-                    self.finish_delete(&row).await?;
+                    self.finish_delete(&row, "deleted").await?;
                 }
                 (pause::STATE_PAUSING, _) => self.settle_pause(&mut row).await?,
                 (pause::STATE_RESUMING, _) => {

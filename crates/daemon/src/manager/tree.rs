@@ -109,10 +109,7 @@ impl Manager {
                     .filter(|_| r.state != STATE_DEAD)
                     .and_then(|vm| crate::procs::memory_use(vm.process.pid))
                     .map(|m| m.private),
-                disk_bytes: r.vm.as_ref().and_then(|vm| {
-                    use std::os::unix::fs::MetadataExt;
-                    std::fs::metadata(&vm.disk).ok().map(|m| m.blocks() * 512)
-                }),
+                disk_bytes: super::own_disk_bytes(r),
             })
             .collect();
         let snapshots = self

@@ -127,7 +127,7 @@ impl Manager {
                 let id = row.id.clone();
                 // Re-checked under the sandbox lock: the TTL may have been
                 // changed or removed since the query.
-                async move { this.delete_if(&id, |r| is_due(r, now)).await }
+                async move { this.delete_if(&id, "expired", |r| is_due(r, now)).await }
             });
             match attempt.await {
                 Ok(Ok(true)) => {
