@@ -194,13 +194,13 @@ async function main(): Promise<void> {
     // A failure's picture: the page as it was.
     failurePage = page;
     const id = await createAndType(page);
-    await diskColumn(page);
     const children = await branchAndDelete(page, id);
     await diffFromTree(page, id, children);
     await liveTree(page, id);
     await otherViews(page, id);
     await liveEvents(page, id);
     await keepAndPromote(page, id);
+    await diskColumn(page);
     await liveList(page);
     await streamCarriesTokenInHeader(requests);
     await context.close();

@@ -82,14 +82,17 @@ export async function liveTree(page: Page, id: string): Promise<void> {
   const before = await page.locator("[data-node]").count();
   const r = (await api("POST", `/v1/sandboxes/${id}/branch`, { count: 2 })) as { children: string[] };
   const t = Date.now();
-  const shown = await until(async () => {
-    for (const c of r.children) if ((await page.locator(`[data-node="${c}"]`).count()) === 0) return false;
-    return true;
-  }, LIVE_MS);
-  check(shown, `the new children ${r.children.join(", ")} show within ${LIVE_MS} ms (${before} nodes before)`);
-  step(`   ${r.children.length} new nodes after ${Date.now() - t} ms`);
-  await shot(page, "tree-live");
-  for (const c of r.children) await api("DELETE", `/v1/sandboxes/${c}`);
+  try {
+    const shown = await until(async () => {
+      for (const c of r.children) if ((await page.locator(`[data-node="${c}"]`).count()) === 0) return false;
+      return true;
+    }, LIVE_MS);
+    check(shown, `the new children ${r.children.join(", ")} show within ${LIVE_MS} ms (${before} nodes before)`);
+    step(`   ${r.children.length} new nodes after ${Date.now() - t} ms`);
+    await shot(page, "tree-live");
+  } finally {
+    for (const c of r.children) await api("DELETE", `/v1/sandboxes/${c}`);
+  }
 }
 
 /** The events tab puts an event on top as it happens. */
