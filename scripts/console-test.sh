@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # The web console's tests (console/README.md): its unit tests under node (the tree
-# layout with a 256-child fan-out, the list filter), then the console in Debian's
-# chromium, headless, driven by playwright-core (console/test/browser.ts), against a
-# private zygoted on loopback with the qemu runtime and a temporary state directory:
-# log in by `zygote ui`'s one-time URL, create a sandbox, type in its terminal, branch
-# it into 3, delete a child, the other views, wrong tokens and codes, 1000 sandboxes and
-# a 256-child tree from fixture data. Screenshots go to target/console-artifacts/.
+# layout with a 256-child fan-out, the list filter, the event stream's parser and
+# client), then the console in Debian's chromium, headless, driven by playwright-core
+# (console/test/browser.ts), against a private zygoted on loopback with the qemu runtime
+# and a temporary state directory: log in by `zygote ui`'s one-time URL, create a
+# sandbox, type in its terminal, branch it into 3, delete a child, a diff from the tree,
+# a process's output followed live, the other views, changes made through the API shown
+# live from the event stream (its token in a header, never a URL), wrong tokens and
+# codes, 1000 sandboxes and a 256-child tree from fixture data. Screenshots go to
+# target/console-artifacts/.
 #
 # Skips (exit 0, saying why) without qemu-system-x86_64 or chromium. Needs
 # target/release/zygoted and zygote built with the console (make build) and the cached
 # minimal image (make guest).
 #   ZYGOTED=/path/to/zygoted   CHROMIUM=/path/to/chromium   ARTIFACTS=DIR
+#   CONSOLE_DIST=/abs/console/dist   (development: serve these assets, not the embedded)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +33,7 @@ command -v node >/dev/null || die "node not found (scripts/setup.sh installs it)
 # --- the console's own dependencies and unit tests (no daemon, no browser) ----------
 
 bash "$ROOT/scripts/console-build.sh" --deps || die "installing the console's dependencies failed"
-say "console unit tests (tree layout, list filter)"
+say "console unit tests (tree layout, list filter, event stream)"
 (cd "$CONSOLE" && npm test --silent) || die "the console's unit tests failed"
 
 # --- the browser suite ----------------------------------------------------------------

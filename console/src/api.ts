@@ -3,6 +3,8 @@
 
 // The daemon's JSON is mapped by the TypeScript SDK's models (one mapping for both).
 import {
+  diffFromJson,
+  egressFromJson,
   eventFromJson,
   fileEntryFromJson,
   keepFromJson,
@@ -11,18 +13,31 @@ import {
   processOutputFromJson,
   sandboxFromJson,
   treeFromJson,
+  type EgressEntry,
   type FileEntry,
   type KeepResult,
   type MetricSample,
   type ProcessInfo,
   type ProcessOutput,
+  type SandboxDiff,
   type SandboxEvent,
   type SandboxInfo,
   type SandboxTree,
   type TreeNode,
 } from "../../sdk/typescript/src/models";
 
-export type { FileEntry, MetricSample, ProcessInfo, SandboxEvent, SandboxInfo, SandboxTree, TreeNode };
+export type {
+  EgressEntry,
+  FileEntry,
+  MetricSample,
+  ProcessInfo,
+  ProcessOutput,
+  SandboxDiff,
+  SandboxEvent,
+  SandboxInfo,
+  SandboxTree,
+  TreeNode,
+};
 
 type Json = Record<string, unknown>;
 
@@ -55,10 +70,10 @@ export class Api {
 
   constructor(readonly token: string) {}
 
-  async request(method: string, path: string, body?: BodyInit, type?: string): Promise<Response> {
+  async request(method: string, path: string, body?: BodyInit, type?: string, signal?: AbortSignal): Promise<Response> {
     const headers: Record<string, string> = { Authorization: `Bearer ${this.token}` };
     if (type) headers["Content-Type"] = type;
-    const resp = await fetch(path, { method, headers, body, cache: "no-store" });
+    const resp = await fetch(path, { method, headers, body, cache: "no-store", signal });
     if (resp.ok) return resp;
     let code = "";
     let message = `${method} ${path}: HTTP ${resp.status}`;
@@ -123,8 +138,22 @@ export class Api {
     return list.processes.map(processFromJson);
   }
 
-  async output(id: string, pid: number): Promise<ProcessOutput> {
-    return processOutputFromJson(await this.get(`/v1/sandboxes/${enc(id)}/processes/${pid}/output?offset=0`));
+  /** Output from `offset`; with `waitMs`, the daemon holds the answer until there is some. */
+  async output(id: string, pid: number, offset = 0, waitMs = 0, signal?: AbortSignal): Promise<ProcessOutput> {
+    const q = new URLSearchParams({ offset: String(offset), wait_ms: String(waitMs) });
+    const resp = await this.request("GET", `/v1/sandboxes/${enc(id)}/processes/${pid}/output?${q}`, undefined, undefined, signal);
+    return processOutputFromJson((await resp.json()) as Json);
+  }
+
+  /** How `id`'s files under `path` differ from `against`'s, with unified text diffs. */
+  async diff(id: string, against: string, path = "/root"): Promise<SandboxDiff> {
+    const q = new URLSearchParams({ against, path, content: "true" });
+    return diffFromJson(await this.get(`/v1/sandboxes/${enc(id)}/diff?${q}`));
+  }
+
+  async egress(id: string): Promise<EgressEntry[]> {
+    const list = await this.get<{ entries: Json[] }>(`/v1/sandboxes/${enc(id)}/egress`);
+    return list.entries.map(egressFromJson);
   }
 
   async list(id: string, path: string): Promise<FileEntry[]> {
@@ -163,6 +192,22 @@ export class Api {
     ws.binaryType = "arraybuffer";
     return ws;
   }
+}
+
+/**
+ * Host bytes of the sandbox's own writable disk layer (`disk_bytes`), null when the
+ * daemon does not know or does not say. Read from the raw JSON: the SDK's mapper keeps it
+ * only there.
+ */
+export function diskBytes(s: SandboxInfo): number | null {
+  const v = s.raw.disk_bytes;
+  return typeof v === "number" ? v : null;
+}
+
+/** The sandbox's newest metrics sample (`metrics` in the list), if the daemon gave one. */
+export function latestMetrics(s: SandboxInfo): MetricSample | null {
+  const v = s.raw.metrics;
+  return v && typeof v === "object" ? metricFromJson(v as Json) : null;
 }
 
 function enc(s: string): string {

@@ -1,8 +1,9 @@
-// The sandboxes view: every sandbox with its state, image, labels, memory, age and TTL;
-// a filter (labels `key=value` or `key`, or any text); create; bulk delete. Rows are
-// virtualized (only those in view exist in the DOM), so 1000 sandboxes cost ~40 rows.
-import { ApiError, type Api, type SandboxInfo as Sandbox } from "./api";
-import { clear, duration, guarded, h, nowSecs, status } from "./dom";
+// The sandboxes view: every sandbox with its state, image, labels, memory (used / given),
+// disk (its own writable layer on the host), age and TTL; a filter (labels `key=value` or
+// `key`, or any text); create; bulk delete. Rows are virtualized (only those in view
+// exist in the DOM), so 1000 sandboxes cost ~40 rows.
+import { ApiError, diskBytes, latestMetrics, type Api, type SandboxInfo as Sandbox } from "./api";
+import { bytes, clear, duration, guarded, h, nowSecs, status } from "./dom";
 
 const ROW_H = 32;
 /** Rows drawn above and below the visible ones, so fast scrolling shows no gaps. */
@@ -22,6 +23,25 @@ function labels(s: Sandbox): string {
   return Object.entries(s.metadata)
     .map(([k, v]) => `${k}=${v}`)
     .join(" ");
+}
+
+/** Memory the guest uses (its newest metrics sample) / memory it was given. */
+function memory(s: Sandbox): { text: string; title: string } {
+  const m = latestMetrics(s);
+  const given = `${s.memoryMib} MiB`;
+  if (!m) return { text: `– / ${given}`, title: `${given} given, ${s.vcpus} vCPU; no metrics sample yet` };
+  return {
+    text: `${bytes(m.memUsed)} / ${given}`,
+    title: `${bytes(m.memUsed)} used (${bytes(m.memCache)} cache) of ${given} given; ${s.vcpus} vCPU, ${Math.round(m.cpuUsedPct)}% CPU (${m.timestamp})`,
+  };
+}
+
+/** The host bytes of its own writable disk layer, and the guest's view of its disk. */
+function disk(s: Sandbox): { text: string; title: string } {
+  const own = diskBytes(s);
+  const m = latestMetrics(s);
+  const guest = m ? `; the guest sees ${bytes(m.diskUsed)} used of ${bytes(m.diskTotal)}` : "";
+  return { text: own === null ? "–" : bytes(own), title: `own disk layer on the host: ${own === null ? "unknown" : bytes(own)}${guest}` };
 }
 
 function ttl(s: Sandbox): string {
@@ -79,6 +99,7 @@ export class ListView {
         try {
           const s = await this.api.create(image.value.trim() || "minimal");
           status(`created ${s.id}`);
+          await this.refresh();
         } finally {
           create.disabled = false;
         }
@@ -99,7 +120,7 @@ export class ListView {
       "div",
       { class: "row head" },
       h("span", {}, this.selectAll),
-      ...["id / name", "state", "image", "labels", "memory", "age", "TTL", ""].map((t) => h("span", {}, t)),
+      ...["id / name", "state", "image", "labels", "memory used / given", "disk", "age", "TTL", ""].map((t) => h("span", {}, t)),
     );
     clear(root);
     root.append(
@@ -109,7 +130,16 @@ export class ListView {
     );
   }
 
-  /** New data from the poll. */
+  async refresh(): Promise<void> {
+    this.update(await this.api.sandboxes());
+  }
+
+  /** Any event may change a row (its state, a new sandbox, one gone). */
+  concerns(): boolean {
+    return true;
+  }
+
+  /** New data. */
   update(all: Sandbox[]): void {
     this.all = all;
     const ids = new Set(all.map((s) => s.id));
@@ -148,6 +178,8 @@ export class ListView {
       else this.selected.delete(s.id);
       this.draw();
     });
+    const mem = memory(s);
+    const dsk = disk(s);
     return h(
       "div",
       { class: "row", "data-id": s.id },
@@ -156,7 +188,8 @@ export class ListView {
       h("span", { class: `state ${s.state}` }, s.state),
       h("span", {}, origin(s)),
       h("span", { class: "labels", title: labels(s) }, labels(s)),
-      h("span", {}, `${s.memoryMib} MiB · ${s.vcpus} vCPU`),
+      h("span", { class: "memory", title: mem.title }, mem.text),
+      h("span", { class: "disk", title: dsk.title }, dsk.text),
       h("span", {}, duration(now - s.createdAt)),
       h("span", {}, ttl(s)),
       h("span", {}, h("a", { href: `#/tree/${s.id}` }, "tree")),
@@ -185,5 +218,6 @@ export class ListView {
     await Promise.all(Array.from({ length: DELETE_PARALLEL }, worker));
     status(failed.length ? `could not delete ${failed.join(", ")}` : `deleted ${ids.length}`, failed.length > 0);
     this.draw();
+    await guarded("refresh", () => this.refresh());
   }
 }

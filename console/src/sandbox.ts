@@ -1,18 +1,38 @@
-// One sandbox: its details and tabs for a live terminal, its processes (with their
-// output), a file browser (download, upload), metric charts and its event log. The
-// details and the open tab's data are refreshed by the router's poll.
+// One sandbox: its details and tabs for a live terminal, its processes (with the output
+// of one followed live), a file browser (download, upload), metric charts, its egress
+// record and its event log (new events appended as the daemon's stream brings them). The
+// router refreshes it when an event concerns this sandbox, and every few seconds for the
+// numbers that change without events (metrics, the egress record).
 import { ApiError, type Api, type FileEntry, type SandboxInfo as Sandbox } from "./api";
 import { metricCharts } from "./charts";
 import { bytes, clear, duration, guarded, h, nowSecs, status } from "./dom";
+import { egressTable } from "./egress";
+import type { LiveEvent } from "./events";
 import { origin } from "./list";
+import { ProcessesTab } from "./processes";
 import { TerminalView } from "./terminal";
 
-const TABS = ["terminal", "processes", "files", "metrics", "events"] as const;
+const TABS = ["terminal", "processes", "files", "metrics", "egress", "events"] as const;
 type Tab = (typeof TABS)[number];
+
+/** Why a view is refreshed: the slow poll, an event about it, or everything (a reconnect). */
+export type RefreshReason = "poll" | "event" | "reload";
+
+/** Rows the events tab keeps (the oldest go first). */
+const MAX_EVENT_ROWS = 1000;
+
+interface EventRow {
+  tsMs: number;
+  level: string;
+  message: string;
+  fields: Record<string, string>;
+}
 
 export class SandboxView {
   private tab: Tab = "terminal";
   private terminal: TerminalView | null = null;
+  private processTab: ProcessesTab | null = null;
+  private eventRows: HTMLTableSectionElement | null = null;
   private dir = "/root";
   private readonly info = h("div", { class: "info" });
   private readonly tabs = h("nav", { class: "tabs" });
@@ -39,11 +59,38 @@ export class SandboxView {
     );
   }
 
-  /** The poll: the details, and the data of tabs that show a snapshot of something. */
-  async refresh(): Promise<void> {
-    const s = await this.api.sandbox(this.id);
+  /**
+   * The details, and the data of tabs that show a snapshot of something: the processes
+   * at each refresh; metrics and the egress record at the poll; the event log, which
+   * events are appended to, only when some may have been missed.
+   */
+  async refresh(reason: RefreshReason = "poll"): Promise<void> {
+    let s: Sandbox;
+    try {
+      s = await this.api.sandbox(this.id);
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404) {
+        this.info.replaceChildren(h("h2", {}, this.id), h("p", { class: "error", "data-testid": "gone" }, "This sandbox no longer exists."));
+        return;
+      }
+      throw e;
+    }
     this.drawInfo(s);
-    if (this.tab === "processes" || this.tab === "metrics" || this.tab === "events") await this.load();
+    const again =
+      this.tab === "processes" ||
+      ((this.tab === "metrics" || this.tab === "egress") && reason !== "event") ||
+      (this.tab === "events" && reason !== "event");
+    if (again) await this.load();
+  }
+
+  /** Whether `e` is about this sandbox; the events tab shows it at once. */
+  concerns(e: LiveEvent): boolean {
+    if (e.sandbox !== this.id) return false;
+    if (this.tab === "events" && this.eventRows) {
+      this.eventRows.prepend(this.eventRow(e));
+      while (this.eventRows.rows.length > MAX_EVENT_ROWS) this.eventRows.lastElementChild?.remove();
+    }
+    return true;
   }
 
   private drawInfo(s: Sandbox): void {
@@ -95,57 +142,24 @@ export class SandboxView {
   private async load(): Promise<void> {
     switch (this.tab) {
       case "processes":
-        return this.processes();
+        if (!this.processTab) {
+          this.processTab = new ProcessesTab(this.api, this.id);
+          this.body.replaceChildren(this.processTab.root);
+        }
+        return this.processTab.refresh();
       case "files":
         return this.files();
       case "metrics":
         this.body.replaceChildren(metricCharts(await this.api.metrics(this.id)));
+        return;
+      case "egress":
+        this.body.replaceChildren(egressTable(await this.api.egress(this.id)));
         return;
       case "events":
         return this.events();
       default:
         return;
     }
-  }
-
-  private async processes(): Promise<void> {
-    const list = await this.api.processes(this.id);
-    // The output being read stays across polls, which redraw only the table.
-    const output = this.body.querySelector<HTMLPreElement>("pre.output") ?? h("pre", { class: "output" });
-    const rows = list.map((p) =>
-      h(
-        "tr",
-        {},
-        h("td", {}, String(p.pid)),
-        h("td", {}, p.argv.join(" ")),
-        h("td", {}, p.state + (p.exitCode !== null ? ` (${p.exitCode})` : "")),
-        h("td", {}, bytes(p.outputBytes)),
-        h(
-          "td",
-          {},
-          h(
-            "button",
-            {
-              type: "button",
-              onclick: () =>
-                void guarded("output", async () => {
-                  const o = await this.api.output(this.id, p.pid);
-                  output.textContent = o.stdout + o.stderr;
-                }),
-            },
-            "output",
-          ),
-        ),
-      ),
-    );
-    const table = h(
-      "table",
-      {},
-      h("thead", {}, h("tr", {}, ...["pid", "argv", "state", "output", ""].map((t) => h("th", {}, t)))),
-      h("tbody", {}, ...rows),
-    );
-    const note = list.length ? null : h("p", { class: "muted" }, "no background processes (exec -d / background: true)");
-    this.body.replaceChildren(table, note ?? "", output);
   }
 
   private async files(): Promise<void> {
@@ -224,22 +238,26 @@ export class SandboxView {
     setTimeout(() => URL.revokeObjectURL(url), 10_000);
   }
 
+  /** The log, newest first; the stream's events are put on top as they come. */
   private async events(): Promise<void> {
     const list = await this.api.events(this.id);
-    const rows = list.map((e) =>
-      h(
-        "tr",
-        { class: `level-${e.level}` },
-        h("td", {}, new Date(e.tsMs).toLocaleTimeString()),
-        h("td", {}, e.level),
-        h("td", {}, e.message),
-        h("td", { class: "fields" }, JSON.stringify(e.fields)),
-      ),
+    this.eventRows = h("tbody", {}, ...list.map((e) => this.eventRow(e)));
+    this.body.replaceChildren(h("table", { "data-testid": "events" }, this.eventRows));
+  }
+
+  private eventRow(e: EventRow): HTMLTableRowElement {
+    return h(
+      "tr",
+      { class: `level-${e.level}` },
+      h("td", {}, new Date(e.tsMs).toLocaleTimeString()),
+      h("td", {}, e.level),
+      h("td", {}, e.message),
+      h("td", { class: "fields" }, JSON.stringify(e.fields)),
     );
-    this.body.replaceChildren(h("table", { "data-testid": "events" }, h("tbody", {}, ...rows)));
   }
 
   dispose(): void {
     this.terminal?.dispose();
+    this.processTab?.dispose();
   }
 }

@@ -1,9 +1,13 @@
 // The branch tree view: every sandbox of a lineage as a node of an SVG graph (its own
 // memory and disk, how many snapshots and branch points were taken of it), laid out by
 // ./layout. Clicking a node selects it; the panel opens it, keeps it (deleting its
-// siblings), promotes it (also replacing its parent), branches or deletes it.
+// siblings), promotes it (also replacing its parent), branches or deletes it, or diffs
+// its files against its parent or any other node (./diff, drawn below the graph).
+// The router refreshes it when an event concerns one of its sandboxes (or a new one).
 import type { Api, SandboxTree, TreeNode } from "./api";
+import { DiffView } from "./diff";
 import { bytes, clear, guarded, h, status, svg } from "./dom";
+import type { LiveEvent } from "./events";
 import { layoutTree, NODE_H, NODE_W } from "./layout";
 
 const PAD = 16;
@@ -14,6 +18,9 @@ export class TreeView {
   private readonly graph = h("div", { class: "graph", "data-testid": "tree" });
   private readonly panel = h("aside", { class: "panel" });
   private readonly title = h("h2", {});
+  private readonly diff: DiffView;
+  /** The other side picked for a diff, per node, kept across redraws. */
+  private readonly diffOther = new Map<string, string>();
 
   constructor(
     private readonly api: Api,
@@ -21,13 +28,23 @@ export class TreeView {
     private readonly id: string,
   ) {
     this.selected = id;
+    this.diff = new DiffView(api);
     clear(root);
-    root.append(this.title, h("div", { class: "split" }, this.graph, this.panel));
+    root.append(this.title, h("div", { class: "split" }, this.graph, this.panel), this.diff.root);
   }
 
   async refresh(): Promise<void> {
     this.tree = await this.api.tree(this.id);
     this.draw();
+  }
+
+  /**
+   * Whether `e` may change the graph: an event of one of its sandboxes, or of one it
+   * does not know yet that is not going away (a new child of a branch, perhaps).
+   */
+  concerns(e: LiveEvent): boolean {
+    if (this.node(e.sandbox)) return true;
+    return e.message !== "sandbox deleted" && !e.message.startsWith("command ");
   }
 
   private node(id: string): TreeNode | undefined {
@@ -104,6 +121,14 @@ export class TreeView {
     const act = (label: string, what: () => Promise<void>, cls = "") =>
       h("button", { type: "button", class: cls, onclick: () => void guarded(label, what) }, label);
     const count = h("input", { type: "number", min: 1, max: 256, value: 3, "aria-label": "children", name: "count" });
+    const others = (this.tree?.sandboxes ?? []).filter((o) => o.id !== n.id);
+    const other = h(
+      "select",
+      { name: "against", "aria-label": "diff against" },
+      ...others.map((o) => h("option", { value: o.id }, o.id === n.parent ? `${o.id} (parent)` : o.name ? `${o.name} ${o.id}` : o.id)),
+    );
+    other.value = this.diffOther.get(n.id) ?? n.parent ?? others[0]?.id ?? "";
+    other.addEventListener("change", () => this.diffOther.set(n.id, other.value));
     this.panel.replaceChildren(
       h("h3", {}, n.name ?? n.id),
       h(
@@ -134,6 +159,15 @@ export class TreeView {
           await this.refresh();
         }),
       ),
+      n.parent ? h("p", {}, act("diff against parent", () => this.diff.show(n.id, n.parent!))) : "",
+      others.length
+        ? h(
+            "p",
+            { class: "diff-pick" },
+            other,
+            act("diff", () => this.diff.show(n.id, other.value)),
+          )
+        : "",
       n.parent
         ? h(
             "p",

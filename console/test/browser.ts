@@ -2,68 +2,21 @@
 // against a live zygoted (scripts/console-test.sh starts one on loopback with the qemu
 // runtime). Steps: a wrong token and a wrong or reused login code see nothing; the
 // one-time URL of `zygote ui` logs in; create a sandbox; `echo $((6*7))` in its terminal
-// prints 42; branch it into 3 and see 4 nodes; delete a child and see 3; the processes,
-// files (upload, download), metrics and events views; keep + promote a child; then 1000
-// sandboxes and a 256-child tree from fixture data. Screenshots of each view go to $ARTIFACTS.
+// prints 42; branch it into 3 and see 4 nodes; delete a child and see 3; a diff from the
+// tree (./views); live updates from the event stream and its token in a header only
+// (./live); a process's output followed live, files (upload, download), metrics, the
+// egress record and events; keep + promote a child; then 1000 sandboxes and a 256-child
+// tree from fixture data (./scale). Screenshots of each view go to $ARTIFACTS.
 //
 //   ZYGOTE_URL, ZYGOTE_TOKEN  the daemon          ZYGOTE_BIN  the zygote CLI
 //   CHROMIUM                  the browser         ARTIFACTS   where screenshots go
 import { execFileSync } from "node:child_process";
 import { mkdirSync, readFileSync } from "node:fs";
 import { chromium, type Browser, type BrowserContext, type Page } from "playwright-core";
+import { api, ARTIFACTS, BASE, browserArgs, check, env, newPage, problems, run, shot, SLOW, step, TOKEN } from "./harness";
+import { diskColumn, liveEvents, liveList, liveTree, recordRequests, streamCarriesTokenInHeader } from "./live";
 import { scaleChecks } from "./scale";
-
-const env = (k: string): string => {
-  const v = process.env[k];
-  if (!v) throw new Error(`${k} is not set`);
-  return v;
-};
-const BASE = env("ZYGOTE_URL").replace(/\/$/, "");
-const TOKEN = env("ZYGOTE_TOKEN");
-const ARTIFACTS = env("ARTIFACTS");
-/** Generous: under QEMU TCG a boot or a branch takes tens of seconds. */
-const SLOW = 240_000;
-
-const t0 = Date.now();
-function step(what: string): void {
-  console.log(`== [${Math.round((Date.now() - t0) / 1000)}s] ${what}`);
-}
-
-function check(ok: boolean, what: string): void {
-  if (!ok) throw new Error(`check failed: ${what}`);
-}
-
-/** Everything the page reports as wrong: script errors, CSP refusals, failed loads. */
-const problems: string[] = [];
-
-async function newPage(browser: Browser): Promise<{ context: BrowserContext; page: Page }> {
-  const context = await browser.newContext({ viewport: { width: 1400, height: 900 }, acceptDownloads: true });
-  const page = await context.newPage();
-  page.on("pageerror", (e) => problems.push(`page error: ${e.message}`));
-  page.on("console", (m) => {
-    // The browser logs every 4xx answer as an error (401s in the wrong-token steps, a 404
-    // when a view polls a sandbox just deleted); the page handles those itself. What is
-    // left is the page's own: script errors, CSP refusals.
-    if (m.type() === "error" && !m.text().startsWith("Failed to load resource")) problems.push(`console: ${m.text()}`);
-  });
-  page.on("dialog", (d) => void d.accept());
-  return { context, page };
-}
-
-async function shot(page: Page, name: string): Promise<void> {
-  await page.screenshot({ path: `${ARTIFACTS}/${name}.png` });
-}
-
-async function api(method: string, path: string, body?: unknown): Promise<unknown> {
-  const resp = await fetch(BASE + path, {
-    method,
-    headers: { Authorization: `Bearer ${TOKEN}`, "Content-Type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  if (!resp.ok) throw new Error(`${method} ${path}: ${resp.status} ${await resp.text()}`);
-  const text = await resp.text();
-  return text ? JSON.parse(text) : null;
-}
+import { diffFromTree, egressTab, processLogs } from "./views";
 
 async function wrongCredentialsSeeNothing(browser: Browser): Promise<void> {
   step("a wrong token sees nothing");
@@ -97,10 +50,11 @@ function loginUrl(): string {
   return url;
 }
 
-async function loginOnce(browser: Browser): Promise<{ context: BrowserContext; page: Page }> {
+async function loginOnce(browser: Browser): Promise<{ context: BrowserContext; page: Page; requests: ReturnType<typeof recordRequests> }> {
   step("log in through the one-time URL of `zygote ui`");
   const url = loginUrl();
   const { context, page } = await newPage(browser);
+  const requests = recordRequests(page);
   await page.goto(url);
   await page.getByTestId("list").waitFor();
   check(!page.url().includes("login="), "the code is out of the address bar");
@@ -111,7 +65,7 @@ async function loginOnce(browser: Browser): Promise<{ context: BrowserContext; p
   await other.page.getByText("used already or has expired").waitFor();
   check((await other.page.getByTestId("list").count()) === 0, "no list behind a used code");
   await other.context.close();
-  return { context, page };
+  return { context, page, requests };
 }
 
 async function createAndType(page: Page): Promise<string> {
@@ -144,7 +98,10 @@ async function createAndType(page: Page): Promise<string> {
   return id;
 }
 
-async function branchAndDelete(page: Page, id: string): Promise<void> {
+/** Branches `id` into 3 from its page, then deletes one child from the tree: the other two. */
+async function branchAndDelete(page: Page, id: string): Promise<string[]> {
+  // A file the children inherit, for the diff (./views).
+  await run(id, "mkdir -p /root/difftest && echo base-line > /root/difftest/shared.txt && sync");
   step(`branch ${id} into 3 from its page`);
   await page.fill(".info input[name=count]", "3");
   await page.click(".info button:text('branch')");
@@ -163,16 +120,19 @@ async function branchAndDelete(page: Page, id: string): Promise<void> {
   await page.waitForFunction(() => document.querySelectorAll("[data-node]").length === 3, null, { timeout: 60_000 });
   check((await page.locator(`[data-node="${child}"]`).count()) === 0, "the child is gone from the tree");
   await shot(page, "tree-after-delete");
+  const tree = (await api("GET", `/v1/sandboxes/${id}/tree`)) as { sandboxes: { id: string }[] };
+  return tree.sandboxes.map((s) => s.id).filter((c) => c !== id);
 }
 
 async function otherViews(page: Page, id: string): Promise<void> {
-  step("processes: a background process and its output");
+  step("processes: a running process's output so far");
   await api("POST", `/v1/sandboxes/${id}/exec`, { argv: ["sh", "-c", "echo console-bg-output; sleep 600"], background: true });
   await page.goto(`${BASE}/ui/#/sandbox/${id}/processes`);
-  await page.getByText("echo console-bg-output").first().waitFor({ timeout: 30_000 });
-  await page.click("table button:text('output')");
+  const bg = page.locator("tr[data-pid]", { hasText: "echo console-bg-output" });
+  await bg.waitFor({ timeout: 30_000 });
+  await bg.locator("button:text('follow')").click();
   await page.locator("pre.output", { hasText: "console-bg-output" }).waitFor();
-  await shot(page, "processes");
+  await processLogs(page, id);
 
   step("files: upload, list, download");
   await page.click("a[data-tab=files]");
@@ -190,6 +150,8 @@ async function otherViews(page: Page, id: string): Promise<void> {
   await page.click("a[data-tab=metrics]");
   await page.getByTestId("metrics").waitFor({ timeout: 30_000 });
   await shot(page, "metrics");
+
+  await egressTab(page, id);
 
   step("events: the log shows the branch");
   await page.click("a[data-tab=events]");
@@ -221,21 +183,35 @@ async function removeAll(): Promise<void> {
   }
 }
 
+let failurePage: Page | null = null;
+
 async function main(): Promise<void> {
   mkdirSync(ARTIFACTS, { recursive: true });
-  const browser = await chromium.launch({ executablePath: env("CHROMIUM"), args: ["--no-sandbox"] });
+  const browser = await chromium.launch({ executablePath: env("CHROMIUM"), args: browserArgs() });
   try {
     await wrongCredentialsSeeNothing(browser);
-    const { context, page } = await loginOnce(browser);
+    const { context, page, requests } = await loginOnce(browser);
+    // A failure's picture: the page as it was.
+    failurePage = page;
     const id = await createAndType(page);
-    await branchAndDelete(page, id);
+    const children = await branchAndDelete(page, id);
+    await diffFromTree(page, id, children);
+    await liveTree(page, id);
     await otherViews(page, id);
+    await liveEvents(page, id);
     await keepAndPromote(page, id);
+    await diskColumn(page);
+    await liveList(page);
+    await streamCarriesTokenInHeader(requests);
     await context.close();
     step("1000 sandboxes and a 256-child tree (fixture data)");
     const fixture = await newPage(browser);
     await scaleChecks(fixture.page, BASE, TOKEN, ARTIFACTS, step, check);
     await fixture.context.close();
+  } catch (e) {
+    await failurePage?.screenshot({ path: `${ARTIFACTS}/failure.png` }).catch(() => {});
+    if (problems.length) console.error(`the pages reported:\n${problems.join("\n")}`);
+    throw e;
   } finally {
     await browser.close();
     await removeAll();

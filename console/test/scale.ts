@@ -21,6 +21,11 @@ function sandbox(i: number): Record<string, unknown> {
     created_at: now - i * 60,
     ttl_secs: i % 3 === 0 ? 3600 : null,
     expires_at: i % 3 === 0 ? now + 3600 : null,
+    disk_bytes: i % 5 === 0 ? null : (i + 1) * 4096,
+    metrics:
+      i % 5 === 0
+        ? null
+        : { timestamp: new Date().toISOString(), timestamp_unix: now, cpu_count: 1, cpu_used_pct: i % 100, mem_total: 256 << 20, mem_used: (20 + (i % 200)) << 20, mem_cache: 4 << 20, disk_total: 1 << 30, disk_used: 100 << 20 },
   };
 }
 
