@@ -874,19 +874,8 @@ def test_volume_calls_and_mounts_are_sent_as_the_api_takes_them() -> None:
 
 
 def test_sandbox_info_carries_its_disk_and_newest_metrics_sample() -> None:
-    sample = {
-        "timestamp": "2026-11-28T18:00:00Z",
-        "timestamp_unix": 1795888800,
-        "cpu_count": 2,
-        "cpu_used_pct": 12.5,
-        "mem_total": 512 << 20,
-        "mem_used": 100 << 20,
-        "mem_cache": 10 << 20,
-        "disk_total": 1 << 30,
-        "disk_used": 5 << 20,
-    }
     sb = zygote.SandboxInfo.from_json(
-        {"id": "sb-1", "state": "running", "disk_bytes": 4096, "metrics": sample}
+        {"id": "sb-1", "state": "running", "disk_bytes": 4096, "metrics": METRIC}
     )
     assert sb.disk_bytes == 4096
     assert sb.metrics is not None and sb.metrics.mem_used == 100 << 20

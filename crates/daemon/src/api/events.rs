@@ -2,7 +2,6 @@
 //! `GET /v1/events`: every sandbox's events as they happen, as Server-Sent Events
 //! ([`crate::event_stream`], the wire in [`crate::model::LiveEvent`]'s module).
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path, State};
@@ -72,15 +71,10 @@ pub async fn live(
     if let Some(missed) = sub.lost {
         first.push(sse(SSE_LAGGED, &StreamLagged { missed }));
     }
-    let q = Arc::new(q);
-    let wanted = {
-        let q = q.clone();
-        move |e: &LiveEvent| q.matches(e)
-    };
     first.extend(
         sub.replay
             .iter()
-            .filter(|e| wanted(e))
+            .filter(|e| q.matches(e))
             .map(|e| sandbox_event(e)),
     );
     let live = BroadcastStream::new(sub.live).filter_map(move |got| {
